@@ -1,0 +1,133 @@
+// `colossal infer CHECKPOINT`: load a checkpoint and its tokenizer and generate, streaming a single
+// completion to stdout or printing a batch of them (prompts from a file).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "apps/colossal/commands.h"
+#include "src/core/device.h"
+#include "src/core/error.h"
+#include "src/core/log.h"
+#include "src/engine/checkpoint.h"
+#include "src/engine/generator.h"
+#include "src/engine/model_registry.h"
+
+namespace fs = std::filesystem;
+
+namespace colossal::app {
+namespace {
+
+struct InferArgs {
+  std::string checkpoint;
+  std::vector<std::string> prompts;
+  std::string prompts_file;
+  SamplingConfig sampling;
+  std::string device = "auto";
+  bool jsonl = false;
+  bool quiet = false;
+};
+
+// One prompt per line; "\n" inside a line stands for a newline.
+std::vector<std::string> read_prompts(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("prompts file " + path + ": " + (fs::exists(path) ? "cannot be read" : "no such file"));
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    std::string p;
+    for (size_t i = 0; i < line.size(); ++i) {
+      if (line[i] == '\\' && i + 1 < line.size() && line[i + 1] == 'n') p += '\n', ++i;
+      else p += line[i];
+    }
+    out.push_back(p);
+  }
+  if (out.empty()) throw Error("prompts file " + path + ": no prompts (one per line)");
+  return out;
+}
+
+void run(InferArgs& a) {
+  setup_logging("info", "", a.quiet);
+  std::vector<std::string> prompts = a.prompts;
+  if (!a.prompts_file.empty()) {
+    auto more = read_prompts(a.prompts_file);
+    prompts.insert(prompts.end(), more.begin(), more.end());
+  }
+  if (prompts.empty()) throw Error("no prompt: give --prompt TEXT (repeatable) or --prompts FILE");
+
+  const std::string dir = resolve_checkpoint(a.checkpoint);
+  auto info = read_checkpoint_info(dir);
+  auto tokenizer = Tokenizer::from_bytes(info.tokenizer_bytes, (fs::path(dir) / "tokenizer.model").string());
+  if (tokenizer.vocab_size() > info.model.vocab_size)
+    throw Error("checkpoint " + dir + ": tokenizer has " + std::to_string(tokenizer.vocab_size()) +
+                " pieces but the model only " + std::to_string(info.model.vocab_size) + " rows (mismatched files?)");
+  const c10::Device device = resolve_device(a.device, "--device");
+  nn::LayerFactory factory;
+  auto model = build_model(info.model, factory);
+  load_model_state(*model, load_safetensors((fs::path(dir) / "model.safetensors").string()), dir);
+  model->to(device);
+  spdlog::info("loaded {} ({} parameters) on {}", dir, model->parameter_count(), describe_device(device));
+
+  Generator generator(model, tokenizer, device);
+  const bool stream = prompts.size() == 1 && !a.jsonl;
+  if (stream) {
+    std::fputs(prompts[0].c_str(), stdout);
+    std::fflush(stdout);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto results = generator.generate(prompts, a.sampling, [&](size_t, const std::string& piece) {
+    if (!stream) return;
+    std::fputs(piece.c_str(), stdout);
+    std::fflush(stdout);
+  });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int64_t generated = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    generated += results[i].completion_tokens;
+    if (stream) {
+      std::fputs("\n", stdout);
+    } else if (a.jsonl) {
+      nlohmann::json j = {{"prompt", prompts[i]}, {"completion", results[i].text}, {"finish_reason", results[i].finish_reason},
+                          {"prompt_tokens", results[i].prompt_tokens}, {"completion_tokens", results[i].completion_tokens}};
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("=== sample %zu ===\n%s%s\n", i + 1, prompts[i].c_str(), results[i].text.c_str());
+    }
+  }
+  std::fflush(stdout);
+  spdlog::info("generated {} tokens for {} prompt(s) in {:.2f} s ({:.1f} tokens/s)", generated, prompts.size(), secs,
+               secs > 0 ? static_cast<double>(generated) / secs : 0.0);
+}
+
+}  // namespace
+
+void add_infer_command(CLI::App& app) {
+  auto a = std::make_shared<InferArgs>();
+  auto* cmd = app.add_subcommand("infer", "Generate text from a checkpoint (KV cache; greedy or sampled)");
+  cmd->add_option("checkpoint", a->checkpoint, "Checkpoint directory, or a run/checkpoints directory (uses `latest`)")->required();
+  cmd->add_option("-p,--prompt", a->prompts, "Prompt text (repeatable; several prompts run as one batch)");
+  cmd->add_option("--prompts", a->prompts_file, "File with one prompt per line (\\n for a newline inside one)");
+  cmd->add_option("-n,--max-tokens", a->sampling.max_tokens, "Tokens to generate at most")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("-t,--temperature", a->sampling.temperature, "Sampling temperature (0 = greedy)")->capture_default_str()->check(CLI::Range(0.0, 100.0));
+  cmd->add_option("--top-k", a->sampling.top_k, "Sample among the k most likely tokens (0 = off)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", a->sampling.top_p, "Sample from the smallest set holding this probability (1 = off)")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  cmd->add_flag("--greedy", a->sampling.greedy, "Always take the most likely token");
+  cmd->add_option("--seed", a->sampling.seed, "Sampling seed (same seed, same output)")->capture_default_str();
+  cmd->add_option("--stop", a->sampling.stop, "Stop when the completion contains this text (repeatable; \\n allowed)");
+  cmd->add_option("--device", a->device, "auto | cpu | cuda")->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd->add_flag("--jsonl", a->jsonl, "Print one JSON object per prompt instead of text");
+  cmd->add_flag("-q,--quiet", a->quiet, "No log lines, only the generated text");
+  cmd->callback([a] {
+    for (auto& s : a->sampling.stop) {
+      for (size_t pos; (pos = s.find("\\n")) != std::string::npos;) s.replace(pos, 2, "\n");
+    }
+    run(*a);
+  });
+}
+
+}  // namespace colossal::app

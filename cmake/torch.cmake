@@ -1,0 +1,45 @@
+# Finds LibTorch inside the torch wheel of the project's virtual environment and works around the
+# wheel's build traps (each one verified on Debian 12 with CMake 3.25 and torch 2.15 +cu132):
+#  1. with nvcc installed, Caffe2's CUDA detection does a try_run that fails under CMake 3.25 unless
+#     TORCH_CUDA_ARCH_LIST is set, even for a CPU-only build;
+#  2. libtorch_cuda needs the wheel's nvidia/*/lib folders as -rpath-link, or the system's older
+#     NCCL is picked and the link fails;
+#  3. torch/include ships fmt 12 but Debian's spdlog needs its own fmt 9: a build-tree folder holding
+#     only a `fmt` link to /usr/include/fmt goes before torch's include directories.
+# Exports TORCH_LIBRARIES, COLOSSAL_TORCH_LINK_OPTIONS and COLOSSAL_FMT_SHIM.
+
+set(COLOSSAL_PYTHON "${PROJECT_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH "Python whose torch provides LibTorch")
+if(NOT EXISTS "${COLOSSAL_PYTHON}")
+  find_program(COLOSSAL_PYTHON_FALLBACK python3)
+  set(COLOSSAL_PYTHON "${COLOSSAL_PYTHON_FALLBACK}")
+endif()
+execute_process(
+  COMMAND "${COLOSSAL_PYTHON}" -c "import torch, os; print(torch.utils.cmake_prefix_path); print(os.path.dirname(os.path.dirname(torch.__file__))); print(torch.__version__)"
+  OUTPUT_VARIABLE _torch_info RESULT_VARIABLE _torch_rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT _torch_rc EQUAL 0)
+  message(FATAL_ERROR "colossal: ${COLOSSAL_PYTHON} cannot import torch; run scripts/setup.sh first")
+endif()
+string(REPLACE "\n" ";" _torch_info "${_torch_info}")
+list(GET _torch_info 0 _torch_prefix)
+list(GET _torch_info 1 _site_packages)
+list(GET _torch_info 2 COLOSSAL_TORCH_VERSION)
+list(APPEND CMAKE_PREFIX_PATH "${_torch_prefix}")
+
+if(NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST} AND NOT TORCH_CUDA_ARCH_LIST)   # trap 1
+  set(ENV{TORCH_CUDA_ARCH_LIST} "8.0;9.0")
+  set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
+endif()
+find_package(Torch REQUIRED)
+message(STATUS "colossal: LibTorch ${COLOSSAL_TORCH_VERSION} from ${_torch_prefix}")
+
+set(COLOSSAL_TORCH_LINK_OPTIONS "")                                      # trap 2
+file(GLOB _nvidia_libs LIST_DIRECTORIES true "${_site_packages}/nvidia/*/lib" "${_site_packages}/nvidia/*/*/lib")
+foreach(_dir ${_nvidia_libs})
+  list(APPEND COLOSSAL_TORCH_LINK_OPTIONS "LINKER:-rpath-link,${_dir}")
+endforeach()
+
+set(COLOSSAL_FMT_SHIM "${CMAKE_BINARY_DIR}/fmt-shim")                   # trap 3
+file(MAKE_DIRECTORY "${COLOSSAL_FMT_SHIM}")
+if(NOT EXISTS "${COLOSSAL_FMT_SHIM}/fmt")
+  file(CREATE_LINK /usr/include/fmt "${COLOSSAL_FMT_SHIM}/fmt" SYMBOLIC)
+endif()

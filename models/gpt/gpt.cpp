@@ -1,0 +1,107 @@
+// GPT-2 model: see gpt.h.
+#include "models/gpt/gpt.h"
+
+#include <ATen/ATen.h>
+#include <cmath>
+#include <torch/nn/init.h>
+
+namespace colossal::gpt {
+
+Block::Block(const GptConfig& c, nn::LayerFactory& f)
+    : ln_1(register_module("ln_1", f.layer_norm(c.n_embd, c.layer_norm_eps))),
+      ln_2(register_module("ln_2", f.layer_norm(c.n_embd, c.layer_norm_eps))) {
+  attn = register_module("attn", f.attention({.width = c.n_embd, .heads = c.n_head, .causal = true,
+                                               .bias = c.bias, .dropout = c.dropout}));
+  mlp = register_module("mlp", f.mlp({.width = c.n_embd, .hidden = 4 * c.n_embd, .act = nn::Act::GeluTanh,
+                                      .bias = c.bias, .dropout = c.dropout}));
+}
+
+at::Tensor Block::forward(const at::Tensor& x, nn::LayerKv* kv, int64_t offset, const at::Tensor& mask) {
+  auto h = x + attn->forward(ln_1(x), kv, offset, mask);   // [B, T, C]
+  return h + mlp->forward(ln_2(h));
+}
+
+Gpt::Gpt(const GptConfig& c, nn::LayerFactory& f) : cfg_(c) {
+  wte = register_module("wte", f.embedding(c.vocab_size, c.n_embd, nn::Split::Vocab));
+  wpe = register_module("wpe", f.embedding(c.block_size, c.n_embd));
+  blocks_list = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    blocks_.push_back(std::make_shared<Block>(c, f));
+    blocks_list->push_back(blocks_.back());
+  }
+  ln_f = register_module("ln_f", f.layer_norm(c.n_embd, c.layer_norm_eps));
+  init_weights();
+}
+
+void Gpt::init_weights() {
+  torch::NoGradGuard no_grad;
+  // GPT-2's scheme: N(0, 0.02) for matrices and embeddings, residual projections scaled down by
+  // sqrt(2 * n_layer) so the residual stream's variance does not grow with depth.
+  const double proj_std = cfg_.init_std / std::sqrt(2.0 * cfg_.n_layer);
+  for (auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    at::Tensor& p = item.value();
+    const bool is_norm = name.find("ln_") != std::string::npos;
+    if (is_norm) {
+      name.size() > 7 && name.substr(name.size() - 7) == ".weight" ? p.fill_(1.0) : p.zero_();
+    } else if (name.size() > 5 && name.substr(name.size() - 5) == ".bias") {
+      p.zero_();
+    } else {
+      const bool residual = name.find(".proj.weight") != std::string::npos;
+      torch::nn::init::normal_(p, 0.0, residual ? proj_std : cfg_.init_std);
+    }
+  }
+}
+
+at::Tensor Gpt::embed(const at::Tensor& ids, const at::Tensor& positions) {
+  auto x = wte->forward(ids) + wpe->forward(positions);   // [B, T, C]
+  const double p = is_training() ? cfg_.dropout : 0.0;
+  return p > 0 ? at::dropout(x, p, true) : x;
+}
+
+at::Tensor Gpt::head(const at::Tensor& x) {
+  return at::linear(ln_f(x), wte->weight());   // tied LM head: [B, T, V]
+}
+
+at::Tensor Gpt::forward(const at::Tensor& ids, const nn::ForwardOptions& o) {
+  const int64_t t = ids.size(1);
+  const int64_t offset = o.cache ? o.cache->length : 0;
+  TORCH_CHECK(offset + t <= cfg_.block_size, "sequence of ", offset + t, " positions exceeds the context of ",
+              cfg_.block_size);
+  at::Tensor positions = o.positions.defined() ? o.positions
+                                               : at::arange(offset, offset + t, ids.options().dtype(at::kLong));
+  auto x = embed(ids, positions);
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    x = blocks_[i]->forward(x, o.cache ? &o.cache->layers[i] : nullptr, offset, o.mask);
+  if (o.cache) o.cache->length += t;
+  if (o.last_only) x = x.narrow(1, t - 1, 1);
+  return head(x);
+}
+
+nn::KvCache Gpt::make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const {
+  nn::KvCache cache;
+  cache.capacity = capacity;
+  const int64_t h = cfg_.n_head, d = cfg_.n_embd / cfg_.n_head;
+  auto opts = at::TensorOptions().device(device).dtype(wte->parameters()[0].scalar_type());
+  for (int64_t i = 0; i < cfg_.n_layer; ++i) cache.layers.push_back({at::empty({batch, h, capacity, d}, opts), at::empty({batch, h, capacity, d}, opts)});
+  return cache;
+}
+
+const nn::HfNameMap& Gpt::hf_names() const {
+  static const nn::HfNameMap map(
+      {
+          {"wte", "transformer.wte"},
+          {"wpe", "transformer.wpe"},
+          {"blocks.*.ln_1", "transformer.h.*.ln_1"},
+          {"blocks.*.ln_2", "transformer.h.*.ln_2"},
+          {"blocks.*.attn.qkv", "transformer.h.*.attn.c_attn", true},
+          {"blocks.*.attn.proj", "transformer.h.*.attn.c_proj", true},
+          {"blocks.*.mlp.fc", "transformer.h.*.mlp.c_fc", true},
+          {"blocks.*.mlp.proj", "transformer.h.*.mlp.c_proj", true},
+          {"ln_f", "transformer.ln_f"},
+      },
+      {"lm_head.weight", "transformer.h.*.attn.bias", "transformer.h.*.attn.masked_bias"});
+  return map;
+}
+
+}  // namespace colossal::gpt

@@ -1,0 +1,53 @@
+// GPT-2: learned token and position embeddings, pre-LayerNorm blocks of causal self-attention and a
+// tanh-GELU MLP, a final LayerNorm and an LM head tied to the token embedding. Built entirely from
+// src/nn blocks through the layer factory; parameter names map 1:1 onto Hugging Face GPT-2's.
+#pragma once
+#include <memory>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/normalization.h>
+
+#include "models/gpt/gpt_config.h"
+#include "src/nn/causal_lm.h"
+#include "src/nn/factory.h"
+#include "src/nn/mlp.h"
+
+namespace colossal::gpt {
+
+class Block : public torch::nn::Module {
+ public:
+  Block(const GptConfig& c, nn::LayerFactory& f);
+  at::Tensor forward(const at::Tensor& x, nn::LayerKv* kv, int64_t offset, const at::Tensor& mask);
+
+ private:
+  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  std::shared_ptr<nn::Attention> attn;
+  std::shared_ptr<nn::Mlp> mlp;
+};
+
+class Gpt : public nn::CausalLM {
+ public:
+  Gpt(const GptConfig& c, nn::LayerFactory& f);
+
+  at::Tensor forward(const at::Tensor& ids, const nn::ForwardOptions& options = {}) override;
+  nn::KvCache make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const override;
+  int64_t context_length() const override { return cfg_.block_size; }
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
+  void init_weights() override;
+  const nn::HfNameMap& hf_names() const override;
+  nlohmann::json hf_config() const override { return to_hf_config(cfg_); }
+  const GptConfig& config() const { return cfg_; }
+
+  // The three stages every model exposes (pipeline and memory managers wrap them).
+  at::Tensor embed(const at::Tensor& ids, const at::Tensor& positions);   // [B, T] -> [B, T, C]
+  std::vector<std::shared_ptr<Block>>& blocks() { return blocks_; }
+  at::Tensor head(const at::Tensor& x);                                   // [B, T, C] -> [B, T, V]
+
+ private:
+  GptConfig cfg_;
+  std::shared_ptr<nn::Embedding> wte, wpe;
+  torch::nn::ModuleList blocks_list{nullptr};
+  std::vector<std::shared_ptr<Block>> blocks_;
+  torch::nn::LayerNorm ln_f{nullptr};
+};
+
+}  // namespace colossal::gpt

@@ -1,0 +1,51 @@
+// Device resolution and memory figures: see device.h.
+#include "src/core/device.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <ATen/Parallel.h>
+#include <ATen/Context.h>
+#include <torch/cuda.h>
+
+#include "src/core/error.h"
+
+namespace colossal {
+
+c10::Device resolve_device(const std::string& spec, const std::string& where) {
+  bool cuda = torch::cuda::is_available();
+  if (spec == "cpu") return c10::Device(c10::kCPU);
+  if (spec == "cuda") {
+    if (!cuda)
+      throw RecipeError(where, std::string("device = \"cuda\" but ") +
+                                   (at::hasCUDA() ? "no GPU is visible" : "this LibTorch was built without CUDA") +
+                                   " (use \"cpu\" or \"auto\")");
+    return c10::Device(c10::kCUDA, 0);
+  }
+  if (spec == "auto") return cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  throw RecipeError(where, "device = \"" + spec + "\" is not one of auto | cpu | cuda");
+}
+
+std::string describe_device(const c10::Device& device) {
+  if (device.is_cpu()) return "cpu (" + std::to_string(at::get_num_threads()) + " threads)";
+  return device.str();
+}
+
+size_t current_rss_bytes() {
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return static_cast<size_t>(resident) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+
+size_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<size_t>(u.ru_maxrss) * 1024;
+}
+
+
+}  // namespace colossal

@@ -1,0 +1,18 @@
+// Device and process facts: which compute device a recipe's `device` resolves to, and the process's
+// resident memory (the CPU's share of the memory figure in progress lines and summaries).
+#pragma once
+#include <c10/core/Device.h>
+#include <cstddef>
+#include <string>
+
+namespace colossal {
+
+// "auto" -> CUDA when LibTorch has it and a GPU is visible, else CPU; "cuda" without one is an error
+// naming `where` (the recipe key's location).
+c10::Device resolve_device(const std::string& spec, const std::string& where);
+std::string describe_device(const c10::Device& device);   // "cpu (2 threads)" or "cuda:0 (NVIDIA H100 ...)"
+
+size_t current_rss_bytes();
+size_t peak_rss_bytes();
+
+}  // namespace colossal

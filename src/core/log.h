@@ -1,0 +1,18 @@
+// Logging: spdlog to the console (stderr) and to a run's log file. The console sink cooperates with
+// the progress line (progress.h): a message clears the line, prints, and the line is redrawn.
+#pragma once
+#include <string>
+
+namespace colossal {
+
+// Level: trace|debug|info|warn|error. `file` may be empty (console only). `quiet` keeps the console
+// to warnings and errors (the file still gets everything at `level`).
+void setup_logging(const std::string& level, const std::string& file = "", bool quiet = false);
+// Adds (or replaces) the log file once the run's directory is known.
+void set_log_file(const std::string& file);
+
+// The progress line currently shown at the bottom of a terminal (empty: none).
+void set_progress_line(const std::string& line);
+bool stderr_is_terminal();
+
+}  // namespace colossal

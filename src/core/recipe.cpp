@@ -1,0 +1,232 @@
+// Recipe parsing and validation: see recipe.h. Section parsers read every key they know (with
+// defaults and ranges), then cross-section checks run on the typed values.
+#include "src/core/recipe.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "src/core/recipe_table.h"
+#include "src/core/text.h"
+
+namespace colossal {
+namespace {
+
+constexpr int64_t kBig = INT64_MAX;
+
+// "train.lr=1e-4" -> sets table["train"]["lr"] = 1e-4. The value is read as TOML, or as a bare
+// string when it is not valid TOML (so --set data.text=my.txt works without quotes).
+void apply_override(toml::table& root, const std::string& spec, std::set<std::string>& overridden) {
+  auto eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw RecipeError("--set " + spec, "expected section.key=value (e.g. --set train.lr=1e-4)");
+  std::string key = spec.substr(0, eq), text = spec.substr(eq + 1);
+  auto dot = key.find('.');
+  std::string section = dot == std::string::npos ? "" : key.substr(0, dot);
+  std::string leaf = dot == std::string::npos ? key : key.substr(dot + 1);
+  if (leaf.empty() || leaf.find('.') != std::string::npos)
+    throw RecipeError("--set " + spec, "expected section.key=value with one dot (e.g. train.lr=1e-4)");
+  toml::table* target = &root;
+  if (!section.empty()) {
+    if (!root.contains(section)) root.insert(section, toml::table{});
+    target = root[section].as_table();
+    if (!target) throw RecipeError("--set " + key, "\"" + section + "\" is not a section");
+  }
+  target->erase(leaf);
+  try {
+    toml::table parsed = toml::parse("v = " + text);
+    target->insert(leaf, *parsed.get("v"));
+  } catch (const toml::parse_error&) {
+    target->insert(leaf, text);
+  }
+  overridden.insert(key);
+}
+
+std::string divisors_near(int64_t n, int64_t near) {
+  std::vector<int64_t> d;
+  for (int64_t k = 1; k <= n; ++k)
+    if (n % k == 0) d.push_back(k);
+  std::sort(d.begin(), d.end(), [&](int64_t a, int64_t b) { return std::llabs(a - near) < std::llabs(b - near); });
+  d.resize(std::min<size_t>(3, d.size()));
+  std::sort(d.begin(), d.end());
+  std::vector<std::string> s;
+  for (auto v : d) s.push_back(std::to_string(v));
+  return join(s, ", ");
+}
+
+}  // namespace
+
+std::string Recipe::where(const std::string& dotted_key) const {
+  auto it = locations.find(dotted_key);
+  if (it != locations.end()) return it->second;
+  auto dot = dotted_key.find('.');
+  return path + ": [" + dotted_key.substr(0, dot) + "] " + dotted_key.substr(dot + 1);
+}
+
+Recipe parse_recipe(const std::string& toml_text, const std::string& path,
+                    const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, path);
+  } catch (const toml::parse_error& e) {
+    throw RecipeError(path + ":" + std::to_string(e.source().begin.line),
+                      "invalid TOML: " + std::string(e.description()));
+  }
+  std::set<std::string> overridden;
+  for (const auto& o : overrides) apply_override(root, o, overridden);
+
+  Recipe r;
+  r.path = path;
+  auto section = [&](const std::string& name) {
+    const toml::node* n = root.get(name);
+    if (n && !n->is_table())
+      throw RecipeError(path + ":" + std::to_string(n->source().begin.line), "\"" + name + "\" must be a [section]");
+    return RecipeSection(n ? n->as_table() : nullptr, path, name, &overridden, &r.locations);
+  };
+
+  RecipeSection top(&root, path, "", &overridden, &r.locations);
+  r.name = top.string("name", std::filesystem::path(path).stem().string());
+  top.finish();
+  static const std::vector<std::string> kSections = {"model", "data", "train", "optim", "checkpoint", "finetune", "output"};
+  for (const auto& [k, node] : root) {
+    std::string key(k.str());
+    if (!node.is_table() || std::find(kSections.begin(), kSections.end(), key) != kSections.end()) continue;
+    std::string hint = nearest_name(key, kSections);
+    throw RecipeError(path + ":" + std::to_string(node.source().begin.line),
+                      "unknown section [" + key + "]" + (hint.empty() ? " (valid: " + join(kSections, ", ") + ")"
+                                                                      : " (did you mean [" + hint + "]?)"));
+  }
+
+  auto m = section("model");
+  ModelConfig& mc = r.model;
+  mc.family = m.string("family", mc.family);
+  mc.n_layer = m.integer("n_layer", mc.n_layer, 1, 1024);
+  mc.n_head = m.integer("n_head", mc.n_head, 1, 1024);
+  mc.n_embd = m.integer("n_embd", mc.n_embd, 1, 1 << 20);
+  mc.block_size = m.integer("block_size", mc.block_size, 1, 1 << 20);
+  mc.vocab_size = m.integer("vocab_size", mc.vocab_size, 8, 1 << 24);
+  mc.dropout = m.real("dropout", mc.dropout, 0.0, 0.99);
+  mc.bias = m.boolean("bias", mc.bias);
+  mc.layer_norm_eps = m.real("layer_norm_eps", mc.layer_norm_eps, 1e-12, 1e-1);
+  mc.init_std = m.real("init_std", mc.init_std, 1e-6, 1.0);
+  if (mc.n_embd % mc.n_head != 0)
+    m.fail("n_head", "= " + std::to_string(mc.n_head) + " does not divide n_embd = " + std::to_string(mc.n_embd) +
+                         " (try " + divisors_near(mc.n_embd, mc.n_head) + ")");
+  m.finish();
+
+  auto d = section("data");
+  DataConfig& dc = r.data;
+  dc.text = d.string("text", dc.text);
+  dc.tokenizer = d.string("tokenizer", dc.tokenizer);
+  dc.dataset = d.string("dataset", dc.dataset);
+  dc.tokenizer_vocab = d.integer("tokenizer_vocab", dc.tokenizer_vocab, 0, 1 << 24);
+  dc.val_fraction = d.real("val_fraction", dc.val_fraction, 0.0, 0.5);
+  dc.prefetch = d.integer("prefetch", dc.prefetch, 1, 64);
+  if (dc.tokenizer_vocab > mc.vocab_size)
+    d.fail("tokenizer_vocab", "= " + std::to_string(dc.tokenizer_vocab) + " exceeds model.vocab_size = " +
+                                  std::to_string(mc.vocab_size) + " (the model must have a row for every token)");
+  if (dc.tokenizer_vocab == 0) dc.tokenizer_vocab = mc.vocab_size;
+  d.finish();
+
+  auto t = section("train");
+  TrainConfig& tc = r.train;
+  tc.batch_size = t.integer("batch_size", tc.batch_size, 1, 1 << 20);
+  tc.grad_accum = t.integer("grad_accum", tc.grad_accum, 1, 1 << 20);
+  tc.seq_len = t.integer("seq_len", tc.seq_len, 0, 1 << 20);
+  tc.max_steps = t.integer("max_steps", tc.max_steps, 1, kBig);
+  tc.time_limit_min = t.real("time_limit_min", tc.time_limit_min, 0, 1e7);
+  tc.eval_every = t.integer("eval_every", tc.eval_every, 0, kBig);
+  tc.eval_batches = t.integer("eval_batches", tc.eval_batches, 1, 1 << 20);
+  tc.log_every = t.integer("log_every", tc.log_every, 1, kBig);
+  tc.seed = t.integer("seed", tc.seed, 0, kBig);
+  tc.device = t.string("device", tc.device, {"auto", "cpu", "cuda"});
+  tc.grad_clip = t.real("grad_clip", tc.grad_clip, 0, 1e9);
+  if (tc.seq_len == 0) tc.seq_len = mc.block_size;
+  if (tc.seq_len > mc.block_size)
+    t.fail("seq_len", "= " + std::to_string(tc.seq_len) + " exceeds model.block_size = " +
+                          std::to_string(mc.block_size) + " (the model has no position beyond its context)");
+  t.finish();
+
+  auto o = section("optim");
+  OptimConfig& oc = r.optim;
+  oc.name = o.string("name", oc.name, {"adamw"});
+  oc.lr = o.real("lr", oc.lr, 1e-12, 10);
+  oc.min_lr = o.real("min_lr", std::min(oc.min_lr, oc.lr), 0, 10);
+  oc.weight_decay = o.real("weight_decay", oc.weight_decay, 0, 10);
+  auto betas = o.reals("betas", {oc.betas[0], oc.betas[1]}, 0.0, 0.999999);
+  oc.betas = {betas[0], betas[1]};
+  oc.eps = o.real("eps", oc.eps, 1e-30, 1);
+  oc.warmup_steps = o.integer("warmup_steps", std::min(oc.warmup_steps, tc.max_steps), 0, kBig);
+  oc.schedule = o.string("schedule", oc.schedule, {"cosine", "linear", "constant"});
+  oc.decay_steps = o.integer("decay_steps", oc.decay_steps, 0, kBig);
+  if (oc.min_lr > oc.lr) o.fail("min_lr", "must not exceed lr");
+  if (oc.decay_steps == 0) oc.decay_steps = tc.max_steps;
+  if (oc.warmup_steps > oc.decay_steps)
+    o.fail("warmup_steps", "= " + std::to_string(oc.warmup_steps) + " exceeds the decay horizon of " +
+                               std::to_string(oc.decay_steps) + " steps");
+  o.finish();
+
+  auto c = section("checkpoint");
+  CheckpointConfig& cc = r.checkpoint;
+  cc.dir = c.string("dir", cc.dir);
+  cc.every = c.integer("every", cc.every, 0, kBig);
+  cc.keep_last = c.integer("keep_last", cc.keep_last, 1, 1000);
+  c.finish();
+
+  auto f = section("finetune");
+  r.finetune.from = f.string("from", r.finetune.from);
+  f.finish();
+
+  auto out = section("output");
+  r.output.dir = out.string("dir", "runs/" + r.name);
+  r.output.log_level = out.string("log_level", r.output.log_level, {"trace", "debug", "info", "warn", "error"});
+  out.finish();
+  if (cc.dir.empty()) cc.dir = r.output.dir + "/checkpoints";
+  return r;
+}
+
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::error_code ec;
+    bool exists = std::filesystem::exists(path, ec);
+    throw Error("recipe " + path + (exists ? ": cannot be read" : ": no such file") +
+                " (recipes/ holds the shipped ones, e.g. recipes/gpt-mini.toml)");
+  }
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return parse_recipe(buf.str(), path, overrides);
+}
+
+std::string Recipe::to_toml() const {
+  auto arr = [](std::initializer_list<double> v) { toml::array a; for (double x : v) a.push_back(x); return a; };
+  toml::table root{
+      {"name", name},
+      {"model", toml::table{{"family", model.family}, {"n_layer", model.n_layer}, {"n_head", model.n_head},
+                            {"n_embd", model.n_embd}, {"block_size", model.block_size},
+                            {"vocab_size", model.vocab_size}, {"dropout", model.dropout}, {"bias", model.bias},
+                            {"layer_norm_eps", model.layer_norm_eps}, {"init_std", model.init_std}}},
+      {"data", toml::table{{"text", data.text}, {"tokenizer", data.tokenizer}, {"dataset", data.dataset},
+                           {"tokenizer_vocab", data.tokenizer_vocab}, {"val_fraction", data.val_fraction},
+                           {"prefetch", data.prefetch}}},
+      {"train", toml::table{{"batch_size", train.batch_size}, {"grad_accum", train.grad_accum},
+                            {"seq_len", train.seq_len}, {"max_steps", train.max_steps},
+                            {"time_limit_min", train.time_limit_min}, {"eval_every", train.eval_every},
+                            {"eval_batches", train.eval_batches}, {"log_every", train.log_every},
+                            {"seed", train.seed}, {"device", train.device}, {"grad_clip", train.grad_clip}}},
+      {"optim", toml::table{{"name", optim.name}, {"lr", optim.lr}, {"min_lr", optim.min_lr},
+                            {"weight_decay", optim.weight_decay}, {"betas", arr({optim.betas[0], optim.betas[1]})},
+                            {"eps", optim.eps}, {"warmup_steps", optim.warmup_steps},
+                            {"schedule", optim.schedule}, {"decay_steps", optim.decay_steps}}},
+      {"checkpoint", toml::table{{"dir", checkpoint.dir}, {"every", checkpoint.every}, {"keep_last", checkpoint.keep_last}}},
+      {"finetune", toml::table{{"from", finetune.from}}},
+      {"output", toml::table{{"dir", output.dir}, {"log_level", output.log_level}}},
+  };
+  std::ostringstream s;
+  s << root << "\n";
+  return s.str();
+}
+
+}  // namespace colossal

@@ -1,0 +1,102 @@
+// Recipe: the typed, validated form of a recipe TOML file. Each section has its own config struct
+// with defaults; load_recipe() parses and validates all of them and reports the first problem as a
+// RecipeError naming file, line and key. Nothing outside src/core reads raw TOML.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace colossal {
+
+struct ModelConfig {                 // [model]
+  std::string family = "gpt";        // gpt (more families register in models/)
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_embd = 768;
+  int64_t block_size = 1024;         // context length (learned positions)
+  int64_t vocab_size = 50304;        // may exceed the tokenizer's vocabulary (padding for fast matmuls)
+  double dropout = 0.0;              // embeddings, attention probabilities, residual branches
+  bool bias = true;
+  double layer_norm_eps = 1e-5;
+  double init_std = 0.02;
+};
+
+struct DataConfig {                  // [data]
+  std::string text;                  // source text (documents separated by blank lines); used to build
+                                     // the tokenizer and dataset when they do not exist yet
+  std::string tokenizer;             // SentencePiece model path
+  std::string dataset;               // tokenized HDF5 dataset path
+  int64_t tokenizer_vocab = 0;       // vocabulary to train the tokenizer with; 0 = model.vocab_size
+  double val_fraction = 0.02;        // documents held out for eval loss
+  int64_t prefetch = 4;              // batches prepared ahead on the loader thread
+};
+
+struct TrainConfig {                 // [train]
+  int64_t batch_size = 8;            // sequences per micro-batch
+  int64_t grad_accum = 1;            // micro-batches per optimizer step
+  int64_t seq_len = 0;               // 0 = model.block_size
+  int64_t max_steps = 1000;
+  double time_limit_min = 0;         // stop (and save) after this many minutes; 0 = no limit
+  int64_t eval_every = 200;          // 0 = only at the end
+  int64_t eval_batches = 20;
+  int64_t log_every = 10;
+  int64_t seed = 1337;
+  std::string device = "auto";       // auto | cpu | cuda
+  double grad_clip = 1.0;            // max global gradient norm; 0 = off
+};
+
+struct OptimConfig {                 // [optim]
+  std::string name = "adamw";        // adamw
+  double lr = 6e-4;
+  double min_lr = 6e-5;
+  double weight_decay = 0.1;         // applied to matrices and embeddings, not to biases and norms
+  std::array<double, 2> betas{0.9, 0.95};
+  double eps = 1e-8;
+  int64_t warmup_steps = 100;
+  std::string schedule = "cosine";   // cosine | linear | constant (after warmup)
+  int64_t decay_steps = 0;           // steps over which lr decays to min_lr; 0 = train.max_steps
+};
+
+struct CheckpointConfig {            // [checkpoint]
+  std::string dir;                   // "" = <output.dir>/checkpoints
+  int64_t every = 500;               // steps between checkpoints; 0 = only at the end
+  int64_t keep_last = 3;
+};
+
+struct FinetuneConfig {              // [finetune]
+  std::string from;                  // checkpoint directory to start from (weights and tokenizer)
+};
+
+struct OutputConfig {                // [output]
+  std::string dir;                   // "" = runs/<name>
+  std::string log_level = "info";    // trace | debug | info | warn | error
+};
+
+struct Recipe {
+  std::string path;                  // the file it came from
+  std::string name;                  // run name
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+  CheckpointConfig checkpoint;
+  FinetuneConfig finetune;
+  OutputConfig output;
+  std::map<std::string, std::string> locations;   // "train.lr" -> "recipes/x.toml:12" or "--set train.lr"
+
+  // Where a key was set, for errors raised after parsing (e.g. by the model registry).
+  std::string where(const std::string& dotted_key) const;
+  // The resolved recipe as TOML (every key, defaults included): for --dry-run and checkpoints.
+  std::string to_toml() const;
+};
+
+// Parses `path`, applies `overrides` ("section.key=value", value in TOML syntax or a bare string) and
+// validates. Throws RecipeError.
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from TOML text (tests, and recipes embedded in checkpoints).
+Recipe parse_recipe(const std::string& toml_text, const std::string& path,
+                    const std::vector<std::string>& overrides = {});
+
+}  // namespace colossal

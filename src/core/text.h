@@ -1,0 +1,18 @@
+// Small text helpers shared by error messages and reports: edit distance for "did you mean",
+// human-readable sizes and durations.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace colossal {
+
+size_t edit_distance(const std::string& a, const std::string& b);
+// The candidate nearest to `word`, or "" if none is close enough to be a plausible typo.
+std::string nearest_name(const std::string& word, const std::vector<std::string>& candidates);
+std::string human_bytes(double bytes);          // "1.50 GiB"
+std::string human_count(double n);              // "124.4M"
+std::string human_duration(double seconds);     // "1:02:03" or "02:03"
+std::string join(const std::vector<std::string>& parts, const std::string& sep);
+
+}  // namespace colossal

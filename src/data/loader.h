@@ -1,0 +1,64 @@
+// WindowLoader: fixed-length training windows sampled deterministically from a seed, sharded by
+// data-parallel rank, prepared ahead on a background thread.
+//
+// Each epoch cuts the token stream into windows of seq_len+1 tokens at a seed-dependent shift and
+// visits them in a seed-dependent permutation; rank r of W takes every W-th window of it. Batch k is
+// a pure function of (seed, rank, world, k), so a loader restarted at position k continues exactly
+// where an uninterrupted one would be, which is what makes resume bit-identical.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace colossal {
+
+struct LoaderConfig {
+  int64_t batch_size = 8;
+  int64_t seq_len = 128;
+  uint64_t seed = 0;
+  int64_t rank = 0;
+  int64_t world = 1;
+  int64_t prefetch = 4;   // batches kept ready
+};
+
+class WindowLoader {
+ public:
+  // Error if the tokens cannot fill one batch for this rank.
+  WindowLoader(std::shared_ptr<const std::vector<int32_t>> tokens, const LoaderConfig& config, int64_t start_batch = 0);
+  ~WindowLoader();
+  WindowLoader(const WindowLoader&) = delete;
+  WindowLoader& operator=(const WindowLoader&) = delete;
+
+  at::Tensor next();                       // [B, T+1] int64 (inputs = [:, :-1], targets = [:, 1:])
+  int64_t position() const { return consumed_; }   // batches handed out so far
+  int64_t windows_per_rank_epoch() const { return per_rank_; }
+  at::Tensor batch(int64_t k) const;       // batch k, computed directly (what next() returns k-th)
+
+ private:
+  void produce();
+  std::vector<int64_t> epoch_order(int64_t epoch) const;   // window indices in visiting order
+
+  std::shared_ptr<const std::vector<int32_t>> tokens_;
+  LoaderConfig cfg_;
+  int64_t windows_ = 0, per_rank_ = 0;
+  int64_t consumed_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<at::Tensor> ready_;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread worker_;
+};
+
+// Evaluation windows: consecutive, non-overlapping windows of the held-out split, rank-sharded, the
+// same every time (so eval losses are comparable across steps and runs). Up to `max_batches`.
+std::vector<at::Tensor> eval_batches(const std::vector<int32_t>& tokens, int64_t batch_size, int64_t seq_len,
+                                     int64_t max_batches, int64_t rank = 0, int64_t world = 1);
+
+}  // namespace colossal

@@ -1,0 +1,221 @@
+// Checkpoint save/load: see checkpoint.h.
+#include "src/engine/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "src/core/error.h"
+#include "src/engine/model_registry.h"
+#include "src/io/atomic_dir.h"
+
+namespace fs = std::filesystem;
+
+namespace colossal {
+namespace {
+
+constexpr const char* kRngName = "__rng_cpu__";
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%06lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::map<std::string, at::Tensor> named_parameters_map(nn::CausalLM& model) {
+  std::map<std::string, at::Tensor> out;
+  for (auto& item : model.named_parameters()) out.emplace(item.key(), item.value());
+  return out;
+}
+
+at::Tensor to_hf_layout(const at::Tensor& t, bool transpose) { return transpose ? t.t().contiguous() : t; }
+
+void rotate(const std::string& dir, int64_t keep_last, const std::string& keep) {
+  static const std::regex pattern("step-[0-9]+");
+  std::vector<std::string> steps;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::string name = e.path().filename().string();
+    if (e.is_directory() && std::regex_match(name, pattern)) steps.push_back(name);
+  }
+  std::sort(steps.begin(), steps.end());   // zero-padded: lexical order is step order
+  int64_t excess = static_cast<int64_t>(steps.size()) - keep_last;
+  for (int64_t i = 0; i < excess; ++i)
+    if (steps[i] != keep) fs::remove_all(fs::path(dir) / steps[i]);
+}
+
+nlohmann::json read_json(const std::string& path) {
+  try {
+    return nlohmann::json::parse(read_text_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("checkpoint file " + path + " is not valid JSON (" + e.what() + ")");
+  }
+}
+
+}  // namespace
+
+std::vector<NamedTensor> export_model_state(nn::CausalLM& model) {
+  std::vector<NamedTensor> out;
+  const auto& names = model.hf_names();
+  for (auto& item : model.named_parameters()) {
+    auto hf = names.to_hf(item.key());
+    out.push_back({hf.name, to_hf_layout(item.value().detach(), hf.transpose)});
+  }
+  return out;
+}
+
+void load_model_state(nn::CausalLM& model, const SafetensorsFile& file, const std::string& path) {
+  auto params = named_parameters_map(model);
+  std::set<std::string> loaded;
+  at::NoGradGuard no_grad;
+  for (const auto& [hf_name, tensor] : file.tensors) {
+    auto ours = model.hf_names().from_hf(hf_name);
+    if (!ours) {
+      if (model.hf_names().ignored(hf_name)) continue;
+      throw Error("checkpoint " + path + ": unexpected tensor \"" + hf_name + "\" (a different model family?)");
+    }
+    auto it = params.find(ours->name);
+    if (it == params.end())
+      throw Error("checkpoint " + path + ": tensor \"" + hf_name + "\" has no place in this model (more layers than the config says?)");
+    at::Tensor src = ours->transpose ? tensor.t() : tensor;
+    if (src.sizes() != it->second.sizes())
+      throw Error("checkpoint " + path + ": tensor \"" + hf_name + "\" has shape " + c10::str(tensor.sizes()) +
+                  " but the model expects " + c10::str(to_hf_layout(it->second, ours->transpose).sizes()));
+    it->second.copy_(src);
+    loaded.insert(ours->name);
+  }
+  for (const auto& [name, p] : params)
+    if (!loaded.count(name))
+      throw Error("checkpoint " + path + ": tensor \"" + model.hf_names().to_hf(name).name + "\" is missing");
+}
+
+std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int64_t keep_last) {
+  const std::string name = step_dir_name(s.state.step);
+  const std::string final_path = (fs::path(dir) / name).string();
+  AtomicDir out(final_path);
+  const fs::path tmp(out.path());
+
+  save_safetensors((tmp / "model.safetensors").string(), export_model_state(*s.model), {{"format", "pt"}});
+  {
+    std::ofstream f(tmp / "config.json");
+    f << s.model->hf_config().dump(2) << "\n";
+  }
+  {
+    std::ofstream f(tmp / "tokenizer.model", std::ios::binary);
+    f << s.tokenizer_bytes;
+  }
+  {
+    std::ofstream f(tmp / "recipe.toml");
+    f << s.recipe_toml;
+  }
+  if (s.optimizer && s.flat) {
+    std::vector<NamedTensor> moments;
+    const auto& names = s.model->hf_names();
+    auto& groups = s.flat->groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      for (const auto& seg : groups[g].segments) {
+        auto hf = names.to_hf(seg.name);
+        auto slice = [&](const at::Tensor& flat) {
+          return to_hf_layout(flat.narrow(0, seg.offset, seg.numel).view(seg.shape), hf.transpose);
+        };
+        moments.push_back({hf.name + ".exp_avg", slice(s.optimizer->exp_avg()[g])});
+        moments.push_back({hf.name + ".exp_avg_sq", slice(s.optimizer->exp_avg_sq()[g])});
+      }
+    }
+    auto gen = at::detail::getDefaultCPUGenerator();
+    at::Tensor rng;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      rng = gen.get_state();
+    }
+    moments.push_back({kRngName, rng});
+    save_safetensors((tmp / "optimizer.safetensors").string(), moments,
+                     {{"optimizer", "adamw"}, {"step", std::to_string(s.optimizer->steps())}});
+  }
+  nlohmann::json state = {{"step", s.state.step},
+                          {"loader_position", s.state.loader_position},
+                          {"tokens_seen", s.state.tokens_seen},
+                          {"train_loss", s.state.train_loss},
+                          {"eval_loss", s.state.eval_loss},
+                          {"has_optimizer", s.optimizer != nullptr}};
+  {
+    std::ofstream f(tmp / "trainer_state.json");
+    f << state.dump(2) << "\n";
+  }
+  out.commit();
+  write_file_atomic((fs::path(dir) / "latest").string(), name + "\n");
+  rotate(dir, keep_last, name);
+  return final_path;
+}
+
+std::string resolve_checkpoint(const std::string& path) {
+  fs::path p(path);
+  if (!fs::exists(p)) throw Error("checkpoint " + path + ": no such file or directory");
+  auto follow_latest = [](const fs::path& dir) -> std::string {
+    std::string name = read_text_file((dir / "latest").string());
+    name.erase(name.find_last_not_of(" \n\r\t") + 1);
+    fs::path target = dir / name;
+    if (name.empty() || !fs::is_directory(target))
+      throw Error("checkpoint " + (dir / "latest").string() + " names \"" + name + "\", which does not exist");
+    return target.string();
+  };
+  if (fs::is_regular_file(p) && p.filename() == "latest") return follow_latest(p.parent_path());
+  if (fs::is_regular_file(p / "model.safetensors")) return p.string();
+  if (fs::is_regular_file(p / "latest")) return follow_latest(p);
+  if (fs::is_regular_file(p / "checkpoints" / "latest")) return follow_latest(p / "checkpoints");
+  throw Error("checkpoint " + path + ": not a checkpoint (expected model.safetensors, a `latest` file, or checkpoints/latest inside)");
+}
+
+CheckpointInfo read_checkpoint_info(const std::string& dir) {
+  CheckpointInfo info;
+  info.dir = dir;
+  const fs::path d(dir);
+  info.config = read_json((d / "config.json").string());
+  info.model = model_config_from_hf(info.config, (d / "config.json").string());
+  if (!fs::is_regular_file(d / "tokenizer.model"))
+    throw Error("checkpoint " + dir + ": tokenizer.model is missing");
+  info.tokenizer_bytes = read_text_file((d / "tokenizer.model").string());
+  if (fs::is_regular_file(d / "trainer_state.json")) {
+    auto s = read_json((d / "trainer_state.json").string());
+    info.state.step = s.value("step", 0);
+    info.state.loader_position = s.value("loader_position", 0);
+    info.state.tokens_seen = s.value("tokens_seen", 0);
+    info.state.train_loss = s.value("train_loss", 0.0);
+    info.state.eval_loss = s.value("eval_loss", -1.0);
+  }
+  return info;
+}
+
+void load_optimizer_state(nn::CausalLM& model, optim::FlatParams& flat, optim::AdamW& optimizer, const std::string& dir) {
+  const std::string path = (fs::path(dir) / "optimizer.safetensors").string();
+  auto file = load_safetensors(path);
+  const auto& names = model.hf_names();
+  auto& groups = flat.groups();
+  at::NoGradGuard no_grad;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const auto& seg : groups[g].segments) {
+      auto hf = names.to_hf(seg.name);
+      for (auto [suffix, buffer] : {std::pair{".exp_avg", &optimizer.exp_avg()[g]}, std::pair{".exp_avg_sq", &optimizer.exp_avg_sq()[g]}}) {
+        const at::Tensor& t = file.at(hf.name + suffix, path);
+        at::Tensor src = hf.transpose ? t.t() : t;
+        auto dst = buffer->narrow(0, seg.offset, seg.numel).view(seg.shape);
+        if (src.sizes() != dst.sizes())
+          throw Error("checkpoint " + path + ": \"" + hf.name + suffix + "\" has shape " + c10::str(t.sizes()) +
+                      ", expected " + c10::str(to_hf_layout(dst, hf.transpose).sizes()));
+        dst.copy_(src);
+      }
+    }
+  }
+  auto it = file.metadata.find("step");
+  if (it == file.metadata.end()) throw Error("checkpoint " + path + ": metadata has no step count");
+  optimizer.set_steps(std::stoll(it->second));
+  if (file.contains(kRngName)) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(file.at(kRngName, path));
+  }
+}
+
+}  // namespace colossal

@@ -1,0 +1,65 @@
+// Checkpoints: one directory per save, written under a temporary name and renamed (AtomicDir), then
+// pointed to by `latest` (itself replaced atomically), with keep-last-N rotation.
+//
+//   step-000400/model.safetensors      weights under Hugging Face names and layouts (loadable by
+//                                      transformers with config.json)
+//   step-000400/config.json            the model's HF config
+//   step-000400/tokenizer.model        the SentencePiece model it was trained with
+//   step-000400/optimizer.safetensors  AdamW moments under the same names + the RNG state
+//   step-000400/trainer_state.json     step, data-loader position, tokens seen, losses
+//   step-000400/recipe.toml            the resolved recipe
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "src/core/recipe.h"
+#include "src/io/safetensors.h"
+#include "src/nn/causal_lm.h"
+#include "src/optim/adamw.h"
+
+namespace colossal {
+
+struct TrainerState {
+  int64_t step = 0;              // optimizer steps completed
+  int64_t loader_position = 0;   // training batches consumed
+  int64_t tokens_seen = 0;
+  double train_loss = 0.0;
+  double eval_loss = -1.0;       // -1: not evaluated yet
+};
+
+struct CheckpointSave {
+  nn::CausalLM* model = nullptr;
+  optim::FlatParams* flat = nullptr;    // with `optimizer`: moments are saved (null: weights only)
+  optim::AdamW* optimizer = nullptr;
+  std::string tokenizer_bytes;
+  std::string recipe_toml;
+  TrainerState state;
+};
+
+// Writes <dir>/step-NNNNNN atomically, updates <dir>/latest, deletes the oldest beyond keep_last.
+// Returns the new checkpoint's path.
+std::string save_checkpoint(const std::string& dir, const CheckpointSave& save, int64_t keep_last);
+
+// Accepts a checkpoint directory, a checkpoints directory with `latest`, or a run directory with
+// checkpoints/latest. Error naming the path and what was expected otherwise.
+std::string resolve_checkpoint(const std::string& path);
+
+struct CheckpointInfo {
+  std::string dir;
+  nlohmann::json config;         // config.json
+  ModelConfig model;             // decoded from config.json
+  std::string tokenizer_bytes;   // tokenizer.model
+  TrainerState state;
+};
+CheckpointInfo read_checkpoint_info(const std::string& dir);
+
+// Model weights <-> HF-named tensors (transposing where the family's name map says so).
+std::vector<NamedTensor> export_model_state(nn::CausalLM& model);
+void load_model_state(nn::CausalLM& model, const SafetensorsFile& file, const std::string& path);
+// Restores moments, step count and the RNG state saved with them.
+void load_optimizer_state(nn::CausalLM& model, optim::FlatParams& flat, optim::AdamW& optimizer, const std::string& dir);
+
+}  // namespace colossal

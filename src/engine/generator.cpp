@@ -1,0 +1,160 @@
+// Batched KV-cache generation: see generator.h.
+#include "src/engine/generator.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <spdlog/spdlog.h>
+
+#include "src/core/error.h"
+
+namespace colossal {
+namespace {
+
+// Per-sequence decoding state: ids so far, text released so far, and whether it has finished.
+struct Sequence {
+  std::vector<int> ids;
+  std::string emitted;
+  bool done = false;
+  GenerationResult result;
+};
+
+// Text of `ids` minus a trailing incomplete UTF-8 character (byte-fallback pieces arrive one byte
+// at a time; the replacement character marks an unfinished one).
+std::string stable_text(const Tokenizer& tok, const std::vector<int>& ids) {
+  std::string text = tok.decode(ids);
+  static const std::string replacement = "\xEF\xBF\xBD";
+  while (text.size() >= 3 && text.compare(text.size() - 3, 3, replacement) == 0) text.resize(text.size() - 3);
+  return text;
+}
+
+}  // namespace
+
+Generator::Generator(std::shared_ptr<nn::CausalLM> model, Tokenizer tokenizer, c10::Device device)
+    : model_(std::move(model)), tokenizer_(std::move(tokenizer)), device_(device) {}
+
+std::vector<GenerationResult> Generator::generate(const std::vector<std::string>& prompts, const SamplingConfig& c,
+                                                  const std::function<void(size_t, const std::string&)>& on_text) {
+  if (prompts.empty()) return {};
+  const int64_t b = static_cast<int64_t>(prompts.size()), context = model_->context_length();
+  std::vector<std::vector<int>> encoded;
+  int64_t longest = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto ids = tokenizer_.encode(prompts[i]);
+    if (ids.empty()) ids.push_back(Tokenizer::kEos);   // an empty prompt starts a fresh document
+    if (static_cast<int64_t>(ids.size()) >= context)
+      throw Error("prompt " + std::to_string(i + 1) + " has " + std::to_string(ids.size()) +
+                  " tokens but the model's context is " + std::to_string(context) +
+                  " (shorten it to at most " + std::to_string(context - 1) + " tokens)");
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(ids.size()));
+    encoded.push_back(std::move(ids));
+  }
+  int64_t max_new = c.max_tokens;
+  if (longest + max_new > context) {
+    max_new = context - longest;
+    spdlog::warn("max tokens reduced to {} so the longest prompt ({} tokens) fits the context of {}", max_new, longest, context);
+  }
+
+  at::NoGradGuard no_grad;
+  model_->eval();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(c.seed);
+  auto long_opts = at::TensorOptions().dtype(at::kLong);
+
+  // Left padding: sequence i's real tokens occupy [pad_i, longest).
+  std::vector<int64_t> pad(b);
+  at::Tensor ids = at::full({b, longest}, Tokenizer::kEos, long_opts);
+  bool ragged = false;
+  for (int64_t i = 0; i < b; ++i) {
+    pad[i] = longest - static_cast<int64_t>(encoded[i].size());
+    ragged |= pad[i] > 0;
+    for (size_t j = 0; j < encoded[i].size(); ++j) ids[i][pad[i] + static_cast<int64_t>(j)] = encoded[i][j];
+  }
+  at::Tensor pad_t = at::tensor(pad, long_opts).view({b, 1});
+  auto cache = model_->make_cache(b, longest + max_new, device_);
+
+  nn::ForwardOptions prefill;
+  prefill.cache = &cache;
+  prefill.last_only = true;
+  if (ragged) {
+    auto pos = at::arange(longest, long_opts).view({1, longest});
+    prefill.positions = (pos - pad_t).clamp_min(0).to(device_);                      // [B, T]
+    auto q = pos.view({1, longest, 1}), k = pos.view({1, 1, longest});
+    // Causal, padding invisible; a padding query sees itself so its softmax row is never empty.
+    auto mask = (k <= q) & ((k >= pad_t.view({b, 1, 1})) | (k == q));
+    prefill.mask = mask.unsqueeze(1).to(device_);                                    // [B, 1, T, T]
+  }
+  at::Tensor logits = model_->forward(ids.to(device_), prefill).squeeze(1);          // [B, V]
+
+  std::vector<Sequence> seqs(b);
+  for (int64_t i = 0; i < b; ++i) seqs[i].result.prompt_tokens = static_cast<int64_t>(encoded[i].size());
+  size_t hold = 0;
+  for (const auto& s : c.stop) hold = std::max(hold, s.empty() ? 0 : s.size() - 1);
+  const int64_t allowed = std::min(tokenizer_.vocab_size(), model_->vocab_size());
+
+  auto release = [&](int64_t i, const std::string& text, bool final) {
+    auto& s = seqs[i];
+    size_t upto = final ? text.size() : (text.size() > hold ? text.size() - hold : 0);
+    if (upto > s.emitted.size()) {
+      std::string piece = text.substr(s.emitted.size(), upto - s.emitted.size());
+      s.emitted += piece;
+      if (on_text) on_text(static_cast<size_t>(i), piece);
+    }
+  };
+
+  for (int64_t step = 0; step < max_new; ++step) {
+    at::Tensor next = sample_next(logits.to(at::kCPU), c, gen, allowed);   // [B]
+    auto* nx = next.data_ptr<int64_t>();
+    bool all_done = true;
+    for (int64_t i = 0; i < b; ++i) {
+      auto& s = seqs[i];
+      if (s.done) continue;
+      if (nx[i] == Tokenizer::kEos) {
+        s.done = true;
+        s.result.finish_reason = "eos";
+        release(i, stable_text(tokenizer_, s.ids), true);
+        continue;
+      }
+      s.ids.push_back(static_cast<int>(nx[i]));
+      std::string text = stable_text(tokenizer_, s.ids);
+      size_t cut = std::string::npos;
+      for (const auto& stop : c.stop)
+        if (!stop.empty()) cut = std::min(cut, text.find(stop));
+      if (cut != std::string::npos) {
+        s.done = true;
+        s.result.finish_reason = "stop";
+        release(i, text.substr(0, cut), true);
+        continue;
+      }
+      if (step + 1 == max_new) {
+        s.done = true;
+        s.result.finish_reason = "length";
+        release(i, tokenizer_.decode(s.ids), true);
+        continue;
+      }
+      release(i, text, false);
+      all_done = false;
+    }
+    if (all_done) break;
+    // Finished sequences keep decoding a dummy token (cheaper than reshaping the batch mid-flight).
+    nn::ForwardOptions decode;
+    decode.cache = &cache;
+    decode.last_only = true;
+    const int64_t at_pos = cache.length;
+    if (ragged) {
+      decode.positions = (at::full({b, 1}, at_pos, long_opts) - pad_t).to(device_);
+      auto k = at::arange(at_pos + 1, long_opts).view({1, 1, 1, at_pos + 1});
+      decode.mask = (k >= pad_t.view({b, 1, 1, 1})).to(device_);                      // [B, 1, 1, S]
+    }
+    logits = model_->forward(next.view({b, 1}).to(device_), decode).squeeze(1);
+  }
+
+  std::vector<GenerationResult> out;
+  for (auto& s : seqs) {
+    if (!s.done) s.result.finish_reason = "length";
+    s.result.text = s.emitted;
+    s.result.completion_tokens = static_cast<int64_t>(s.ids.size());
+    out.push_back(std::move(s.result));
+  }
+  return out;
+}
+
+}  // namespace colossal

@@ -1,0 +1,85 @@
+// Model registry: see model_registry.h.
+#include "src/engine/model_registry.h"
+
+#include "models/gpt/gpt.h"
+#include "src/core/error.h"
+#include "src/core/text.h"
+
+namespace colossal {
+namespace {
+
+struct Family {
+  std::string name;
+  std::shared_ptr<nn::CausalLM> (*build)(const ModelConfig&, nn::LayerFactory&);
+  ModelConfig (*from_hf)(const nlohmann::json&, const std::string&);
+  int64_t (*count)(const ModelConfig&);
+  std::vector<std::string> hf_model_types;
+};
+
+const std::vector<Family>& families() {
+  static const std::vector<Family> table = {
+      {"gpt",
+       [](const ModelConfig& m, nn::LayerFactory& f) -> std::shared_ptr<nn::CausalLM> {
+         return std::make_shared<gpt::Gpt>(gpt::from_recipe(m), f);
+       },
+       [](const nlohmann::json& j, const std::string& path) { return gpt::to_model_config(gpt::from_hf_config(j, path)); },
+       [](const ModelConfig& m) { return gpt::parameter_count(gpt::from_recipe(m)); },
+       {"gpt2"}},
+  };
+  return table;
+}
+
+}  // namespace
+
+std::vector<std::string> model_families() {
+  std::vector<std::string> names;
+  for (const auto& f : families()) names.push_back(f.name);
+  return names;
+}
+
+std::shared_ptr<nn::CausalLM> build_model(const ModelConfig& config, nn::LayerFactory& factory) {
+  for (const auto& f : families())
+    if (f.name == config.family) return f.build(config, factory);
+  throw Error("unknown model family \"" + config.family + "\" (valid: " + join(model_families(), ", ") + ")");
+}
+
+std::shared_ptr<nn::CausalLM> build_model(const Recipe& recipe, nn::LayerFactory& factory) {
+  for (const auto& f : families())
+    if (f.name == recipe.model.family) return f.build(recipe.model, factory);
+  std::string hint = nearest_name(recipe.model.family, model_families());
+  throw RecipeError(recipe.where("model.family"),
+                    "= \"" + recipe.model.family + "\" is not a known model family (valid: " + join(model_families(), ", ") +
+                        ")" + (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
+}
+
+int64_t count_parameters(const ModelConfig& config) {
+  for (const auto& f : families())
+    if (f.name == config.family) return f.count(config);
+  throw Error("unknown model family \"" + config.family + "\" (valid: " + join(model_families(), ", ") + ")");
+}
+
+ModelConfig model_config_from_hf(const nlohmann::json& config, const std::string& path) {
+  std::string type = config.value("model_type", "");
+  for (const auto& f : families())
+    for (const auto& t : f.hf_model_types)
+      if (t == type) return f.from_hf(config, path);
+  throw Error(path + ": model_type \"" + type + "\" is not supported (valid: gpt2)");
+}
+
+MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters) {
+  MemoryEstimate e;
+  e.parameters = parameters;
+  const double p = static_cast<double>(parameters);
+  e.weights = 4 * p;
+  e.gradients = 4 * p;
+  e.optimizer = 8 * p;
+  // Activations kept for backward per layer, fp32, with fused attention (no T x T scores kept):
+  // about 17 values of [B, T, C] per block (inputs of norms, qkv, attention output, MLP in/out
+  // with its 4x hidden) plus the logits [B, T, V] and their gradient.
+  const double b = static_cast<double>(r.train.batch_size), t = static_cast<double>(r.train.seq_len);
+  const double c = static_cast<double>(r.model.n_embd), v = static_cast<double>(r.model.vocab_size);
+  e.activations = 4 * (b * t * c * 17 * static_cast<double>(r.model.n_layer) + 2 * b * t * v);
+  return e;
+}
+
+}  // namespace colossal

@@ -1,0 +1,30 @@
+// Model registry: family name -> how to build the model from a recipe's [model] section, and how to
+// read a family's config.json back. One explicit table (model_registry.cpp), no static initialisers.
+#pragma once
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "src/core/recipe.h"
+#include "src/nn/causal_lm.h"
+#include "src/nn/factory.h"
+
+namespace colossal {
+
+std::shared_ptr<nn::CausalLM> build_model(const Recipe& recipe, nn::LayerFactory& factory);
+std::shared_ptr<nn::CausalLM> build_model(const ModelConfig& config, nn::LayerFactory& factory);
+// Reads a config.json written by save (or by transformers) into a [model] section.
+ModelConfig model_config_from_hf(const nlohmann::json& config, const std::string& path);
+std::vector<std::string> model_families();
+int64_t count_parameters(const ModelConfig& config);   // without allocating the model
+
+// Bytes of parameters, gradients and AdamW moments (fp32), plus a per-micro-batch activation estimate.
+struct MemoryEstimate {
+  int64_t parameters = 0;
+  double weights = 0, gradients = 0, optimizer = 0, activations = 0;
+  double total() const { return weights + gradients + optimizer + activations; }
+};
+MemoryEstimate estimate_training_memory(const Recipe& recipe, int64_t parameters);
+
+}  // namespace colossal

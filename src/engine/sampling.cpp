@@ -1,0 +1,33 @@
+// Token sampling: see sampling.h.
+#include "src/engine/sampling.h"
+
+#include <ATen/ATen.h>
+#include <limits>
+
+namespace colossal {
+
+at::Tensor sample_next(const at::Tensor& logits_in, const SamplingConfig& c, at::Generator& gen, int64_t allowed_vocab) {
+  at::Tensor logits = logits_in.to(at::kFloat);
+  const int64_t v = logits.size(-1);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  if (allowed_vocab < v) logits = logits.clone(), logits.narrow(-1, allowed_vocab, v - allowed_vocab).fill_(neg_inf);
+  if (c.greedy || c.temperature <= 0) return logits.argmax(-1);
+
+  logits = logits / c.temperature;
+  if (c.top_k > 0 && c.top_k < v) {
+    auto kth = std::get<0>(logits.topk(c.top_k, -1)).narrow(-1, c.top_k - 1, 1);   // [B, 1]
+    logits = logits.masked_fill(logits < kth, neg_inf);
+  }
+  if (c.top_p < 1.0) {
+    auto [sorted, order] = logits.sort(-1, /*descending=*/true);
+    auto probs = sorted.softmax(-1);
+    // Drop a token when the tokens before it already hold top_p of the mass (the first always stays).
+    auto drop = (probs.cumsum(-1) - probs) > c.top_p;
+    sorted = sorted.masked_fill(drop, neg_inf);
+    logits = at::full_like(logits, neg_inf).scatter(-1, order, sorted);
+  }
+  auto probs = logits.softmax(-1);
+  return at::multinomial(probs, 1, /*replacement=*/false, gen).squeeze(-1);
+}
+
+}  // namespace colossal

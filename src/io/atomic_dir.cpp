@@ -1,0 +1,88 @@
+// Crash-safe directory and file writes: see atomic_dir.h.
+#include "src/io/atomic_dir.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "src/core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace colossal {
+namespace {
+
+void fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+AtomicDir::AtomicDir(std::string final_path) : final_(std::move(final_path)) {
+  fs::path f(final_);
+  fs::path parent = f.parent_path().empty() ? fs::path(".") : f.parent_path();
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) throw Error("cannot create directory " + parent.string() + ": " + ec.message());
+  tmp_ = (parent / (".tmp-" + f.filename().string() + "-" + std::to_string(::getpid()))).string();
+  fs::remove_all(tmp_, ec);
+  fs::create_directory(tmp_, ec);
+  if (ec) throw Error("cannot create directory " + tmp_ + ": " + ec.message());
+}
+
+AtomicDir::~AtomicDir() {
+  if (committed_) return;
+  std::error_code ec;
+  fs::remove_all(tmp_, ec);
+}
+
+void AtomicDir::commit() {
+  for (const auto& entry : fs::directory_iterator(tmp_)) fsync_path(entry.path().string(), false);
+  fsync_path(tmp_, true);
+  std::error_code ec;
+  if (fs::exists(final_, ec)) {
+    // rename() cannot replace a non-empty directory: move the old one aside first.
+    std::string old = tmp_ + ".old";
+    fs::rename(final_, old, ec);
+    if (ec) throw Error("cannot replace " + final_ + ": " + ec.message());
+    fs::rename(tmp_, final_, ec);
+    fs::remove_all(old);
+  } else {
+    fs::rename(tmp_, final_, ec);
+  }
+  if (ec) throw Error("cannot move " + tmp_ + " to " + final_ + ": " + ec.message());
+  fsync_path(fs::path(final_).parent_path().string(), true);
+  committed_ = true;
+}
+
+void write_file_atomic(const std::string& path, const std::string& content) {
+  std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << content;
+    out.flush();
+    if (!out) throw Error("cannot write " + tmp + ": " + std::strerror(errno));
+  }
+  fsync_path(tmp, false);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw Error("cannot move " + tmp + " to " + path + ": " + ec.message());
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot read " + path + (fs::exists(path) ? "" : ": no such file"));
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace colossal

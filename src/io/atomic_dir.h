@@ -1,0 +1,28 @@
+// Crash-safe writes: a directory (or file) is built under a temporary name beside its final place,
+// synced, then renamed into place, so readers see either the old complete version or the new one,
+// never a half-written one. Checkpoints and the `latest` pointer are written this way.
+#pragma once
+#include <string>
+
+namespace colossal {
+
+class AtomicDir {
+ public:
+  explicit AtomicDir(std::string final_path);   // creates "<parent>/.tmp-<name>-<pid>"
+  ~AtomicDir();                                  // removes the temporary directory if not committed
+  AtomicDir(const AtomicDir&) = delete;
+  AtomicDir& operator=(const AtomicDir&) = delete;
+
+  const std::string& path() const { return tmp_; }   // write files here
+  void commit();   // fsyncs every file, then renames onto the final path (replacing an older one)
+
+ private:
+  std::string final_, tmp_;
+  bool committed_ = false;
+};
+
+// Writes `content` to `path` via a synced temporary file and a rename.
+void write_file_atomic(const std::string& path, const std::string& content);
+std::string read_text_file(const std::string& path);   // Error if it cannot be read
+
+}  // namespace colossal

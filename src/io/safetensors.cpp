@@ -1,0 +1,152 @@
+// safetensors reader and writer: see safetensors.h.
+#include "src/io/safetensors.h"
+
+#include <ATen/ATen.h>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "src/core/error.h"
+#include "src/core/text.h"
+
+namespace colossal {
+namespace {
+
+struct DtypeName {
+  at::ScalarType type;
+  const char* name;
+};
+constexpr DtypeName kDtypes[] = {
+    {at::kFloat, "F32"}, {at::kDouble, "F64"}, {at::kHalf, "F16"}, {at::kBFloat16, "BF16"},
+    {at::kLong, "I64"},  {at::kInt, "I32"},    {at::kShort, "I16"}, {at::kChar, "I8"},
+    {at::kByte, "U8"},   {at::kBool, "BOOL"},
+};
+
+const char* dtype_name(at::ScalarType t) {
+  for (const auto& d : kDtypes)
+    if (d.type == t) return d.name;
+  throw Error(std::string("safetensors: cannot store dtype ") + c10::toString(t));
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<at::Tensor> cpu;
+  cpu.reserve(tensors.size());
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    if (header.contains(name)) throw Error("safetensors " + path + ": duplicate tensor name \"" + name + "\"");
+    at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    uint64_t bytes = c.numel() * c.element_size();
+    header[name] = {{"dtype", dtype_name(c.scalar_type())}, {"shape", c.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    cpu.push_back(std::move(c));
+  }
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');   // keeps the data section 8-byte aligned
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw Error("cannot write " + path + ": " + std::strerror(errno));
+  uint64_t n = json.size();
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  out.write(reinterpret_cast<const char*>(len), 8);
+  out.write(json.data(), static_cast<std::streamsize>(json.size()));
+  for (const auto& c : cpu)
+    out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.numel() * c.element_size()));
+  out.flush();
+  if (!out) throw Error("cannot write " + path + ": " + std::strerror(errno) + " (disk full?)");
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  auto fail = [&](const std::string& why) -> Error { return Error("checkpoint " + path + ": " + why); };
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) throw fail("no such file");
+  const uint64_t file_size = std::filesystem::file_size(path, ec);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw fail("cannot be opened");
+  if (file_size < 8) throw fail("is " + std::to_string(file_size) + " bytes, too short for a safetensors header");
+  unsigned char len[8];
+  in.read(reinterpret_cast<char*>(len), 8);
+  uint64_t header_len = 0;
+  for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(len[i]) << (8 * i);
+  if (header_len > file_size - 8)
+    throw fail("header claims " + human_bytes(static_cast<double>(header_len)) + " but the file has " +
+               human_bytes(static_cast<double>(file_size)));
+  std::string json(header_len, '\0');
+  in.read(json.data(), static_cast<std::streamsize>(header_len));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(json);
+  } catch (const nlohmann::json::exception& e) {
+    throw fail("header is not valid JSON (" + std::string(e.what()) + ")");
+  }
+  if (!header.is_object()) throw fail("header is not a JSON object");
+
+  const uint64_t data_start = 8 + header_len, data_size = file_size - data_start;
+  SafetensorsFile result;
+  struct Entry { std::string name; at::ScalarType type; std::vector<int64_t> shape; uint64_t begin, end; };
+  std::vector<Entry> entries;
+  try {
+    for (const auto& [name, info] : header.items()) {
+      if (name == "__metadata__") {
+        for (const auto& [k, v] : info.items()) result.metadata[k] = v.get<std::string>();
+        continue;
+      }
+      Entry e{name, at::kFloat, {}, 0, 0};
+      std::string dt = info.at("dtype").get<std::string>();
+      bool known = false;
+      for (const auto& d : kDtypes)
+        if (dt == d.name) e.type = d.type, known = true;
+      if (!known) throw fail("tensor \"" + name + "\" has unsupported dtype " + dt);
+      e.shape = info.at("shape").get<std::vector<int64_t>>();
+      auto off = info.at("data_offsets").get<std::vector<uint64_t>>();
+      if (off.size() != 2 || off[0] > off[1] || off[1] > data_size)
+        throw fail("tensor \"" + name + "\" lies outside the file (offsets past its " +
+                   human_bytes(static_cast<double>(data_size)) + " of data; truncated?)");
+      uint64_t numel = 1;
+      for (int64_t s : e.shape) {
+        if (s < 0) throw fail("tensor \"" + name + "\" has a negative dimension");
+        numel *= static_cast<uint64_t>(s);
+      }
+      if (numel * c10::elementSize(e.type) != off[1] - off[0])
+        throw fail("tensor \"" + name + "\" has " + std::to_string(off[1] - off[0]) + " bytes but its shape needs " +
+                   std::to_string(numel * c10::elementSize(e.type)));
+      e.begin = off[0];
+      e.end = off[1];
+      entries.push_back(std::move(e));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw fail("malformed header (" + std::string(e.what()) + ")");
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < entries.size(); ++i)
+    if (entries[i].begin < entries[i - 1].end)
+      throw fail("tensors \"" + entries[i - 1].name + "\" and \"" + entries[i].name + "\" overlap");
+  for (auto& e : entries) {
+    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
+    in.seekg(static_cast<std::streamoff>(data_start + e.begin));
+    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
+    if (!in) throw fail("could not read tensor \"" + e.name + "\" (file truncated?)");
+    result.tensors.push_back({e.name, std::move(t)});
+  }
+  return result;
+}
+
+bool SafetensorsFile::contains(const std::string& name) const {
+  for (const auto& t : tensors)
+    if (t.name == name) return true;
+  return false;
+}
+
+const at::Tensor& SafetensorsFile::at(const std::string& name, const std::string& path) const {
+  for (const auto& t : tensors)
+    if (t.name == name) return t.tensor;
+  throw Error("checkpoint " + path + ": tensor \"" + name + "\" is missing");
+}
+
+}  // namespace colossal

@@ -1,0 +1,32 @@
+// safetensors, written and read here: an 8-byte little-endian header length, a JSON header
+// {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str: str}}, then raw bytes.
+// Readers validate everything against the file's real size before touching data, so a truncated or
+// corrupt file is an Error naming the file, never a crash or a silently wrong tensor.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace colossal {
+
+struct NamedTensor {
+  std::string name;
+  at::Tensor tensor;
+};
+
+// Writes tensors (any CPU/GPU device, any strides; copied to contiguous CPU bytes) in the given
+// order. The file is written whole to `path` (callers make it atomic at the directory level).
+void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+struct SafetensorsFile {
+  std::vector<NamedTensor> tensors;               // in file order, CPU, contiguous
+  std::map<std::string, std::string> metadata;
+  const at::Tensor& at(const std::string& name, const std::string& path) const;   // Error if missing
+  bool contains(const std::string& name) const;
+};
+
+SafetensorsFile load_safetensors(const std::string& path);
+
+}  // namespace colossal

@@ -1,0 +1,37 @@
+// Self-attention: see attention.h.
+#include "src/nn/attention.h"
+
+#include <ATen/ATen.h>
+
+namespace colossal::nn {
+
+Attention::Attention(const AttentionSpec& spec, LayerFactory& factory) : spec_(spec) {
+  qkv_ = register_module("qkv", factory.linear({.in = spec.width, .out = 3 * spec.width, .bias = spec.bias, .split = Split::Column}));
+  proj_ = register_module("proj", factory.linear({.in = spec.width, .out = spec.width, .bias = spec.bias, .split = Split::Row}));
+}
+
+at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, const at::Tensor& mask) {
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2), h = spec_.heads, d = c / h;
+  auto qkv = qkv_->forward(x).view({b, t, 3, h, d}).permute({2, 0, 3, 1, 4});   // [3, B, H, T, D]
+  at::Tensor q = qkv[0], k = qkv[1], v = qkv[2];                                  // each [B, H, T, D]
+  bool causal = spec_.causal && !mask.defined();
+  if (kv) {
+    kv->k.narrow(2, offset, t).copy_(k);
+    kv->v.narrow(2, offset, t).copy_(v);
+    k = kv->k.narrow(2, 0, offset + t);
+    v = kv->v.narrow(2, 0, offset + t);
+    // One new query attends to every cached key; a multi-token prefill at offset 0 is plain causal.
+    if (t == 1) causal = false;
+    else if (offset > 0 && !mask.defined())
+      TORCH_CHECK(false, "attention: multi-token step at offset ", offset, " needs an explicit mask");
+  }
+  const double p = is_training() ? spec_.dropout : 0.0;
+  std::optional<at::Tensor> attn_mask;   // an undefined tensor inside an optional still counts as a mask
+  if (mask.defined()) attn_mask = mask;
+  auto y = at::scaled_dot_product_attention(q, k, v, attn_mask, p, causal);   // [B, H, T, D]
+  y = y.transpose(1, 2).reshape({b, t, c});                                 // [B, T, C]
+  y = proj_->forward(y);
+  return p > 0 ? at::dropout(y, p, true) : y;
+}
+
+}  // namespace colossal::nn

@@ -1,0 +1,47 @@
+// CausalLM: what the engine knows of a decoder-only language model. Every model is
+// embed -> blocks[] -> head; pipeline stages, ZeRO-3 gathering, recompute and profiling will wrap
+// the blocks from outside, so the interface exposes the parts as well as the whole forward.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+#include <vector>
+
+#include "src/nn/attention.h"
+#include "src/nn/hf_names.h"
+
+namespace colossal::nn {
+
+// Keys and values of every layer, for generation. `length` positions are filled.
+struct KvCache {
+  std::vector<LayerKv> layers;
+  int64_t length = 0;
+  int64_t capacity = 0;
+};
+
+struct ForwardOptions {
+  KvCache* cache = nullptr;   // read and extended when given (generation)
+  at::Tensor positions;       // [B, T] position ids; default: cache length + arange(T)
+  at::Tensor mask;            // bool [B, 1, T, S]; default: causal
+  bool last_only = false;     // compute logits for the last position only (generation)
+};
+
+class CausalLM : public torch::nn::Module {
+ public:
+  // ids [B, T] int64 -> logits [B, T, V] (or [B, 1, V] with last_only).
+  virtual at::Tensor forward(const at::Tensor& ids, const ForwardOptions& options = {}) = 0;
+  // Mean next-token cross entropy of ids[:, t] predicting targets[:, t].
+  virtual at::Tensor loss(const at::Tensor& ids, const at::Tensor& targets);
+
+  virtual KvCache make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const = 0;
+  virtual int64_t context_length() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual void init_weights() = 0;                       // draws from LibTorch's default generator
+  virtual const HfNameMap& hf_names() const = 0;
+  virtual nlohmann::json hf_config() const = 0;          // config.json as transformers writes it
+
+  int64_t parameter_count() const;
+};
+
+}  // namespace colossal::nn

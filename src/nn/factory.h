@@ -1,0 +1,70 @@
+// LayerFactory: the one place models get their parameterised layers from. A model asks for a
+// column-split or row-split linear, a vocabulary-split embedding, an attention of H heads or an MLP;
+// the factory decides how they are laid out. The plain factory here builds unsplit layers; the
+// tensor-parallel factories (1D/2D/2.5D/3D) return split implementations of the same interfaces,
+// so models never branch on a parallel mode.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <memory>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/normalization.h>
+
+namespace colossal::nn {
+
+// How a layer's weight would be divided across a tensor-parallel group (Megatron's terms).
+enum class Split {
+  Replicated,
+  Column,   // output features split: y_i = x W_i (no communication in forward)
+  Row,      // input features split: y = sum_i x_i W_i (all-reduce in forward)
+  Vocab,    // embedding rows split by vocabulary range
+};
+
+struct LinearSpec {
+  int64_t in = 0, out = 0;
+  bool bias = true;
+  Split split = Split::Replicated;
+};
+
+// y = x W^T + b, with W stored [out, in] (torch's layout; HF Conv1D layouts are transposed at IO).
+class Linear : public torch::nn::Module {
+ public:
+  virtual at::Tensor forward(const at::Tensor& x) = 0;   // [..., in] -> [..., out]
+  virtual at::Tensor& weight() = 0;
+};
+
+class Embedding : public torch::nn::Module {
+ public:
+  virtual at::Tensor forward(const at::Tensor& ids) = 0;   // [...] -> [..., dim]
+  virtual at::Tensor& weight() = 0;                         // [num, dim]
+};
+
+enum class Act { GeluTanh, Gelu, Relu };
+
+struct AttentionSpec {
+  int64_t width = 0, heads = 0;
+  bool causal = true;
+  bool bias = true;
+  double dropout = 0.0;   // on attention probabilities and on the output projection
+};
+
+struct MlpSpec {
+  int64_t width = 0, hidden = 0;
+  Act act = Act::GeluTanh;
+  bool bias = true;
+  double dropout = 0.0;
+};
+
+class Attention;
+class Mlp;
+
+class LayerFactory {
+ public:
+  virtual ~LayerFactory() = default;
+  virtual std::shared_ptr<Linear> linear(const LinearSpec& spec);
+  virtual std::shared_ptr<Embedding> embedding(int64_t num, int64_t dim, Split split = Split::Replicated);
+  virtual torch::nn::LayerNorm layer_norm(int64_t dim, double eps);
+  virtual std::shared_ptr<Attention> attention(const AttentionSpec& spec);
+  virtual std::shared_ptr<Mlp> mlp(const MlpSpec& spec);
+};
+
+}  // namespace colossal::nn

@@ -1,0 +1,25 @@
+// MLP: see mlp.h.
+#include "src/nn/mlp.h"
+
+#include <ATen/ATen.h>
+
+namespace colossal::nn {
+
+Mlp::Mlp(const MlpSpec& spec, LayerFactory& factory) : spec_(spec) {
+  fc_ = register_module("fc", factory.linear({.in = spec.width, .out = spec.hidden, .bias = spec.bias, .split = Split::Column}));
+  proj_ = register_module("proj", factory.linear({.in = spec.hidden, .out = spec.width, .bias = spec.bias, .split = Split::Row}));
+}
+
+at::Tensor Mlp::forward(const at::Tensor& x) {
+  auto h = fc_->forward(x);   // [B, T, hidden]
+  switch (spec_.act) {
+    case Act::GeluTanh: h = at::gelu(h, "tanh"); break;
+    case Act::Gelu: h = at::gelu(h); break;
+    case Act::Relu: h = at::relu(h); break;
+  }
+  auto y = proj_->forward(h);
+  const double p = is_training() ? spec_.dropout : 0.0;
+  return p > 0 ? at::dropout(y, p, true) : y;
+}
+
+}  // namespace colossal::nn

@@ -1,0 +1,21 @@
+// Position-wise MLP: column-split expansion, activation, row-split projection, dropout.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <memory>
+#include <torch/nn/module.h>
+
+#include "src/nn/factory.h"
+
+namespace colossal::nn {
+
+class Mlp : public torch::nn::Module {
+ public:
+  Mlp(const MlpSpec& spec, LayerFactory& factory);
+  at::Tensor forward(const at::Tensor& x);   // [B, T, C] -> [B, T, C]
+
+ private:
+  MlpSpec spec_;
+  std::shared_ptr<Linear> fc_, proj_;
+};
+
+}  // namespace colossal::nn
