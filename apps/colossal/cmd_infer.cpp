@@ -7,7 +7,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
-#include <torch/torch.h>
 
 #include "apps/colossal/commands.h"
 #include "src/core/device.h"
@@ -75,16 +74,19 @@ void run(InferArgs& a) {
 
   Generator generator(model, tokenizer, device);
   const bool stream = prompts.size() == 1 && !a.jsonl;
-  if (stream) {
-    std::fputs(prompts[0].c_str(), stdout);
-    std::fflush(stdout);
-  }
+  bool echoed = false;   // the prompt is echoed with the first piece, after the prompts were validated
+  auto echo_prompt = [&] {
+    if (stream && !echoed) std::fputs(prompts[0].c_str(), stdout);
+    echoed = true;
+  };
   const auto t0 = std::chrono::steady_clock::now();
   auto results = generator.generate(prompts, a.sampling, [&](size_t, const std::string& piece) {
     if (!stream) return;
+    echo_prompt();
     std::fputs(piece.c_str(), stdout);
     std::fflush(stdout);
   });
+  echo_prompt();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t generated = 0;
   for (size_t i = 0; i < results.size(); ++i) {

@@ -53,7 +53,10 @@ std::string divisors_near(int64_t n, int64_t near) {
   std::sort(d.begin(), d.end());
   std::vector<std::string> s;
   for (auto v : d) s.push_back(std::to_string(v));
-  return join(s, ", ");
+  if (s.size() < 2) return join(s, ", ");
+  std::string last = s.back();
+  s.pop_back();
+  return join(s, ", ") + " or " + last;
 }
 
 }  // namespace

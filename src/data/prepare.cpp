@@ -80,6 +80,7 @@ void ensure_data(const Recipe& r, const std::string& tokenizer_override) {
   };
   if (!fs::exists(tok_path)) {
     need_text("tokenizer");
+    read_documents(r.data.text);   // a missing or empty corpus is reported as such, not by the trainer
     spdlog::info("training a {}-piece BPE tokenizer on {} -> {}", r.data.tokenizer_vocab, r.data.text, tok_path);
     Tokenizer::train(r.data.text, r.data.tokenizer_vocab, tok_path);
   }

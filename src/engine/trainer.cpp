@@ -2,7 +2,7 @@
 #include "src/engine/trainer.h"
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <ATen/Utils.h>
 
 #include <atomic>
 #include <chrono>
@@ -126,7 +126,7 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
   if (eval_set.empty())
     spdlog::warn("held-out split ({} tokens) is too small for one eval batch; eval loss is skipped", val_split.tokens.size());
 
-  torch::manual_seed(static_cast<uint64_t>(r.train.seed));
+  at::manual_seed(static_cast<uint64_t>(r.train.seed));
   nn::LayerFactory factory;
   auto model = build_model(model_cfg, factory);
   model->to(device);

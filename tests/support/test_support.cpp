@@ -1,0 +1,71 @@
+// Test support: see test_support.h.
+#include "tests/support/test_support.h"
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "src/data/prepare.h"
+#include "src/data/tokenizer.h"
+
+namespace fs = std::filesystem;
+
+namespace colossal::test {
+
+TempDir::TempDir() {
+  std::string tmpl = (fs::temp_directory_path() / "colossal-test-XXXXXX").string();
+  path_ = mkdtemp(tmpl.data());
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+std::string source_dir() { return COLOSSAL_SOURCE_DIR; }
+
+void write_file(const std::string& path, const std::string& content) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << content;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+const SmallCorpus& small_corpus() {
+  static TempDir dir;
+  static SmallCorpus corpus = [] {
+    SmallCorpus c{dir / "corpus.txt", dir / "tok.model", dir / "data.h5"};
+    auto docs = read_documents(source_dir() + "/data/kjv/kjv.txt");
+    std::string text;
+    for (size_t i = 0; i < 120 && i < docs.size(); ++i) text += docs[i] + "\n\n";
+    write_file(c.text, text);
+    Tokenizer::train(c.text, 512, c.tokenizer);
+    prepare_dataset(c.text, Tokenizer::load(c.tokenizer), c.dataset, 0.05);
+    return c;
+  }();
+  return corpus;
+}
+
+Run run_colossal(const std::string& args) {
+  std::string cmd = "cd '" + source_dir() + "' && '" + std::string(COLOSSAL_BINARY) + "' " + args + " 2>&1";
+  Run r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
+  int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+}  // namespace colossal::test

@@ -1,0 +1,38 @@
+// Test support: temporary directories, a small corpus with its tokenizer and dataset built once per
+// test binary, and running the colossal binary as a user would.
+#pragma once
+#include <string>
+
+namespace colossal::test {
+
+// A fresh directory under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// The first `documents` chapters of the embedded corpus, a 512-piece tokenizer and a dataset,
+// built once per process in a temporary directory.
+struct SmallCorpus {
+  std::string text, tokenizer, dataset;
+};
+const SmallCorpus& small_corpus();
+
+std::string source_dir();                       // the repository root
+void write_file(const std::string& path, const std::string& content);
+std::string read_file(const std::string& path);
+
+struct Run {
+  int exit_code = -1;
+  std::string output;   // stdout and stderr together
+};
+// Runs the colossal binary with `args` (a shell-quoted string) from the repository root.
+Run run_colossal(const std::string& args);
+
+}  // namespace colossal::test

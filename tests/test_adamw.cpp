@@ -1,0 +1,129 @@
+// AdamW on flat buffers against torch::optim::AdamW (fp32, to 1e-6) and against the published update
+// rule evaluated independently in double precision; flat buffers and gradient clipping; the schedule.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <cmath>
+#include <torch/torch.h>
+
+#include "kernels/cpu/adamw.h"
+#include "src/core/recipe.h"
+#include "src/optim/adamw.h"
+#include "src/optim/flat_params.h"
+#include "src/optim/schedule.h"
+
+using namespace colossal;
+
+namespace {
+
+// A module with a decayed matrix and an undecayed bias.
+struct Toy : torch::nn::Module {
+  Toy() {
+    w = register_parameter("w", at::randn({37, 11}));
+    b = register_parameter("b", at::randn({37}));
+  }
+  at::Tensor w, b;
+};
+
+}  // namespace
+
+TEST(AdamW, MatchesTorchAdamWToOneInAMillionOverTwentySteps) {
+  torch::manual_seed(0);
+  Toy ours, ref;
+  {
+    at::NoGradGuard g;
+    ref.w.copy_(ours.w);
+    ref.b.copy_(ours.b);
+  }
+  const double lr = 3e-3, wd = 0.1;
+  optim::FlatParams flat(ours, wd);
+  optim::AdamW adamw(flat, {0.9, 0.95, 1e-8});
+  torch::optim::AdamW torch_opt({torch::optim::OptimizerParamGroup({ref.w}, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(wd))),
+                                 torch::optim::OptimizerParamGroup({ref.b}, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0)))});
+  for (int step = 0; step < 20; ++step) {
+    auto x = at::randn({5, 11});
+    ((at::matmul(x, ours.w.t()) + ours.b).pow(2).sum()).backward();
+    ((at::matmul(x, ref.w.t()) + ref.b).pow(2).sum()).backward();
+    adamw.step(lr);
+    flat.zero_grad();
+    torch_opt.step();
+    torch_opt.zero_grad();
+    EXPECT_LT((ours.w - ref.w).abs().max().item<double>(), 1e-6) << "step " << step;
+    EXPECT_LT((ours.b - ref.b).abs().max().item<double>(), 1e-6) << "step " << step;
+  }
+}
+
+TEST(AdamW, DoublePrecisionKernelFollowsThePublishedUpdateRule) {
+  // Loshchilov & Hutter's AdamW as written in torch.optim.AdamW's documentation, scalar by scalar.
+  const int n = 1000;
+  std::vector<double> p(n), m(n, 0), v(n, 0), ref_p(n), ref_m(n, 0), ref_v(n, 0);
+  for (int i = 0; i < n; ++i) p[i] = ref_p[i] = std::sin(i * 0.37);
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.05;
+  for (int t = 1; t <= 50; ++t) {
+    std::vector<double> g(n);
+    for (int i = 0; i < n; ++i) g[i] = std::cos(i * 0.11 + t) + 0.1 * p[i];
+    kernels::adamw_step(p.data(), g.data(), m.data(), v.data(), n, {lr, b1, b2, eps, wd, t});
+    for (int i = 0; i < n; ++i) {
+      double gi = std::cos(i * 0.11 + t) + 0.1 * ref_p[i];
+      ref_p[i] -= lr * wd * ref_p[i];
+      ref_m[i] = b1 * ref_m[i] + (1 - b1) * gi;
+      ref_v[i] = b2 * ref_v[i] + (1 - b2) * gi * gi;
+      double m_hat = ref_m[i] / (1 - std::pow(b1, t)), v_hat = ref_v[i] / (1 - std::pow(b2, t));
+      ref_p[i] -= lr * m_hat / (std::sqrt(v_hat) + eps);
+    }
+  }
+  for (int i = 0; i < n; ++i) ASSERT_NEAR(p[i], ref_p[i], 1e-12) << i;
+}
+
+TEST(AdamW, LargeBuffersTakeTheParallelPathWithTheSameResult) {
+  const int64_t n = (1 << 17) + 123;   // above the kernel's threading threshold
+  auto p = at::randn({n}), g = at::randn({n}), m = at::zeros({n}), v = at::zeros({n});
+  auto p2 = p.clone(), m2 = m.clone(), v2 = v.clone();
+  kernels::adamw_step(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, {1e-3, 0.9, 0.99, 1e-8, 0.1, 1});
+  for (int64_t s = 0; s < n; s += 1000) {   // the same update applied piecewise (serial path)
+    int64_t len = std::min<int64_t>(1000, n - s);
+    kernels::adamw_step(p2.data_ptr<float>() + s, g.data_ptr<float>() + s, m2.data_ptr<float>() + s, v2.data_ptr<float>() + s, len, {1e-3, 0.9, 0.99, 1e-8, 0.1, 1});
+  }
+  EXPECT_TRUE(at::equal(p, p2));
+}
+
+TEST(FlatParams, ParametersAndGradientsAreViewsOfTwoGroupBuffers) {
+  torch::manual_seed(1);
+  Toy toy;
+  auto before_w = toy.w.clone();
+  optim::FlatParams flat(toy, 0.1);
+  ASSERT_EQ(flat.groups().size(), 2u);
+  EXPECT_EQ(flat.groups()[0].weight_decay, 0.1);
+  EXPECT_EQ(flat.groups()[1].weight_decay, 0.0);
+  EXPECT_TRUE(at::equal(toy.w, before_w));
+  EXPECT_EQ(toy.w.data_ptr(), flat.groups()[0].params.data_ptr());
+  toy.w.sum().backward();
+  EXPECT_EQ(flat.groups()[0].grads.sum().item<double>(), 37.0 * 11.0);   // accumulated in place
+  flat.zero_grad();
+  EXPECT_EQ(toy.w.grad().abs().sum().item<double>(), 0.0);
+}
+
+TEST(FlatParams, ClippingScalesToTheMaximumNormLikeTorch) {
+  Toy toy;
+  optim::FlatParams flat(toy, 0.0);
+  flat.groups()[0].grads.fill_(1.0);
+  flat.groups()[1].grads.fill_(2.0);
+  const double expected = std::sqrt(37.0 * 11.0 + 37.0 * 4.0);
+  EXPECT_NEAR(flat.clip_grad_norm(1.0), expected, 1e-4);
+  EXPECT_NEAR(flat.clip_grad_norm(0.0), 1.0, 1e-5);   // now at the clipped norm
+}
+
+TEST(Schedule, WarmsUpLinearlyThenDecaysByCosineToMinimum) {
+  OptimConfig c;
+  c.lr = 1.0, c.min_lr = 0.1, c.warmup_steps = 10, c.decay_steps = 110, c.schedule = "cosine";
+  EXPECT_DOUBLE_EQ(optim::lr_at(c, 0), 0.1);
+  EXPECT_DOUBLE_EQ(optim::lr_at(c, 9), 1.0);
+  EXPECT_DOUBLE_EQ(optim::lr_at(c, 10), 1.0);
+  EXPECT_NEAR(optim::lr_at(c, 60), 0.55, 1e-12);
+  EXPECT_NEAR(optim::lr_at(c, 110), 0.1, 1e-12);
+  EXPECT_NEAR(optim::lr_at(c, 500), 0.1, 1e-12);
+  c.schedule = "linear";
+  EXPECT_NEAR(optim::lr_at(c, 60), 0.55, 1e-12);
+  c.schedule = "constant";
+  EXPECT_DOUBLE_EQ(optim::lr_at(c, 60), 1.0);
+}

@@ -1,0 +1,163 @@
+// Checkpoints and resume: N steps + resume + N steps gives exactly the losses and weights of 2N
+// uninterrupted steps (dropout on, so the RNG state must come back too); rotation, the `latest`
+// pointer, crash-safety of saves, and errors for damaged checkpoints.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "src/core/error.h"
+#include "src/core/recipe.h"
+#include "src/engine/checkpoint.h"
+#include "src/engine/trainer.h"
+#include "src/io/atomic_dir.h"
+#include "src/io/safetensors.h"
+#include "tests/support/test_support.h"
+
+namespace fs = std::filesystem;
+using namespace colossal;
+using colossal::test::small_corpus;
+using colossal::test::TempDir;
+
+namespace {
+
+Recipe tiny_recipe(const std::string& out, int64_t max_steps, std::vector<std::string> extra = {}) {
+  const auto& c = small_corpus();
+  std::vector<std::string> o = {"data.text=" + c.text, "data.tokenizer=" + c.tokenizer, "data.dataset=" + c.dataset,
+                                "output.dir=" + out, "train.max_steps=" + std::to_string(max_steps)};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return parse_recipe(R"(
+[model]
+n_layer = 2
+n_head = 2
+n_embd = 32
+block_size = 32
+vocab_size = 512
+dropout = 0.1
+[train]
+batch_size = 4
+grad_accum = 2
+eval_every = 3
+eval_batches = 2
+[optim]
+lr = 3e-3
+warmup_steps = 2
+decay_steps = 12
+[checkpoint]
+every = 3
+keep_last = 2
+)", "tiny.toml", o);
+}
+
+std::vector<double> losses(const std::string& metrics) {
+  std::vector<double> out;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Resume, NStepsPlusResumePlusNStepsEqualsTwoNStepsExactly) {
+  TempDir a, b;
+  ASSERT_EQ(run_training(tiny_recipe(a.path(), 12), {.quiet = true}), 0);
+  ASSERT_EQ(run_training(tiny_recipe(b.path(), 6), {.quiet = true}), 0);
+  ASSERT_EQ(run_training(tiny_recipe(b.path(), 12), {.resume = true, .quiet = true}), 0);
+
+  auto la = losses(a / "metrics.jsonl"), lb = losses(b / "metrics.jsonl");
+  ASSERT_EQ(la.size(), 12u);
+  ASSERT_EQ(lb.size(), 12u);
+  for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i], lb[i]) << "step " << i + 1;   // bit-identical
+
+  auto wa = load_safetensors(a / "checkpoints/step-000012/model.safetensors");
+  auto wb = load_safetensors(b / "checkpoints/step-000012/model.safetensors");
+  ASSERT_EQ(wa.tensors.size(), wb.tensors.size());
+  for (size_t i = 0; i < wa.tensors.size(); ++i) EXPECT_TRUE(at::equal(wa.tensors[i].tensor, wb.tensors[i].tensor)) << wa.tensors[i].name;
+}
+
+TEST(Checkpoint, KeepsTheLastNAndPointsLatestAtTheNewest) {
+  TempDir a;
+  ASSERT_EQ(run_training(tiny_recipe(a.path(), 9), {.quiet = true}), 0);
+  std::vector<std::string> steps;
+  for (const auto& e : fs::directory_iterator(a / "checkpoints")) steps.push_back(e.path().filename().string());
+  std::sort(steps.begin(), steps.end());
+  EXPECT_EQ(steps, (std::vector<std::string>{"latest", "step-000006", "step-000009"}));
+  EXPECT_EQ(resolve_checkpoint(a.path()), a / "checkpoints/step-000009");
+  EXPECT_EQ(resolve_checkpoint(a / "checkpoints"), a / "checkpoints/step-000009");
+  auto info = read_checkpoint_info(resolve_checkpoint(a.path()));
+  EXPECT_EQ(info.state.step, 9);
+  EXPECT_EQ(info.model.n_embd, 32);
+  EXPECT_EQ(info.config["model_type"], "gpt2");
+  EXPECT_TRUE(fs::exists(a / "summary.json"));
+}
+
+TEST(Checkpoint, AnUncommittedSaveLeavesTheLastCompleteOneAndNoDebris) {
+  TempDir d;
+  fs::create_directories(d / "ckpt/step-000001");
+  colossal::test::write_file(d / "ckpt/step-000001/model.safetensors", "x");
+  write_file_atomic(d / "ckpt/latest", "step-000001\n");
+  {
+    AtomicDir half(d / "ckpt/step-000002");   // a save that dies before commit()
+    colossal::test::write_file(half.path() + "/model.safetensors", "partial");
+  }
+  EXPECT_EQ(resolve_checkpoint(d / "ckpt"), d / "ckpt/step-000001");
+  EXPECT_FALSE(fs::exists(d / "ckpt/step-000002"));
+  int entries = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(d / "ckpt")) ++entries;
+  EXPECT_EQ(entries, 2);
+}
+
+TEST(Checkpoint, ResumeWithoutACheckpointIsAClearError) {
+  TempDir a;
+  try {
+    run_training(tiny_recipe(a.path(), 3), {.resume = true, .quiet = true});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no such file or directory"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Checkpoint, CorruptWeightsAreRejectedOnResume) {
+  TempDir a;
+  ASSERT_EQ(run_training(tiny_recipe(a.path(), 3), {.quiet = true}), 0);
+  const std::string model = a / "checkpoints/step-000003/model.safetensors";
+  std::string bytes = colossal::test::read_file(model);
+  colossal::test::write_file(model, bytes.substr(0, bytes.size() / 2));
+  try {
+    run_training(tiny_recipe(a.path(), 6), {.resume = true, .quiet = true});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lies outside the file"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Finetune, StartsFromTheCheckpointWeightsAtStepZero) {
+  TempDir base, ft;
+  ASSERT_EQ(run_training(tiny_recipe(base.path(), 6), {.quiet = true}), 0);
+  auto r = tiny_recipe(ft.path(), 2, {"finetune.from=" + base.path(), "optim.lr=1e-9", "optim.min_lr=0",
+                                      "model.dropout=0.0"});
+  ASSERT_EQ(run_training(r, {.finetune = true, .quiet = true}), 0);
+  // With a vanishing learning rate the finetuned weights are the base weights.
+  auto wb = load_safetensors(base / "checkpoints/step-000006/model.safetensors");
+  auto wf = load_safetensors(ft / "checkpoints/step-000002/model.safetensors");
+  for (size_t i = 0; i < wb.tensors.size(); ++i)
+    EXPECT_TRUE(at::allclose(wb.tensors[i].tensor, wf.tensors[i].tensor, 0, 1e-6)) << wb.tensors[i].name;
+}
+
+TEST(Finetune, ADifferentShapeInTheRecipeIsAnError) {
+  TempDir base, ft;
+  ASSERT_EQ(run_training(tiny_recipe(base.path(), 3), {.quiet = true}), 0);
+  auto r = tiny_recipe(ft.path(), 2, {"finetune.from=" + base.path(), "model.n_layer=3"});
+  try {
+    run_training(r, {.finetune = true, .quiet = true});
+    FAIL();
+  } catch (const RecipeError& e) {
+    EXPECT_NE(std::string(e.what()).find("--set model.n_layer: = 3 but checkpoint"), std::string::npos) << e.what();
+  }
+}

@@ -1,0 +1,131 @@
+// End to end: the colossal binary as a user runs it. Trains the tiny recipe on the embedded corpus
+// and checks that held-out loss falls well below where it started, that infer is deterministic for
+// a seed, and that bad input ends in one "error:" line and a non-zero exit.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/test_support.h"
+
+namespace fs = std::filesystem;
+using colossal::test::read_file;
+using colossal::test::run_colossal;
+using colossal::test::TempDir;
+using colossal::test::write_file;
+
+namespace {
+
+// Overrides that keep every output of a run inside `dir`.
+std::string into(const TempDir& dir) {
+  return " --set output.dir=" + (dir / "run") + " --set data.tokenizer=" + (dir / "tok.model") +
+         " --set data.dataset=" + (dir / "data.h5");
+}
+
+std::vector<double> eval_losses(const std::string& metrics) {
+  std::vector<double> out;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("eval_loss") && !j.contains("event")) out.push_back(j["eval_loss"].get<double>());
+  }
+  return out;
+}
+
+// A user-facing failure: non-zero exit and exactly one line, starting with "error: ".
+void expect_one_line_error(const colossal::test::Run& r, const std::string& fragment) {
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  std::string last = r.output;
+  while (!last.empty() && last.back() == '\n') last.pop_back();
+  last = last.substr(last.rfind('\n') == std::string::npos ? 0 : last.rfind('\n') + 1);
+  EXPECT_EQ(last.rfind("error: ", 0), 0u) << r.output;
+  EXPECT_NE(last.find(fragment), std::string::npos) << "expected \"" << fragment << "\" in: " << last;
+}
+
+}  // namespace
+
+TEST(EndToEnd, TinyRecipeLearnsAndInferIsDeterministicForASeed) {
+  TempDir dir;
+  auto train = run_colossal("train recipes/gpt-tiny.toml" + into(dir));
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  auto evals = eval_losses(dir / "run/metrics.jsonl");
+  ASSERT_GE(evals.size(), 2u);
+  EXPECT_LT(evals.back(), 0.7 * evals.front()) << "eval loss " << evals.front() << " -> " << evals.back();
+  EXPECT_NE(train.output.find("done: 300 steps"), std::string::npos) << train.output;
+
+  const std::string ckpt = dir / "run";
+  auto a = run_colossal("infer " + ckpt + " -p 'And God said' -n 40 --seed 5 --top-k 20 -q");
+  auto b = run_colossal("infer " + ckpt + " -p 'And God said' -n 40 --seed 5 --top-k 20 -q");
+  auto c = run_colossal("infer " + ckpt + " -p 'And God said' -n 40 --seed 6 --top-k 20 -q");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(a.output, b.output);
+  EXPECT_NE(a.output, c.output);
+  EXPECT_EQ(a.output.rfind("And God said", 0), 0u) << a.output;
+  EXPECT_GT(a.output.size(), 60u);
+
+  // A batch from a file gives each prompt what it gets alone (greedy, so sampling order is moot).
+  write_file(dir / "prompts.txt", "In the beginning\nThe LORD is my shepherd;\n");
+  auto batch = run_colossal("infer " + ckpt + " --prompts " + (dir / "prompts.txt") + " -n 20 --greedy --jsonl -q");
+  auto alone = run_colossal("infer " + ckpt + " -p 'The LORD is my shepherd;' -n 20 --greedy --jsonl -q");
+  ASSERT_EQ(batch.exit_code, 0) << batch.output;
+  auto second = batch.output.substr(batch.output.find('\n') + 1);
+  EXPECT_EQ(nlohmann::json::parse(second)["completion"], nlohmann::json::parse(alone.output)["completion"]);
+
+  // A stop string ends the completion before it.
+  auto stopped = run_colossal("infer " + ckpt + " -p 'And' -n 60 --greedy --stop ' the' --jsonl -q");
+  auto j = nlohmann::json::parse(stopped.output);
+  EXPECT_EQ(j["finish_reason"], "stop");
+  EXPECT_EQ(j["completion"].get<std::string>().find(" the"), std::string::npos);
+
+  // Prompt longer than the context (block_size 128).
+  std::string long_prompt;
+  for (int i = 0; i < 200; ++i) long_prompt += "and the LORD ";
+  expect_one_line_error(run_colossal("infer " + ckpt + " -p '" + long_prompt + "' -q"), "tokens but the model's context is 128");
+
+  // A damaged checkpoint: truncated weights.
+  const std::string latest = dir / ("run/checkpoints/" + read_file(dir / "run/checkpoints/latest").substr(0, 11));
+  std::string bytes = read_file(latest + "/model.safetensors");
+  write_file(latest + "/model.safetensors", bytes.substr(0, 1000));
+  expect_one_line_error(run_colossal("infer " + ckpt + " -p hi -q"), "model.safetensors: ");
+  write_file(latest + "/model.safetensors", bytes.substr(0, 4));
+  expect_one_line_error(run_colossal("infer " + ckpt + " -p hi -q"), "too short for a safetensors header");
+}
+
+TEST(EndToEnd, DryRunPrintsResolvedRecipeParametersAndMemory) {
+  auto r = run_colossal("train recipes/gpt2-124m.toml --dry-run --set train.batch_size=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("batch_size = 2"), std::string::npos);
+  EXPECT_NE(r.output.find("124.5M parameters (124475904)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("memory estimate"), std::string::npos);
+}
+
+TEST(EndToEnd, BadInputEndsInOneErrorLine) {
+  TempDir dir;
+  write_file(dir / "typo.toml", "[train]\nbatch_size = 4\nmax_step = 10\n");
+  expect_one_line_error(run_colossal("train " + (dir / "typo.toml")), "typo.toml:3: unknown key \"max_step\" in [train] (did you mean \"max_steps\"?)");
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set model.n_head=3"), "n_head: = 3 does not divide n_embd = 128");
+  expect_one_line_error(run_colossal("train recipes/nope.toml"), "recipe recipes/nope.toml: no such file");
+  expect_one_line_error(run_colossal("infer " + (dir / "missing") + " -p hi"), "no such file or directory");
+  expect_one_line_error(run_colossal("infer " + dir.path() + " -p hi"), "not a checkpoint");
+
+  write_file(dir / "empty.txt", "\n\n");
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set data.text=" + (dir / "empty.txt") + into(dir)),
+                        "empty corpus");
+  expect_one_line_error(run_colossal("data prepare --text " + (dir / "empty.txt") + " --tokenizer x --out y"), "tokenizer x: no such file");
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --resume" + into(dir)), "no such file or directory");
+}
+
+TEST(EndToEnd, DataCommandsBuildATokenizerAndDataset) {
+  TempDir dir;
+  auto docs = read_file(colossal::test::source_dir() + "/data/kjv/kjv.txt").substr(0, 300000);
+  write_file(dir / "text.txt", docs);
+  auto t = run_colossal("data tokenizer --text " + (dir / "text.txt") + " --vocab 600 --out " + (dir / "t.model"));
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  EXPECT_NE(t.output.find("(600 pieces)"), std::string::npos) << t.output;
+  auto p = run_colossal("data prepare --text " + (dir / "text.txt") + " --tokenizer " + (dir / "t.model") + " --out " + (dir / "d.h5"));
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_TRUE(fs::exists(dir / "d.h5"));
+  EXPECT_NE(p.output.find("held-out tokens"), std::string::npos);
+}

@@ -1,0 +1,164 @@
+// GPT model: shapes, parameter count, HF names, KV-cache equivalence and a double-precision
+// finite-difference gradient check of the whole model.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+
+#include "models/gpt/gpt.h"
+#include "src/core/error.h"
+#include "src/engine/checkpoint.h"
+#include "src/engine/model_registry.h"
+
+using namespace colossal;
+
+namespace {
+
+gpt::GptConfig tiny(double dropout = 0.0) {
+  gpt::GptConfig c;
+  c.n_layer = 2, c.n_head = 2, c.n_embd = 16, c.block_size = 24, c.vocab_size = 40, c.dropout = dropout;
+  return c;
+}
+
+std::shared_ptr<gpt::Gpt> make(const gpt::GptConfig& c, uint64_t seed = 0) {
+  torch::manual_seed(seed);
+  nn::LayerFactory f;
+  return std::make_shared<gpt::Gpt>(c, f);
+}
+
+}  // namespace
+
+TEST(Gpt, LogitsHaveShapeBatchTimeVocab) {
+  auto m = make(tiny());
+  auto ids = at::randint(0, 40, {3, 7}, at::kLong);
+  EXPECT_EQ(m->forward(ids).sizes(), (at::IntArrayRef{3, 7, 40}));
+  nn::ForwardOptions o;
+  o.last_only = true;
+  EXPECT_EQ(m->forward(ids, o).sizes(), (at::IntArrayRef{3, 1, 40}));
+}
+
+TEST(Gpt, ParameterCountMatchesTheFormulaAndHfGpt2Small) {
+  auto m = make(tiny());
+  EXPECT_EQ(m->parameter_count(), gpt::parameter_count(tiny()));
+  gpt::GptConfig small;   // GPT-2 124M with HF's vocabulary: 124,439,808 parameters
+  small.vocab_size = 50257;
+  EXPECT_EQ(gpt::parameter_count(small), 124439808);
+}
+
+TEST(Gpt, ParametersMapOntoHuggingFaceGpt2Names) {
+  auto m = make(tiny());
+  auto state = export_model_state(*m);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (auto& t : state) shapes[t.name] = t.tensor.sizes().vec();
+  EXPECT_EQ(shapes.size(), 4u + 12u * 2u);   // wte, wpe, ln_f (2) + 12 per block
+  EXPECT_EQ(shapes["transformer.wte.weight"], (std::vector<int64_t>{40, 16}));
+  EXPECT_EQ(shapes["transformer.wpe.weight"], (std::vector<int64_t>{24, 16}));
+  EXPECT_EQ(shapes["transformer.h.1.attn.c_attn.weight"], (std::vector<int64_t>{16, 48}));   // Conv1D: [in, out]
+  EXPECT_EQ(shapes["transformer.h.1.attn.c_attn.bias"], (std::vector<int64_t>{48}));
+  EXPECT_EQ(shapes["transformer.h.0.mlp.c_fc.weight"], (std::vector<int64_t>{16, 64}));
+  EXPECT_EQ(shapes["transformer.h.0.mlp.c_proj.weight"], (std::vector<int64_t>{64, 16}));
+  EXPECT_EQ(shapes["transformer.ln_f.bias"], (std::vector<int64_t>{16}));
+  EXPECT_EQ(shapes.count("lm_head.weight"), 0u);   // tied to wte, as transformers saves it
+}
+
+TEST(Gpt, ExportedStateLoadsIntoAFreshModelAndGivesTheSameLogits) {
+  auto a = make(tiny(), 1), b = make(tiny(), 2);
+  auto ids = at::randint(0, 40, {2, 9}, at::kLong);
+  SafetensorsFile file;
+  file.tensors = export_model_state(*a);
+  file.tensors.push_back({"lm_head.weight", at::zeros({40, 16})});   // HF may include the tied head
+  load_model_state(*b, file, "mem");
+  EXPECT_TRUE(at::allclose(a->forward(ids), b->forward(ids)));
+}
+
+TEST(Gpt, LoadingRejectsMissingUnexpectedAndMisshapenTensors) {
+  auto m = make(tiny());
+  SafetensorsFile file;
+  file.tensors = export_model_state(*m);
+  auto drop = file;
+  drop.tensors.pop_back();
+  EXPECT_THROW(load_model_state(*m, drop, "x"), Error);
+  auto extra = file;
+  extra.tensors.push_back({"transformer.h.9.ln_1.weight", at::ones({16})});
+  EXPECT_THROW(load_model_state(*m, extra, "x"), Error);
+  auto bad = file;
+  bad.tensors[0].tensor = at::zeros({41, 16});
+  EXPECT_THROW(load_model_state(*m, bad, "x"), Error);
+}
+
+TEST(Gpt, KvCacheDecodingMatchesFullForward) {
+  auto m = make(tiny());
+  m->eval();
+  at::NoGradGuard g;
+  auto ids = at::randint(0, 40, {2, 12}, at::kLong);
+  auto full = m->forward(ids);                       // [2, 12, V]
+  auto cache = m->make_cache(2, 12, c10::Device(c10::kCPU));
+  nn::ForwardOptions o;
+  o.cache = &cache;
+  auto first = m->forward(ids.narrow(1, 0, 5), o);  // prefill 5 positions
+  EXPECT_TRUE(at::allclose(first, full.narrow(1, 0, 5), 1e-5, 1e-5));
+  for (int64_t t = 5; t < 12; ++t) {
+    auto step = m->forward(ids.narrow(1, t, 1), o);
+    EXPECT_TRUE(at::allclose(step.squeeze(1), full.select(1, t), 1e-5, 1e-5)) << "position " << t;
+  }
+  EXPECT_EQ(cache.length, 12);
+}
+
+TEST(Gpt, DropoutIsActiveInTrainingAndOffInEval) {
+  auto m = make(tiny(0.5));
+  auto ids = at::randint(0, 40, {2, 8}, at::kLong);
+  m->eval();
+  EXPECT_TRUE(at::equal(m->forward(ids), m->forward(ids)));
+  m->train();
+  EXPECT_FALSE(at::equal(m->forward(ids), m->forward(ids)));
+}
+
+TEST(Gpt, GradientsMatchFiniteDifferencesInDoublePrecision) {
+  auto m = make(tiny());
+  m->to(at::kDouble);
+  m->train();   // dropout is 0, so train mode is deterministic
+  auto ids = at::randint(0, 40, {2, 6}, at::kLong);
+  auto targets = at::randint(0, 40, {2, 6}, at::kLong);
+  auto loss = m->loss(ids, targets);
+  loss.backward();
+  const double eps = 1e-6;
+  int checked = 0;
+  at::NoGradGuard no_grad;
+  for (auto& item : m->named_parameters()) {
+    auto p = item.value();
+    auto flat = p.view({-1});
+    auto grad = p.grad().view({-1});
+    // A few entries of every parameter tensor, spread across it.
+    for (int64_t k = 0; k < 3; ++k) {
+      const int64_t i = (k * 7919) % flat.numel();
+      const double orig = flat[i].item<double>();
+      flat[i] = orig + eps;
+      const double up = m->loss(ids, targets).item<double>();
+      flat[i] = orig - eps;
+      const double down = m->loss(ids, targets).item<double>();
+      flat[i] = orig;
+      const double numeric = (up - down) / (2 * eps), analytic = grad[i].item<double>();
+      EXPECT_NEAR(analytic, numeric, 1e-7 + 1e-5 * std::abs(numeric)) << item.key() << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 3 * 28);
+}
+
+TEST(Gpt, InitialLossIsNearUniform) {
+  auto m = make(tiny());
+  auto ids = at::randint(0, 40, {4, 16}, at::kLong);
+  double loss = m->loss(ids, at::randint(0, 40, {4, 16}, at::kLong)).item<double>();
+  EXPECT_NEAR(loss, std::log(40.0), 0.3);
+}
+
+TEST(ModelRegistry, UnknownFamilyNamesTheRecipeKey) {
+  Recipe r = parse_recipe("[model]\nfamily = \"gtp\"\n", "r.toml");
+  nn::LayerFactory f;
+  try {
+    build_model(r, f);
+    FAIL();
+  } catch (const RecipeError& e) {
+    EXPECT_EQ(std::string(e.what()), "r.toml:2: [model] family: = \"gtp\" is not a known model family (valid: gpt) (did you mean \"gpt\"?)");
+  }
+}

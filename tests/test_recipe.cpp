@@ -1,0 +1,127 @@
+// Recipe parsing: defaults, overrides, and one test per kind of error, each checking that the
+// message names the file, the line and the key, and says what would be valid.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "src/core/error.h"
+#include "src/core/recipe.h"
+#include "tests/support/test_support.h"
+
+using namespace colossal;
+
+namespace {
+
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_recipe(text, "r.toml", overrides);
+  } catch (const RecipeError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(Recipe, DefaultsFillEverySectionAndDerivedValues) {
+  Recipe r = parse_recipe("name = \"x\"\n[model]\nblock_size = 64\n", "r.toml");
+  EXPECT_EQ(r.name, "x");
+  EXPECT_EQ(r.model.block_size, 64);
+  EXPECT_EQ(r.train.seq_len, 64);                 // 0 means the model's context
+  EXPECT_EQ(r.optim.decay_steps, r.train.max_steps);
+  EXPECT_EQ(r.output.dir, "runs/x");
+  EXPECT_EQ(r.checkpoint.dir, "runs/x/checkpoints");
+  EXPECT_EQ(r.data.tokenizer_vocab, r.model.vocab_size);
+}
+
+TEST(Recipe, SetOverridesReplaceFileValuesAndAcceptBareStrings) {
+  Recipe r = parse_recipe("[train]\nbatch_size = 4\n", "r.toml",
+                          {"train.batch_size=12", "optim.lr=1e-4", "data.text=some/file.txt", "optim.betas=[0.8, 0.9]"});
+  EXPECT_EQ(r.train.batch_size, 12);
+  EXPECT_DOUBLE_EQ(r.optim.lr, 1e-4);
+  EXPECT_EQ(r.data.text, "some/file.txt");
+  EXPECT_DOUBLE_EQ(r.optim.betas[0], 0.8);
+  EXPECT_EQ(r.where("train.batch_size"), "--set train.batch_size");
+}
+
+TEST(RecipeErrors, UnknownKeySuggestsNearestName) {
+  std::string e = error_of("[optim]\nlr = 1e-3\nwarmup_step = 10\n");
+  EXPECT_EQ(e, "r.toml:3: unknown key \"warmup_step\" in [optim] (did you mean \"warmup_steps\"?)");
+}
+
+TEST(RecipeErrors, UnknownKeyFarFromAnyNameGetsNoSuggestion) {
+  std::string e = error_of("[train]\ncolour = 3\n");
+  EXPECT_EQ(e, "r.toml:2: unknown key \"colour\" in [train]");
+}
+
+TEST(RecipeErrors, UnknownSectionSuggestsNearest) {
+  std::string e = error_of("[modle]\nn_layer = 2\n");
+  EXPECT_NE(e.find("r.toml:1: unknown section [modle] (did you mean [model]?)"), std::string::npos) << e;
+}
+
+TEST(RecipeErrors, WrongTypeNamesLineKeyAndExpectedType) {
+  std::string e = error_of("[model]\nn_layer = \"twelve\"\n");
+  EXPECT_EQ(e, "r.toml:2: [model] n_layer: must be an integer, not a string");
+  e = error_of("[train]\nbatch_size = 8.0\n");
+  EXPECT_NE(e.find("r.toml:2: [train] batch_size: must be an integer"), std::string::npos) << e;
+}
+
+TEST(RecipeErrors, OutOfRangeSaysWhatIsValid) {
+  std::string e = error_of("[model]\ndropout = 1.5\n");
+  EXPECT_NE(e.find("r.toml:2: [model] dropout: = 1.5 is out of range (valid: 0 to 0.99)"), std::string::npos) << e;
+  e = error_of("[train]\nbatch_size = 0\n");
+  EXPECT_NE(e.find("r.toml:2: [train] batch_size: = 0 is out of range (valid: 1 to"), std::string::npos) << e;
+}
+
+TEST(RecipeErrors, HeadsNotDividingWidthSuggestsDivisors) {
+  std::string e = error_of("[model]\nn_embd = 768\nn_head = 10\n");
+  EXPECT_EQ(e, "r.toml:3: [model] n_head: = 10 does not divide n_embd = 768 (try 6, 8 or 12)");
+}
+
+TEST(RecipeErrors, SequenceLongerThanContextIsRejected) {
+  std::string e = error_of("[model]\nblock_size = 64\n[train]\nseq_len = 128\n");
+  EXPECT_NE(e.find("r.toml:4: [train] seq_len: = 128 exceeds model.block_size = 64"), std::string::npos) << e;
+}
+
+TEST(RecipeErrors, InvalidChoiceListsChoices) {
+  std::string e = error_of("[train]\ndevice = \"gpu\"\n");
+  EXPECT_NE(e.find("r.toml:2: [train] device: = \"gpu\" is not one of auto | cpu | cuda"), std::string::npos) << e;
+}
+
+TEST(RecipeErrors, TokenizerLargerThanModelVocabulary) {
+  std::string e = error_of("[model]\nvocab_size = 1000\n[data]\ntokenizer_vocab = 2000\n");
+  EXPECT_NE(e.find("r.toml:4: [data] tokenizer_vocab: = 2000 exceeds model.vocab_size = 1000"), std::string::npos) << e;
+}
+
+TEST(RecipeErrors, OverrideErrorsNameTheOverride) {
+  std::string e = error_of("", {"train.batch_size=-3"});
+  EXPECT_NE(e.find("--set train.batch_size: = -3 is out of range"), std::string::npos) << e;
+  e = error_of("", {"train.lr"});
+  EXPECT_NE(e.find("--set train.lr: expected section.key=value"), std::string::npos) << e;
+}
+
+TEST(RecipeErrors, InvalidTomlNamesLine) {
+  std::string e = error_of("[model]\nn_layer = = 3\n");
+  EXPECT_NE(e.find("r.toml:2: invalid TOML"), std::string::npos) << e;
+}
+
+TEST(RecipeErrors, MissingFileIsAnError) {
+  try {
+    load_recipe("does/not/exist.toml");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("recipe does/not/exist.toml: no such file"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Recipe, EveryShippedRecipeParsesAndRoundTripsThroughToml) {
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(colossal::test::source_dir() + "/recipes")) {
+    if (entry.path().extension() != ".toml") continue;
+    Recipe r = load_recipe(entry.path().string());
+    Recipe again = parse_recipe(r.to_toml(), "resolved.toml");
+    EXPECT_EQ(again.to_toml(), r.to_toml()) << entry.path();
+    ++count;
+  }
+  EXPECT_GE(count, 7);
+}

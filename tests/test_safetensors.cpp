@@ -1,0 +1,119 @@
+// safetensors: round trips of dtypes, shapes and metadata, and rejection of every kind of damaged
+// file with a message naming the file (never a crash or a wrong tensor).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <fstream>
+
+#include "src/core/error.h"
+#include "src/io/safetensors.h"
+#include "tests/support/test_support.h"
+
+using namespace colossal;
+using colossal::test::TempDir;
+
+namespace {
+
+std::string load_error(const std::string& path) {
+  try {
+    load_safetensors(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// A file with the given header text and `data_bytes` zero bytes after it.
+void write_raw(const std::string& path, const std::string& header, size_t data_bytes, uint64_t claimed_len = 0) {
+  std::ofstream out(path, std::ios::binary);
+  uint64_t n = claimed_len ? claimed_len : header.size();
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>(n >> (8 * i)));
+  out << header << std::string(data_bytes, '\0');
+}
+
+}  // namespace
+
+TEST(Safetensors, RoundTripsDtypesShapesAndMetadata) {
+  TempDir dir;
+  std::vector<NamedTensor> in = {
+      {"w", at::randn({3, 5})},
+      {"d", at::randn({2}, at::kDouble)},
+      {"h", at::randn({4, 1, 2}).to(at::kHalf)},
+      {"b", at::randn({7}).to(at::kBFloat16)},
+      {"i", at::arange(10, at::kLong)},
+      {"u", at::arange(6, at::kByte).view({2, 3})},
+      {"scalar", at::scalar_tensor(3.5)},
+      {"empty", at::empty({0, 4})},
+      {"strided", at::randn({4, 6}).t()},   // non-contiguous input is written contiguous
+  };
+  save_safetensors(dir / "t.safetensors", in, {{"format", "pt"}, {"step", "7"}});
+  auto out = load_safetensors(dir / "t.safetensors");
+  ASSERT_EQ(out.tensors.size(), in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    EXPECT_EQ(out.tensors[i].name, in[i].name);   // file order is write order
+    EXPECT_EQ(out.tensors[i].tensor.scalar_type(), in[i].tensor.scalar_type());
+    EXPECT_TRUE(at::equal(out.tensors[i].tensor, in[i].tensor.contiguous())) << in[i].name;
+  }
+  EXPECT_EQ(out.metadata.at("step"), "7");
+}
+
+TEST(Safetensors, DataSectionStartsEightByteAligned) {
+  TempDir dir;
+  save_safetensors(dir / "a.safetensors", {{"x", at::ones({3})}});
+  std::ifstream in(dir / "a.safetensors", std::ios::binary);
+  unsigned char len[8];
+  in.read(reinterpret_cast<char*>(len), 8);
+  EXPECT_EQ(len[0] % 8, 0);
+}
+
+TEST(Safetensors, RejectsHeaderLongerThanFile) {
+  TempDir dir;
+  write_raw(dir / "f", "{}", 0, 851443712);
+  std::string e = load_error(dir / "f");
+  EXPECT_NE(e.find("header claims 812.00 MiB but the file has"), std::string::npos) << e;
+}
+
+TEST(Safetensors, RejectsFileShorterThanLengthField) {
+  TempDir dir;
+  colossal::test::write_file(dir / "f", "abc");
+  EXPECT_NE(load_error(dir / "f").find("too short for a safetensors header"), std::string::npos);
+}
+
+TEST(Safetensors, RejectsTruncatedData) {
+  TempDir dir;
+  save_safetensors(dir / "t", {{"x", at::ones({1000})}});
+  std::string content = colossal::test::read_file(dir / "t");
+  colossal::test::write_file(dir / "t", content.substr(0, content.size() - 100));
+  std::string e = load_error(dir / "t");
+  EXPECT_NE(e.find("tensor \"x\" lies outside the file"), std::string::npos) << e;
+}
+
+TEST(Safetensors, RejectsInvalidJson) {
+  TempDir dir;
+  write_raw(dir / "f", "{\"x\": {\"dtype\": ", 16);
+  EXPECT_NE(load_error(dir / "f").find("header is not valid JSON"), std::string::npos);
+}
+
+TEST(Safetensors, RejectsShapeThatDisagreesWithByteCount) {
+  TempDir dir;
+  write_raw(dir / "f", R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8);
+  EXPECT_NE(load_error(dir / "f").find("has 8 bytes but its shape needs 12"), std::string::npos);
+}
+
+TEST(Safetensors, RejectsOverlappingTensors) {
+  TempDir dir;
+  write_raw(dir / "f", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12);
+  EXPECT_NE(load_error(dir / "f").find("overlap"), std::string::npos);
+}
+
+TEST(Safetensors, RejectsUnknownDtypeAndMissingFields) {
+  TempDir dir;
+  write_raw(dir / "f", R"({"a":{"dtype":"F128","shape":[1],"data_offsets":[0,16]}})", 16);
+  EXPECT_NE(load_error(dir / "f").find("unsupported dtype F128"), std::string::npos);
+  write_raw(dir / "g", R"({"a":{"dtype":"F32","shape":[1]}})", 4);
+  EXPECT_NE(load_error(dir / "g").find("malformed header"), std::string::npos);
+}
+
+TEST(Safetensors, MissingFileIsAnError) {
+  EXPECT_NE(load_error("/nonexistent/model.safetensors").find("no such file"), std::string::npos);
+}
