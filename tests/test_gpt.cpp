@@ -9,6 +9,7 @@
 #include "src/core/error.h"
 #include "src/engine/checkpoint.h"
 #include "src/engine/model_registry.h"
+#include "src/nn/lm_head_loss.h"
 
 using namespace colossal;
 
@@ -161,4 +162,37 @@ TEST(ModelRegistry, UnknownFamilyNamesTheRecipeKey) {
   } catch (const RecipeError& e) {
     EXPECT_EQ(std::string(e.what()), "r.toml:2: [model] family: = \"gtp\" is not a known model family (valid: gpt) (did you mean \"gpt\"?)");
   }
+}
+
+TEST(LmHeadCrossEntropy, MatchesAtenCrossEntropyLossAndGradients) {
+  torch::manual_seed(3);
+  for (int64_t v : {7, 1000, 4099}) {
+    auto x = at::randn({37, 24}).mul_(2).requires_grad_(true);
+    auto w = at::randn({v, 24}).requires_grad_(true);
+    auto targets = at::randint(0, v, {37}, at::kLong);
+    targets[3] = -1;   // ignored positions contribute neither loss nor gradient
+    targets[20] = -1;
+    auto loss = nn::lm_head_cross_entropy(x, w, targets);
+    (loss * 2.5).backward();   // a non-unit upstream gradient must scale the result
+
+    auto xd = x.detach().to(at::kDouble).requires_grad_(true), wd = w.detach().to(at::kDouble).requires_grad_(true);
+    auto ref = at::cross_entropy_loss(at::mm(xd, wd.t()), targets, {}, at::Reduction::Mean, /*ignore_index=*/-1);
+    (ref * 2.5).backward();
+    EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-5 * ref.item<double>()) << "V=" << v;
+    EXPECT_LT((x.grad().to(at::kDouble) - xd.grad()).abs().max().item<double>(), 1e-5) << "V=" << v;
+    EXPECT_LT((w.grad().to(at::kDouble) - wd.grad()).abs().max().item<double>(), 1e-5) << "V=" << v;
+  }
+}
+
+TEST(LmHeadCrossEntropy, DoublePrecisionPathAgreesToo) {
+  auto x = at::randn({9, 8}, at::kDouble).requires_grad_(true);
+  auto w = at::randn({11, 8}, at::kDouble).requires_grad_(true);
+  auto targets = at::randint(0, 11, {9}, at::kLong);
+  auto loss = nn::lm_head_cross_entropy(x, w, targets);
+  loss.backward();
+  auto xr = x.detach().clone().requires_grad_(true);
+  auto ref = at::cross_entropy_loss(at::mm(xr, w.detach().t()), targets);
+  ref.backward();
+  EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-12);
+  EXPECT_LT((x.grad() - xr.grad()).abs().max().item<double>(), 1e-12);
 }

@@ -59,11 +59,7 @@ at::Tensor Gpt::embed(const at::Tensor& ids, const at::Tensor& positions) {
   return p > 0 ? at::dropout(x, p, true) : x;
 }
 
-at::Tensor Gpt::head(const at::Tensor& x) {
-  return at::linear(ln_f(x), wte->weight());   // tied LM head: [B, T, V]
-}
-
-at::Tensor Gpt::forward(const at::Tensor& ids, const nn::ForwardOptions& o) {
+at::Tensor Gpt::features(const at::Tensor& ids, const nn::ForwardOptions& o) {
   const int64_t t = ids.size(1);
   const int64_t offset = o.cache ? o.cache->length : 0;
   TORCH_CHECK(offset + t <= cfg_.block_size, "sequence of ", offset + t, " positions exceeds the context of ",
@@ -74,8 +70,7 @@ at::Tensor Gpt::forward(const at::Tensor& ids, const nn::ForwardOptions& o) {
   for (size_t i = 0; i < blocks_.size(); ++i)
     x = blocks_[i]->forward(x, o.cache ? &o.cache->layers[i] : nullptr, offset, o.mask);
   if (o.cache) o.cache->length += t;
-  if (o.last_only) x = x.narrow(1, t - 1, 1);
-  return head(x);
+  return ln_f(x);
 }
 
 nn::KvCache Gpt::make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const {

@@ -28,7 +28,8 @@ class Gpt : public nn::CausalLM {
  public:
   Gpt(const GptConfig& c, nn::LayerFactory& f);
 
-  at::Tensor forward(const at::Tensor& ids, const nn::ForwardOptions& options = {}) override;
+  at::Tensor features(const at::Tensor& ids, const nn::ForwardOptions& options = {}) override;
+  at::Tensor head_weight() override { return wte->weight(); }   // tied LM head
   nn::KvCache make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const override;
   int64_t context_length() const override { return cfg_.block_size; }
   int64_t vocab_size() const override { return cfg_.vocab_size; }
@@ -37,10 +38,10 @@ class Gpt : public nn::CausalLM {
   nlohmann::json hf_config() const override { return to_hf_config(cfg_); }
   const GptConfig& config() const { return cfg_; }
 
-  // The three stages every model exposes (pipeline and memory managers wrap them).
+  // The stages every model exposes (pipeline and memory managers wrap them); the head is
+  // CausalLM's, over features() and head_weight().
   at::Tensor embed(const at::Tensor& ids, const at::Tensor& positions);   // [B, T] -> [B, T, C]
   std::vector<std::shared_ptr<Block>>& blocks() { return blocks_; }
-  at::Tensor head(const at::Tensor& x);                                   // [B, T, C] -> [B, T, V]
 
  private:
   GptConfig cfg_;

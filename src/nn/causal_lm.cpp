@@ -3,11 +3,19 @@
 
 #include <ATen/ATen.h>
 
+#include "src/nn/lm_head_loss.h"
+
 namespace colossal::nn {
 
+at::Tensor CausalLM::forward(const at::Tensor& ids, const ForwardOptions& options) {
+  auto x = features(ids, options);                                   // [B, T, C]
+  if (options.last_only) x = x.narrow(1, x.size(1) - 1, 1);
+  return at::linear(x, head_weight());                               // [B, T, V]
+}
+
 at::Tensor CausalLM::loss(const at::Tensor& ids, const at::Tensor& targets) {
-  auto logits = forward(ids);                                        // [B, T, V]
-  return at::cross_entropy_loss(logits.view({-1, logits.size(-1)}), targets.reshape({-1}));
+  auto x = features(ids);                                            // [B, T, C]
+  return lm_head_cross_entropy(x.reshape({-1, x.size(-1)}), head_weight(), targets.reshape({-1}));
 }
 
 int64_t CausalLM::parameter_count() const {

@@ -29,10 +29,15 @@ struct ForwardOptions {
 
 class CausalLM : public torch::nn::Module {
  public:
-  // ids [B, T] int64 -> logits [B, T, V] (or [B, 1, V] with last_only).
-  virtual at::Tensor forward(const at::Tensor& ids, const ForwardOptions& options = {}) = 0;
-  // Mean next-token cross entropy of ids[:, t] predicting targets[:, t].
-  virtual at::Tensor loss(const at::Tensor& ids, const at::Tensor& targets);
+  // ids [B, T] int64 -> final hidden states [B, T, C] (after the last norm), ready for the head.
+  virtual at::Tensor features(const at::Tensor& ids, const ForwardOptions& options = {}) = 0;
+  virtual at::Tensor head_weight() = 0;   // [V, C] (the token embedding when tied)
+
+  // ids [B, T] -> logits [B, T, V] (or [B, 1, V] with last_only).
+  at::Tensor forward(const at::Tensor& ids, const ForwardOptions& options = {});
+  // Mean next-token cross entropy of ids[:, t] predicting targets[:, t], through the fused
+  // head + loss (no logits-sized log-probabilities are ever stored).
+  at::Tensor loss(const at::Tensor& ids, const at::Tensor& targets);
 
   virtual KvCache make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const = 0;
   virtual int64_t context_length() const = 0;
