@@ -194,7 +194,6 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
   int64_t timed_steps = 0, steps_this_run = 0;
   double ema_tokens_per_s = 0, ema_step_s = 0;
   std::string last_saved;
-  bool stopped_early = false;
 
   while (state.step < r.train.max_steps) {
     const auto t0 = Clock::now();
@@ -237,7 +236,6 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
     if (r.train.eval_every > 0 && state.step % r.train.eval_every == 0 && !last) run_eval();
     if (r.checkpoint.every > 0 && state.step % r.checkpoint.every == 0 && !last) last_saved = checkpoint();
     if (g_interrupted || (r.train.time_limit_min > 0 && seconds_since(start) >= r.train.time_limit_min * 60)) {
-      stopped_early = !last;
       if (g_interrupted) spdlog::warn("interrupted at step {}: saving and stopping (continue with --resume)", state.step);
       else spdlog::info("time limit of {} min reached at step {}", r.train.time_limit_min, state.step);
       break;
@@ -264,10 +262,11 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
                             {"checkpoint", last_saved}};
   write_file_atomic((fs::path(r.output.dir) / "summary.json").string(), summary.dump(2) + "\n");
   metrics.write({{"event", "end"}, {"step", state.step}, {"eval_loss", state.eval_loss}, {"tokens_per_s", steady_tps}});
-  spdlog::log(opt.quiet ? spdlog::level::warn : spdlog::level::info,
-              "done: {} steps in {} | loss {:.4f} | eval loss {:.4f} | {} tok/s | peak mem {} | checkpoint {}", state.step,
-              human_duration(wall), state.train_loss, state.eval_loss, human_count(steady_tps),
-              human_bytes(static_cast<double>(peak_rss_bytes())), last_saved);
+  const std::string done = fmt::format("done: {} steps in {} | loss {:.4f} | eval loss {:.4f} | {} tok/s | peak mem {} | checkpoint {}",
+                                       state.step, human_duration(wall), state.train_loss, state.eval_loss,
+                                       human_count(steady_tps), human_bytes(static_cast<double>(peak_rss_bytes())), last_saved);
+  if (opt.quiet) std::fprintf(stderr, "%s\n", done.c_str());   // the one line a quiet run prints
+  else spdlog::info("{}", done);
   return g_interrupted ? 130 : 0;
 }
 
