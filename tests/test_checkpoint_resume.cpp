@@ -51,17 +51,6 @@ keep_last = 2
 )", "tiny.toml", o);
 }
 
-std::vector<double> losses(const std::string& metrics) {
-  std::vector<double> out;
-  std::ifstream in(metrics);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
-  }
-  return out;
-}
-
 }  // namespace
 
 TEST(Resume, NStepsPlusResumePlusNStepsEqualsTwoNStepsExactly) {
@@ -70,7 +59,8 @@ TEST(Resume, NStepsPlusResumePlusNStepsEqualsTwoNStepsExactly) {
   ASSERT_EQ(run_training(tiny_recipe(b.path(), 6), {.quiet = true}), 0);
   ASSERT_EQ(run_training(tiny_recipe(b.path(), 12), {.resume = true, .quiet = true}), 0);
 
-  auto la = losses(a / "metrics.jsonl"), lb = losses(b / "metrics.jsonl");
+  auto la = colossal::test::metric_values(a / "metrics.jsonl", "loss");
+  auto lb = colossal::test::metric_values(b / "metrics.jsonl", "loss");
   ASSERT_EQ(la.size(), 12u);
   ASSERT_EQ(lb.size(), 12u);
   for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i], lb[i]) << "step " << i + 1;   // bit-identical

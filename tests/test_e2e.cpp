@@ -23,17 +23,6 @@ std::string into(const TempDir& dir) {
          " --set data.dataset=" + (dir / "data.h5");
 }
 
-std::vector<double> eval_losses(const std::string& metrics) {
-  std::vector<double> out;
-  std::ifstream in(metrics);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("eval_loss") && !j.contains("event")) out.push_back(j["eval_loss"].get<double>());
-  }
-  return out;
-}
-
 // A user-facing failure: non-zero exit and exactly one line, starting with "error: ".
 void expect_one_line_error(const colossal::test::Run& r, const std::string& fragment) {
   EXPECT_NE(r.exit_code, 0) << r.output;
@@ -50,7 +39,7 @@ TEST(EndToEnd, TinyRecipeLearnsAndInferIsDeterministicForASeed) {
   TempDir dir;
   auto train = run_colossal("train recipes/gpt-tiny.toml" + into(dir));
   ASSERT_EQ(train.exit_code, 0) << train.output;
-  auto evals = eval_losses(dir / "run/metrics.jsonl");
+  auto evals = colossal::test::metric_values(dir / "run/metrics.jsonl", "eval_loss");
   ASSERT_GE(evals.size(), 2u);
   EXPECT_LT(evals.back(), 0.7 * evals.front()) << "eval loss " << evals.front() << " -> " << evals.back();
   EXPECT_NE(train.output.find("done: 300 steps"), std::string::npos) << train.output;

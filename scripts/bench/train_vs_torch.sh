@@ -125,7 +125,8 @@ for s in "${shapes[@]}"; do
     k=$((k + 1))
     run_dir="$TMP/colossal-run-$k"
     if ! run_one "$dir" colossal "$r" "$COLOSSAL" train "$recipe" --set "train.max_steps=$S" --set "train.seq_len=$T" \
-        --set "train.batch_size=$B" --set model.dropout=0 --set train.eval_every=0 --set checkpoint.every=0 \
+        --set "train.batch_size=$B" --set train.grad_accum=1 --set model.dropout=0 --set train.eval_every=0 \
+        --set train.eval_batches=1 --set checkpoint.every=0 \
         --set "output.dir=$run_dir" --quiet; then
       echo "train_vs_torch: error: colossal train $recipe failed ($(cat "$dir/colossal-$r.reason")); its stderr ends:" >&2
       tail -n 20 "$dir/colossal-$r.err" >&2

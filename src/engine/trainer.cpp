@@ -241,6 +241,7 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
       break;
     }
   }
+  const double timed_s = seconds_since(timed_start);   // the loop only: eval and saving come after
   progress.finish();
   std::signal(SIGINT, old_handler);
   std::signal(SIGTERM, SIG_DFL);
@@ -248,9 +249,8 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
   run_eval();
   last_saved = checkpoint();
   const double wall = seconds_since(start);
-  const double timed_s = seconds_since(timed_start);
   const double steady_tps = timed_steps > 0 ? static_cast<double>(timed_steps * tokens_per_step) / timed_s
-                                            : static_cast<double>(steps_this_run * tokens_per_step) / wall;
+                                            : static_cast<double>(steps_this_run * tokens_per_step) / timed_s;
   nlohmann::json summary = {{"steps", state.step},
                             {"steps_this_run", steps_this_run},
                             {"tokens_per_s", steady_tps},

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "src/data/prepare.h"
@@ -53,6 +54,17 @@ const SmallCorpus& small_corpus() {
     return c;
   }();
   return corpus;
+}
+
+std::vector<double> metric_values(const std::string& metrics_path, const std::string& key) {
+  std::vector<double> out;
+  std::ifstream in(metrics_path);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains(key) && !j.contains("event")) out.push_back(j[key].get<double>());
+  }
+  return out;
 }
 
 Run run_colossal(const std::string& args) {

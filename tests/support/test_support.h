@@ -2,6 +2,7 @@
 // test binary, and running the colossal binary as a user would.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace colossal::test {
 
@@ -27,6 +28,9 @@ const SmallCorpus& small_corpus();
 std::string source_dir();                       // the repository root
 void write_file(const std::string& path, const std::string& content);
 std::string read_file(const std::string& path);
+
+// Values of `key` in a run's metrics.jsonl, in order (event records such as start/end skipped).
+std::vector<double> metric_values(const std::string& metrics_path, const std::string& key);
 
 struct Run {
   int exit_code = -1;
