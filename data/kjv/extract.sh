@@ -17,3 +17,10 @@ for line in sys.stdin.read().split("\n"):
         docs.append((line.strip(), []))
 sys.stdout.write("\n\n".join(t + "\n" + "\n".join(v) for t, v in docs) + "\n")
 ' > "$(dirname "$0")/kjv.txt"
+python3 - "$(dirname "$0")" <<'PY'
+import sys
+folder = sys.argv[1]
+docs = open(f"{folder}/kjv.txt").read().rstrip("\n").split("\n\n")
+psalms = [d for d in docs if d.startswith("Psalms ")]
+open(f"{folder}/psalms.txt", "w").write("\n\n".join(psalms) + "\n")
+PY
