@@ -142,8 +142,9 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
   if (opt.resume) {
     const std::string from = resolve_checkpoint(opt.resume_from.empty() ? r.checkpoint.dir : opt.resume_from);
     auto info = read_checkpoint_info(from);
-    if (info.model.n_layer != model_cfg.n_layer || info.model.n_embd != model_cfg.n_embd ||
-        info.model.vocab_size != model_cfg.vocab_size || info.model.block_size != model_cfg.block_size)
+    if (info.model.n_layer != model_cfg.n_layer || info.model.n_head != model_cfg.n_head ||
+        info.model.n_embd != model_cfg.n_embd || info.model.vocab_size != model_cfg.vocab_size ||
+        info.model.block_size != model_cfg.block_size)
       throw Error("checkpoint " + from + " holds a different model than the recipe (resume needs the same [model])");
     if (info.tokenizer_bytes != tokenizer.model_bytes())
       throw Error("checkpoint " + from + " was trained with a different tokenizer than " + tokenizer_path);
