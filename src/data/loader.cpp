@@ -43,34 +43,33 @@ WindowLoader::~WindowLoader() {
   if (worker_.joinable()) worker_.join();
 }
 
-std::vector<int64_t> WindowLoader::epoch_order(int64_t epoch) const {
-  uint64_t state = cfg_.seed * 0x100000001B3ULL + static_cast<uint64_t>(epoch) + 1;
-  std::vector<int64_t> order(windows_);
-  std::iota(order.begin(), order.end(), 0);
-  for (int64_t i = windows_ - 1; i > 0; --i) {   // Fisher-Yates
-    int64_t j = static_cast<int64_t>(splitmix(state) % static_cast<uint64_t>(i + 1));
-    std::swap(order[i], order[j]);
+const std::vector<int64_t>& WindowLoader::epoch_order(int64_t epoch, uint64_t& shift) const {
+  if (epoch != order_epoch_) {
+    uint64_t state = cfg_.seed * 0x100000001B3ULL + static_cast<uint64_t>(epoch) + 1;
+    order_.resize(windows_);
+    std::iota(order_.begin(), order_.end(), 0);
+    for (int64_t i = windows_ - 1; i > 0; --i) {   // Fisher-Yates
+      int64_t j = static_cast<int64_t>(splitmix(state) % static_cast<uint64_t>(i + 1));
+      std::swap(order_[i], order_[j]);
+    }
+    uint64_t shift_state = cfg_.seed ^ (0xA5A5A5A5ULL + static_cast<uint64_t>(epoch));
+    order_shift_ = splitmix(shift_state) % static_cast<uint64_t>(cfg_.seq_len);
+    order_epoch_ = epoch;
   }
-  return order;
+  shift = order_shift_;
+  return order_;
 }
 
 at::Tensor WindowLoader::batch(int64_t k) const {
   const int64_t b = cfg_.batch_size, t = cfg_.seq_len;
   at::Tensor out = at::empty({b, t + 1}, at::kLong);
   int64_t* dst = out.data_ptr<int64_t>();
-  int64_t cached_epoch = -1;
-  std::vector<int64_t> order;
-  uint64_t shift = 0;
+  std::lock_guard<std::mutex> lock(order_mu_);   // the loader thread, or a direct caller
   for (int64_t j = 0; j < b; ++j) {
-    int64_t sample = k * b + j;   // this rank's sample index across epochs
-    int64_t epoch = sample / per_rank_, pos = sample % per_rank_;
-    if (epoch != cached_epoch) {
-      order = epoch_order(epoch);
-      uint64_t state = cfg_.seed ^ (0xA5A5A5A5ULL + static_cast<uint64_t>(epoch));
-      shift = splitmix(state) % static_cast<uint64_t>(t);
-      cached_epoch = epoch;
-    }
-    int64_t window = order[pos * cfg_.world + cfg_.rank];
+    const int64_t sample = k * b + j;   // this rank's sample index across epochs
+    uint64_t shift = 0;
+    const auto& order = epoch_order(sample / per_rank_, shift);
+    const int64_t window = order[(sample % per_rank_) * cfg_.world + cfg_.rank];
     const int32_t* src = tokens_->data() + shift + window * t;
     for (int64_t i = 0; i <= t; ++i) dst[j * (t + 1) + i] = src[i];
   }

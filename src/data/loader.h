@@ -41,12 +41,19 @@ class WindowLoader {
 
  private:
   void produce();
-  std::vector<int64_t> epoch_order(int64_t epoch) const;   // window indices in visiting order
+  // Window indices of `epoch` in visiting order and the epoch's shift, computed once per epoch (an
+  // O(windows) shuffle) and kept while batches of that epoch are cut.
+  const std::vector<int64_t>& epoch_order(int64_t epoch, uint64_t& shift) const;
 
   std::shared_ptr<const std::vector<int32_t>> tokens_;
   LoaderConfig cfg_;
   int64_t windows_ = 0, per_rank_ = 0;
   int64_t consumed_ = 0;
+
+  mutable std::mutex order_mu_;
+  mutable int64_t order_epoch_ = -1;
+  mutable uint64_t order_shift_ = 0;
+  mutable std::vector<int64_t> order_;
 
   std::mutex mu_;
   std::condition_variable cv_;
