@@ -6,6 +6,7 @@
 #     NCCL is picked and the link fails;
 #  3. torch/include ships fmt 12 but Debian's spdlog needs its own fmt 9: a build-tree folder holding
 #     only a `fmt` link to /usr/include/fmt goes before torch's include directories.
+#  4. (torch 2.11) libtorch.so's exported std::filesystem must not win symbol resolution, see below.
 # Exports TORCH_LIBRARIES, COLOSSAL_TORCH_LINK_OPTIONS and COLOSSAL_FMT_SHIM.
 
 set(COLOSSAL_PYTHON "${PROJECT_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH "Python whose torch provides LibTorch")
@@ -32,7 +33,11 @@ endif()
 find_package(Torch REQUIRED)
 message(STATUS "colossal: LibTorch ${COLOSSAL_TORCH_VERSION} from ${_torch_prefix}")
 
-set(COLOSSAL_TORCH_LINK_OPTIONS "")                                      # trap 2
+# torch 2.11's libtorch.so exports its own broken copy of std::filesystem (64 symbols; remove_all
+# jumps through a null pointer). libstdc++ goes first in every executable's DT_NEEDED list so the
+# dynamic linker binds those symbols to it, whichever LibTorch is used.
+set(COLOSSAL_TORCH_LINK_OPTIONS "LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
+# trap 2: the wheel's nvidia/*/lib folders as -rpath-link
 file(GLOB _nvidia_libs LIST_DIRECTORIES true "${_site_packages}/nvidia/*/lib" "${_site_packages}/nvidia/*/*/lib")
 foreach(_dir ${_nvidia_libs})
   list(APPEND COLOSSAL_TORCH_LINK_OPTIONS "LINKER:-rpath-link,${_dir}")

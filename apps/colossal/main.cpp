@@ -16,10 +16,8 @@ int main(int argc, char** argv) {
   colossal::app::add_data_commands(app);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::ParseError& e) {   // includes --help and --version (CLI::Success)
     return app.exit(e);
-  } catch (const CLI::Success&) {
-    return 0;
   } catch (const colossal::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
