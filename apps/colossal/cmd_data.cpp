@@ -33,7 +33,6 @@ void add_data_commands(CLI::App& app) {
   t->add_option("--out", tok->out, "Where to write the .model file")->required();
   t->callback([tok] {
     setup_logging("info");
-    read_documents(tok->text);   // fails clearly on a missing or empty corpus
     Tokenizer::train(tok->text, tok->vocab, tok->out);
     spdlog::info("wrote {} ({} pieces)", tok->out, Tokenizer::load(tok->out).vocab_size());
   });

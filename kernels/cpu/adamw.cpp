@@ -40,14 +40,12 @@ inline __attribute__((always_inline)) void chunk(T* __restrict param, const T* _
   }
 }
 
+// One clone set per element type (target_clones cannot apply to a template).
 __attribute__((target_clones("avx512f", "avx2", "default")))
-void chunk_f32(float* p, const float* g, float* m, float* v, int64_t n, const Consts<float>& c) { chunk(p, g, m, v, n, c); }
+void run_chunk(float* p, const float* g, float* m, float* v, int64_t n, const Consts<float>& c) { chunk(p, g, m, v, n, c); }
 
 __attribute__((target_clones("avx512f", "avx2", "default")))
-void chunk_f64(double* p, const double* g, double* m, double* v, int64_t n, const Consts<double>& c) { chunk(p, g, m, v, n, c); }
-
-inline void run_chunk(float* p, const float* g, float* m, float* v, int64_t n, const Consts<float>& c) { chunk_f32(p, g, m, v, n, c); }
-inline void run_chunk(double* p, const double* g, double* m, double* v, int64_t n, const Consts<double>& c) { chunk_f64(p, g, m, v, n, c); }
+void run_chunk(double* p, const double* g, double* m, double* v, int64_t n, const Consts<double>& c) { chunk(p, g, m, v, n, c); }
 
 }  // namespace
 

@@ -15,9 +15,32 @@ namespace fs = std::filesystem;
 
 namespace colossal {
 
-std::vector<std::string> read_documents(const std::string& text_path) {
+namespace {
+
+std::ifstream open_corpus(const std::string& text_path) {
   std::ifstream in(text_path, std::ios::binary);
   if (!in) throw Error("text " + text_path + ": " + (fs::exists(text_path) ? "cannot be read" : "no such file"));
+  return in;
+}
+
+bool blank(const std::string& line) { return line.find_first_not_of(" \t\r") == std::string::npos; }
+
+Error empty_corpus(const std::string& text_path) {
+  return Error("text " + text_path + ": empty corpus (no documents; documents are separated by blank lines)");
+}
+
+}  // namespace
+
+void require_corpus(const std::string& text_path) {
+  std::ifstream in = open_corpus(text_path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!blank(line)) return;
+  throw empty_corpus(text_path);
+}
+
+std::vector<std::string> read_documents(const std::string& text_path) {
+  std::ifstream in = open_corpus(text_path);
   std::vector<std::string> docs;
   std::string line, doc;
   auto flush = [&] {
@@ -26,7 +49,7 @@ std::vector<std::string> read_documents(const std::string& text_path) {
   };
   while (std::getline(in, line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) {
+    if (blank(line)) {
       flush();
       continue;
     }
@@ -34,7 +57,7 @@ std::vector<std::string> read_documents(const std::string& text_path) {
     doc += line;
   }
   flush();
-  if (docs.empty()) throw Error("text " + text_path + ": empty corpus (no documents; documents are separated by blank lines)");
+  if (docs.empty()) throw empty_corpus(text_path);
   return docs;
 }
 
@@ -80,7 +103,6 @@ void ensure_data(const Recipe& r, const std::string& tokenizer_override) {
   };
   if (!fs::exists(tok_path)) {
     need_text("tokenizer");
-    read_documents(r.data.text);   // a missing or empty corpus is reported as such, not by the trainer
     spdlog::info("training a {}-piece BPE tokenizer on {} -> {}", r.data.tokenizer_vocab, r.data.text, tok_path);
     Tokenizer::train(r.data.text, r.data.tokenizer_vocab, tok_path);
   }

@@ -13,6 +13,8 @@ class Tokenizer;
 
 // Documents are separated by one or more blank lines. Error if the file is missing or holds none.
 std::vector<std::string> read_documents(const std::string& text_path);
+// The same errors without reading the whole file: stops at the first non-blank line.
+void require_corpus(const std::string& text_path);
 
 struct PrepareStats {
   int64_t documents = 0, train_tokens = 0, val_tokens = 0, val_documents = 0;

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "src/core/error.h"
+#include "src/data/prepare.h"
 #include "src/io/atomic_dir.h"
 
 namespace colossal {
@@ -29,6 +30,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
 }
 
 void Tokenizer::train(const std::string& text_path, int64_t vocab_size, const std::string& out_path) {
+  require_corpus(text_path);   // SentencePiece's own message for these is an internal assertion
   std::filesystem::path out(out_path);
   if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
   std::string prefix = out_path + ".training-" + std::to_string(::getpid());

@@ -191,7 +191,7 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
   Progress progress(r.train.max_steps, r.train.log_every, !opt.quiet);
   const auto start = Clock::now();
   constexpr int64_t kUntimedSteps = 3;   // first steps pay for allocator and thread-pool warm-up
-  Clock::time_point timed_start = start;
+  Clock::time_point timed_start;
   int64_t timed_steps = 0, steps_this_run = 0;
   double ema_tokens_per_s = 0, ema_step_s = 0;
   std::string last_saved;
@@ -242,7 +242,10 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
       break;
     }
   }
-  const double timed_s = seconds_since(timed_start);   // the loop only: eval and saving come after
+  // Steady state = the steps after the untimed ones, or the whole loop if it never got past them;
+  // measured here, before the final eval and save.
+  const int64_t counted_steps = timed_steps > 0 ? timed_steps : steps_this_run;
+  const double counted_s = seconds_since(timed_steps > 0 ? timed_start : start);
   progress.finish();
   std::signal(SIGINT, old_handler);
   std::signal(SIGTERM, SIG_DFL);
@@ -250,8 +253,7 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
   run_eval();
   last_saved = checkpoint();
   const double wall = seconds_since(start);
-  const double steady_tps = timed_steps > 0 ? static_cast<double>(timed_steps * tokens_per_step) / timed_s
-                                            : static_cast<double>(steps_this_run * tokens_per_step) / timed_s;
+  const double steady_tps = static_cast<double>(counted_steps * tokens_per_step) / counted_s;
   nlohmann::json summary = {{"steps", state.step},
                             {"steps_this_run", steps_this_run},
                             {"tokens_per_s", steady_tps},
