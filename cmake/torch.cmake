@@ -4,10 +4,9 @@
 #     TORCH_CUDA_ARCH_LIST is set, even for a CPU-only build;
 #  2. libtorch_cuda needs the wheel's nvidia/*/lib folders as -rpath-link, or the system's older
 #     NCCL is picked and the link fails;
-#  3. torch/include ships fmt 12 but Debian's spdlog needs its own fmt 9: a build-tree folder holding
-#     only a `fmt` link to /usr/include/fmt goes before torch's include directories.
+#  3. torch/include ships fmt 12 but Debian's spdlog needs its own fmt 9 (handled in header_deps.cmake).
 #  4. (torch 2.11) libtorch.so's exported std::filesystem must not win symbol resolution, see below.
-# Exports TORCH_LIBRARIES, COLOSSAL_TORCH_LINK_OPTIONS and COLOSSAL_FMT_SHIM.
+# Exports TORCH_LIBRARIES and COLOSSAL_TORCH_LINK_OPTIONS.
 
 set(COLOSSAL_PYTHON "${PROJECT_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH "Python whose torch provides LibTorch")
 if(NOT EXISTS "${COLOSSAL_PYTHON}")
@@ -43,8 +42,3 @@ foreach(_dir ${_nvidia_libs})
   list(APPEND COLOSSAL_TORCH_LINK_OPTIONS "LINKER:-rpath-link,${_dir}")
 endforeach()
 
-set(COLOSSAL_FMT_SHIM "${CMAKE_BINARY_DIR}/fmt-shim")                   # trap 3
-file(MAKE_DIRECTORY "${COLOSSAL_FMT_SHIM}")
-if(NOT EXISTS "${COLOSSAL_FMT_SHIM}/fmt")
-  file(CREATE_LINK /usr/include/fmt "${COLOSSAL_FMT_SHIM}/fmt" SYMBOLIC)
-endif()

@@ -26,7 +26,8 @@ namespace {
 Recipe tiny_recipe(const std::string& out, int64_t max_steps, std::vector<std::string> extra = {}) {
   const auto& c = small_corpus();
   std::vector<std::string> o = {"data.text=" + c.text, "data.tokenizer=" + c.tokenizer, "data.dataset=" + c.dataset,
-                                "output.dir=" + out, "train.max_steps=" + std::to_string(max_steps)};
+                                "output.dir=" + out, "train.max_steps=" + std::to_string(max_steps),
+                                "train.device=cpu"};   // bit-identical is a CPU claim (test_cuda covers GPUs)
   o.insert(o.end(), extra.begin(), extra.end());
   return parse_recipe(R"(
 [model]

@@ -4,7 +4,8 @@
 # shape, dataset, sequence length and batch, with the same torch wheel, measured in one run. The four commands
 # alternate in rounds (A B C D, A B C D, ...) so drift on a shared machine hits them alike; each row shows
 # medians over the rounds and colossal's ratio against each peer (tokens/s colossal/peer, memory colossal/peer).
-# Peak memory is the whole process's max RSS as /usr/bin/time sees it, for all four alike.
+# Peak memory is the whole process's max RSS as /usr/bin/time sees it, for all four alike; with --device cuda it
+# is the GPU's peak allocated bytes as each process's caching allocator counts them (torch's own counters both).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 COMMAND="scripts/bench/train_vs_torch.sh"
@@ -12,30 +13,44 @@ COMMAND="scripts/bench/train_vs_torch.sh"
 
 usage() {
   cat <<EOF
-usage: scripts/bench/train_vs_torch.sh [--shape tiny|124m|all] [--repeat N] [--steps N] [--timeout S]
-  --shape    tiny (recipes/gpt-tiny.toml, T=128 B=16), 124m (recipes/gpt2-124m.toml, T=256 B=4) or all; default tiny
+usage: scripts/bench/train_vs_torch.sh [--shape tiny|124m|124m-1k|all] [--repeat N] [--steps N] [--timeout S]
+                                      [--device cpu|cuda] [--python PY] [--colossal BIN]
+  --shape    tiny (recipes/gpt-tiny.toml, T=128 B=16), 124m (recipes/gpt2-124m.toml, T=256 B=4),
+             124m-1k (the same model at T=1024 B=8, a GPU-sized step) or all (tiny and 124m); default tiny
   --repeat   alternating rounds, medians taken over them; default 3
   --steps    steps each command runs, the first $WARMUP untimed; default 40 for tiny, 8 for 124m
   --timeout  seconds one command may run before it counts as failed; default 900
+  --device   where both sides train; default cpu
+  --python   Python with torch and h5py for the peers; default .venv/bin/python
+  --colossal the binary; default build/colossal
 EOF
 }
 
 WARMUP=3
-shape=tiny repeat=3 steps="" timeout_s=900
+shape=tiny repeat=3 steps="" timeout_s=900 device=cpu
+COLOSSAL=build/colossal
+PY=.venv/bin/python
 while (($#)); do
   case "$1" in
     --shape) shape="${2:?--shape needs tiny, 124m or all}"; shift 2 ;;
     --repeat) repeat="${2:?--repeat needs a number}"; shift 2 ;;
     --steps) steps="${2:?--steps needs a number}"; shift 2 ;;
     --timeout) timeout_s="${2:?--timeout needs seconds}"; shift 2 ;;
+    --device) device="${2:?--device needs cpu or cuda}"; shift 2 ;;
+    --python) PY="${2:?--python needs a path}"; shift 2 ;;
+    --colossal) COLOSSAL="${2:?--colossal needs a path}"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "train_vs_torch: error: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
 case "$shape" in
-  tiny|124m) shapes=("$shape") ;;
+  tiny|124m|124m-1k) shapes=("$shape") ;;
   all) shapes=(tiny 124m) ;;
-  *) echo "train_vs_torch: error: --shape '$shape' is not one of tiny, 124m, all" >&2; exit 2 ;;
+  *) echo "train_vs_torch: error: --shape '$shape' is not one of tiny, 124m, 124m-1k, all" >&2; exit 2 ;;
+esac
+case "$device" in
+  cpu|cuda) ;;
+  *) echo "train_vs_torch: error: --device '$device' is not one of cpu, cuda" >&2; exit 2 ;;
 esac
 [[ "$repeat" =~ ^[1-9][0-9]*$ ]] || { echo "train_vs_torch: error: --repeat '$repeat' is not a positive integer" >&2; exit 2; }
 [[ "$timeout_s" =~ ^[1-9][0-9]*$ ]] || { echo "train_vs_torch: error: --timeout '$timeout_s' is not a positive integer" >&2; exit 2; }
@@ -43,13 +58,12 @@ if [ -n "$steps" ] && { ! [[ "$steps" =~ ^[0-9]+$ ]] || ((steps <= WARMUP)); }; 
   echo "train_vs_torch: error: --steps '$steps' must be an integer above the $WARMUP untimed warmup steps" >&2; exit 2
 fi
 
-COLOSSAL=build/colossal
-PY=.venv/bin/python
 [ -x "$COLOSSAL" ] || { echo "train_vs_torch: error: $COLOSSAL not found; build it with scripts/build.sh" >&2; exit 1; }
 [ -x "$PY" ] || { echo "train_vs_torch: error: $PY not found; create it with scripts/setup.sh" >&2; exit 1; }
 "$PY" -c 'import torch, h5py' 2>/dev/null ||
   { echo "train_vs_torch: error: $PY lacks torch or h5py; run scripts/setup.sh (or $PY -m pip install h5py)" >&2; exit 1; }
-[ -x /usr/bin/time ] || { echo "train_vs_torch: error: /usr/bin/time not found (apt-get install time)" >&2; exit 1; }
+[ "$device" = cuda ] || [ -x /usr/bin/time ] ||
+  { echo "train_vs_torch: error: /usr/bin/time not found (apt-get install time)" >&2; exit 1; }
 
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/train_vs_torch.XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT
@@ -60,6 +74,7 @@ shape_config() {
   case "$1" in
     tiny) echo "recipes/gpt-tiny.toml 128 16 40 2 4 128 1024 128" ;;
     124m) echo "recipes/gpt2-124m.toml 256 4 8 12 12 768 50304 1024" ;;
+    124m-1k) echo "recipes/gpt2-124m.toml 1024 8 20 12 12 768 50304 1024" ;;
   esac
 }
 
@@ -87,7 +102,11 @@ EOF
 run_one() {
   local dir="$1" peer="$2" round="$3"; shift 3
   local out="$dir/$peer-$round" rc=0
-  /usr/bin/time -f '%M' -o "$out.rss" timeout --kill-after=30 "$timeout_s" "$@" >"$out.out" 2>"$out.err" || rc=$?
+  if [ "$device" = cuda ]; then   # memory comes from each side's JSON (GPU peak), not from the process
+    timeout --kill-after=30 "$timeout_s" "$@" >"$out.out" 2>"$out.err" || rc=$?
+  else
+    /usr/bin/time -f '%M' -o "$out.rss" timeout --kill-after=30 "$timeout_s" "$@" >"$out.out" 2>"$out.err" || rc=$?
+  fi
   echo "$rc" >"$out.rc"
   if ((rc == 124 || rc == 137)); then
     echo "timed out after $timeout_s s" >"$out.reason"
@@ -118,7 +137,7 @@ for s in "${shapes[@]}"; do
   dir="$TMP/$s"; mkdir -p "$dir"
   peer_cmd=("$PY" scripts/bench/gpt_ref.py --n-layer "$n_layer" --n-head "$n_head" --n-embd "$n_embd"
             --vocab-size "$vocab" --block-size "$block" --seq-len "$T" --batch "$B" --steps "$S"
-            --warmup-steps "$WARMUP" --dataset "$dataset")
+            --warmup-steps "$WARMUP" --dataset "$dataset" --device "$device")
   failed=()
   for ((r = 1; r <= repeat; r++)); do
     echo "train_vs_torch: $name round $r/$repeat" >&2
@@ -126,7 +145,7 @@ for s in "${shapes[@]}"; do
     run_dir="$TMP/colossal-run-$k"
     if ! run_one "$dir" colossal "$r" "$COLOSSAL" train "$recipe" --set "train.max_steps=$S" --set "train.seq_len=$T" \
         --set "train.batch_size=$B" --set train.grad_accum=1 --set model.dropout=0 --set train.eval_every=0 \
-        --set train.eval_batches=1 --set checkpoint.every=0 \
+        --set train.eval_batches=1 --set checkpoint.every=0 --set "train.device=$device" --set optim.warmup_steps=1 \
         --set "output.dir=$run_dir" --quiet; then
       echo "train_vs_torch: error: colossal train $recipe failed ($(cat "$dir/colossal-$r.reason")); its stderr ends:" >&2
       tail -n 20 "$dir/colossal-$r.err" >&2
@@ -152,10 +171,10 @@ for s in "${shapes[@]}"; do
     done
   done
 
-  row="$("$PY" - "$dir" "$name" "$T" "$B" "$repeat" <<'EOF'
+  row="$("$PY" - "$dir" "$name" "$T" "$B" "$repeat" "$device" <<'EOF'
 import json, math, statistics, sys
 from pathlib import Path
-d, name, T, B, repeat = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+d, name, T, B, repeat, device = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6]
 
 def medians(peer):
     """(tokens/s, peak RSS in bytes, params, final losses) over the rounds, or the reason it failed."""
@@ -171,14 +190,18 @@ def medians(peer):
             tps.append(float(res["tokens_per_s"]))
         except (OSError, ValueError, KeyError, TypeError) as e:
             return f"no result JSON with tokens_per_s ({type(e).__name__}: {e})"
-        rss.append(int((d / f"{peer}-{r}.rss").read_text().split()[-1]) * 1024)  # /usr/bin/time %M is KB
+        if device == "cuda":
+            rss.append(float(res.get("peak_device_mb", "nan")) * 1048576)
+        else:
+            rss.append(int((d / f"{peer}-{r}.rss").read_text().split()[-1]) * 1024)  # /usr/bin/time %M is KB
         if "params" in res:
             params.add(int(res["params"]))
         losses.append(float(res.get("final_loss", "nan")))
     return statistics.median(tps), statistics.median(rss), params, losses
 
 def cell(v, rss):
-    return f"{v:.0f} tok/s {rss / 1e9:.2f} GB" if v >= 100 else f"{v:.1f} tok/s {rss / 1e9:.2f} GB"
+    where = " GPU" if device == "cuda" else ""
+    return f"{v:.0f} tok/s {rss / 1e9:.2f} GB{where}" if v >= 100 else f"{v:.1f} tok/s {rss / 1e9:.2f} GB{where}"
 
 ours = medians("colossal")
 if isinstance(ours, str):
@@ -204,4 +227,6 @@ EOF
 done
 
 torch_version="$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))')"
-echo "machine: $(nproc) cores, torch $torch_version, $(date +%F), $COMMAND, median of $repeat alternating rounds"
+gpu=""
+[ "$device" != cuda ] || gpu=", $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || echo GPU)"
+echo "machine: $(nproc) cores$gpu, torch $torch_version, $(date +%F), $COMMAND, median of $repeat alternating rounds"

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <ATen/Parallel.h>
 #include <ATen/Context.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <torch/cuda.h>
 
 #include "src/core/error.h"
@@ -47,5 +48,15 @@ size_t peak_rss_bytes() {
   return static_cast<size_t>(u.ru_maxrss) * 1024;
 }
 
+namespace {
+c10::CachingDeviceAllocator::Stat allocated_stat(const c10::Device& device) {
+  if (device.is_cpu()) return {};
+  auto stats = c10::getDeviceAllocator(device.type())->getDeviceStats(device.index() < 0 ? 0 : device.index());
+  return stats.allocated_bytes[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)];
+}
+}  // namespace
+
+size_t device_allocated_bytes(const c10::Device& device) { return static_cast<size_t>(allocated_stat(device).current); }
+size_t device_peak_allocated_bytes(const c10::Device& device) { return static_cast<size_t>(allocated_stat(device).peak); }
 
 }  // namespace colossal

@@ -1,5 +1,5 @@
 // Device and process facts: which compute device a recipe's `device` resolves to, and the process's
-// resident memory (the CPU's share of the memory figure in progress lines and summaries).
+// resident memory and an accelerator's allocated memory (the figures in progress lines and summaries).
 #pragma once
 #include <c10/core/Device.h>
 #include <cstddef>
@@ -14,5 +14,9 @@ std::string describe_device(const c10::Device& device);   // "cpu (2 threads)" o
 
 size_t current_rss_bytes();
 size_t peak_rss_bytes();
+// Bytes held by tensors on an accelerator now and at their peak, from its caching allocator
+// (0 for the CPU, whose figure is the RSS above).
+size_t device_allocated_bytes(const c10::Device& device);
+size_t device_peak_allocated_bytes(const c10::Device& device);
 
 }  // namespace colossal

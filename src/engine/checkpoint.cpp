@@ -18,6 +18,13 @@ namespace colossal {
 namespace {
 
 constexpr const char* kRngName = "__rng_cpu__";
+constexpr const char* kCudaRngName = "__rng_cuda__";   // dropout on a GPU draws from the device's generator
+
+// The default generator of the device the parameters live on, if that is not the CPU.
+std::optional<at::Generator> device_generator(const at::Tensor& any_param) {
+  if (any_param.is_cpu()) return std::nullopt;
+  return at::globalContext().defaultGenerator(any_param.device());
+}
 
 std::string step_dir_name(int64_t step) {
   char buf[32];
@@ -131,6 +138,10 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
       rng = gen.get_state();
     }
     moments.push_back({kRngName, rng});
+    if (auto dev = device_generator(groups.front().params)) {
+      std::lock_guard<std::mutex> lock(dev->mutex());
+      moments.push_back({kCudaRngName, dev->get_state()});
+    }
     save_safetensors((tmp / "optimizer.safetensors").string(), moments,
                      {{"optimizer", "adamw"}, {"step", std::to_string(s.optimizer->steps())}});
   }
@@ -215,6 +226,13 @@ void load_optimizer_state(nn::CausalLM& model, optim::FlatParams& flat, optim::A
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(file.at(kRngName, path));
+  }
+  // A run resumed on the device it was saved from continues its dropout stream; across devices the
+  // streams differ anyway, so the saved one is left unused.
+  auto dev = device_generator(groups.front().params);
+  if (dev && file.contains(kCudaRngName)) {
+    std::lock_guard<std::mutex> lock(dev->mutex());
+    dev->set_state(file.at(kCudaRngName, path));
   }
 }
 

@@ -199,15 +199,16 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
   while (state.step < r.train.max_steps) {
     const auto t0 = Clock::now();
     const double lr = optim::lr_at(r.optim, state.step);
-    double loss_sum = 0;
+    at::Tensor step_loss;   // summed on the device: one host sync per step, not one per micro-batch
     for (int64_t micro = 0; micro < r.train.grad_accum; ++micro) {
       auto batch = loader.next().to(device);   // [B, T+1]
       const int64_t t = batch.size(1) - 1;
       auto loss = model->loss(batch.narrow(1, 0, t), batch.narrow(1, 1, t));
       if (r.train.grad_accum > 1) loss = loss / static_cast<double>(r.train.grad_accum);
       loss.backward();
-      loss_sum += loss.item<double>();
+      step_loss = micro == 0 ? loss.detach() : step_loss + loss.detach();
     }
+    const double loss_sum = step_loss.item<double>();
     if (!std::isfinite(loss_sum))
       throw Error("loss became " + std::to_string(loss_sum) + " at step " + std::to_string(state.step + 1) +
                   " (lower optim.lr or set train.grad_clip; the last checkpoint is intact)");
@@ -226,7 +227,7 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
     const double tps = static_cast<double>(tokens_per_step) / step_s;
     ema_tokens_per_s = ema_tokens_per_s == 0 ? tps : 0.9 * ema_tokens_per_s + 0.1 * tps;
     ema_step_s = ema_step_s == 0 ? step_s : 0.9 * ema_step_s + 0.1 * step_s;
-    const size_t mem = current_rss_bytes();
+    const size_t mem = device.is_cpu() ? current_rss_bytes() : device_allocated_bytes(device);
     metrics.write({{"step", state.step}, {"loss", loss_sum}, {"lr", lr}, {"grad_norm", grad_norm},
                    {"tokens_per_s", tps}, {"step_ms", step_s * 1e3}, {"mem_mb", static_cast<double>(mem) / 1048576.0}});
     double eta = ema_step_s * static_cast<double>(r.train.max_steps - state.step);
@@ -258,6 +259,7 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
                             {"steps_this_run", steps_this_run},
                             {"tokens_per_s", steady_tps},
                             {"peak_rss_mb", static_cast<double>(peak_rss_bytes()) / 1048576.0},
+                            {"peak_device_mb", static_cast<double>(device_peak_allocated_bytes(device)) / 1048576.0},
                             {"final_loss", state.train_loss},
                             {"final_eval_loss", state.eval_loss},
                             {"params", params},
@@ -265,9 +267,11 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
                             {"checkpoint", last_saved}};
   write_file_atomic((fs::path(r.output.dir) / "summary.json").string(), summary.dump(2) + "\n");
   metrics.write({{"event", "end"}, {"step", state.step}, {"eval_loss", state.eval_loss}, {"tokens_per_s", steady_tps}});
+  std::string peak_mem = human_bytes(static_cast<double>(peak_rss_bytes()));
+  if (!device.is_cpu()) peak_mem = human_bytes(static_cast<double>(device_peak_allocated_bytes(device))) + " " + device.str() + ", " + peak_mem + " host";
   const std::string done = fmt::format("done: {} steps in {} | loss {:.4f} | eval loss {:.4f} | {} tok/s | peak mem {} | checkpoint {}",
                                        state.step, human_duration(wall), state.train_loss, state.eval_loss,
-                                       human_count(steady_tps), human_bytes(static_cast<double>(peak_rss_bytes())), last_saved);
+                                       human_count(steady_tps), peak_mem, last_saved);
   if (opt.quiet) std::fprintf(stderr, "%s\n", done.c_str());   // the one line a quiet run prints
   else spdlog::info("{}", done);
   return g_interrupted ? 130 : 0;

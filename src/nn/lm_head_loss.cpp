@@ -14,25 +14,27 @@ struct LmHeadCrossEntropy : public torch::autograd::Function<LmHeadCrossEntropy>
                             const at::Tensor& targets) {
     at::Tensor logits = at::mm(x, weight.t());                  // [N, V]; becomes d(loss)/d(logits)
     const int64_t n = logits.size(0), v = logits.size(1);
-    const int64_t counted = targets.ge(0).sum().item<int64_t>();
-    const double grad_scale = counted > 0 ? 1.0 / static_cast<double>(counted) : 0.0;
     at::Tensor loss;
     if (logits.is_cpu() && logits.scalar_type() == at::kFloat) {
+      const int64_t counted = targets.ge(0).sum().item<int64_t>();
+      const double grad_scale = counted > 0 ? 1.0 / static_cast<double>(counted) : 0.0;
       auto t = targets.contiguous();
       auto losses = at::empty({n}, logits.options());
       kernels::softmax_cross_entropy_inplace(logits.data_ptr<float>(), t.data_ptr<int64_t>(), losses.data_ptr<float>(), n,
                                              v, static_cast<float>(grad_scale));
       loss = losses.sum() * grad_scale;
     } else {
-      // Other devices and dtypes: the same quantities from ATen ops.
+      // Other devices and dtypes: the same quantities from ATen ops, in place over the logits, and with
+      // the 1/count scale kept as a tensor so a GPU step never waits on the host here.
       auto valid = targets.ge(0);
       auto safe = targets.clamp_min(0);
+      auto scale = valid.sum().clamp_min(1).to(logits.scalar_type()).reciprocal();   // 1/counted
       auto lse = at::logsumexp(logits, 1);
       auto picked = logits.gather(1, safe.unsqueeze(1)).squeeze(1);
-      loss = ((lse - picked) * valid).sum() * grad_scale;
-      auto grad = (logits - lse.unsqueeze(1)).exp_();
-      grad.scatter_add_(1, safe.unsqueeze(1), -valid.to(grad.scalar_type()).unsqueeze(1));
-      logits = grad.mul_(valid.unsqueeze(1)).mul_(grad_scale);
+      loss = ((lse - picked) * valid).sum() * scale;
+      logits.sub_(lse.unsqueeze(1)).exp_();                     // softmax
+      logits.scatter_add_(1, safe.unsqueeze(1), -valid.to(logits.scalar_type()).unsqueeze(1));
+      logits.mul_((valid * scale).unsqueeze(1));
     }
     ctx->save_for_backward({x, weight, logits});
     return loss;
@@ -42,11 +44,11 @@ struct LmHeadCrossEntropy : public torch::autograd::Function<LmHeadCrossEntropy>
                                                  torch::autograd::variable_list grad_out) {
     auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1];
-    at::Tensor dlogits = saved[2];                              // [N, V], already scaled by 1/N
+    const at::Tensor& dlogits = saved[2];                       // [N, V], already scaled by 1/N
+    // The incoming scalar (1, or 1/grad_accum) scales the two small products rather than the [N, V]
+    // buffer, and is never read on the host (on a GPU that would be a sync per backward).
     const at::Tensor& g = grad_out[0];
-    // Backward runs once per graph, so the saved buffer can be scaled in place (e.g. by 1/grad_accum).
-    if (!(g.numel() == 1 && g.item<double>() == 1.0)) dlogits.mul_(g);
-    return {at::mm(dlogits, weight), at::mm(dlogits.t(), x), at::Tensor()};
+    return {at::mm(dlogits, weight).mul_(g), at::mm(dlogits.t(), x).mul_(g), at::Tensor()};
   }
 };
 

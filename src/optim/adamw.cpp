@@ -28,8 +28,16 @@ void AdamW::step(double lr) {
     } else if (p.is_cpu() && p.scalar_type() == at::kDouble) {
       kernels::adamw_step(p.data_ptr<double>(), grad.data_ptr<double>(), m.data_ptr<double>(),
                           v.data_ptr<double>(), p.numel(), h);
+    } else if (p.is_cuda()) {
+      // ATen's fused multi-tensor AdamW: the same update (decay, moments, bias corrections, eps
+      // outside the root) in one kernel per group. It reads the step count from a device tensor, so
+      // the host never waits on the GPU here.
+      if (device_steps_.size() <= i) device_steps_.push_back(at::zeros({}, p.options().dtype(at::kFloat)));
+      device_steps_[i].fill_(static_cast<double>(step_));
+      at::_fused_adamw_({p}, {grad}, {m}, {v}, {}, {device_steps_[i]}, lr, opt_.beta1, opt_.beta2, g.weight_decay, opt_.eps,
+                        /*amsgrad=*/false, /*maximize=*/false);
     } else {
-      // Same arithmetic as the fused kernel, as tensor ops (devices without a fused kernel here).
+      // Same arithmetic as the fused kernel, as tensor ops (other devices).
       at::NoGradGuard no_grad;
       const double bc1 = 1 - std::pow(opt_.beta1, static_cast<double>(step_));
       const double bc2 = 1 - std::pow(opt_.beta2, static_cast<double>(step_));

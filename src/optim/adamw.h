@@ -1,5 +1,5 @@
 // AdamW over flat buffers (decoupled weight decay, Loshchilov & Hutter). On CPU each group is one
-// call of the fused kernel in kernels/cpu; on other devices the same update runs as tensor ops.
+// call of the fused kernel in kernels/cpu; on CUDA ATen's fused multi-tensor kernel; elsewhere the same update as tensor ops.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <array>
@@ -30,6 +30,7 @@ class AdamW {
   AdamWOptions opt_;
   int64_t step_ = 0;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
+  std::vector<at::Tensor> device_steps_;   // per group, for ATen's fused GPU kernel
 };
 
 }  // namespace colossal::optim
