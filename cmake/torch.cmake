@@ -34,8 +34,18 @@ message(STATUS "colossal: LibTorch ${COLOSSAL_TORCH_VERSION} from ${_torch_prefi
 
 # torch 2.11's libtorch.so exports its own broken copy of std::filesystem (64 symbols; remove_all
 # jumps through a null pointer). libstdc++ goes first in every executable's DT_NEEDED list so the
-# dynamic linker binds those symbols to it, whichever LibTorch is used.
-set(COLOSSAL_TORCH_LINK_OPTIONS "LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
+# dynamic linker binds those symbols to it, whichever LibTorch is used. It is named by its full path:
+# a toolchain whose own `-lstdc++` is static (the GPU machine's /opt/gcc) would otherwise add no entry.
+execute_process(COMMAND "${CMAKE_CXX_COMPILER}" -print-file-name=libstdc++.so
+                OUTPUT_VARIABLE _compiler_libstdcxx OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(IS_ABSOLUTE "${_compiler_libstdcxx}" AND EXISTS "${_compiler_libstdcxx}")
+  set(COLOSSAL_LIBSTDCXX "${_compiler_libstdcxx}" CACHE FILEPATH "libstdc++ put first in DT_NEEDED")
+else()   # the compiler has no shared libstdc++ of its own: the system's, which LibTorch loads anyway
+  find_library(COLOSSAL_LIBSTDCXX NAMES libstdc++.so.6 libstdc++.so REQUIRED)
+endif()
+get_filename_component(_libstdcxx "${COLOSSAL_LIBSTDCXX}" REALPATH)
+message(STATUS "colossal: libstdc++ first in DT_NEEDED: ${_libstdcxx}")
+set(COLOSSAL_TORCH_LINK_OPTIONS "LINKER:--push-state,--no-as-needed,${_libstdcxx},--pop-state")
 # trap 2: the wheel's nvidia/*/lib folders as -rpath-link
 file(GLOB _nvidia_libs LIST_DIRECTORIES true "${_site_packages}/nvidia/*/lib" "${_site_packages}/nvidia/*/*/lib")
 foreach(_dir ${_nvidia_libs})

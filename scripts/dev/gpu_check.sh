@@ -7,7 +7,7 @@
 # Beforehand, on a machine with Debian 12's registry, from the repository root:
 #   bash scripts/dev/gpu_check.sh --download      # Debian packages into .debs/ (ignored by git)
 # Then on the GPU machine, from the repository root, with .debs/ and runs/data/ carried along:
-#   bash scripts/dev/gpu_check.sh [--bench] [OUT_DIR]
+#   bash scripts/dev/gpu_check.sh [--bench | --build-only] [OUT_DIR]
 # Logs go to OUT_DIR (default $OUT, else /tmp/gpu_check).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,8 +28,9 @@ if [ "${1:-}" = --download ]; then
   echo "gpu_check: $(ls .debs/*.deb .debs/runtime/*.deb | wc -l) packages in .debs/"
   exit 0
 fi
-bench=0
+bench=0 build_only=0
 if [ "${1:-}" = --bench ]; then bench=1; shift; fi
+if [ "${1:-}" = --build-only ]; then build_only=1; shift; fi
 out="${1:-${OUT:-/tmp/gpu_check}}"
 mkdir -p "$out"
 ls .debs/*.deb >/dev/null 2>&1 || { echo "gpu_check: error: no .debs/*.deb; run 'bash $0 --download' first and carry .debs" >&2; exit 1; }
@@ -57,8 +58,11 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCOLOSSAL_PYTHON="$p
   -DCMAKE_PREFIX_PATH="$prefix/usr" -DHDF5_ROOT="$prefix/usr/lib/x86_64-linux-gnu/hdf5/serial" \
   -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$libs -Wl,-rpath,$libs" >"$out/configure.log" 2>&1 ||
   { tail -n 40 "$out/configure.log"; exit 1; }
+grep -E "^-- colossal:|CXX compiler identification" "$out/configure.log"
 step "build"
 cmake --build "$build" -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -n 30; exit 1; }
+((build_only == 0)) || exit 0
+echo "first DT_NEEDED of colossal: $(readelf -d "$build/colossal" | grep -m1 NEEDED | sed 's/.*\[//; s/\]//')"
 
 step "ctest"
 OMP_NUM_THREADS=4 ctest --test-dir "$build" -j 4 --output-on-failure >"$out/ctest.log" 2>&1
