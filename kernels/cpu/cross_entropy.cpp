@@ -1,33 +1,15 @@
-// Fused softmax cross entropy, CPU: see cross_entropy.h. exp() is a Cephes-style polynomial the
-// compiler vectorises (libm's expf does not vectorise without -ffast-math); relative error ~2e-7.
-// target_clones builds AVX-512, AVX2 and baseline versions and picks one at load time, so the
-// binary stays portable.
+// Fused softmax cross entropy, CPU: see cross_entropy.h. exp() is vec_math.h's polynomial, which the
+// compiler vectorises. target_clones builds AVX-512, AVX2 and baseline versions and picks one at load
+// time, so the binary stays portable.
 #include "kernels/cpu/cross_entropy.h"
 
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cpu/vec_math.h"
+
 namespace colossal::kernels {
 namespace {
-
-// exp(x) for x <= 0 (callers subtract the row maximum first).
-inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  const float t = x * 1.44269504088896341f;
-  const float k = (t + 12582912.0f) - 12582912.0f;   // round to nearest (1.5 * 2^23 trick)
-  const float r = x - k * 0.693359375f + k * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float e = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return e * scale;
-}
 
 __attribute__((target_clones("avx512f", "avx2", "default")))
 float row_softmax_ce(float* __restrict row, int64_t target, int64_t cols, float grad_scale) {

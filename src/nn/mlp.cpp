@@ -13,7 +13,7 @@ Mlp::Mlp(const MlpSpec& spec, LayerFactory& factory) : spec_(spec) {
 at::Tensor Mlp::forward(const at::Tensor& x) {
   auto h = fc_->forward(x);   // [B, T, hidden]
   switch (spec_.act) {
-    case Act::GeluTanh: h = at::gelu(h, "tanh"); break;
+    case Act::GeluTanh: h = gelu_tanh(h); break;
     case Act::Gelu: h = at::gelu(h); break;
     case Act::Relu: h = at::relu(h); break;
   }

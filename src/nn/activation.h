@@ -1,0 +1,10 @@
+// Activations with fused CPU kernels. gelu_tanh is GPT-2's GELU (tanh approximation): on CPU float
+// tensors one vectorised pass each way (kernels/cpu/gelu), elsewhere ATen's at::gelu(x, "tanh").
+#pragma once
+#include <ATen/core/Tensor.h>
+
+namespace colossal::nn {
+
+at::Tensor gelu_tanh(const at::Tensor& x);
+
+}  // namespace colossal::nn
