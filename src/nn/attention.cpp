@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include "src/nn/fused_attention.h"
+
 namespace colossal::nn {
 
 Attention::Attention(const AttentionSpec& spec, LayerFactory& factory) : spec_(spec) {
@@ -12,7 +14,13 @@ Attention::Attention(const AttentionSpec& spec, LayerFactory& factory) : spec_(s
 
 at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, const at::Tensor& mask) {
   const int64_t b = x.size(0), t = x.size(1), c = x.size(2), h = spec_.heads, d = c / h;
-  auto qkv = qkv_->forward(x).view({b, t, 3, h, d}).permute({2, 0, 3, 1, 4});   // [3, B, H, T, D]
+  const double p = is_training() ? spec_.dropout : 0.0;
+  auto packed = qkv_->forward(x);                                                 // [B, T, 3C]
+  if (!kv && !mask.defined() && spec_.causal && p == 0 && fused_attention_applies(packed)) {
+    auto y = proj_->forward(fused_causal_attention(packed, h));   // short causal sequences on CPU
+    return y;
+  }
+  auto qkv = packed.view({b, t, 3, h, d}).permute({2, 0, 3, 1, 4});              // [3, B, H, T, D]
   at::Tensor q = qkv[0], k = qkv[1], v = qkv[2];                                  // each [B, H, T, D]
   bool causal = spec_.causal && !mask.defined();
   if (kv) {
@@ -25,7 +33,6 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
     else if (offset > 0 && !mask.defined())
       TORCH_CHECK(false, "attention: multi-token step at offset ", offset, " needs an explicit mask");
   }
-  const double p = is_training() ? spec_.dropout : 0.0;
   std::optional<at::Tensor> attn_mask;   // an undefined tensor inside an optional still counts as a mask
   if (mask.defined()) attn_mask = mask;
   auto y = at::scaled_dot_product_attention(q, k, v, attn_mask, p, causal);   // [B, H, T, D]

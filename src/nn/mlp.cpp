@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include "src/nn/activation.h"
+
 namespace colossal::nn {
 
 Mlp::Mlp(const MlpSpec& spec, LayerFactory& factory) : spec_(spec) {
