@@ -18,38 +18,14 @@
 
 namespace fs = std::filesystem;
 using namespace colossal;
-using colossal::test::small_corpus;
 using colossal::test::TempDir;
 
 namespace {
 
+// Bit-identical is a CPU claim (test_cuda covers GPUs).
 Recipe tiny_recipe(const std::string& out, int64_t max_steps, std::vector<std::string> extra = {}) {
-  const auto& c = small_corpus();
-  std::vector<std::string> o = {"data.text=" + c.text, "data.tokenizer=" + c.tokenizer, "data.dataset=" + c.dataset,
-                                "output.dir=" + out, "train.max_steps=" + std::to_string(max_steps),
-                                "train.device=cpu"};   // bit-identical is a CPU claim (test_cuda covers GPUs)
-  o.insert(o.end(), extra.begin(), extra.end());
-  return parse_recipe(R"(
-[model]
-n_layer = 2
-n_head = 2
-n_embd = 32
-block_size = 32
-vocab_size = 512
-dropout = 0.1
-[train]
-batch_size = 4
-grad_accum = 2
-eval_every = 3
-eval_batches = 2
-[optim]
-lr = 3e-3
-warmup_steps = 2
-decay_steps = 12
-[checkpoint]
-every = 3
-keep_last = 2
-)", "tiny.toml", o);
+  extra.insert(extra.begin(), "train.device=cpu");
+  return colossal::test::tiny_training_recipe(out, max_steps, extra);
 }
 
 }  // namespace

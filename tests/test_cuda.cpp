@@ -21,7 +21,6 @@
 #include "tests/support/test_support.h"
 
 using namespace colossal;
-using colossal::test::small_corpus;
 using colossal::test::TempDir;
 
 #define SKIP_WITHOUT_GPU() \
@@ -44,30 +43,7 @@ double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
 }
 
 Recipe tiny_recipe(const std::string& out, int64_t max_steps, const std::string& device, double dropout) {
-  const auto& c = small_corpus();
-  return parse_recipe(R"(
-[model]
-n_layer = 2
-n_head = 2
-n_embd = 32
-block_size = 32
-vocab_size = 512
-[train]
-batch_size = 4
-grad_accum = 2
-eval_every = 4
-eval_batches = 2
-[optim]
-lr = 3e-3
-warmup_steps = 2
-decay_steps = 12
-[checkpoint]
-every = 6
-keep_last = 2
-)", "tiny.toml",
-                      {"data.text=" + c.text, "data.tokenizer=" + c.tokenizer, "data.dataset=" + c.dataset, "output.dir=" + out,
-                       "train.max_steps=" + std::to_string(max_steps), "train.device=" + device,
-                       "model.dropout=" + std::to_string(dropout)});
+  return colossal::test::tiny_training_recipe(out, max_steps, {"train.device=" + device, "model.dropout=" + std::to_string(dropout)});
 }
 
 }  // namespace

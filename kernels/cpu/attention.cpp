@@ -11,6 +11,9 @@
 namespace colossal::kernels {
 namespace {
 
+// Helpers are inlined into each target clone, so they run with that clone's instruction set.
+#define COLOSSAL_INLINE __attribute__((always_inline)) inline
+
 // rows [n][d] with row stride `stride` -> dst [d][n] (row length n, the key axis contiguous).
 void transpose_rows(const float* src, int64_t stride, int64_t n, int64_t d, float* dst) {
   for (int64_t j = 0; j < n; ++j)
@@ -18,7 +21,7 @@ void transpose_rows(const float* src, int64_t stride, int64_t n, int64_t d, floa
 }
 
 // s[0, n) = scale * sum_d a[d] * bt[d][0, n): one query (or dO row) against n transposed keys (values).
-inline void row_times_transposed(const float* __restrict a, const float* __restrict bt, int64_t ld, int64_t n,
+COLOSSAL_INLINE void row_times_transposed(const float* __restrict a, const float* __restrict bt, int64_t ld, int64_t n,
                                  int64_t d, float scale, float* __restrict s) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) s[j] = 0.0f;
@@ -30,8 +33,22 @@ inline void row_times_transposed(const float* __restrict a, const float* __restr
   }
 }
 
+// s[j] = exp(s[j] - max) over [0, n), with max the row's maximum; returns the sum (softmax's denominator).
+COLOSSAL_INLINE float exp_shifted_inplace(float* __restrict s, int64_t n, float& max) {
+  max = s[0];
+#pragma omp simd reduction(max : max)
+  for (int64_t j = 0; j < n; ++j) max = s[j] > max ? s[j] : max;
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = exp_nonpositive(s[j] - max);
+    sum += s[j];
+  }
+  return sum;
+}
+
 // y[0, d) += x * a[0, d)
-inline void axpy(float x, const float* __restrict a, float* __restrict y, int64_t d) {
+COLOSSAL_INLINE void axpy(float x, const float* __restrict a, float* __restrict y, int64_t d) {
 #pragma omp simd
   for (int64_t c = 0; c < d; ++c) y[c] += x * a[c];
 }
@@ -49,15 +66,8 @@ void forward_head(const Head& h, float* __restrict out, float* __restrict lse, i
   for (int64_t i = 0; i < t_len; ++i) {
     const int64_t n = i + 1;   // causal: keys 0..i
     row_times_transposed(h.q + i * h.stride, kt, t_len, n, d, scale, s);
-    float max = s[0];
-#pragma omp simd reduction(max : max)
-    for (int64_t j = 0; j < n; ++j) max = s[j] > max ? s[j] : max;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = exp_nonpositive(s[j] - max);
-      sum += s[j];
-    }
+    float max;
+    const float sum = exp_shifted_inplace(s, n, max);
     const float inv = 1.0f / sum;
     float* __restrict o = out + i * h.out_stride;
 #pragma omp simd
@@ -120,7 +130,6 @@ typedef float vf __attribute__((vector_size(64)));
 typedef float vf_u __attribute__((vector_size(64), aligned(4)));   // unaligned rows of qkv
 constexpr int64_t kLanes = 16;
 
-#define COLOSSAL_INLINE __attribute__((always_inline)) inline   // into each target clone
 COLOSSAL_INLINE vf load_u(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
 COLOSSAL_INLINE void store_u(float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; }
 COLOSSAL_INLINE vf splat(float x) { return vf{} + x; }
@@ -160,14 +169,8 @@ void forward_head_vec(const Head& h, float* __restrict out, float* __restrict ls
   for (int64_t i = 0; i < t_len; ++i) {
     const int64_t n = i + 1;
     scores_block<D>(h.q + i * h.stride, kt, ld, n, scale, s);
-    float max = s[0];
-    for (int64_t j = 1; j < n; ++j) max = s[j] > max ? s[j] : max;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = exp_nonpositive(s[j] - max);
-      sum += s[j];
-    }
+    float max;
+    const float sum = exp_shifted_inplace(s, n, max);
     vf o[nv] = {};
     for (int64_t j = 0; j < n; ++j) {
       const vf p = splat(s[j]);

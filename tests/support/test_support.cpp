@@ -56,6 +56,34 @@ const SmallCorpus& small_corpus() {
   return corpus;
 }
 
+Recipe tiny_training_recipe(const std::string& out, int64_t max_steps, const std::vector<std::string>& overrides) {
+  const auto& c = small_corpus();
+  std::vector<std::string> o = {"data.text=" + c.text, "data.tokenizer=" + c.tokenizer, "data.dataset=" + c.dataset,
+                                "output.dir=" + out, "train.max_steps=" + std::to_string(max_steps)};
+  o.insert(o.end(), overrides.begin(), overrides.end());
+  return parse_recipe(R"(
+[model]
+n_layer = 2
+n_head = 2
+n_embd = 32
+block_size = 32
+vocab_size = 512
+dropout = 0.1
+[train]
+batch_size = 4
+grad_accum = 2
+eval_every = 3
+eval_batches = 2
+[optim]
+lr = 3e-3
+warmup_steps = 2
+decay_steps = 12
+[checkpoint]
+every = 3
+keep_last = 2
+)", "tiny.toml", o);
+}
+
 std::vector<double> metric_values(const std::string& metrics_path, const std::string& key) {
   std::vector<double> out;
   std::ifstream in(metrics_path);

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "src/core/recipe.h"
+
 namespace colossal::test {
 
 // A fresh directory under the system temp dir, removed when the object dies.
@@ -24,6 +26,10 @@ struct SmallCorpus {
   std::string text, tokenizer, dataset;
 };
 const SmallCorpus& small_corpus();
+
+// A 2-layer, width-32 GPT recipe over small_corpus() writing into `out`: dropout 0.1, grad_accum 2,
+// eval and checkpoint every 3 steps (keep 2), warmup 2, cosine over 12. `overrides` as with --set.
+Recipe tiny_training_recipe(const std::string& out, int64_t max_steps, const std::vector<std::string>& overrides = {});
 
 std::string source_dir();                       // the repository root
 void write_file(const std::string& path, const std::string& content);
