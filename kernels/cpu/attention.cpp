@@ -21,8 +21,8 @@ void transpose_rows(const float* src, int64_t stride, int64_t n, int64_t d, floa
 }
 
 // s[0, n) = scale * sum_d a[d] * bt[d][0, n): one query (or dO row) against n transposed keys (values).
-COLOSSAL_INLINE void row_times_transposed(const float* __restrict a, const float* __restrict bt, int64_t ld, int64_t n,
-                                 int64_t d, float scale, float* __restrict s) {
+COLOSSAL_INLINE void row_times_transposed(const float* __restrict a, const float* __restrict bt, int64_t ld,
+                                          int64_t n, int64_t d, float scale, float* __restrict s) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) s[j] = 0.0f;
   for (int64_t c = 0; c < d; ++c) {
