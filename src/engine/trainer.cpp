@@ -268,7 +268,9 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
   write_file_atomic((fs::path(r.output.dir) / "summary.json").string(), summary.dump(2) + "\n");
   metrics.write({{"event", "end"}, {"step", state.step}, {"eval_loss", state.eval_loss}, {"tokens_per_s", steady_tps}});
   std::string peak_mem = human_bytes(static_cast<double>(peak_rss_bytes()));
-  if (!device.is_cpu()) peak_mem = human_bytes(static_cast<double>(device_peak_allocated_bytes(device))) + " " + device.str() + ", " + peak_mem + " host";
+  if (!device.is_cpu())
+    peak_mem = fmt::format("{} {}, {} host", human_bytes(static_cast<double>(device_peak_allocated_bytes(device))),
+                           device.str(), peak_mem);
   const std::string done = fmt::format("done: {} steps in {} | loss {:.4f} | eval loss {:.4f} | {} tok/s | peak mem {} | checkpoint {}",
                                        state.step, human_duration(wall), state.train_loss, state.eval_loss,
                                        human_count(steady_tps), peak_mem, last_saved);
