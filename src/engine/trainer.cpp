@@ -255,11 +255,12 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
   last_saved = checkpoint();
   const double wall = seconds_since(start);
   const double steady_tps = static_cast<double>(counted_steps * tokens_per_step) / counted_s;
+  const auto peak_rss = static_cast<double>(peak_rss_bytes()), peak_device = static_cast<double>(device_peak_allocated_bytes(device));
   nlohmann::json summary = {{"steps", state.step},
                             {"steps_this_run", steps_this_run},
                             {"tokens_per_s", steady_tps},
-                            {"peak_rss_mb", static_cast<double>(peak_rss_bytes()) / 1048576.0},
-                            {"peak_device_mb", static_cast<double>(device_peak_allocated_bytes(device)) / 1048576.0},
+                            {"peak_rss_mb", peak_rss / 1048576.0},
+                            {"peak_device_mb", peak_device / 1048576.0},
                             {"final_loss", state.train_loss},
                             {"final_eval_loss", state.eval_loss},
                             {"params", params},
@@ -267,10 +268,8 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
                             {"checkpoint", last_saved}};
   write_file_atomic((fs::path(r.output.dir) / "summary.json").string(), summary.dump(2) + "\n");
   metrics.write({{"event", "end"}, {"step", state.step}, {"eval_loss", state.eval_loss}, {"tokens_per_s", steady_tps}});
-  std::string peak_mem = human_bytes(static_cast<double>(peak_rss_bytes()));
-  if (!device.is_cpu())
-    peak_mem = fmt::format("{} {}, {} host", human_bytes(static_cast<double>(device_peak_allocated_bytes(device))),
-                           device.str(), peak_mem);
+  const std::string peak_mem = device.is_cpu() ? human_bytes(peak_rss)
+                                               : fmt::format("{} {}, {} host", human_bytes(peak_device), device.str(), human_bytes(peak_rss));
   const std::string done = fmt::format("done: {} steps in {} | loss {:.4f} | eval loss {:.4f} | {} tok/s | peak mem {} | checkpoint {}",
                                        state.step, human_duration(wall), state.train_loss, state.eval_loss,
                                        human_count(steady_tps), peak_mem, last_saved);

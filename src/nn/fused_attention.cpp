@@ -19,7 +19,7 @@ struct FusedCausalAttention : public torch::autograd::Function<FusedCausalAttent
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv_in, int64_t heads) {
     auto qkv = qkv_in.contiguous();
     const auto dims = dims_of(qkv, heads);
-    auto y = at::empty({dims.batch, dims.seq, qkv.size(2) / 3}, qkv.options());
+    auto y = at::empty({dims.batch, dims.seq, dims.heads * dims.head_dim}, qkv.options());
     auto lse = at::empty({dims.batch, heads, dims.seq}, qkv.options());
     kernels::causal_attention_forward(qkv.const_data_ptr<float>(), y.mutable_data_ptr<float>(), lse.mutable_data_ptr<float>(), dims);
     ctx->save_for_backward({qkv, y, lse});

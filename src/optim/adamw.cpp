@@ -12,6 +12,7 @@ AdamW::AdamW(FlatParams& params, const AdamWOptions& options) : params_(params),
   for (auto& g : params_.groups()) {
     exp_avg_.push_back(at::zeros_like(g.params));
     exp_avg_sq_.push_back(at::zeros_like(g.params));
+    if (g.params.is_cuda()) device_steps_.push_back(at::zeros({}, g.params.options().dtype(at::kFloat)));
   }
 }
 
@@ -32,7 +33,6 @@ void AdamW::step(double lr) {
       // ATen's fused multi-tensor AdamW: the same update (decay, moments, bias corrections, eps
       // outside the root) in one kernel per group. It reads the step count from a device tensor, so
       // the host never waits on the GPU here.
-      if (device_steps_.size() <= i) device_steps_.push_back(at::zeros({}, p.options().dtype(at::kFloat)));
       device_steps_[i].fill_(static_cast<double>(step_));
       at::_fused_adamw_({p}, {grad}, {m}, {v}, {}, {device_steps_[i]}, lr, opt_.beta1, opt_.beta2, g.weight_decay, opt_.eps,
                         /*amsgrad=*/false, /*maximize=*/false);

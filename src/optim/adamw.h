@@ -30,7 +30,7 @@ class AdamW {
   AdamWOptions opt_;
   int64_t step_ = 0;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
-  std::vector<at::Tensor> device_steps_;   // per group, for ATen's fused GPU kernel
+  std::vector<at::Tensor> device_steps_;   // per group when the parameters are on a GPU: the step count ATen's fused kernel reads
 };
 
 }  // namespace colossal::optim
