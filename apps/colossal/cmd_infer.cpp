@@ -15,6 +15,7 @@
 #include "src/engine/checkpoint.h"
 #include "src/engine/generator.h"
 #include "src/engine/model_registry.h"
+#include "src/nn/kernel_choice.h"
 
 namespace fs = std::filesystem;
 
@@ -27,6 +28,7 @@ struct InferArgs {
   std::string prompts_file;
   SamplingConfig sampling;
   std::string device = "auto";
+  std::string kernels = "auto";
   bool jsonl = false;
   bool quiet = false;
 };
@@ -72,6 +74,8 @@ void run(InferArgs& a) {
   model->to(device);
   spdlog::info("loaded {} ({} parameters) on {}", dir, model->parameter_count(), describe_device(device));
 
+  const nn::KernelPath kernels = nn::parse_kernel_path(a.kernels);
+  nn::set_kernel_policy({kernels, kernels, kernels});
   Generator generator(model, tokenizer, device);
   const bool stream = prompts.size() == 1 && !a.jsonl;
   bool echoed = false;   // the prompt is echoed with the first piece, after the prompts were validated
@@ -104,6 +108,10 @@ void run(InferArgs& a) {
   std::fflush(stdout);
   spdlog::info("generated {} tokens for {} prompt(s) in {:.2f} s ({:.1f} tokens/s)", generated, prompts.size(), secs,
                secs > 0 ? static_cast<double>(generated) / secs : 0.0);
+  const auto& t = generator.last_timing();
+  spdlog::info("timing: prefill {} tokens in {:.1f} ms | decode {} steps x {} sequences in {:.2f} s ({:.1f} tokens/s)",
+               t.prefill_tokens, t.prefill_s * 1e3, t.decode_steps, t.batch, t.decode_s,
+               t.decode_s > 0 ? static_cast<double>(t.decode_steps * t.batch) / t.decode_s : 0.0);
 }
 
 }  // namespace
@@ -122,6 +130,8 @@ void add_infer_command(CLI::App& app) {
   cmd->add_option("--seed", a->sampling.seed, "Sampling seed (same seed, same output)")->capture_default_str();
   cmd->add_option("--stop", a->sampling.stop, "Stop when the completion contains this text (repeatable; \\n allowed)");
   cmd->add_option("--device", a->device, "auto | cpu | cuda")->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd->add_option("--kernels", a->kernels, "CPU kernels: auto (time ours against ATen per shape at first use), fused or aten")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "fused", "aten"}));
   cmd->add_flag("--jsonl", a->jsonl, "Print one JSON object per prompt instead of text");
   cmd->add_flag("-q,--quiet", a->quiet, "No log lines, only the generated text");
   cmd->callback([a] {

@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "apps/colossal/commands.h"
+#include "kernels/cpu/isa.h"
 #include "src/core/error.h"
 
 int main(int argc, char** argv) {
@@ -15,6 +16,7 @@ int main(int argc, char** argv) {
   colossal::app::add_infer_command(app);
   colossal::app::add_data_commands(app);
   try {
+    colossal::kernels::active_isa();   // a bad COLOSSAL_CPU_ISA fails here, before any work
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {   // includes --help and --version (CLI::Success)
     return app.exit(e);

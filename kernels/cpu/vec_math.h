@@ -1,5 +1,6 @@
 // Elementary functions as plain inline float arithmetic, so loops that call them vectorise (libm's
 // expf/tanhf do not without -ffast-math). Shared by the CPU kernels; accuracy noted per function.
+// static and always inlined: each instruction set's copy of a kernel gets its own code (see simd.h).
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -7,7 +8,7 @@
 namespace colossal::kernels {
 
 // exp(x) for x <= 0 (Cephes-style: range reduction by ln 2, degree-6 polynomial); relative error ~2e-7.
-inline float exp_nonpositive(float x) {
+static inline __attribute__((always_inline)) float exp_nonpositive(float x) {
   x = x < -87.0f ? -87.0f : x;
   const float t = x * 1.44269504088896341f;
   const float k = (t + 12582912.0f) - 12582912.0f;   // round to nearest (1.5 * 2^23 trick)
@@ -27,7 +28,7 @@ inline float exp_nonpositive(float x) {
 
 // tanh(x) = sign(x) (1 - e) / (1 + e) with e = exp(-2|x|) <= 1, so nothing overflows; absolute
 // error ~1e-7 (relative error grows only where tanh itself is below ~1e-3).
-inline float tanh_bounded(float x) {
+static inline __attribute__((always_inline)) float tanh_bounded(float x) {
   const float a = x < 0 ? -x : x;
   const float e = exp_nonpositive(-2.0f * a);
   const float t = (1.0f - e) / (1.0f + e);

@@ -92,7 +92,7 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   RecipeSection top(&root, path, "", &overridden, &r.locations);
   r.name = top.string("name", std::filesystem::path(path).stem().string());
   top.finish();
-  static const std::vector<std::string> kSections = {"model", "data", "train", "optim", "checkpoint", "finetune", "output"};
+  static const std::vector<std::string> kSections = {"model", "data", "train", "optim", "checkpoint", "finetune", "kernels", "output"};
   for (const auto& [k, node] : root) {
     std::string key(k.str());
     if (!node.is_table() || std::find(kSections.begin(), kSections.end(), key) != kSections.end()) continue;
@@ -182,6 +182,12 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   r.finetune.from = f.string("from", r.finetune.from);
   f.finish();
 
+  auto k = section("kernels");
+  r.kernels.attention = k.string("attention", r.kernels.attention, {"auto", "fused", "aten"});
+  r.kernels.gelu = k.string("gelu", r.kernels.gelu, {"auto", "fused", "aten"});
+  r.kernels.gemv = k.string("gemv", r.kernels.gemv, {"auto", "fused", "aten"});
+  k.finish();
+
   auto out = section("output");
   r.output.dir = out.string("dir", "runs/" + r.name);
   r.output.log_level = out.string("log_level", r.output.log_level, {"trace", "debug", "info", "warn", "error"});
@@ -225,6 +231,7 @@ std::string Recipe::to_toml() const {
                             {"schedule", optim.schedule}, {"decay_steps", optim.decay_steps}}},
       {"checkpoint", toml::table{{"dir", checkpoint.dir}, {"every", checkpoint.every}, {"keep_last", checkpoint.keep_last}}},
       {"finetune", toml::table{{"from", finetune.from}}},
+      {"kernels", toml::table{{"attention", kernels.attention}, {"gelu", kernels.gelu}, {"gemv", kernels.gemv}}},
       {"output", toml::table{{"dir", output.dir}, {"log_level", output.log_level}}},
   };
   std::ostringstream s;

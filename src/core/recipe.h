@@ -69,6 +69,12 @@ struct FinetuneConfig {              // [finetune]
   std::string from;                  // checkpoint directory to start from (weights and tokenizer)
 };
 
+struct KernelsConfig {               // [kernels]: our CPU kernel or ATen's, for those that have both
+  std::string attention = "auto";    // auto (time both at first use, keep the faster) | fused | aten
+  std::string gelu = "auto";         // the same choices
+  std::string gemv = "auto";         // decoding matrix-vector products (generation, eval-free)
+};
+
 struct OutputConfig {                // [output]
   std::string dir;                   // "" = runs/<name>
   std::string log_level = "info";    // trace | debug | info | warn | error
@@ -83,6 +89,7 @@ struct Recipe {
   OptimConfig optim;
   CheckpointConfig checkpoint;
   FinetuneConfig finetune;
+  KernelsConfig kernels;
   OutputConfig output;
   std::map<std::string, std::string> locations;   // "train.lr" -> "recipes/x.toml:12" or "--set train.lr"
 

@@ -150,7 +150,8 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
                           {"tokens_seen", s.state.tokens_seen},
                           {"train_loss", s.state.train_loss},
                           {"eval_loss", s.state.eval_loss},
-                          {"has_optimizer", s.optimizer != nullptr}};
+                          {"has_optimizer", s.optimizer != nullptr},
+                          {"kernel_choices", s.state.kernel_choices}};
   {
     std::ofstream f(tmp / "trainer_state.json");
     f << state.dump(2) << "\n";
@@ -195,6 +196,14 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
     info.state.tokens_seen = s.value("tokens_seen", 0);
     info.state.train_loss = s.value("train_loss", 0.0);
     info.state.eval_loss = s.value("eval_loss", -1.0);
+    if (auto k = s.find("kernel_choices"); k != s.end()) {
+      if (!k->is_object()) throw Error("checkpoint " + dir + "/trainer_state.json: kernel_choices must be an object");
+      for (const auto& [key, v] : k->items()) {
+        if (!v.is_string() || (v != "fused" && v != "aten"))
+          throw Error("checkpoint " + dir + "/trainer_state.json: kernel_choices[\"" + key + "\"] must be \"fused\" or \"aten\"");
+        info.state.kernel_choices[key] = v.get<std::string>();
+      }
+    }
   }
   return info;
 }

@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,9 @@ struct TrainerState {
   int64_t tokens_seen = 0;
   double train_loss = 0.0;
   double eval_loss = -1.0;       // -1: not evaluated yet
+  // CPU kernel choices timed so far ("attention B=16 T=128 H=4 D=32 fwd+bwd" -> "fused" | "aten"), so
+  // a resumed run computes with the same kernels and stays identical to an uninterrupted one.
+  std::map<std::string, std::string> kernel_choices;
 };
 
 struct CheckpointSave {

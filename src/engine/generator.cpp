@@ -1,6 +1,8 @@
 // Batched KV-cache generation: see generator.h.
 #include "src/engine/generator.h"
 
+#include <chrono>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <spdlog/spdlog.h>
@@ -82,7 +84,19 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::string>
     auto mask = (k <= q) & ((k >= pad_t.view({b, 1, 1})) | (k == q));
     prefill.mask = mask.unsqueeze(1).to(device_);                                    // [B, 1, T, T]
   }
+  timing_ = {};
+  auto clock_start = std::chrono::steady_clock::now();
+  auto lap = [&] {
+    const auto now = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(now - clock_start).count();
+    clock_start = now;
+    return s;
+  };
   at::Tensor logits = model_->forward(ids.to(device_), prefill).squeeze(1);          // [B, V]
+  (void)logits.to(at::kCPU);   // waits for the device, so the prefill's time is its own
+  timing_.prefill_s = lap();
+  timing_.batch = b;
+  timing_.prefill_tokens = b * longest;
 
   std::vector<Sequence> seqs(b);
   for (int64_t i = 0; i < b; ++i) seqs[i].result.prompt_tokens = static_cast<int64_t>(encoded[i].size());
@@ -145,7 +159,9 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::string>
       decode.mask = (k >= pad_t.view({b, 1, 1, 1})).to(device_);                      // [B, 1, 1, S]
     }
     logits = model_->forward(next.view({b, 1}).to(device_), decode).squeeze(1);
+    ++timing_.decode_steps;
   }
+  timing_.decode_s = lap();
 
   std::vector<GenerationResult> out;
   for (auto& s : seqs) {

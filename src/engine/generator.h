@@ -20,6 +20,13 @@ struct GenerationResult {
   std::string finish_reason;   // "eos" | "stop" | "length"
 };
 
+// Where the last generate() spent its time: the prefill forward, then the decode steps (each one
+// forward of one token per sequence, plus sampling and detokenising).
+struct GenerationTiming {
+  double prefill_s = 0, decode_s = 0;
+  int64_t batch = 0, prefill_tokens = 0, decode_steps = 0;
+};
+
 class Generator {
  public:
   Generator(std::shared_ptr<nn::CausalLM> model, Tokenizer tokenizer, c10::Device device);
@@ -28,11 +35,13 @@ class Generator {
   // could still turn out to start a stop string is held back until it cannot).
   std::vector<GenerationResult> generate(const std::vector<std::string>& prompts, const SamplingConfig& config,
                                          const std::function<void(size_t, const std::string&)>& on_text = {});
+  const GenerationTiming& last_timing() const { return timing_; }
 
  private:
   std::shared_ptr<nn::CausalLM> model_;
   Tokenizer tokenizer_;
   c10::Device device_;
+  GenerationTiming timing_;
 };
 
 }  // namespace colossal

@@ -23,6 +23,7 @@
 #include "src/engine/checkpoint.h"
 #include "src/engine/metrics.h"
 #include "src/engine/model_registry.h"
+#include "src/nn/kernel_choice.h"
 #include "src/io/atomic_dir.h"
 #include "src/optim/adamw.h"
 #include "src/optim/flat_params.h"
@@ -126,6 +127,8 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
   if (eval_set.empty())
     spdlog::warn("held-out split ({} tokens) is too small for one eval batch; eval loss is skipped", val_split.tokens.size());
 
+  nn::set_kernel_policy({nn::parse_kernel_path(r.kernels.attention), nn::parse_kernel_path(r.kernels.gelu),
+                         nn::parse_kernel_path(r.kernels.gemv)});
   at::manual_seed(static_cast<uint64_t>(r.train.seed));
   nn::LayerFactory factory;
   auto model = build_model(model_cfg, factory);
@@ -151,6 +154,7 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
     load_model_state(*model, load_safetensors((fs::path(from) / "model.safetensors").string()), from);
     load_optimizer_state(*model, flat, adamw, from);   // also restores the RNG state
     state = info.state;
+    nn::restore_kernel_choices(state.kernel_choices);
     spdlog::info("resumed from {} at step {}", from, state.step);
   }
   if (state.step >= r.train.max_steps) {
@@ -170,6 +174,7 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
                  {"tokens_per_step", tokens_per_step}, {"device", device.str()}});
 
   auto checkpoint = [&] {
+    state.kernel_choices = nn::kernel_choices();
     CheckpointSave s{model.get(), &flat, &adamw, tokenizer.model_bytes(), r.to_toml(), state};
     auto path = save_checkpoint(r.checkpoint.dir, s, r.checkpoint.keep_last);
     spdlog::info("saved checkpoint {}", path);

@@ -2,9 +2,11 @@
 #include "src/nn/activation.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "kernels/cpu/gelu.h"
+#include "src/nn/kernel_choice.h"
 
 namespace colossal::nn {
 namespace {
@@ -30,10 +32,23 @@ struct GeluTanh : public torch::autograd::Function<GeluTanh> {
   }
 };
 
+// Whether our kernel runs for x's size (kernel_choice.h), timed on a detached copy of x.
+bool fused_gelu_chosen(const at::Tensor& x) {
+  const bool grad = at::GradMode::is_enabled();
+  const at::Tensor input = x.detach().clone().requires_grad_(grad);
+  const at::Tensor dy = at::ones_like(input);
+  auto run = [&](bool ours) {
+    auto y = ours ? GeluTanh::apply(input) : at::gelu(input, "tanh");
+    if (grad) torch::autograd::grad({y}, {input}, {dy});
+  };
+  return use_ours("gelu", kernel_policy().gelu, "n=" + std::to_string(x.numel()) + (grad ? " fwd+bwd" : " fwd"),
+                  [&] { run(true); }, [&] { run(false); });
+}
+
 }  // namespace
 
 at::Tensor gelu_tanh(const at::Tensor& x) {
-  if (x.is_cpu() && x.scalar_type() == at::kFloat) return GeluTanh::apply(x);
+  if (x.is_cpu() && x.scalar_type() == at::kFloat && fused_gelu_chosen(x)) return GeluTanh::apply(x);
   return at::gelu(x, "tanh");
 }
 

@@ -16,7 +16,8 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
   const int64_t b = x.size(0), t = x.size(1), c = x.size(2), h = spec_.heads, d = c / h;
   const double p = is_training() ? spec_.dropout : 0.0;
   auto packed = qkv_->forward(x);                                                 // [B, T, 3C]
-  if (!kv && !mask.defined() && spec_.causal && p == 0 && fused_attention_applies(packed))
+  if (!kv && !mask.defined() && spec_.causal && p == 0 && fused_attention_applies(packed) &&
+      fused_attention_chosen(packed, h))
     return proj_->forward(fused_causal_attention(packed, h));   // short causal sequences on CPU
   auto qkv = packed.view({b, t, 3, h, d}).permute({2, 0, 3, 1, 4});              // [3, B, H, T, D]
   at::Tensor q = qkv[0], k = qkv[1], v = qkv[2];                                  // each [B, H, T, D]

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include "src/nn/linear_forward.h"
 #include "src/nn/lm_head_loss.h"
 
 namespace colossal::nn {
@@ -10,7 +11,7 @@ namespace colossal::nn {
 at::Tensor CausalLM::forward(const at::Tensor& ids, const ForwardOptions& options) {
   auto x = features(ids, options);                                   // [B, T, C]
   if (options.last_only) x = x.narrow(1, x.size(1) - 1, 1);
-  return at::linear(x, head_weight());                               // [B, T, V]
+  return linear_forward(x, head_weight());                               // [B, T, V]
 }
 
 at::Tensor CausalLM::loss(const at::Tensor& ids, const at::Tensor& targets) {

@@ -5,6 +5,7 @@
 #include <torch/nn/modules/normalization.h>
 
 #include "src/nn/attention.h"
+#include "src/nn/linear_forward.h"
 #include "src/nn/mlp.h"
 
 namespace colossal::nn {
@@ -16,7 +17,7 @@ class DenseLinear : public Linear {
     weight_ = register_parameter("weight", at::empty({s.out, s.in}));
     if (s.bias) bias_ = register_parameter("bias", at::zeros({s.out}));
   }
-  at::Tensor forward(const at::Tensor& x) override { return at::linear(x, weight_, bias_); }
+  at::Tensor forward(const at::Tensor& x) override { return linear_forward(x, weight_, bias_); }
   at::Tensor& weight() override { return weight_; }
 
  private:

@@ -3,9 +3,11 @@
 
 #include <ATen/ATen.h>
 #include <cmath>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "kernels/cpu/attention.h"
+#include "src/nn/kernel_choice.h"
 
 namespace colossal::nn {
 namespace {
@@ -44,6 +46,30 @@ struct FusedCausalAttention : public torch::autograd::Function<FusedCausalAttent
 
 bool fused_attention_applies(const at::Tensor& qkv) {
   return qkv.is_cpu() && qkv.scalar_type() == at::kFloat && qkv.dim() == 3 && qkv.size(1) <= kFusedAttentionMaxSeq;
+}
+
+at::Tensor aten_causal_attention(const at::Tensor& qkv, int64_t heads) {
+  const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, d = c / heads;
+  auto parts = qkv.view({b, t, 3, heads, d}).permute({2, 0, 3, 1, 4});            // [3, B, H, T, D]
+  auto y = at::scaled_dot_product_attention(parts[0], parts[1], parts[2], {}, 0.0, true);   // [B, H, T, D]
+  return y.transpose(1, 2).reshape({b, t, c});                                    // [B, T, C]
+}
+
+bool fused_attention_chosen(const at::Tensor& qkv, int64_t heads) {
+  const auto dims = dims_of(qkv, heads);
+  const bool grad = at::GradMode::is_enabled();
+  const std::string shape = "B=" + std::to_string(dims.batch) + " T=" + std::to_string(dims.seq) +
+                            " H=" + std::to_string(heads) + " D=" + std::to_string(dims.head_dim) +
+                            (grad ? " fwd+bwd" : " fwd");
+  // Both sides run on a detached copy of this call's input, so timing never touches the real graph.
+  const at::Tensor input = qkv.detach().clone().requires_grad_(grad);
+  const at::Tensor dy = at::ones({dims.batch, dims.seq, dims.heads * dims.head_dim}, qkv.options());
+  auto run = [&](at::Tensor (*attention)(const at::Tensor&, int64_t)) {
+    auto y = attention(input, heads);
+    if (grad) torch::autograd::grad({y}, {input}, {dy});
+  };
+  return use_ours("attention", kernel_policy().attention, shape, [&] { run(fused_causal_attention); },
+                  [&] { run(aten_causal_attention); });
 }
 
 at::Tensor fused_causal_attention(const at::Tensor& qkv, int64_t heads) {

@@ -13,5 +13,10 @@ inline constexpr int64_t kFusedAttentionMaxSeq = 256;
 bool fused_attention_applies(const at::Tensor& qkv);   // CPU, float, [B, T, 3C] with T <= the maximum
 // qkv [B, T, 3C] laid out as [B, T, 3, H, D] -> y [B, T, C]; no dropout, no mask, no cache.
 at::Tensor fused_causal_attention(const at::Tensor& qkv, int64_t heads);
+// The same operation on ATen's scaled_dot_product_attention (what runs when the fused kernel does not).
+at::Tensor aten_causal_attention(const at::Tensor& qkv, int64_t heads);
+// Whether the fused kernel runs at this shape: forced by the kernel policy, or the faster of the two
+// timed once on this call's input, forward and (when autograd records) backward (kernel_choice.h).
+bool fused_attention_chosen(const at::Tensor& qkv, int64_t heads);
 
 }  // namespace colossal::nn

@@ -1,0 +1,37 @@
+// Fused AdamW, one instruction set's copy of the per-chunk loop: see adamw.h. The arithmetic follows
+// torch.optim.AdamW's order of operations (decay, moment updates, bias-corrected denominator, step)
+// so results match it to float rounding. The loop is memory-bound: vector width is all it needs.
+#include <cmath>
+
+#include "kernels/cpu/isa_entry.h"
+#include "kernels/cpu/simd.h"
+
+namespace colossal::kernels::COLOSSAL_ISA {
+namespace {
+
+template <typename T>
+COLOSSAL_INLINE void chunk(T* __restrict param, const T* __restrict grad, T* __restrict exp_avg, T* __restrict exp_avg_sq,
+                           int64_t n, const AdamWConsts<T>& c) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const T g = grad[i];
+    const T p = param[i] * c.decay;
+    const T m = exp_avg[i] * c.beta1 + c.one_minus_beta1 * g;
+    const T v = exp_avg_sq[i] * c.beta2 + c.one_minus_beta2 * g * g;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    const T denom = std::sqrt(v) * c.inv_sqrt_bc2 + c.eps;
+    param[i] = p - c.step_size * (m / denom);
+  }
+}
+
+}  // namespace
+
+void adamw_chunk_f32(float* p, const float* g, float* m, float* v, int64_t n, const AdamWConsts<float>& c) {
+  chunk(p, g, m, v, n, c);
+}
+void adamw_chunk_f64(double* p, const double* g, double* m, double* v, int64_t n, const AdamWConsts<double>& c) {
+  chunk(p, g, m, v, n, c);
+}
+
+}  // namespace colossal::kernels::COLOSSAL_ISA

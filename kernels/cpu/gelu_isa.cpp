@@ -1,0 +1,37 @@
+// GELU (tanh approximation), one instruction set's copy of the per-chunk loops: see gelu.h. Plain
+// elementwise loops that the compiler vectorises at this copy's width; gelu.cpp splits the array.
+#include "kernels/cpu/isa_entry.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/cpu/vec_math.h"
+
+namespace colossal::kernels::COLOSSAL_ISA {
+namespace {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kCubic = 0.044715f;
+
+}  // namespace
+
+void gelu_forward_chunk(const float* __restrict x, float* __restrict y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float t = tanh_bounded(kSqrt2OverPi * (v + kCubic * v * v * v));
+    y[i] = 0.5f * v * (1.0f + t);
+  }
+}
+
+// dx may alias dy (each element is read before it is written), so neither carries __restrict.
+void gelu_backward_chunk(const float* __restrict x, const float* dy, float* dx, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float v2 = v * v;
+    const float t = tanh_bounded(kSqrt2OverPi * (v + kCubic * v2 * v));
+    const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * v2);
+    const float grad = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
+    dx[i] = dy[i] * grad;
+  }
+}
+
+}  // namespace colossal::kernels::COLOSSAL_ISA

@@ -1,0 +1,109 @@
+// Instruction-set detection and the cap: see isa.h. Compiled for baseline x86-64 like every file
+// outside the *_isa.cpp set, so it runs on any CPU before one is chosen.
+#include "kernels/cpu/isa.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cpu/isa_kernels.h"
+
+namespace colossal::kernels {
+namespace {
+
+constexpr int kNoOverride = -1;
+std::atomic<int> g_override{kNoOverride};
+
+Isa detect() {
+#if defined(__x86_64__) && defined(COLOSSAL_KERNELS_X86)
+  __builtin_cpu_init();
+  // The AVX-512 copies are compiled with F, VL, BW and DQ (every AVX-512 CPU since Skylake-SP has all four).
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq"))
+    return Isa::avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
+#endif
+  return Isa::baseline;
+}
+
+// "baseline, avx2" for avx2: the sets a machine whose widest is `machine` can run.
+std::string up_to(Isa machine) {
+  std::string s;
+  for (Isa i : {Isa::baseline, Isa::avx2, Isa::avx512})
+    if (static_cast<int>(i) <= static_cast<int>(machine)) s += (s.empty() ? "" : ", ") + std::string(isa_name(i));
+  return s;
+}
+
+Isa env_capped() {
+  static const Isa isa = isa_cap_from(std::getenv("COLOSSAL_CPU_ISA"), machine_isa());
+  return isa;
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return "avx512";
+    case Isa::avx2: return "avx2";
+    case Isa::baseline: return "baseline";
+  }
+  return "?";
+}
+
+std::optional<Isa> parse_isa(std::string_view name) {
+  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512})
+    if (name == isa_name(isa)) return isa;
+  return std::nullopt;
+}
+
+Isa machine_isa() {
+  static const Isa isa = detect();
+  return isa;
+}
+
+Isa isa_cap_from(const char* value, Isa machine) {
+  if (!value || !*value) return machine;
+  const auto isa = parse_isa(value);
+  if (!isa)
+    throw std::invalid_argument(std::string("COLOSSAL_CPU_ISA=\"") + value +
+                                "\" is not an instruction set (valid: avx512, avx2, baseline)");
+  if (static_cast<int>(*isa) > static_cast<int>(machine))
+    throw std::invalid_argument(std::string("COLOSSAL_CPU_ISA=") + value + ": this CPU cannot run " + value +
+                                " code (its widest is " + isa_name(machine) + "; valid here: " + up_to(machine) + ")");
+  return *isa;
+}
+
+Isa active_isa() {
+  const int o = g_override.load(std::memory_order_relaxed);
+  return o == kNoOverride ? env_capped() : static_cast<Isa>(o);
+}
+
+std::vector<Isa> runnable_isas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512})
+    if (static_cast<int>(isa) <= static_cast<int>(machine_isa())) out.push_back(isa);
+  return out;
+}
+
+ScopedIsa::ScopedIsa(Isa isa) : previous_(g_override.load()) {
+  if (static_cast<int>(isa) > static_cast<int>(machine_isa()))
+    throw std::invalid_argument(std::string("ScopedIsa: this CPU cannot run ") + isa_name(isa));
+  g_override.store(static_cast<int>(isa));
+}
+
+ScopedIsa::~ScopedIsa() { g_override.store(previous_); }
+
+const IsaKernels& isa_kernels(Isa isa) {
+#if defined(COLOSSAL_KERNELS_X86)
+  switch (isa) {
+    case Isa::avx512: return avx512::table();
+    case Isa::avx2: return avx2::table();
+    case Isa::baseline: break;
+  }
+#endif
+  (void)isa;
+  return baseline::table();
+}
+
+}  // namespace colossal::kernels

@@ -1,0 +1,24 @@
+// The functions every instruction set's copy defines (in namespace COLOSSAL_ISA), declared once so
+// each *_isa.cpp and the table in isa_table.cpp agree on them. See isa_kernels.h for what each does.
+#pragma once
+#include "kernels/cpu/isa_kernels.h"
+
+#ifndef COLOSSAL_ISA
+#error "COLOSSAL_ISA must name the instruction set this copy is compiled for (see kernels/CMakeLists.txt)"
+#endif
+
+namespace colossal::kernels::COLOSSAL_ISA {
+
+void attention_forward_head(const AttentionHead& h, float* out, float* lse, int64_t t_len, int64_t d, float scale,
+                            const AttentionScratch& w);
+void attention_backward_head(const AttentionHead& h, const float* out, const float* d_out, const float* lse, float* dq,
+                             float* dk, float* dv, int64_t t_len, int64_t d, float scale, const AttentionScratch& w);
+void gelu_forward_chunk(const float* x, float* y, int64_t n);
+void gelu_backward_chunk(const float* x, const float* dy, float* dx, int64_t n);
+float softmax_ce_row(float* row, int64_t target, int64_t cols, float grad_scale);
+void adamw_chunk_f32(float* p, const float* g, float* m, float* v, int64_t n, const AdamWConsts<float>& c);
+void adamw_chunk_f64(double* p, const double* g, double* m, double* v, int64_t n, const AdamWConsts<double>& c);
+void gemv(const float* x, int64_t rows, int64_t in, const float* w, const float* bias, float* y, int64_t ldy,
+          int64_t o_begin, int64_t o_end);
+
+}  // namespace colossal::kernels::COLOSSAL_ISA

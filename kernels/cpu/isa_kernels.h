@@ -1,0 +1,64 @@
+// The per-instruction-set entry points of the CPU kernels: the functions each *_isa.cpp defines once
+// per set (namespaces baseline, avx2, avx512), gathered into one table per set. Only the dispatching
+// files (attention.cpp, gelu.cpp, ...) include this; they own threading and scratch memory, the
+// *_isa.cpp files own the arithmetic of one task.
+#pragma once
+#include <cstdint>
+
+#include "kernels/cpu/isa.h"
+
+namespace colossal::kernels {
+
+// One (batch, head) of causal attention: row 0 of q, k and v inside the packed QKV [T, 3C] rows.
+struct AttentionHead {
+  const float *q, *k, *v;
+  int64_t stride;       // 3C: from one token's q to the next
+  int64_t out_stride;   // C: the same in out, d_out and lse-free outputs
+};
+
+// Per-thread buffers of one head, sized by attention_scratch_floats(): kt and vt [D][ld], p and dp
+// [ld], dk and dv [T][D], with ld = T rounded up to kAttentionPad.
+struct AttentionScratch {
+  float *kt, *vt, *p, *dp, *dk, *dv;
+};
+constexpr int64_t kAttentionPad = 16;   // the widest vector's float lanes, so every set fits one layout
+
+template <typename T>
+struct AdamWConsts {
+  T beta1, beta2, one_minus_beta1, one_minus_beta2, decay, step_size, inv_sqrt_bc2, eps;
+};
+
+struct IsaKernels {
+  int lanes;   // floats per vector register
+  void (*attention_forward_head)(const AttentionHead& h, float* out, float* lse, int64_t t_len, int64_t d, float scale,
+                                 const AttentionScratch& w);
+  void (*attention_backward_head)(const AttentionHead& h, const float* out, const float* d_out, const float* lse,
+                                  float* dq, float* dk, float* dv, int64_t t_len, int64_t d, float scale,
+                                  const AttentionScratch& w);
+  void (*gelu_tanh_forward)(const float* x, float* y, int64_t n);
+  void (*gelu_tanh_backward)(const float* x, const float* dy, float* dx, int64_t n);
+  // Softmax cross entropy of one row in place (the row becomes its gradient times grad_scale); returns the loss.
+  float (*softmax_ce_row)(float* row, int64_t target, int64_t cols, float grad_scale);
+  void (*adamw_f32)(float* p, const float* g, float* m, float* v, int64_t n, const AdamWConsts<float>& c);
+  void (*adamw_f64)(double* p, const double* g, double* m, double* v, int64_t n, const AdamWConsts<double>& c);
+  // y[r][o] = x[r] . w[o] (+ bias[o]) for r < rows, o in [o_begin, o_end); w is [out][in] row-major,
+  // x rows are `in` apart, y rows `ldy` apart.
+  void (*gemv)(const float* x, int64_t rows, int64_t in, const float* w, const float* bias, float* y, int64_t ldy,
+               int64_t o_begin, int64_t o_end);
+};
+
+// The table of `isa` (which the caller has checked the machine can run).
+const IsaKernels& isa_kernels(Isa isa);
+// The table of active_isa().
+inline const IsaKernels& active_kernels() { return isa_kernels(active_isa()); }
+
+#define COLOSSAL_DECLARE_ISA_TABLE(ns) \
+  namespace ns {                        \
+  const IsaKernels& table();            \
+  }
+COLOSSAL_DECLARE_ISA_TABLE(baseline)
+COLOSSAL_DECLARE_ISA_TABLE(avx2)
+COLOSSAL_DECLARE_ISA_TABLE(avx512)
+#undef COLOSSAL_DECLARE_ISA_TABLE
+
+}  // namespace colossal::kernels

@@ -1,0 +1,14 @@
+// One instruction set's table of kernel entry points (see isa_kernels.h), compiled once per set.
+#include "kernels/cpu/isa_entry.h"
+#include "kernels/cpu/simd.h"
+
+namespace colossal::kernels::COLOSSAL_ISA {
+
+const IsaKernels& table() {
+  static const IsaKernels t{kLanes,          &attention_forward_head, &attention_backward_head, &gelu_forward_chunk,
+                            &gelu_backward_chunk, &softmax_ce_row,   &adamw_chunk_f32,         &adamw_chunk_f64,
+                            &gemv};
+  return t;
+}
+
+}  // namespace colossal::kernels::COLOSSAL_ISA

@@ -1,0 +1,42 @@
+// What one instruction set offers the *_isa.cpp kernels: the float vector of its width (GCC vector
+// extensions, so one source serves every set), how many of them fit in registers, and the namespace
+// this copy's functions go in. CMake compiles each *_isa.cpp once per set with COLOSSAL_ISA naming it
+// and the matching -m flags; everything here is internal to that copy (no symbol two copies share,
+// so the linker can never hand AVX-512 code to a caller on an AVX2 machine).
+#pragma once
+#include <cstdint>
+
+#ifndef COLOSSAL_ISA
+#error "COLOSSAL_ISA must name the instruction set this copy is compiled for (see kernels/CMakeLists.txt)"
+#endif
+
+namespace colossal::kernels::COLOSSAL_ISA {
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;   // floats in one zmm register
+constexpr int kRegs = 32;
+#elif defined(__AVX2__)
+constexpr int kLanes = 8;    // ymm
+constexpr int kRegs = 16;
+#else
+constexpr int kLanes = 4;    // xmm (SSE2, every x86-64; other targets' 128-bit units alike)
+constexpr int kRegs = 16;
+#endif
+
+typedef float vf __attribute__((vector_size(kLanes * 4)));
+typedef float vf_u __attribute__((vector_size(kLanes * 4), aligned(4)));   // unaligned loads and stores
+
+#define COLOSSAL_INLINE __attribute__((always_inline)) inline
+
+COLOSSAL_INLINE vf load_u(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
+COLOSSAL_INLINE void store_u(float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; }
+COLOSSAL_INLINE vf splat(float x) { return vf{} + x; }
+COLOSSAL_INLINE float hsum(vf v) {
+  float s = 0.0f;
+  for (int e = 0; e < kLanes; ++e) s += v[e];
+  return s;
+}
+
+}  // namespace
+}  // namespace colossal::kernels::COLOSSAL_ISA

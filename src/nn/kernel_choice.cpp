@@ -1,0 +1,90 @@
+// Kernel choice by first-use timing: see kernel_choice.h.
+#include "src/nn/kernel_choice.h"
+
+#include <chrono>
+#include <mutex>
+#include <spdlog/spdlog.h>
+#include <stdexcept>
+
+namespace colossal::nn {
+namespace {
+
+std::mutex g_mutex;
+KernelPolicy g_policy;
+std::map<std::string, bool> g_choices;   // "kernel shape" -> ours
+
+double seconds_of(const std::function<void()>& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+KernelPath parse_kernel_path(const std::string& name) {
+  if (name == "auto") return KernelPath::Auto;
+  if (name == "fused") return KernelPath::Ours;
+  if (name == "aten") return KernelPath::Aten;
+  throw std::invalid_argument("\"" + name + "\" is not a kernel choice (valid: auto, fused, aten)");
+}
+
+const char* kernel_path_name(KernelPath path) {
+  switch (path) {
+    case KernelPath::Auto: return "auto";
+    case KernelPath::Ours: return "fused";
+    case KernelPath::Aten: return "aten";
+  }
+  return "?";
+}
+
+void set_kernel_policy(const KernelPolicy& policy) {
+  std::lock_guard lock(g_mutex);
+  g_policy = policy;
+  g_choices.clear();
+}
+
+KernelPolicy kernel_policy() {
+  std::lock_guard lock(g_mutex);
+  return g_policy;
+}
+
+bool use_ours(const std::string& kernel, KernelPath forced, const std::string& shape, const std::function<void()>& ours,
+              const std::function<void()>& aten) {
+  if (forced != KernelPath::Auto) return forced == KernelPath::Ours;
+  const std::string key = kernel + " " + shape;
+  {
+    std::lock_guard lock(g_mutex);
+    if (auto it = g_choices.find(key); it != g_choices.end()) return it->second;
+  }
+  ours();   // warm-up: first-touch allocations, caches, the thread pool
+  aten();
+  double t_ours = 1e300, t_aten = 1e300;
+  for (int round = 0; round < 3; ++round) {   // alternating, so drift on a shared machine hits both
+    t_ours = std::min(t_ours, seconds_of(ours));
+    t_aten = std::min(t_aten, seconds_of(aten));
+  }
+  const bool win = t_ours <= t_aten;
+  spdlog::info("kernels: {} [{}]: fused {:.3f} ms, ATen {:.3f} ms -> {}", kernel, shape, t_ours * 1e3, t_aten * 1e3,
+               win ? "fused" : "aten");
+  std::lock_guard lock(g_mutex);
+  g_choices.emplace(key, win);
+  return win;
+}
+
+std::map<std::string, std::string> kernel_choices() {
+  std::lock_guard lock(g_mutex);
+  std::map<std::string, std::string> out;
+  for (const auto& [k, ours] : g_choices) out[k] = ours ? "fused" : "aten";
+  return out;
+}
+
+void restore_kernel_choices(const std::map<std::string, std::string>& choices) {
+  std::lock_guard lock(g_mutex);
+  for (const auto& [k, v] : choices) {
+    if (v != "fused" && v != "aten")
+      throw std::invalid_argument("kernel choice \"" + k + "\" = \"" + v + "\" (valid: fused, aten)");
+    g_choices[k] = v == "fused";
+  }
+}
+
+}  // namespace colossal::nn

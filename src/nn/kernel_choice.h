@@ -1,0 +1,40 @@
+// Kernel choice: for each CPU kernel of ours that has an ATen equivalent (fused attention, GELU,
+// decoding GEMV), which of the two runs. The engine never runs a kernel that loses on the machine at
+// hand: on the first call at a shape, both are timed on that call's own inputs (a warm-up and three
+// alternating calls each, the fastest of each side counted), the faster is kept for that shape for
+// the rest of the process and the choice is logged once, as cuDNN's benchmark mode does. A recipe's
+// [kernels] section or `infer --kernels` can force either side. Choices travel in checkpoints, so a
+// resumed run computes with the kernels the original run chose.
+#pragma once
+#include <functional>
+#include <map>
+#include <string>
+
+namespace colossal::nn {
+
+enum class KernelPath { Auto, Ours, Aten };
+
+struct KernelPolicy {
+  KernelPath attention = KernelPath::Auto;
+  KernelPath gelu = KernelPath::Auto;
+  KernelPath gemv = KernelPath::Auto;
+};
+
+// "auto" | "fused" | "aten" (the recipe's and the flag's spelling); throws std::invalid_argument.
+KernelPath parse_kernel_path(const std::string& name);
+const char* kernel_path_name(KernelPath path);
+
+void set_kernel_policy(const KernelPolicy& policy);   // also forgets earlier timed choices
+KernelPolicy kernel_policy();
+
+// Whether ours runs for `kernel` at `shape` (e.g. "B=16 T=128 H=4 D=32 fwd+bwd"): `forced` unless
+// Auto, else the remembered choice, else the faster of `ours` and `aten` (each runs the whole
+// operation once per call) timed now.
+bool use_ours(const std::string& kernel, KernelPath forced, const std::string& shape, const std::function<void()>& ours,
+              const std::function<void()>& aten);
+
+// Every timed choice so far, "kernel shape" -> "fused" | "aten"; and the reverse, for resume.
+std::map<std::string, std::string> kernel_choices();
+void restore_kernel_choices(const std::map<std::string, std::string>& choices);
+
+}  // namespace colossal::nn

@@ -1,0 +1,291 @@
+// CPU kernels on every instruction set this machine runs (kernels/cpu/isa.h), each against a
+// double-precision reference; the dispatch and its COLOSSAL_CPU_ISA cap; the decoding GEMV's
+// batch-independence; and the first-use choice between our kernels and ATen's (src/nn/kernel_choice.h).
+#include <ATen/ATen.h>
+#include <cmath>
+#include <cstdlib>
+#include <gtest/gtest.h>
+#include <stdexcept>
+#include <string>
+#include <torch/torch.h>
+
+#include "kernels/cpu/adamw.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/gelu.h"
+#include "kernels/cpu/gemv.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/isa_kernels.h"
+#include "src/nn/fused_attention.h"
+#include "src/nn/kernel_choice.h"
+#include "src/nn/linear_forward.h"
+#include "tests/support/test_support.h"
+
+using namespace colossal;
+using kernels::Isa;
+
+namespace {
+
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+std::string what_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+// Restores the default kernel policy (auto, nothing timed) when a test ends.
+struct PolicyGuard {
+  ~PolicyGuard() { nn::set_kernel_policy({}); }
+};
+
+}  // namespace
+
+TEST(IsaDispatch, NamesRoundTripAndUnknownNamesAreRejected) {
+  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512}) EXPECT_EQ(kernels::parse_isa(kernels::isa_name(isa)), isa);
+  EXPECT_FALSE(kernels::parse_isa("sse4").has_value());
+  EXPECT_FALSE(kernels::parse_isa("AVX2").has_value());
+}
+
+TEST(IsaDispatch, EnvironmentCapLowersTheSetAndRejectsWhatTheMachineCannotRun) {
+  EXPECT_EQ(kernels::isa_cap_from(nullptr, Isa::avx512), Isa::avx512);
+  EXPECT_EQ(kernels::isa_cap_from("", Isa::avx2), Isa::avx2);
+  EXPECT_EQ(kernels::isa_cap_from("avx2", Isa::avx512), Isa::avx2);
+  EXPECT_EQ(kernels::isa_cap_from("baseline", Isa::avx2), Isa::baseline);
+  EXPECT_EQ(kernels::isa_cap_from("avx512", Isa::avx512), Isa::avx512);
+  EXPECT_EQ(what_of([] { kernels::isa_cap_from("avx512", Isa::avx2); }),
+            "COLOSSAL_CPU_ISA=avx512: this CPU cannot run avx512 code (its widest is avx2; valid here: baseline, avx2)");
+  EXPECT_EQ(what_of([] { kernels::isa_cap_from("avx", Isa::avx512); }),
+            "COLOSSAL_CPU_ISA=\"avx\" is not an instruction set (valid: avx512, avx2, baseline)");
+}
+
+TEST(IsaDispatch, ScopedIsaSelectsThatSetsKernelsAndRestoresTheDefault) {
+  const Isa before = kernels::active_isa();
+  const int lanes[] = {4, 8, 16};
+  for (Isa isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    EXPECT_EQ(kernels::active_isa(), isa);
+    EXPECT_EQ(kernels::active_kernels().lanes, lanes[static_cast<int>(isa)]) << kernels::isa_name(isa);
+  }
+  EXPECT_EQ(kernels::active_isa(), before);
+  if (kernels::machine_isa() != Isa::avx512) {
+    EXPECT_THROW(kernels::ScopedIsa(Isa::avx512), std::invalid_argument);
+  }
+}
+
+TEST(IsaDispatch, TheBinaryRejectsABadCapWithOneLine) {
+  setenv("COLOSSAL_CPU_ISA", "avx1024", 1);
+  auto r = test::run_colossal("--version");
+  unsetenv("COLOSSAL_CPU_ISA");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.output, "error: COLOSSAL_CPU_ISA=\"avx1024\" is not an instruction set (valid: avx512, avx2, baseline)\n");
+  setenv("COLOSSAL_CPU_ISA", "baseline", 1);   // every machine runs baseline
+  r = test::run_colossal("--version");
+  unsetenv("COLOSSAL_CPU_ISA");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(CpuKernels, AttentionMatchesDoublePrecisionSdpaOnEveryInstructionSet) {
+  // Register-blocked head sizes (16, 32, 64, 128) and generic ones (8, 24), T from 1 to the maximum.
+  const std::array<int64_t, 4> shapes[] = {{2, 37, 3, 16}, {1, 1, 2, 8}, {3, 128, 4, 32}, {1, 256, 2, 64},
+                                           {2, 19, 1, 128}, {1, 50, 2, 24}, {1, 33, 1, 64}};
+  for (Isa isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    torch::manual_seed(11);
+    for (auto [b, t, h, d] : shapes) {
+      const int64_t c = h * d;
+      auto qkv = (at::randn({b, t, 3 * c}) * 2).requires_grad_(true);
+      auto dy = at::randn({b, t, c});
+      ASSERT_TRUE(nn::fused_attention_applies(qkv));
+      auto y = nn::fused_causal_attention(qkv, h);
+      y.backward(dy);
+
+      auto qkv_d = qkv.detach().to(at::kDouble).requires_grad_(true);
+      auto ref = nn::aten_causal_attention(qkv_d, h);
+      ref.backward(dy.to(at::kDouble));
+      const std::string where = std::string(kernels::isa_name(isa)) + " B=" + std::to_string(b) + " T=" +
+                                std::to_string(t) + " H=" + std::to_string(h) + " D=" + std::to_string(d);
+      EXPECT_LT(max_abs_diff(y.detach(), ref.detach()), 2e-5) << where;
+      EXPECT_LT(max_abs_diff(qkv.grad(), qkv_d.grad()), 5e-5) << where;
+    }
+  }
+}
+
+TEST(CpuKernels, GeluMatchesTheDoublePrecisionFormulaOnEveryInstructionSet) {
+  torch::manual_seed(5);
+  // 40001 elements: several chunks and a vector tail; plus the saturating and tiny values.
+  auto x = at::cat({at::randn({40001}) * 3, at::tensor({0.0f, 1e-6f, -1e-3f, 5.f, -5.f, 12.f, -40.f, 300.f, -300.f})});
+  auto dy = at::randn_like(x);
+  auto xd = x.to(at::kDouble).requires_grad_(true);
+  auto ref = at::gelu(xd, "tanh");
+  ref.backward(dy.to(at::kDouble));
+  auto rel = [](const at::Tensor& a, const at::Tensor& b) { return ((a.to(at::kDouble) - b) / (b.abs() + 1)).abs().max().item<double>(); };
+  for (Isa isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    auto y = at::empty_like(x), dx = at::empty_like(x);
+    kernels::gelu_tanh_forward(x.const_data_ptr<float>(), y.mutable_data_ptr<float>(), x.numel());
+    kernels::gelu_tanh_backward(x.const_data_ptr<float>(), dy.const_data_ptr<float>(), dx.mutable_data_ptr<float>(), x.numel());
+    // ATen's own float GELU errs by ~2.5e-6 near |x| = 5 (tanh saturates); the same bar here.
+    EXPECT_LT(rel(y, ref.detach()), 5e-6) << kernels::isa_name(isa);
+    EXPECT_LT(rel(dx, xd.grad()), 5e-6) << kernels::isa_name(isa);
+  }
+}
+
+TEST(CpuKernels, SoftmaxCrossEntropyMatchesDoublePrecisionOnEveryInstructionSet) {
+  torch::manual_seed(7);
+  const int64_t rows = 13, cols = 1003;   // odd width: a vector tail on every set
+  auto logits = at::randn({rows, cols}) * 4;
+  auto targets = at::randint(0, cols, {rows}, at::kLong);
+  targets[4] = -1;   // ignored row: zero loss, zero gradient
+  auto ld = logits.to(at::kDouble).requires_grad_(true);
+  auto ref_losses = at::cross_entropy_loss(ld, targets, {}, at::Reduction::None, -1);
+  (ref_losses.sum() * 0.5).backward();
+  for (Isa isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    auto g = logits.clone();
+    auto losses = at::empty({rows});
+    kernels::softmax_cross_entropy_inplace(g.mutable_data_ptr<float>(), targets.const_data_ptr<int64_t>(),
+                                           losses.mutable_data_ptr<float>(), rows, cols, 0.5f);
+    EXPECT_LT(max_abs_diff(losses, ref_losses.detach()), 1e-5) << kernels::isa_name(isa);
+    EXPECT_LT(max_abs_diff(g, ld.grad()), 5e-7) << kernels::isa_name(isa);
+  }
+}
+
+TEST(CpuKernels, AdamWFollowsThePublishedRuleOnEveryInstructionSet) {
+  // The published rule (Loshchilov & Hutter, as torch.optim.AdamW orders it), in double, five steps.
+  const kernels::AdamWHyper h0{1e-2, 0.9, 0.95, 1e-8, 0.1, 0};
+  const int64_t n = 1037;
+  auto p0 = at::randn({n}, at::kDouble), grads = at::randn({5, n}, at::kDouble);
+  auto ref = p0.clone(), m = at::zeros({n}, at::kDouble), v = at::zeros({n}, at::kDouble);
+  for (int64_t s = 1; s <= 5; ++s) {
+    auto g = grads[s - 1];
+    ref.mul_(1 - h0.lr * h0.weight_decay);
+    m = m * h0.beta1 + g * (1 - h0.beta1);
+    v = v * h0.beta2 + g * g * (1 - h0.beta2);
+    auto mhat = m / (1 - std::pow(h0.beta1, s)), vhat = v / (1 - std::pow(h0.beta2, s));
+    ref -= h0.lr * mhat / (vhat.sqrt() + h0.eps);
+  }
+  for (Isa isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    auto pd = p0.clone(), md = at::zeros({n}, at::kDouble), vd = at::zeros({n}, at::kDouble);
+    auto pf = p0.to(at::kFloat), mf = at::zeros({n}), vf = at::zeros({n});
+    for (int64_t s = 1; s <= 5; ++s) {
+      auto h = h0;
+      h.step = s;
+      auto g = grads[s - 1].contiguous();
+      auto gf = g.to(at::kFloat);
+      kernels::adamw_step<double>(pd.mutable_data_ptr<double>(), g.const_data_ptr<double>(), md.mutable_data_ptr<double>(),
+                                  vd.mutable_data_ptr<double>(), n, h);
+      kernels::adamw_step<float>(pf.mutable_data_ptr<float>(), gf.const_data_ptr<float>(), mf.mutable_data_ptr<float>(),
+                                 vf.mutable_data_ptr<float>(), n, h);
+    }
+    EXPECT_LT(max_abs_diff(pd, ref), 1e-12) << kernels::isa_name(isa);
+    EXPECT_LT(max_abs_diff(pf, ref), 1e-5) << kernels::isa_name(isa);
+  }
+}
+
+TEST(CpuKernels, GemvMatchesDoublePrecisionMatmulOnEveryInstructionSet) {
+  torch::manual_seed(13);
+  for (Isa isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    for (int64_t rows : {1, 2, 3, 4, 5, 8})
+      for (int64_t in : {1, 7, 64, 100, 768})
+        for (int64_t out : {1, 5, 33, 1000})
+          for (bool bias : {false, true}) {
+            auto x = at::randn({rows, in}), w = at::randn({out, in});
+            auto b = bias ? at::randn({out}) : at::Tensor();
+            auto y = at::empty({rows, out});
+            kernels::gemv(x.const_data_ptr<float>(), rows, in, w.const_data_ptr<float>(),
+                          bias ? b.const_data_ptr<float>() : nullptr, y.mutable_data_ptr<float>(), out);
+            auto ref = at::mm(x.to(at::kDouble), w.to(at::kDouble).t());
+            if (bias) ref += b.to(at::kDouble);
+            // Float dot products of length `in` with unit-variance terms: error ~ sqrt(in) ulp-scale.
+            EXPECT_LT(max_abs_diff(y, ref), 2e-6 * in + 1e-6)
+                << kernels::isa_name(isa) << " rows=" << rows << " in=" << in << " out=" << out << " bias=" << bias;
+          }
+  }
+}
+
+TEST(CpuKernels, GemvGivesEachRowTheSameBitsAloneInABatchOrOnAnyThreadCount) {
+  torch::manual_seed(17);
+  const int64_t in = 131, out = 1003;   // tails in both dimensions
+  auto x = at::randn({6, in}), w = at::randn({out, in}), b = at::randn({out});
+  auto run = [&](const at::Tensor& xs) {
+    auto y = at::empty({xs.size(0), out});
+    kernels::gemv(xs.const_data_ptr<float>(), xs.size(0), in, w.const_data_ptr<float>(), b.const_data_ptr<float>(),
+                  y.mutable_data_ptr<float>(), out);
+    return y;
+  };
+  for (Isa isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    auto together = run(x);
+    for (int64_t r = 0; r < 6; ++r)
+      EXPECT_TRUE(at::equal(run(x.narrow(0, r, 1).contiguous()), together.narrow(0, r, 1))) << kernels::isa_name(isa) << " row " << r;
+    const int threads = at::get_num_threads();   // LibTorch and the kernels share one OpenMP runtime
+    at::set_num_threads(1);
+    auto single_thread = run(x);
+    at::set_num_threads(threads);
+    EXPECT_TRUE(at::equal(single_thread, together)) << kernels::isa_name(isa);
+  }
+}
+
+TEST(KernelChoice, AForcedPathRunsWithoutTiming) {
+  PolicyGuard guard;
+  int calls = 0;
+  auto count = [&] { ++calls; };
+  EXPECT_TRUE(nn::use_ours("attention", nn::KernelPath::Ours, "s", count, count));
+  EXPECT_FALSE(nn::use_ours("attention", nn::KernelPath::Aten, "s", count, count));
+  EXPECT_EQ(calls, 0);
+  EXPECT_TRUE(nn::kernel_choices().empty());
+}
+
+TEST(KernelChoice, AutoTimesBothOnceKeepsTheFasterAndRemembersIt) {
+  PolicyGuard guard;
+  int ours = 0, aten = 0;
+  auto fast = [&] { ++ours; };
+  auto slow = [&] {
+    ++aten;
+    volatile double s = 0;
+    for (int i = 0; i < 2000000; ++i) s = s + i;
+  };
+  EXPECT_TRUE(nn::use_ours("gelu", nn::KernelPath::Auto, "n=1", fast, slow));
+  EXPECT_EQ(ours, 4);   // a warm-up and three timed calls each
+  EXPECT_EQ(aten, 4);
+  EXPECT_TRUE(nn::use_ours("gelu", nn::KernelPath::Auto, "n=1", slow, fast));   // remembered: not timed again
+  EXPECT_EQ(ours + aten, 8);
+  EXPECT_FALSE(nn::use_ours("gelu", nn::KernelPath::Auto, "n=2", slow, fast));  // a new shape is timed
+  EXPECT_EQ((nn::kernel_choices()), (std::map<std::string, std::string>{{"gelu n=1", "fused"}, {"gelu n=2", "aten"}}));
+}
+
+TEST(KernelChoice, RestoredChoicesAreUsedAndBadOnesRejected) {
+  PolicyGuard guard;
+  nn::restore_kernel_choices({{"attention B=1 T=8 H=1 D=8 fwd", "aten"}});
+  auto never = [] { FAIL() << "a restored choice must not be timed again"; };
+  EXPECT_FALSE(nn::use_ours("attention", nn::KernelPath::Auto, "B=1 T=8 H=1 D=8 fwd", never, never));
+  EXPECT_THROW(nn::restore_kernel_choices({{"gelu n=1", "fast"}}), std::invalid_argument);
+  EXPECT_EQ(nn::parse_kernel_path("fused"), nn::KernelPath::Ours);
+  EXPECT_EQ(what_of([] { nn::parse_kernel_path("cuda"); }), "\"cuda\" is not a kernel choice (valid: auto, fused, aten)");
+}
+
+TEST(LinearForward, DecodingRowsTakeTheGemvAndABatchDecodesLikeEachSequenceAlone) {
+  PolicyGuard guard;
+  nn::set_kernel_policy({nn::KernelPath::Auto, nn::KernelPath::Auto, nn::KernelPath::Ours});
+  at::NoGradGuard no_grad;
+  torch::manual_seed(19);
+  auto w = at::randn({300, 96}), b = at::randn({300});
+  auto x = at::randn({4, 1, 96});   // one new token for each of 4 sequences
+  auto y = nn::linear_forward(x, w, b);
+  EXPECT_LT(max_abs_diff(y, at::linear(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble))), 1e-4);
+  for (int64_t i = 0; i < 4; ++i) EXPECT_TRUE(at::equal(nn::linear_forward(x.narrow(0, i, 1), w, b), y.narrow(0, i, 1)));
+  // A non-contiguous view of the last position (the LM head's input) gives the same bits.
+  auto seq = at::randn({4, 5, 96});
+  auto last = seq.narrow(1, 4, 1);
+  EXPECT_TRUE(at::equal(nn::linear_forward(last, w), nn::linear_forward(last.contiguous(), w)));
+  // Training shapes keep ATen's path (gradients recorded), and so do prefill shapes.
+  nn::set_kernel_policy({nn::KernelPath::Auto, nn::KernelPath::Auto, nn::KernelPath::Aten});
+  EXPECT_TRUE(at::equal(nn::linear_forward(x, w, b), at::linear(x, w, b)));
+}
