@@ -6,6 +6,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <csignal>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "tests/support/test_support.h"
 
@@ -117,4 +120,44 @@ TEST(EndToEnd, DataCommandsBuildATokenizerAndDataset) {
   ASSERT_EQ(p.exit_code, 0) << p.output;
   EXPECT_TRUE(fs::exists(dir / "d.h5"));
   EXPECT_NE(p.output.find("held-out tokens"), std::string::npos);
+}
+
+TEST(EndToEnd, ASecondInterruptStopsAtOnceAndLeavesTheLastCheckpointIntact) {
+  TempDir dir;
+  // Steps of about a second (64 micro-batches of 128 sequences) and a checkpoint after every one, so
+  // both signals land inside one step: the first asks for a save after it, the second must not wait.
+  auto recipe = colossal::test::tiny_training_recipe(dir / "run", 100000,
+                                                     {"train.grad_accum=64", "checkpoint.every=1", "train.eval_every=0",
+                                                      "train.batch_size=128", "model.dropout=0"});
+  write_file(dir / "r.toml", recipe.to_toml());
+  const std::string log = dir / "out.txt";
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (!freopen(log.c_str(), "w", stderr) || !freopen(log.c_str(), "a", stdout)) _exit(126);
+    execl(COLOSSAL_BINARY, "colossal", "train", (dir / "r.toml").c_str(), "--quiet", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const fs::path latest = fs::path(dir / "run") / "checkpoints" / "latest";
+  for (int i = 0; i < 1200 && !fs::exists(latest); ++i) usleep(100000);   // up to 2 minutes
+  ASSERT_TRUE(fs::exists(latest)) << read_file(log);
+  kill(pid, SIGINT);
+  // The second signal only once the first has been taken (two pending SIGINTs would merge into one).
+  for (int i = 0; i < 100 && read_file(log).find("interrupted: saving after this step") == std::string::npos; ++i)
+    usleep(10000);
+  kill(pid, SIGINT);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << read_file(log);
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  const std::string out = read_file(log);
+  EXPECT_NE(out.find("interrupted again: stopping now; the last complete checkpoint is unchanged"), std::string::npos) << out;
+  // No save after the signals: the loop never reached its "saving and stopping" line.
+  EXPECT_EQ(read_file(dir / "run" + "/train.log").find("saving and stopping"), std::string::npos);
+  // `latest` names a complete checkpoint that infer loads.
+  std::string name = read_file(latest.string());
+  name.erase(name.find_last_not_of("\n") + 1);
+  EXPECT_TRUE(fs::is_regular_file(latest.parent_path() / name / "model.safetensors")) << name;
+  auto r = run_colossal("infer " + (dir / "run") + " -p In -n 3 --greedy -q");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }

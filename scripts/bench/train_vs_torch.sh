@@ -171,10 +171,17 @@ for s in "${shapes[@]}"; do
     done
   done
 
-  row="$("$PY" - "$dir" "$name" "$T" "$B" "$repeat" "$device" <<'EOF'
+  # This machine's fp32 matmul rate at this model's GEMM shapes, measured now (same threads and caps).
+  rate=""
+  if [ "$device" = cpu ]; then
+    rate="$("$PY" scripts/bench/matmul_rate.py --tokens $((B * T)) --n-embd "$n_embd" --vocab-size "$vocab")" ||
+      { echo "train_vs_torch: error: scripts/bench/matmul_rate.py failed" >&2; exit 1; }
+  fi
+  row="$("$PY" - "$dir" "$name" "$T" "$B" "$repeat" "$device" "$n_layer" "$n_embd" "$block" "${rate:-0}" <<'EOF'
 import json, math, statistics, sys
 from pathlib import Path
 d, name, T, B, repeat, device = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6]
+n_layer, n_embd, block, matmul_gflops = int(sys.argv[7]), int(sys.argv[8]), int(sys.argv[9]), float(sys.argv[10])
 
 def medians(peer):
     """(tokens/s, peak RSS in bytes, params, final losses) over the rounds, or the reason it failed."""
@@ -207,19 +214,26 @@ ours = medians("colossal")
 if isinstance(ours, str):
     sys.exit(f"train_vs_torch: error: colossal's summary.json: {ours}")
 tps, rss, params, losses = ours
-parts = [f"{name:<10} T={T} B={B}  colossal {cell(tps, rss)}"]
+# Training FLOPs per token: 6N (forward and backward through every weight but the position table) plus
+# 12 L T d for attention's scores and values (nanoGPT's and PaLM's estimate).
+flops_per_token = 6 * (max(params) - block * n_embd) + 12 * n_layer * int(T) * n_embd if params else 0
+def achieved(v):
+    return f", {v * flops_per_token / 1e9:.0f} GFLOP/s" if flops_per_token else ""
+parts = [f"{name:<10} T={T} B={B}  colossal {cell(tps, rss)}{achieved(tps)}"]
 for peer in ("eager-naive", "eager-sdpa", "compile"):
     m = medians(peer)
     if isinstance(m, str):
         parts.append(f"{peer}: failed ({m})")
         continue
     ptps, prss, pparams, _ = m
-    parts.append(f"{peer} {cell(ptps, prss)} ({tps / ptps:.2f}x, mem {rss / prss:.2f}x)")
+    parts.append(f"{peer} {cell(ptps, prss)}{achieved(ptps)} ({tps / ptps:.2f}x, mem {rss / prss:.2f}x)")
     if params and pparams and params != pparams:
         print(f"train_vs_torch: warning: {name}: colossal has {sorted(params)} parameters, {peer} "
               f"{sorted(pparams)}; the shapes differ", file=sys.stderr)
 if not all(math.isfinite(x) for x in losses):
     print(f"train_vs_torch: warning: {name}: colossal final_loss {losses} is not finite", file=sys.stderr)
+if matmul_gflops > 0 and flops_per_token:
+    parts.append(f"matmul {matmul_gflops:.0f} GFLOP/s: colossal at {tps * flops_per_token / 1e9 / matmul_gflops:.2f} of it")
 print(" | ".join(parts))
 EOF
 )"
@@ -229,4 +243,4 @@ done
 torch_version="$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))')"
 gpu=""
 [ "$device" != cuda ] || gpu=", $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || echo GPU)"
-echo "machine: $(nproc) cores$gpu, torch $torch_version, $(date +%F), $COMMAND, median of $repeat alternating rounds"
+echo "machine: $(bash scripts/bench/cpu_line.sh), $(nproc) cores$gpu, torch $torch_version, $(date +%F), $COMMAND, median of $repeat alternating rounds"

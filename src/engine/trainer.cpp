@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include "src/core/device.h"
 #include "src/core/error.h"
@@ -34,8 +35,19 @@ namespace fs = std::filesystem;
 namespace colossal {
 namespace {
 
+// The first Ctrl-C (or SIGTERM) asks the loop to save and stop after the current step. A second one
+// stops at once: a step can take minutes on a large recipe, and checkpoints are written to a temporary
+// directory and renamed, so ending mid-save leaves the last complete checkpoint and `latest` as they are.
 std::atomic<bool> g_interrupted{false};
-extern "C" void on_interrupt(int) { g_interrupted = true; }
+extern "C" void on_interrupt(int) {
+  if (g_interrupted.exchange(true)) {
+    static const char kMsg[] = "\ninterrupted again: stopping now; the last complete checkpoint is unchanged\n";
+    [[maybe_unused]] auto n = write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
+    _exit(130);
+  }
+  static const char kMsg[] = "\ninterrupted: saving after this step (Ctrl-C again to stop at once, without saving)\n";
+  [[maybe_unused]] auto n = write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
+}
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
