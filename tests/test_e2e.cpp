@@ -130,12 +130,12 @@ TEST(EndToEnd, ASecondInterruptStopsAtOnceAndLeavesTheLastCheckpointIntact) {
                                                      {"train.grad_accum=64", "checkpoint.every=1", "train.eval_every=0",
                                                       "train.batch_size=128", "model.dropout=0"});
   write_file(dir / "r.toml", recipe.to_toml());
-  const std::string log = dir / "out.txt";
-  pid_t pid = fork();
+  const std::string log = dir / "out.txt", binary = colossal::test::binary_path(), recipe_path = dir / "r.toml";
+  pid_t pid = fork();   // the child only calls async-signal-safe functions until exec
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     if (!freopen(log.c_str(), "w", stderr) || !freopen(log.c_str(), "a", stdout)) _exit(126);
-    execl(COLOSSAL_BINARY, "colossal", "train", (dir / "r.toml").c_str(), "--quiet", static_cast<char*>(nullptr));
+    execl(binary.c_str(), "colossal", "train", recipe_path.c_str(), "--quiet", static_cast<char*>(nullptr));
     _exit(127);
   }
   const fs::path latest = fs::path(dir / "run") / "checkpoints" / "latest";

@@ -28,6 +28,7 @@ TempDir::~TempDir() {
 }
 
 std::string source_dir() { return COLOSSAL_SOURCE_DIR; }
+std::string binary_path() { return COLOSSAL_BINARY; }
 
 void write_file(const std::string& path, const std::string& content) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -96,7 +97,7 @@ std::vector<double> metric_values(const std::string& metrics_path, const std::st
 }
 
 Run run_colossal(const std::string& args) {
-  std::string cmd = "cd '" + source_dir() + "' && '" + std::string(COLOSSAL_BINARY) + "' " + args + " 2>&1";
+  std::string cmd = "cd '" + source_dir() + "' && '" + binary_path() + "' " + args + " 2>&1";
   Run r;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) return r;

@@ -32,6 +32,7 @@ const SmallCorpus& small_corpus();
 Recipe tiny_training_recipe(const std::string& out, int64_t max_steps, const std::vector<std::string>& overrides = {});
 
 std::string source_dir();                       // the repository root
+std::string binary_path();                      // the colossal binary under test
 void write_file(const std::string& path, const std::string& content);
 std::string read_file(const std::string& path);
 
