@@ -32,10 +32,14 @@ typedef float vf_u __attribute__((vector_size(kLanes * 4), aligned(4)));   // un
 COLOSSAL_INLINE vf load_u(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
 COLOSSAL_INLINE void store_u(float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; }
 COLOSSAL_INLINE vf splat(float x) { return vf{} + x; }
+// Sum of the lanes as a tree (halves added, then their halves...): log2(kLanes) vector adds instead of
+// kLanes scalar ones, and one fixed order on every call.
 COLOSSAL_INLINE float hsum(vf v) {
-  float s = 0.0f;
-  for (int e = 0; e < kLanes; ++e) s += v[e];
-  return s;
+  float t[kLanes];
+  store_u(t, v);
+  for (int w = kLanes / 2; w >= 1; w /= 2)
+    for (int e = 0; e < w; ++e) t[e] += t[e + w];
+  return t[0];
 }
 
 }  // namespace

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""hf_generate.py: the transformers side of scripts/bench/infer_vs_transformers.sh.
+
+Greedy-decodes a colossal checkpoint (HF layout: model.safetensors, config.json as GPT2Config, tokenizer.model)
+with GPT2LMHeadModel.generate, on the prompts colossal infer reads from the same file and tokenised as colossal
+tokenises them (SentencePiece, no BOS or EOS added, an empty prompt becomes [EOS]), left-padded with an attention
+mask as colossal pads. Exactly --tokens new tokens per prompt: min_new_tokens = max_new_tokens, so EOS never ends
+a row early. Prints one JSON object: generate()'s wall time split, as colossal infer's timing line splits it, into
+the prefill (to its logits) and the decode (the n - 1 one-token forwards that follow, with token selection), model
+loading excluded; the new-token count of each row; and the new token ids and text of each row.
+"""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+EOS = 2   # colossal's Tokenizer::kEos: the padding id too
+
+
+def fail(msg):
+    sys.exit(f"hf_generate: error: {msg}")
+
+
+def read_prompts(path):
+    """One prompt per line, blank lines skipped, backslash-n for a newline: colossal infer --prompts' rules."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").split("\n")
+    except OSError as e:
+        fail(f"prompts file {path}: {e.strerror}")
+    prompts = [line.replace("\\n", "\n") for line in lines if line]
+    if not prompts:
+        fail(f"prompts file {path}: no prompts (one per line)")
+    return prompts
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--checkpoint", required=True, help="one checkpoint directory (model.safetensors, config.json, tokenizer.model)")
+    ap.add_argument("--prompts", required=True, help="file with one prompt per line; all of them run as one batch")
+    ap.add_argument("--tokens", type=int, required=True, help="new tokens per prompt, exactly")
+    ap.add_argument("--threads", type=int, required=True, help="torch.set_num_threads")
+    args = ap.parse_args()
+
+    import torch
+    torch.set_num_threads(args.threads)
+    import sentencepiece as spm
+    import transformers
+    from transformers import GPT2LMHeadModel, LogitsProcessor, LogitsProcessorList
+
+    ckpt = Path(args.checkpoint)
+    for name in ("model.safetensors", "config.json", "tokenizer.model"):
+        if not (ckpt / name).is_file():
+            fail(f"checkpoint {ckpt}: no {name}")
+    sp = spm.SentencePieceProcessor(model_file=str(ckpt / "tokenizer.model"))
+    prompts = read_prompts(args.prompts)
+    encoded = [sp.encode(p, out_type=int) or [EOS] for p in prompts]
+
+    model, info = GPT2LMHeadModel.from_pretrained(str(ckpt), dtype=torch.float32, output_loading_info=True)
+    buffers = (".attn.bias", ".attn.masked_bias")   # causal-mask buffers older checkpoints carry; not weights
+    missing = [k for k in info.get("missing_keys", []) if k != "lm_head.weight" and not k.endswith(buffers)]
+    unexpected = [k for k in info.get("unexpected_keys", []) if not k.endswith(buffers)]
+    mismatched = list(info.get("mismatched_keys", []))
+    if missing or unexpected or mismatched:
+        fail(f"checkpoint {ckpt} does not load cleanly into GPT2LMHeadModel: missing {missing[:4]}, "
+             f"unexpected {unexpected[:4]}, mismatched {mismatched[:4]}")
+    if model.lm_head.weight.data_ptr() != model.transformer.wte.weight.data_ptr():
+        fail(f"checkpoint {ckpt}: transformers did not tie lm_head to wte (colossal's head is tied)")
+    model.eval()
+
+    b, n, longest = len(encoded), args.tokens, max(len(ids) for ids in encoded)
+    context = model.config.n_positions
+    if longest + n > context:
+        fail(f"the longest prompt has {longest} tokens; with --tokens {n} that passes the context of {context} "
+             f"(use at most {context - longest} tokens)")
+    input_ids = torch.full((b, longest), EOS, dtype=torch.long)
+    attention_mask = torch.zeros((b, longest), dtype=torch.long)
+    for i, ids in enumerate(encoded):
+        input_ids[i, longest - len(ids):] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[i, longest - len(ids):] = 1
+
+    class Stamp(LogitsProcessor):
+        """Records when the prefill's logits arrive: generate() calls it once after each forward."""
+        def __init__(self):
+            self.first = None
+
+        def __call__(self, ids, scores):
+            if self.first is None:
+                self.first = time.perf_counter()
+            return scores
+
+    stamp = Stamp()
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False, num_beams=1,
+                             max_new_tokens=n, min_new_tokens=n, pad_token_id=EOS, eos_token_id=EOS,
+                             bos_token_id=1, use_cache=True, logits_processor=LogitsProcessorList([stamp]))
+        t1 = time.perf_counter()
+    rows = [row[longest:].tolist() for row in out]
+    counts = [row.index(EOS) if EOS in row else len(row) for row in rows]   # EOS suppressed: every row should be n
+    print(json.dumps({
+        "secs": t1 - t0,                   # the whole generate call: prefill and n - 1 decode forwards
+        "prefill_s": stamp.first - t0,     # to the prefill's logits
+        "decode_s": t1 - stamp.first,      # the n - 1 one-token forwards, selection included
+        "decode_steps": n - 1,
+        "batch": b,
+        "prompt_tokens": [len(ids) for ids in encoded],
+        "completion_tokens": counts,
+        "ids": rows,
+        "texts": [sp.decode(row[:c]) for row, c in zip(rows, counts)],
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        "threads": torch.get_num_threads(),
+        "transformers": transformers.__version__,
+    }))
+
+
+if __name__ == "__main__":
+    main()
