@@ -14,6 +14,7 @@
 #include "src/engine/trainer.h"
 #include "src/io/atomic_dir.h"
 #include "src/io/safetensors.h"
+#include "src/nn/kernel_choice.h"
 #include "tests/support/test_support.h"
 
 namespace fs = std::filesystem;
@@ -126,5 +127,34 @@ TEST(Finetune, ADifferentShapeInTheRecipeIsAnError) {
     FAIL();
   } catch (const RecipeError& e) {
     EXPECT_NE(std::string(e.what()).find("--set model.n_layer: = 3 but checkpoint"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Resume, KernelChoicesTravelInTheCheckpointAndAreNotTimedAgain) {
+  TempDir d;
+  // Dropout off, so the fused attention applies and is timed against ATen at its first call.
+  ASSERT_EQ(run_training(tiny_recipe(d.path(), 6, {"model.dropout=0"}), {.quiet = true}), 0);
+  const std::string state_path = d / "checkpoints/step-000006/trainer_state.json";
+  auto state = nlohmann::json::parse(colossal::test::read_file(state_path));
+  ASSERT_TRUE(state["kernel_choices"].is_object()) << state.dump();
+  const std::string key = "attention B=4 T=32 H=2 D=16 fwd+bwd";
+  ASSERT_TRUE(state["kernel_choices"].contains(key)) << state.dump();
+  // Flip the saved choice: a resumed run must use it as saved, not time the kernels again.
+  const std::string flipped = state["kernel_choices"][key] == "fused" ? "aten" : "fused";
+  state["kernel_choices"][key] = flipped;
+  colossal::test::write_file(state_path, state.dump());
+  ASSERT_EQ(run_training(tiny_recipe(d.path(), 8, {"model.dropout=0"}), {.resume = true, .quiet = true}), 0);
+  EXPECT_EQ(nn::kernel_choices().at(key), flipped);
+  auto resumed = nlohmann::json::parse(colossal::test::read_file(d / "checkpoints/step-000008/trainer_state.json"));
+  EXPECT_EQ(resumed["kernel_choices"][key], flipped);
+  // A damaged entry is a clear error, not a silent re-time.
+  state["kernel_choices"][key] = "fast";
+  colossal::test::write_file(state_path, state.dump());
+  try {
+    read_checkpoint_info(d / "checkpoints/step-000006");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kernel_choices[\"" + key + "\"] must be \"fused\" or \"aten\""), std::string::npos)
+        << e.what();
   }
 }

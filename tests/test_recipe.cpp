@@ -88,6 +88,15 @@ TEST(RecipeErrors, InvalidChoiceListsChoices) {
   EXPECT_NE(e.find("r.toml:2: [train] device: = \"gpu\" is not one of auto | cpu | cuda"), std::string::npos) << e;
 }
 
+TEST(RecipeErrors, KernelChoicesAreAutoFusedOrAten) {
+  std::string e = error_of("[kernels]\nattention = \"fast\"\n");
+  EXPECT_NE(e.find("r.toml:2: [kernels] attention: = \"fast\" is not one of auto | fused | aten"), std::string::npos) << e;
+  auto r = parse_recipe("[kernels]\ngemv = \"aten\"\n", "r.toml", {"kernels.gelu=fused"});
+  EXPECT_EQ(r.kernels.attention, "auto");
+  EXPECT_EQ(r.kernels.gelu, "fused");
+  EXPECT_EQ(r.kernels.gemv, "aten");
+}
+
 TEST(RecipeErrors, TokenizerLargerThanModelVocabulary) {
   std::string e = error_of("[model]\nvocab_size = 1000\n[data]\ntokenizer_vocab = 2000\n");
   EXPECT_NE(e.find("r.toml:4: [data] tokenizer_vocab: = 2000 exceeds model.vocab_size = 1000"), std::string::npos) << e;
