@@ -292,8 +292,6 @@ for B in batches:
           f"{bw:.1f} GB/s: colossal {c_tps / bound:.2f}, transformers {t_tps / bound:.2f}", flush=True)
 EOF
 
-cpu="$(grep -m 1 '^model name' /proc/cpuinfo | sed 's/^[^:]*: *//' || true)"
-if grep -qw avx512f /proc/cpuinfo; then isa=avx512f; elif grep -qw avx2 /proc/cpuinfo; then isa=avx2; else isa=baseline; fi
 versions="$("$PY" -c 'import importlib.metadata as m; print("torch", m.version("torch") + ", transformers", m.version("transformers"))')"
-echo "machine: ${cpu:-unknown CPU}, $isa, $(nproc) cores, threads $threads, COLOSSAL_CPU_ISA=${COLOSSAL_CPU_ISA:-unset}," \
-  "$versions, $(date +%F), $COMMAND, median of $repeat alternating rounds"
+echo "machine: $(bash scripts/bench/cpu_line.sh), $(nproc) cores, threads $threads, $versions, $(date +%F), $COMMAND," \
+  "median of $repeat alternating rounds"
