@@ -22,10 +22,10 @@ struct ScratchBuffer {
   AttentionScratch view;
   explicit ScratchBuffer(const AttentionDims& a) {
     const int64_t ld = (a.seq + kAttentionPad - 1) / kAttentionPad * kAttentionPad;
-    const int64_t mat = ld * a.head_dim, rows = a.seq * a.head_dim;
-    data.resize(static_cast<size_t>(2 * mat + 2 * ld + 2 * rows));
+    const int64_t mat = ld * a.head_dim, rows = a.seq * a.head_dim, blk = kAttentionRows * ld;
+    data.resize(static_cast<size_t>(2 * mat + 2 * blk + 2 * rows));
     float* p = data.data();
-    view = {p, p + mat, p + 2 * mat, p + 2 * mat + ld, p + 2 * mat + 2 * ld, p + 2 * mat + 2 * ld + rows};
+    view = {p, p + mat, p + 2 * mat, p + 2 * mat + blk, p + 2 * mat + 2 * blk, p + 2 * mat + 2 * blk + rows};
   }
 };
 

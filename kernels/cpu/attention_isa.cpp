@@ -2,10 +2,10 @@
 // attention.h for the algorithm and layouts, attention.cpp for threading and scratch.
 //
 // Register blocking follows the set (simd.h): a vector is kLanes floats and kRegs of them fit. Head
-// dimensions 16, 32, 64 and 128 run register-blocked loops whose row blocks are sized so that their
-// accumulators and operands never exceed kRegs (AVX2 has 16 registers of 8 floats, AVX-512 32 of 16:
-// a block sized for one spills on the other). Other head dimensions run plain loops over contiguous
-// axes that the compiler vectorises.
+// dimensions 16, 32, 64 and 128 run register-blocked loops over blocks of queries, whose row and
+// column blocks are sized so that their accumulators and operands never exceed kRegs (AVX2 has 16
+// registers of 8 floats, AVX-512 32 of 16: a block sized for one spills on the other). Other head
+// dimensions run plain loops over contiguous axes that the compiler vectorises.
 #include <cmath>
 
 #include "kernels/cpu/isa_entry.h"
@@ -126,15 +126,19 @@ void backward_generic(const AttentionHead& h, const float* __restrict out, const
 }
 
 // ---- head dimension D, register-blocked ---------------------------------------------------------
-
-// Accumulator blocks, in vectors: the forward's P.V keeps two sets of kPvBlock accumulators (two keys
-// in flight hide the add latency); the backward's key loop keeps q, dO and the dQ accumulator of
-// kBwdBlock vectors each, plus two broadcasts. Both stay within kRegs with room for operands.
-// Blocks are powers of two, so they divide every register-blocked row (D / kLanes vectors).
-constexpr int pow2_floor(int x) { return x < 2 ? 1 : 2 * pow2_floor(x / 2); }
-constexpr int kPvBlock = kRegs / 4;                     // 4 on AVX2/SSE (2 x 4 live), 8 on AVX-512 (2 x 8)
-constexpr int kBwdBlock = pow2_floor((kRegs - 4) / 3);  // 4 on AVX2/SSE (14 live), 8 on AVX-512 (26 live)
-constexpr int kScoreKeys = 4;                           // key vectors scored at once (independent accumulators)
+//
+// Queries go QB at a time (kQueryBlock rows: 4 with 32 registers, 2 with 16), so every pass over the
+// transposed keys and values, and every read-modify-write of a key's dK and dV accumulators, serves QB
+// queries: at T=256, D=64 those buffers are 64 KB each and live in L2, and one query per pass made the
+// kernel L2-bound. Rows past the block's causal limit carry p = dS = 0. Blocks of vectors are sized so
+// accumulators, operands and broadcasts stay within kRegs:
+//   scores: QB x kScoreKeys accumulators; P.V: QB x kPvBlock; backward's key loop: q, dO and dQ of QB
+//   rows x kBwdBlock vectors, plus 2 QB broadcasts.
+constexpr int kQueryBlock = kRegs >= 32 ? 4 : 2;
+constexpr int kScoreKeys = 8 / kQueryBlock;   // 8 accumulators in flight hide the FMA latency
+constexpr int kPvBlock = 4;                   // 16 + 4 + 4 live on AVX-512, 8 + 4 + 2 on AVX2/SSE
+constexpr int kBwdBlock = 1;                  // 12 + 8 + 3 live on AVX-512, 6 + 4 + 3 on AVX2/SSE
+static_assert(kAttentionRows >= kQueryBlock, "scratch rows must hold a query block");
 
 template <int N>
 constexpr int block_of(int nv) { return nv < N ? nv : N; }
@@ -148,63 +152,137 @@ void transpose_padded(const float* src, int64_t stride, int64_t n, int64_t ld, f
     for (int64_t c = 0; c < D; ++c) dst[c * ld + j] = src[j * stride + c];
 }
 
-// s[0, n rounded up to kLanes) = scale * a . bt[:, j]. Each key's score sums c in order in one chain.
-template <int D>
-COLOSSAL_INLINE void scores(const float* a, const float* bt, int64_t ld, int64_t n, float scale, float* s) {
-  float as[D];
-  for (int c = 0; c < D; ++c) as[c] = a[c] * scale;
+// s[q][0, n rounded up to kLanes) = scale * a_q . bt[:, j] for QB rows a_q (`a_stride` apart); rows of
+// s are `ld` apart. Each score sums c in order in one chain.
+template <int D, int QB>
+COLOSSAL_INLINE void scores(const float* a, int64_t a_stride, const float* bt, int64_t ld, int64_t n, float scale,
+                            float* s) {
+  float as[QB][D];
+  for (int q = 0; q < QB; ++q)
+    for (int c = 0; c < D; ++c) as[q][c] = a[q * a_stride + c] * scale;
   const int64_t end = (n + kLanes - 1) / kLanes * kLanes;
+  constexpr int U = QB == 1 ? 4 : kScoreKeys;
   int64_t j = 0;
-  for (; j + kScoreKeys * kLanes <= end; j += kScoreKeys * kLanes) {
-    vf acc[kScoreKeys] = {};
+  for (; j + U * kLanes <= end; j += U * kLanes) {
+    vf acc[QB][U] = {};
     for (int c = 0; c < D; ++c) {
-      const vf x = splat(as[c]);
-      const float* row = bt + c * ld + j;
-      for (int u = 0; u < kScoreKeys; ++u) acc[u] += x * load_u(row + u * kLanes);
+      vf k[U];
+      for (int u = 0; u < U; ++u) k[u] = load_u(bt + c * ld + j + u * kLanes);
+      for (int q = 0; q < QB; ++q) {
+        const vf x = splat(as[q][c]);
+        for (int u = 0; u < U; ++u) acc[q][u] += x * k[u];
+      }
     }
-    for (int u = 0; u < kScoreKeys; ++u) store_u(s + j + u * kLanes, acc[u]);
+    for (int q = 0; q < QB; ++q)
+      for (int u = 0; u < U; ++u) store_u(s + q * ld + j + u * kLanes, acc[q][u]);
   }
   for (; j < end; j += kLanes) {
-    vf acc = vf{};
-    for (int c = 0; c < D; ++c) acc += splat(as[c]) * load_u(bt + c * ld + j);
-    store_u(s + j, acc);
+    vf acc[QB] = {};
+    for (int c = 0; c < D; ++c) {
+      const vf k = load_u(bt + c * ld + j);
+      for (int q = 0; q < QB; ++q) acc[q] += splat(as[q][c]) * k;
+    }
+    for (int q = 0; q < QB; ++q) store_u(s + q * ld + j, acc[q]);
+  }
+}
+
+// Zeroes row q of a block beyond its causal limit: s[q][i0 + q + 1, n).
+template <int QB>
+COLOSSAL_INLINE void zero_beyond_causal(float* s, int64_t ld, int64_t i0, int64_t n) {
+  for (int q = 0; q < QB; ++q)
+    for (int64_t j = i0 + q + 1; j < n; ++j) s[q * ld + j] = 0.0f;
+}
+
+// Queries [i0, i0 + QB): out, lse.
+template <int D, int QB>
+COLOSSAL_INLINE void forward_rows(const AttentionHead& h, float* __restrict out, float* __restrict lse, int64_t i0,
+                                  int64_t ld, float scale, const float* kt, float* s) {
+  constexpr int nv = D / kLanes, nb = block_of<kPvBlock>(nv);
+  const int64_t n = i0 + QB;   // keys the block's last row sees
+  scores<D, QB>(h.q + i0 * h.stride, h.stride, kt, ld, n, scale, s);
+  float inv[QB];
+  for (int q = 0; q < QB; ++q) {
+    float max;
+    const float sum = exp_shifted_inplace(s + q * ld, i0 + q + 1, max);
+    inv[q] = 1.0f / sum;
+    lse[i0 + q] = max + std::log(sum);
+  }
+  zero_beyond_causal<QB>(s, ld, i0, n);
+  for (int r0 = 0; r0 < nv; r0 += nb) {   // O_q[r0 block] = sum_j p_qj v_j[r0 block]
+    vf o[QB][nb] = {};
+    for (int64_t j = 0; j < n; ++j) {
+      const float* vj = h.v + j * h.stride + r0 * kLanes;
+      vf v[nb];
+      for (int r = 0; r < nb; ++r) v[r] = load_u(vj + r * kLanes);
+      for (int q = 0; q < QB; ++q) {
+        const vf p = splat(s[q * ld + j]);
+        for (int r = 0; r < nb; ++r) o[q][r] += p * v[r];
+      }
+    }
+    for (int q = 0; q < QB; ++q) {
+      float* oq = out + (i0 + q) * h.out_stride + r0 * kLanes;
+      for (int r = 0; r < nb; ++r) store_u(oq + r * kLanes, o[q][r] * splat(inv[q]));
+    }
   }
 }
 
 template <int D>
 void forward_vec(const AttentionHead& h, float* __restrict out, float* __restrict lse, int64_t t_len, float scale,
                  const AttentionScratch& w) {
-  constexpr int nv = D / kLanes, nb = block_of<kPvBlock>(nv);
   const int64_t ld = padded(t_len);
-  float *kt = w.kt, *s = w.p;
-  transpose_padded<D>(h.k, h.stride, t_len, ld, kt);
-  for (int64_t i = 0; i < t_len; ++i) {
-    const int64_t n = i + 1;
-    scores<D>(h.q + i * h.stride, kt, ld, n, scale, s);
-    float max;
-    const float sum = exp_shifted_inplace(s, n, max);
-    const vf inv = splat(1.0f / sum);
-    float* oi = out + i * h.out_stride;
-    for (int r0 = 0; r0 < nv; r0 += nb) {   // O_i[r0 block] = sum_j p_j v_j[r0 block]
-      vf o0[nb] = {}, o1[nb] = {};
-      int64_t j = 0;
-      for (; j + 1 < n; j += 2) {
-        const vf p0 = splat(s[j]), p1 = splat(s[j + 1]);
-        const float* v0 = h.v + j * h.stride + r0 * kLanes;
-        const float* v1 = v0 + h.stride;
-        for (int r = 0; r < nb; ++r) {
-          o0[r] += p0 * load_u(v0 + r * kLanes);
-          o1[r] += p1 * load_u(v1 + r * kLanes);
+  transpose_padded<D>(h.k, h.stride, t_len, ld, w.kt);
+  int64_t i = 0;
+  for (; i + kQueryBlock <= t_len; i += kQueryBlock) forward_rows<D, kQueryBlock>(h, out, lse, i, ld, scale, w.kt, w.p);
+  for (; i < t_len; ++i) forward_rows<D, 1>(h, out, lse, i, ld, scale, w.kt, w.p);
+}
+
+// Queries [i0, i0 + QB): dQ written, dK and dV accumulated into w.dk and w.dv ([T][D]).
+template <int D, int QB>
+COLOSSAL_INLINE void backward_rows(const AttentionHead& h, const float* __restrict out, const float* __restrict d_out,
+                                   const float* __restrict lse, float* __restrict dq, int64_t i0, int64_t ld,
+                                   float scale, const AttentionScratch& w) {
+  constexpr int nv = D / kLanes, nb = block_of<kBwdBlock>(nv);
+  const int64_t n = i0 + QB;
+  float *p = w.p, *dp = w.dp;
+  scores<D, QB>(h.q + i0 * h.stride, h.stride, w.kt, ld, n, scale, p);
+  scores<D, QB>(d_out + i0 * h.out_stride, h.out_stride, w.vt, ld, n, 1.0f, dp);   // dp_qj = dO_q . v_j
+  for (int q = 0; q < QB; ++q) {
+    const int64_t i = i0 + q;
+    exp_minus(p + q * ld, i + 1, lse[i]);
+    const float* goi = d_out + i * h.out_stride;
+    const float* oi = out + i * h.out_stride;
+    vf dlt = vf{};
+    for (int r = 0; r < nv; ++r) dlt += load_u(goi + r * kLanes) * load_u(oi + r * kLanes);
+    softmax_grad(p + q * ld, dp + q * ld, i + 1, hsum(dlt), scale);   // D_i = dO_i . O_i
+  }
+  zero_beyond_causal<QB>(p, ld, i0, n);
+  zero_beyond_causal<QB>(dp, ld, i0, n);
+  for (int r0 = 0; r0 < nv; r0 += nb) {
+    vf qv[QB][nb], g[QB][nb], acc[QB][nb] = {};
+    for (int q = 0; q < QB; ++q)
+      for (int r = 0; r < nb; ++r) {
+        qv[q][r] = load_u(h.q + (i0 + q) * h.stride + (r0 + r) * kLanes);
+        g[q][r] = load_u(d_out + (i0 + q) * h.out_stride + (r0 + r) * kLanes);
+      }
+    for (int64_t j = 0; j < n; ++j) {
+      const float* kj = h.k + j * h.stride + r0 * kLanes;
+      float* dkj = w.dk + j * D + r0 * kLanes;
+      float* dvj = w.dv + j * D + r0 * kLanes;
+      for (int r = 0; r < nb; ++r) {
+        const vf k = load_u(kj + r * kLanes);
+        vf dk = load_u(dkj + r * kLanes), dv = load_u(dvj + r * kLanes);
+        for (int q = 0; q < QB; ++q) {
+          const vf ds = splat(dp[q * ld + j]), pq = splat(p[q * ld + j]);
+          acc[q][r] += ds * k;        // dQ_q += dS_qj k_j
+          dk += ds * qv[q][r];        // dK_j += dS_qj q_q
+          dv += pq * g[q][r];         // dV_j += p_qj dO_q
         }
+        store_u(dkj + r * kLanes, dk);
+        store_u(dvj + r * kLanes, dv);
       }
-      if (j < n) {
-        const vf p0 = splat(s[j]);
-        const float* v0 = h.v + j * h.stride + r0 * kLanes;
-        for (int r = 0; r < nb; ++r) o0[r] += p0 * load_u(v0 + r * kLanes);
-      }
-      for (int r = 0; r < nb; ++r) store_u(oi + (r0 + r) * kLanes, (o0[r] + o1[r]) * inv);
     }
-    lse[i] = max + std::log(sum);
+    for (int q = 0; q < QB; ++q)
+      for (int r = 0; r < nb; ++r) store_u(dq + (i0 + q) * h.stride + (r0 + r) * kLanes, acc[q][r]);
   }
 }
 
@@ -212,47 +290,18 @@ template <int D>
 void backward_vec(const AttentionHead& h, const float* __restrict out, const float* __restrict d_out,
                   const float* __restrict lse, float* __restrict dq, float* __restrict dk, float* __restrict dv,
                   int64_t t_len, float scale, const AttentionScratch& w) {
-  constexpr int nv = D / kLanes, nb = block_of<kBwdBlock>(nv);
+  constexpr int nv = D / kLanes;
   const int64_t ld = padded(t_len);
-  float *kt = w.kt, *vt = w.vt, *p = w.p, *dp = w.dp, *dk_acc = w.dk, *dv_acc = w.dv;
-  transpose_padded<D>(h.k, h.stride, t_len, ld, kt);
-  transpose_padded<D>(h.v, h.stride, t_len, ld, vt);
-  for (int64_t j = 0; j < t_len * D; ++j) dk_acc[j] = dv_acc[j] = 0.0f;
-  for (int64_t i = 0; i < t_len; ++i) {
-    const int64_t n = i + 1;
-    const float* qi = h.q + i * h.stride;
-    const float* goi = d_out + i * h.out_stride;
-    const float* oi = out + i * h.out_stride;
-    scores<D>(qi, kt, ld, n, scale, p);
-    exp_minus(p, n, lse[i]);
-    scores<D>(goi, vt, ld, n, 1.0f, dp);   // dp_ij = dO_i . v_j
-    vf dlt = vf{};
-    for (int r = 0; r < nv; ++r) dlt += load_u(goi + r * kLanes) * load_u(oi + r * kLanes);
-    softmax_grad(p, dp, n, hsum(dlt), scale);   // D_i = dO_i . O_i
-    for (int r0 = 0; r0 < nv; r0 += nb) {
-      vf q[nb], g[nb], acc[nb] = {};
-      for (int r = 0; r < nb; ++r) {
-        q[r] = load_u(qi + (r0 + r) * kLanes);
-        g[r] = load_u(goi + (r0 + r) * kLanes);
-      }
-      for (int64_t j = 0; j < n; ++j) {
-        const vf ds = splat(dp[j]), pj = splat(p[j]);
-        const float* kj = h.k + j * h.stride + r0 * kLanes;
-        float* dkj = dk_acc + j * D + r0 * kLanes;
-        float* dvj = dv_acc + j * D + r0 * kLanes;
-        for (int r = 0; r < nb; ++r) {
-          acc[r] += ds * load_u(kj + r * kLanes);                                // dQ_i += dS_ij k_j
-          store_u(dkj + r * kLanes, load_u(dkj + r * kLanes) + ds * q[r]);      // dK_j += dS_ij q_i
-          store_u(dvj + r * kLanes, load_u(dvj + r * kLanes) + pj * g[r]);      // dV_j += p_ij dO_i
-        }
-      }
-      for (int r = 0; r < nb; ++r) store_u(dq + i * h.stride + (r0 + r) * kLanes, acc[r]);
-    }
-  }
+  transpose_padded<D>(h.k, h.stride, t_len, ld, w.kt);
+  transpose_padded<D>(h.v, h.stride, t_len, ld, w.vt);
+  for (int64_t j = 0; j < t_len * D; ++j) w.dk[j] = w.dv[j] = 0.0f;
+  int64_t i = 0;
+  for (; i + kQueryBlock <= t_len; i += kQueryBlock) backward_rows<D, kQueryBlock>(h, out, d_out, lse, dq, i, ld, scale, w);
+  for (; i < t_len; ++i) backward_rows<D, 1>(h, out, d_out, lse, dq, i, ld, scale, w);
   for (int64_t j = 0; j < t_len; ++j)
     for (int r = 0; r < nv; ++r) {
-      store_u(dk + j * h.stride + r * kLanes, load_u(dk_acc + j * D + r * kLanes));
-      store_u(dv + j * h.stride + r * kLanes, load_u(dv_acc + j * D + r * kLanes));
+      store_u(dk + j * h.stride + r * kLanes, load_u(w.dk + j * D + r * kLanes));
+      store_u(dv + j * h.stride + r * kLanes, load_u(w.dv + j * D + r * kLanes));
     }
 }
 

@@ -16,12 +16,13 @@ struct AttentionHead {
   int64_t out_stride;   // C: the same in out, d_out and lse-free outputs
 };
 
-// Per-thread buffers of one head, sized by attention_scratch_floats(): kt and vt [D][ld], p and dp
-// [ld], dk and dv [T][D], with ld = T rounded up to kAttentionPad.
+// Per-thread buffers of one head: kt and vt [D][ld], p and dp [kAttentionRows][ld] (a block of
+// queries' rows, ld apart), dk and dv [T][D], with ld = T rounded up to kAttentionPad.
 struct AttentionScratch {
   float *kt, *vt, *p, *dp, *dk, *dv;
 };
 constexpr int64_t kAttentionPad = 16;   // the widest vector's float lanes, so every set fits one layout
+constexpr int64_t kAttentionRows = 4;   // the largest query block of any set
 
 template <typename T>
 struct AdamWConsts {
