@@ -3,6 +3,7 @@
 #include "kernels/cpu/adamw.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cpu/isa_kernels.h"
 
@@ -19,26 +20,21 @@ AdamWConsts<T> consts(const AdamWHyper& h) {
           static_cast<T>(1 / std::sqrt(bias_correction2)), static_cast<T>(h.eps)};
 }
 
-void run_chunk(float* p, const float* g, float* m, float* v, int64_t n, const AdamWConsts<float>& c, const IsaKernels& k) {
-  k.adamw_f32(p, g, m, v, n, c);
-}
-void run_chunk(double* p, const double* g, double* m, double* v, int64_t n, const AdamWConsts<double>& c,
-               const IsaKernels& k) {
-  k.adamw_f64(p, g, m, v, n, c);
-}
-
 }  // namespace
 
 template <typename T>
 void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n, const AdamWHyper& h) {
   const AdamWConsts<T> c = consts<T>(h);
-  const IsaKernels& k = active_kernels();
+  const auto chunk = [] {
+    if constexpr (std::is_same_v<T, float>) return active_kernels().adamw_f32;
+    else return active_kernels().adamw_f64;
+  }();
   // Small buffers are not worth waking the thread pool for.
   constexpr int64_t kGrain = 1 << 15;
 #pragma omp parallel for schedule(static) if (n > 2 * kGrain)
   for (int64_t start = 0; start < n; start += kGrain) {
     const int64_t len = start + kGrain < n ? kGrain : n - start;
-    run_chunk(param + start, grad + start, exp_avg + start, exp_avg_sq + start, len, c, k);
+    chunk(param + start, grad + start, exp_avg + start, exp_avg_sq + start, len, c);
   }
 }
 

@@ -21,7 +21,7 @@ struct ScratchBuffer {
   std::vector<float> data;
   AttentionScratch view;
   explicit ScratchBuffer(const AttentionDims& a) {
-    const int64_t ld = (a.seq + kAttentionPad - 1) / kAttentionPad * kAttentionPad;
+    const int64_t ld = attention_ld(a.seq);
     const int64_t mat = ld * a.head_dim, rows = a.seq * a.head_dim, blk = kAttentionRows * ld;
     data.resize(static_cast<size_t>(2 * mat + 2 * blk + 2 * rows));
     float* p = data.data();

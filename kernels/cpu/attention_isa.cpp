@@ -15,12 +15,13 @@
 namespace colossal::kernels::COLOSSAL_ISA {
 namespace {
 
-inline int64_t padded(int64_t n) { return (n + kAttentionPad - 1) / kAttentionPad * kAttentionPad; }
-
 // ---- any head dimension -------------------------------------------------------------------------
 
-// rows [n][d] with row stride `stride` -> dst [d][ld] (the key axis contiguous).
-void transpose_rows(const float* src, int64_t stride, int64_t n, int64_t d, int64_t ld, float* dst) {
+// rows [n][d] (stride apart) -> dst [d][ld] (the key axis contiguous), zero beyond n, so whole vectors
+// of keys never read garbage.
+void transpose_padded(const float* src, int64_t stride, int64_t n, int64_t d, int64_t ld, float* dst) {
+  for (int64_t c = 0; c < d; ++c)
+    for (int64_t j = n; j < ld; ++j) dst[c * ld + j] = 0.0f;
   for (int64_t j = 0; j < n; ++j)
     for (int64_t c = 0; c < d; ++c) dst[c * ld + j] = src[j * stride + c];
 }
@@ -72,9 +73,9 @@ COLOSSAL_INLINE void axpy(float x, const float* __restrict a, float* __restrict 
 
 void forward_generic(const AttentionHead& h, float* __restrict out, float* __restrict lse, int64_t t_len, int64_t d,
                      float scale, const AttentionScratch& w) {
-  const int64_t ld = padded(t_len);
+  const int64_t ld = attention_ld(t_len);
   float *kt = w.kt, *s = w.p;
-  transpose_rows(h.k, h.stride, t_len, d, ld, kt);
+  transpose_padded(h.k, h.stride, t_len, d, ld, kt);
   for (int64_t i = 0; i < t_len; ++i) {
     const int64_t n = i + 1;   // causal: keys 0..i
     row_times_transposed(h.q + i * h.stride, kt, ld, n, d, scale, s);
@@ -92,10 +93,10 @@ void forward_generic(const AttentionHead& h, float* __restrict out, float* __res
 void backward_generic(const AttentionHead& h, const float* __restrict out, const float* __restrict d_out,
                       const float* __restrict lse, float* __restrict dq, float* __restrict dk, float* __restrict dv,
                       int64_t t_len, int64_t d, float scale, const AttentionScratch& w) {
-  const int64_t ld = padded(t_len);
+  const int64_t ld = attention_ld(t_len);
   float *kt = w.kt, *vt = w.vt, *p = w.p, *dp = w.dp, *dk_acc = w.dk, *dv_acc = w.dv;
-  transpose_rows(h.k, h.stride, t_len, d, ld, kt);
-  transpose_rows(h.v, h.stride, t_len, d, ld, vt);
+  transpose_padded(h.k, h.stride, t_len, d, ld, kt);
+  transpose_padded(h.v, h.stride, t_len, d, ld, vt);
   for (int64_t j = 0; j < t_len * d; ++j) dk_acc[j] = dv_acc[j] = 0.0f;
   for (int64_t i = 0; i < t_len; ++i) {
     const int64_t n = i + 1;
@@ -142,15 +143,6 @@ static_assert(kAttentionRows >= kQueryBlock, "scratch rows must hold a query blo
 
 template <int N>
 constexpr int block_of(int nv) { return nv < N ? nv : N; }
-
-// rows [n][D] (stride apart) -> dst [D][ld], zero beyond n, so whole vectors of keys never read garbage.
-template <int D>
-void transpose_padded(const float* src, int64_t stride, int64_t n, int64_t ld, float* dst) {
-  for (int64_t c = 0; c < D; ++c)
-    for (int64_t j = n; j < ld; ++j) dst[c * ld + j] = 0.0f;
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t c = 0; c < D; ++c) dst[c * ld + j] = src[j * stride + c];
-}
 
 // s[q][0, n rounded up to kLanes) = scale * a_q . bt[:, j] for QB rows a_q (`a_stride` apart); rows of
 // s are `ld` apart. Each score sums c in order in one chain.
@@ -229,8 +221,8 @@ COLOSSAL_INLINE void forward_rows(const AttentionHead& h, float* __restrict out,
 template <int D>
 void forward_vec(const AttentionHead& h, float* __restrict out, float* __restrict lse, int64_t t_len, float scale,
                  const AttentionScratch& w) {
-  const int64_t ld = padded(t_len);
-  transpose_padded<D>(h.k, h.stride, t_len, ld, w.kt);
+  const int64_t ld = attention_ld(t_len);
+  transpose_padded(h.k, h.stride, t_len, D, ld, w.kt);
   int64_t i = 0;
   for (; i + kQueryBlock <= t_len; i += kQueryBlock) forward_rows<D, kQueryBlock>(h, out, lse, i, ld, scale, w.kt, w.p);
   for (; i < t_len; ++i) forward_rows<D, 1>(h, out, lse, i, ld, scale, w.kt, w.p);
@@ -291,9 +283,9 @@ void backward_vec(const AttentionHead& h, const float* __restrict out, const flo
                   const float* __restrict lse, float* __restrict dq, float* __restrict dk, float* __restrict dv,
                   int64_t t_len, float scale, const AttentionScratch& w) {
   constexpr int nv = D / kLanes;
-  const int64_t ld = padded(t_len);
-  transpose_padded<D>(h.k, h.stride, t_len, ld, w.kt);
-  transpose_padded<D>(h.v, h.stride, t_len, ld, w.vt);
+  const int64_t ld = attention_ld(t_len);
+  transpose_padded(h.k, h.stride, t_len, D, ld, w.kt);
+  transpose_padded(h.v, h.stride, t_len, D, ld, w.vt);
   for (int64_t j = 0; j < t_len * D; ++j) w.dk[j] = w.dv[j] = 0.0f;
   int64_t i = 0;
   for (; i + kQueryBlock <= t_len; i += kQueryBlock) backward_rows<D, kQueryBlock>(h, out, d_out, lse, dq, i, ld, scale, w);

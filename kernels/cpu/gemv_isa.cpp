@@ -12,16 +12,7 @@ namespace {
 // (Zen 4 splits 512-bit loads in two) the weight stream ran 6% slower with 512-bit loads than with the
 // AVX2 copy's 256-bit ones (whole-process A/B, 10 pairs), and a GEMV is nothing but that stream.
 constexpr int kGemvLanes = kLanes < 8 ? kLanes : 8;
-typedef float gv __attribute__((vector_size(kGemvLanes * 4)));
-typedef float gv_u __attribute__((vector_size(kGemvLanes * 4), aligned(4)));
-COLOSSAL_INLINE gv gload(const float* p) { return *reinterpret_cast<const gv_u*>(p); }
-COLOSSAL_INLINE float gsum(gv v) {   // a tree, like simd.h's hsum
-  float t[kGemvLanes];
-  *reinterpret_cast<gv_u*>(t) = v;
-  for (int w = kGemvLanes / 2; w >= 1; w /= 2)
-    for (int e = 0; e < w; ++e) t[e] += t[e + w];
-  return t[0];
-}
+typedef Vec<kGemvLanes>::type gv;
 
 // Weight rows per block for R x rows: R x vectors, OB * R accumulators and one weight vector live.
 template <int R>
@@ -37,15 +28,15 @@ COLOSSAL_INLINE void block(const float* __restrict x, int64_t in, const float* _
   int64_t i = 0;
   for (; i + kGemvLanes <= in; i += kGemvLanes) {
     gv xv[R];
-    for (int r = 0; r < R; ++r) xv[r] = gload(x + r * in + i);
+    for (int r = 0; r < R; ++r) xv[r] = load_u<kGemvLanes>(x + r * in + i);
     for (int b = 0; b < OB; ++b) {
-      const gv wv = gload(w + (o + b) * in + i);
+      const gv wv = load_u<kGemvLanes>(w + (o + b) * in + i);
       for (int r = 0; r < R; ++r) acc[b][r] += wv * xv[r];
     }
   }
   for (int b = 0; b < OB; ++b)
     for (int r = 0; r < R; ++r) {
-      float s = gsum(acc[b][r]);
+      float s = hsum<kGemvLanes>(acc[b][r]);
       for (int64_t t = i; t < in; ++t) s += w[(o + b) * in + t] * x[r * in + t];
       y[r * ldy + o + b] = bias ? s + bias[o + b] : s;
     }

@@ -27,12 +27,12 @@ Isa detect() {
   return Isa::baseline;
 }
 
-// "baseline, avx2" for avx2: the sets a machine whose widest is `machine` can run.
-std::string up_to(Isa machine) {
-  std::string s;
-  for (Isa i : {Isa::baseline, Isa::avx2, Isa::avx512})
-    if (static_cast<int>(i) <= static_cast<int>(machine)) s += (s.empty() ? "" : ", ") + std::string(isa_name(i));
-  return s;
+// The sets a machine whose widest is `machine` can run, narrowest first.
+std::vector<Isa> isas_up_to(Isa machine) {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512})
+    if (isa <= machine) out.push_back(isa);
+  return out;
 }
 
 Isa env_capped() {
@@ -68,9 +68,12 @@ Isa isa_cap_from(const char* value, Isa machine) {
   if (!isa)
     throw std::invalid_argument(std::string("COLOSSAL_CPU_ISA=\"") + value +
                                 "\" is not an instruction set (valid: avx512, avx2, baseline)");
-  if (static_cast<int>(*isa) > static_cast<int>(machine))
+  if (*isa > machine) {
+    std::string valid;
+    for (Isa i : isas_up_to(machine)) valid += (valid.empty() ? "" : ", ") + std::string(isa_name(i));
     throw std::invalid_argument(std::string("COLOSSAL_CPU_ISA=") + value + ": this CPU cannot run " + value +
-                                " code (its widest is " + isa_name(machine) + "; valid here: " + up_to(machine) + ")");
+                                " code (its widest is " + isa_name(machine) + "; valid here: " + valid + ")");
+  }
   return *isa;
 }
 
@@ -79,15 +82,10 @@ Isa active_isa() {
   return o == kNoOverride ? env_capped() : static_cast<Isa>(o);
 }
 
-std::vector<Isa> runnable_isas() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512})
-    if (static_cast<int>(isa) <= static_cast<int>(machine_isa())) out.push_back(isa);
-  return out;
-}
+std::vector<Isa> runnable_isas() { return isas_up_to(machine_isa()); }
 
 ScopedIsa::ScopedIsa(Isa isa) : previous_(g_override.load()) {
-  if (static_cast<int>(isa) > static_cast<int>(machine_isa()))
+  if (isa > machine_isa())
     throw std::invalid_argument(std::string("ScopedIsa: this CPU cannot run ") + isa_name(isa));
   g_override.store(static_cast<int>(isa));
 }

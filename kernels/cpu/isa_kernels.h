@@ -23,6 +23,8 @@ struct AttentionScratch {
 };
 constexpr int64_t kAttentionPad = 16;   // the widest vector's float lanes, so every set fits one layout
 constexpr int64_t kAttentionRows = 4;   // the largest query block of any set
+// ld: a head's sequence length rounded up to kAttentionPad (static: each set's copy keeps its own).
+static constexpr int64_t attention_ld(int64_t seq) { return (seq + kAttentionPad - 1) / kAttentionPad * kAttentionPad; }
 
 template <typename T>
 struct AdamWConsts {

@@ -24,20 +24,29 @@ constexpr int kLanes = 4;    // xmm (SSE2, every x86-64; other targets' 128-bit 
 constexpr int kRegs = 16;
 #endif
 
-typedef float vf __attribute__((vector_size(kLanes * 4)));
-typedef float vf_u __attribute__((vector_size(kLanes * 4), aligned(4)));   // unaligned loads and stores
+// A vector of N floats, and its unaligned twin for loads and stores from rows of any offset. Kernels
+// use vf (this set's full width); one may use a narrower Vec<N> where that measured faster.
+template <int N>
+struct Vec {
+  typedef float type __attribute__((vector_size(N * 4)));
+  typedef float unaligned __attribute__((vector_size(N * 4), aligned(4)));
+};
+typedef Vec<kLanes>::type vf;
 
 #define COLOSSAL_INLINE __attribute__((always_inline)) inline
 
-COLOSSAL_INLINE vf load_u(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
-COLOSSAL_INLINE void store_u(float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; }
+template <int N = kLanes>
+COLOSSAL_INLINE typename Vec<N>::type load_u(const float* p) { return *reinterpret_cast<const typename Vec<N>::unaligned*>(p); }
+template <int N = kLanes>
+COLOSSAL_INLINE void store_u(float* p, typename Vec<N>::type v) { *reinterpret_cast<typename Vec<N>::unaligned*>(p) = v; }
 COLOSSAL_INLINE vf splat(float x) { return vf{} + x; }
-// Sum of the lanes as a tree (halves added, then their halves...): log2(kLanes) vector adds instead of
-// kLanes scalar ones, and one fixed order on every call.
-COLOSSAL_INLINE float hsum(vf v) {
-  float t[kLanes];
-  store_u(t, v);
-  for (int w = kLanes / 2; w >= 1; w /= 2)
+// Sum of the lanes as a tree (halves added, then their halves...): log2(N) vector adds instead of N
+// scalar ones, and one fixed order on every call.
+template <int N = kLanes>
+COLOSSAL_INLINE float hsum(typename Vec<N>::type v) {
+  float t[N];
+  store_u<N>(t, v);
+  for (int w = N / 2; w >= 1; w /= 2)
     for (int e = 0; e < w; ++e) t[e] += t[e + w];
   return t[0];
 }

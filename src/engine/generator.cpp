@@ -93,7 +93,7 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::string>
     return s;
   };
   at::Tensor logits = model_->forward(ids.to(device_), prefill).squeeze(1);          // [B, V]
-  (void)logits.to(at::kCPU);   // waits for the device, so the prefill's time is its own
+  logits = logits.to(at::kCPU);   // waits for the device (so the prefill's time is its own); sampling reads it there
   timing_.prefill_s = lap();
   timing_.batch = b;
   timing_.prefill_tokens = b * longest;

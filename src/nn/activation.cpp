@@ -35,14 +35,15 @@ struct GeluTanh : public torch::autograd::Function<GeluTanh> {
 // Whether our kernel runs for x's size (kernel_choice.h), timed on a detached copy of x.
 bool fused_gelu_chosen(const at::Tensor& x) {
   const bool grad = at::GradMode::is_enabled();
+  const std::string shape = "n=" + std::to_string(x.numel()) + (grad ? " fwd+bwd" : " fwd");
+  if (auto d = decided_ours("gelu", kernel_policy().gelu, shape)) return *d;
   const at::Tensor input = x.detach().clone().requires_grad_(grad);
   const at::Tensor dy = at::ones_like(input);
   auto run = [&](bool ours) {
     auto y = ours ? GeluTanh::apply(input) : at::gelu(input, "tanh");
     if (grad) torch::autograd::grad({y}, {input}, {dy});
   };
-  return use_ours("gelu", kernel_policy().gelu, "n=" + std::to_string(x.numel()) + (grad ? " fwd+bwd" : " fwd"),
-                  [&] { run(true); }, [&] { run(false); });
+  return time_and_choose("gelu", shape, [&] { run(true); }, [&] { run(false); });
 }
 
 }  // namespace

@@ -61,6 +61,7 @@ bool fused_attention_chosen(const at::Tensor& qkv, int64_t heads) {
   const std::string shape = "B=" + std::to_string(dims.batch) + " T=" + std::to_string(dims.seq) +
                             " H=" + std::to_string(heads) + " D=" + std::to_string(dims.head_dim) +
                             (grad ? " fwd+bwd" : " fwd");
+  if (auto d = decided_ours("attention", kernel_policy().attention, shape)) return *d;
   // Both sides run on a detached copy of this call's input, so timing never touches the real graph.
   const at::Tensor input = qkv.detach().clone().requires_grad_(grad);
   const at::Tensor dy = at::ones({dims.batch, dims.seq, dims.heads * dims.head_dim}, qkv.options());
@@ -68,8 +69,7 @@ bool fused_attention_chosen(const at::Tensor& qkv, int64_t heads) {
     auto y = attention(input, heads);
     if (grad) torch::autograd::grad({y}, {input}, {dy});
   };
-  return use_ours("attention", kernel_policy().attention, shape, [&] { run(fused_causal_attention); },
-                  [&] { run(aten_causal_attention); });
+  return time_and_choose("attention", shape, [&] { run(fused_causal_attention); }, [&] { run(aten_causal_attention); });
 }
 
 at::Tensor fused_causal_attention(const at::Tensor& qkv, int64_t heads) {

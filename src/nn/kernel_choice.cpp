@@ -48,14 +48,21 @@ KernelPolicy kernel_policy() {
   return g_policy;
 }
 
+std::optional<bool> decided_ours(const std::string& kernel, KernelPath forced, const std::string& shape) {
+  if (forced != KernelPath::Auto) return forced == KernelPath::Ours;
+  std::lock_guard lock(g_mutex);
+  if (auto it = g_choices.find(kernel + " " + shape); it != g_choices.end()) return it->second;
+  return std::nullopt;
+}
+
 bool use_ours(const std::string& kernel, KernelPath forced, const std::string& shape, const std::function<void()>& ours,
               const std::function<void()>& aten) {
-  if (forced != KernelPath::Auto) return forced == KernelPath::Ours;
-  const std::string key = kernel + " " + shape;
-  {
-    std::lock_guard lock(g_mutex);
-    if (auto it = g_choices.find(key); it != g_choices.end()) return it->second;
-  }
+  if (auto d = decided_ours(kernel, forced, shape)) return *d;
+  return time_and_choose(kernel, shape, ours, aten);
+}
+
+bool time_and_choose(const std::string& kernel, const std::string& shape, const std::function<void()>& ours,
+                     const std::function<void()>& aten) {
   ours();   // warm-up: first-touch allocations, caches, the thread pool
   aten();
   double t_ours = 1e300, t_aten = 1e300;
@@ -67,7 +74,7 @@ bool use_ours(const std::string& kernel, KernelPath forced, const std::string& s
   spdlog::info("kernels: {} [{}]: fused {:.3f} ms, ATen {:.3f} ms -> {}", kernel, shape, t_ours * 1e3, t_aten * 1e3,
                win ? "fused" : "aten");
   std::lock_guard lock(g_mutex);
-  g_choices.emplace(key, win);
+  g_choices.emplace(kernel + " " + shape, win);
   return win;
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 namespace colossal::nn {
@@ -27,9 +28,15 @@ const char* kernel_path_name(KernelPath path);
 void set_kernel_policy(const KernelPolicy& policy);   // also forgets earlier timed choices
 KernelPolicy kernel_policy();
 
-// Whether ours runs for `kernel` at `shape` (e.g. "B=16 T=128 H=4 D=32 fwd+bwd"): `forced` unless
-// Auto, else the remembered choice, else the faster of `ours` and `aten` (each runs the whole
-// operation once per call) timed now.
+// The choice for `kernel` at `shape` (e.g. "B=16 T=128 H=4 D=32 fwd+bwd") when it needs no timing:
+// `forced` unless Auto, else the remembered one. Callers check this first, so the inputs a timing
+// needs are built only on a shape's first call.
+std::optional<bool> decided_ours(const std::string& kernel, KernelPath forced, const std::string& shape);
+// Times `ours` against `aten` now (each runs the whole operation once per call), remembers and logs
+// the faster; returns whether ours won.
+bool time_and_choose(const std::string& kernel, const std::string& shape, const std::function<void()>& ours,
+                     const std::function<void()>& aten);
+// Both in one: the decided choice, else the timed one.
 bool use_ours(const std::string& kernel, KernelPath forced, const std::string& shape, const std::function<void()>& ours,
               const std::function<void()>& aten);
 

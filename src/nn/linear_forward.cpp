@@ -14,7 +14,7 @@ bool decoding_shape(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
       at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()));
   return !records_grad && x.is_cpu() && w.is_cpu() && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
          (!b.defined() || (b.scalar_type() == at::kFloat && b.is_contiguous())) && x.dim() >= 2 && x.size(-2) == 1 &&
-         x.numel() / x.size(-1) <= kGemvMaxRows && w.is_contiguous();
+         x.size(-1) == w.size(1) && x.numel() / x.size(-1) <= kGemvMaxRows && w.is_contiguous();
 }
 
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
@@ -31,7 +31,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
 }  // namespace
 
 at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (decoding_shape(x, weight, bias) && x.size(-1) == weight.size(1)) {
+  if (decoding_shape(x, weight, bias)) {
     const std::string shape = "in=" + std::to_string(weight.size(1)) + " out=" + std::to_string(weight.size(0));
     if (use_ours("gemv", kernel_policy().gemv, shape, [&] { gemv(x, weight, bias); },
                  [&] { at::linear(x, weight, bias); }))
