@@ -1,6 +1,6 @@
 // CPU kernels on every instruction set this machine runs (kernels/cpu/isa.h), each against a
 // double-precision reference; the dispatch and its COLOSSAL_CPU_ISA cap; the decoding GEMV's
-// batch-independence; and the first-use choice between our kernels and ATen's (src/nn/kernel_choice.h).
+// batch-independence; decoding attention against the KV cache; LayerNorm; and the first-use choice between our kernels and ATen's (src/nn/kernel_choice.h).
 #include <ATen/ATen.h>
 #include <cmath>
 #include <cstdlib>
@@ -15,8 +15,10 @@
 #include "kernels/cpu/gemv.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/isa_kernels.h"
+#include "src/nn/cached_attention.h"
 #include "src/nn/fused_attention.h"
 #include "src/nn/kernel_choice.h"
+#include "src/nn/layer_norm.h"
 #include "src/nn/linear_forward.h"
 #include "tests/support/test_support.h"
 
@@ -113,6 +115,92 @@ TEST(CpuKernels, AttentionMatchesDoublePrecisionSdpaOnEveryInstructionSet) {
       EXPECT_LT(max_abs_diff(qkv.grad(), qkv_d.grad()), 5e-5) << where;
     }
   }
+}
+
+TEST(CpuKernels, DecodeAttentionMatchesDoublePrecisionSdpaOverTheCacheOnEveryInstructionSet) {
+  // Vector-multiple head sizes (64, 128: register-held outputs; 16) and odd ones (24, 5); cache lengths
+  // 1 to 40 through successive steps; with and without a padding mask (the generator's left padding).
+  const std::array<int64_t, 4> shapes[] = {{1, 40, 12, 64}, {3, 17, 2, 24}, {2, 9, 3, 128}, {1, 6, 1, 5}, {4, 21, 2, 16}};
+  for (Isa isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    torch::manual_seed(13);
+    for (auto [b, steps, h, d] : shapes) {
+      for (bool masked : {false, true}) {
+        const int64_t c = h * d;
+        nn::LayerKv kv{at::zeros({b, h, steps, d}), at::zeros({b, h, steps, d})};
+        nn::LayerKv ref{kv.k.to(at::kDouble), kv.v.to(at::kDouble)};
+        auto pad = at::randint(0, 3, {b}, at::kLong);   // sequence i's first pad[i] positions are padding
+        for (int64_t step = 0; step < steps; ++step) {
+          auto qkv = at::randn({b, 1, 3 * c}) * 2;
+          at::Tensor mask;
+          if (masked) mask = (at::arange(step + 1).view({1, 1, 1, step + 1}) >= pad.view({b, 1, 1, 1})).contiguous();
+          ASSERT_TRUE(nn::decode_step_applies(qkv, kv, step, mask));
+          auto y = nn::fused_decode_attention(qkv, kv, step, h, mask);
+          auto want = nn::aten_cached_attention(qkv.to(at::kDouble), ref, step, h, mask);
+          const std::string where = std::string(kernels::isa_name(isa)) + " B=" + std::to_string(b) + " H=" +
+                                    std::to_string(h) + " D=" + std::to_string(d) + " step " + std::to_string(step) +
+                                    (masked ? " masked" : "");
+          // A sequence whose every position so far is padding attends to nothing: ours gives zeros there.
+          auto live = masked ? (pad <= step).view({b, 1, 1}) : at::ones({b, 1, 1}, at::kBool);
+          want = at::where(live, want, at::zeros_like(want));
+          ASSERT_LT(max_abs_diff(y, want), 2e-5) << where;
+          ASSERT_LT(max_abs_diff(kv.k.narrow(2, step, 1), ref.k.narrow(2, step, 1)), 1e-6) << where;
+          ASSERT_LT(max_abs_diff(kv.v.narrow(2, step, 1), ref.v.narrow(2, step, 1)), 1e-6) << where;
+        }
+      }
+    }
+  }
+  // What the fused step does not take goes to ATen: several tokens, or a mask of another shape.
+  nn::LayerKv kv{at::zeros({1, 2, 8, 4}), at::zeros({1, 2, 8, 4})};
+  EXPECT_FALSE(nn::decode_step_applies(at::randn({1, 2, 24}), kv, 0, {}));
+  EXPECT_FALSE(nn::decode_step_applies(at::randn({1, 1, 24}), kv, 3, at::ones({1, 1, 1, 3}, at::kBool)));
+  EXPECT_FALSE(nn::decode_step_applies(at::randn({1, 1, 24}), kv, 8, {}));   // past the cache's capacity
+}
+
+TEST(CpuKernels, LayerNormAndItsGradientsMatchDoublePrecisionOnEveryInstructionSet) {
+  // Vector-multiple widths (128, 768) and odd ones (24, 5); row counts across block boundaries (32 rows),
+  // inputs with a large mean (the two-pass variance must not cancel).
+  const std::vector<int64_t> shapes[] = {{2, 37, 128}, {70, 768}, {3, 7, 24}, {1, 1, 5}, {64, 33}};
+  for (Isa isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    torch::manual_seed(17);
+    for (const auto& shape : shapes) {
+      const int64_t c = shape.back();
+      auto x = (at::randn(shape) * 3 + 20).requires_grad_(true);
+      auto w = (at::randn({c}) + 1).requires_grad_(true), b = at::randn({c}).requires_grad_(true);
+      auto dy = at::randn(shape);
+      auto y = nn::fused_layer_norm(x, w, b, 1e-5);
+      y.backward(dy);
+      auto xd = x.detach().to(at::kDouble).requires_grad_(true), wd = w.detach().to(at::kDouble).requires_grad_(true),
+           bd = b.detach().to(at::kDouble).requires_grad_(true);
+      auto ref = nn::aten_layer_norm(xd, wd, bd, 1e-5);
+      ref.backward(dy.to(at::kDouble));
+      const std::string where = std::string(kernels::isa_name(isa)) + " " + c10::str(at::IntArrayRef(shape));
+      EXPECT_LT(max_abs_diff(y.detach(), ref.detach()), 2e-5) << where;
+      EXPECT_LT(max_abs_diff(x.grad(), xd.grad()), 5e-5) << where;
+      EXPECT_LT(max_abs_diff(w.grad(), wd.grad()), 2e-4) << where;
+      EXPECT_LT(max_abs_diff(b.grad(), bd.grad()), 2e-4) << where;
+    }
+  }
+}
+
+TEST(CpuKernels, LayerNormGivesTheSameBitsOnAnyThreadCount) {
+  torch::manual_seed(23);
+  auto x = at::randn({300, 96}).requires_grad_(true);
+  auto w = at::randn({96}).requires_grad_(true), b = at::randn({96}).requires_grad_(true);
+  auto dy = at::randn({300, 96});
+  std::vector<at::Tensor> first;
+  const int threads = at::get_num_threads();
+  for (int n : {1, 2, 3}) {
+    at::set_num_threads(n);
+    for (auto* t : {&x, &w, &b}) t->mutable_grad() = at::Tensor();
+    auto y = nn::fused_layer_norm(x, w, b, 1e-5);
+    y.backward(dy);
+    std::vector<at::Tensor> got{y.detach(), x.grad(), w.grad(), b.grad()};
+    if (first.empty()) first = got;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], first[i])) << n << " threads, output " << i;
+  }
+  at::set_num_threads(threads);
 }
 
 TEST(CpuKernels, GeluMatchesTheDoublePrecisionFormulaOnEveryInstructionSet) {

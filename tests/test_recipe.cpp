@@ -91,10 +91,13 @@ TEST(RecipeErrors, InvalidChoiceListsChoices) {
 TEST(RecipeErrors, KernelChoicesAreAutoFusedOrAten) {
   std::string e = error_of("[kernels]\nattention = \"fast\"\n");
   EXPECT_NE(e.find("r.toml:2: [kernels] attention: = \"fast\" is not one of auto | fused | aten"), std::string::npos) << e;
-  auto r = parse_recipe("[kernels]\ngemv = \"aten\"\n", "r.toml", {"kernels.gelu=fused"});
+  auto r = parse_recipe("[kernels]\ngemv = \"aten\"\nlayer_norm = \"fused\"\n", "r.toml", {"kernels.gelu=fused"});
   EXPECT_EQ(r.kernels.attention, "auto");
   EXPECT_EQ(r.kernels.gelu, "fused");
   EXPECT_EQ(r.kernels.gemv, "aten");
+  EXPECT_EQ(r.kernels.layer_norm, "fused");
+  e = error_of("[kernels]\nlayer_norm = \"yes\"\n");
+  EXPECT_NE(e.find("r.toml:2: [kernels] layer_norm: = \"yes\" is not one of auto | fused | aten"), std::string::npos) << e;
 }
 
 TEST(RecipeErrors, TokenizerLargerThanModelVocabulary) {

@@ -1,7 +1,7 @@
-// Decoding GEMV, one instruction set's copy: see gemv.h. Up to four x rows at a time against a block
-// of weight rows: the x vectors and one accumulator per (weight row, x row) stay in registers, each
-// weight vector is loaded once and used for every x row. Every output sums its vector lanes, then the
-// tail past the last whole vector, in one fixed order, so blocking never changes a result.
+// Decoding GEMV, one instruction set's copy: see gemv.h. One weight row at a time against up to four
+// x rows: each weight vector is loaded once and used for every x row of the pass, with the
+// accumulators in registers. Every output sums its vector lanes, then the tail past the last whole
+// vector, in one fixed order, so neither the row count nor the thread split changes a result.
 #include "kernels/cpu/isa_entry.h"
 #include "kernels/cpu/simd.h"
 
@@ -14,55 +14,54 @@ namespace {
 constexpr int kGemvLanes = kLanes < 8 ? kLanes : 8;
 typedef Vec<kGemvLanes>::type gv;
 
-// Weight rows per block for R x rows: R x vectors, OB * R accumulators and one weight vector live.
-template <int R>
-constexpr int weight_rows() {
-  constexpr int fit = (kRegs / 2) / R;
-  return fit < 1 ? 1 : (fit > 4 ? 4 : fit);
-}
+// Accumulators per (weight row, x row): a dot product of one weight row runs kChains independent FMA
+// chains over consecutive vectors, so one weight row streams at a time (one sequential stream per
+// core: 34 GB/s on the AMD EPYC, against 25-29 GB/s with four rows interleaved) without waiting on
+// FMA latency. The same for every row count, so a batch sums exactly as each sequence alone.
+constexpr int kChains = 4;
+// x rows per pass over a weight row: their kChains accumulators each, one weight and one x vector in
+// registers. Further x rows take another pass over the same weight row, which is then in L1.
+constexpr int kRowsPerPass = (kRegs - 2) / kChains >= 4 ? 4 : (kRegs - 2) / kChains >= 2 ? 2 : 1;
 
-template <int R, int OB>
-COLOSSAL_INLINE void block(const float* __restrict x, int64_t in, const float* __restrict w, const float* bias,
-                           float* __restrict y, int64_t ldy, int64_t o) {
-  gv acc[OB][R] = {};
+// y[r][o] for r < R: lanes summed as the chains' sum (a0 + a1) + (a2 + a3), tree-wise, then the tail
+// past the last whole vector in order.
+template <int R>
+COLOSSAL_INLINE void row(const float* __restrict x, int64_t in, const float* __restrict w, float bias,
+                         float* __restrict y, int64_t ldy) {
+  gv acc[R][kChains] = {};
   int64_t i = 0;
+  for (; i + kChains * kGemvLanes <= in; i += kChains * kGemvLanes)
+    for (int c = 0; c < kChains; ++c) {
+      const gv wv = load_u<kGemvLanes>(w + i + c * kGemvLanes);
+      for (int r = 0; r < R; ++r) acc[r][c] += wv * load_u<kGemvLanes>(x + r * in + i + c * kGemvLanes);
+    }
   for (; i + kGemvLanes <= in; i += kGemvLanes) {
-    gv xv[R];
-    for (int r = 0; r < R; ++r) xv[r] = load_u<kGemvLanes>(x + r * in + i);
-    for (int b = 0; b < OB; ++b) {
-      const gv wv = load_u<kGemvLanes>(w + (o + b) * in + i);
-      for (int r = 0; r < R; ++r) acc[b][r] += wv * xv[r];
-    }
+    const gv wv = load_u<kGemvLanes>(w + i);
+    for (int r = 0; r < R; ++r) acc[r][0] += wv * load_u<kGemvLanes>(x + r * in + i);
   }
-  for (int b = 0; b < OB; ++b)
-    for (int r = 0; r < R; ++r) {
-      float s = hsum<kGemvLanes>(acc[b][r]);
-      for (int64_t t = i; t < in; ++t) s += w[(o + b) * in + t] * x[r * in + t];
-      y[r * ldy + o + b] = bias ? s + bias[o + b] : s;
-    }
-}
-
-template <int R>
-void rows_of(const float* x, int64_t in, const float* w, const float* bias, float* y, int64_t ldy, int64_t o_begin,
-             int64_t o_end) {
-  constexpr int ob = weight_rows<R>();
-  int64_t o = o_begin;
-  for (; o + ob <= o_end; o += ob) block<R, ob>(x, in, w, bias, y, ldy, o);
-  for (; o < o_end; ++o) block<R, 1>(x, in, w, bias, y, ldy, o);
+  for (int r = 0; r < R; ++r) {
+    float s = hsum<kGemvLanes>((acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]));
+    for (int64_t t = i; t < in; ++t) s += w[t] * x[r * in + t];
+    y[r * ldy] = s + bias;
+  }
 }
 
 }  // namespace
 
 void gemv(const float* x, int64_t rows, int64_t in, const float* w, const float* bias, float* y, int64_t ldy,
           int64_t o_begin, int64_t o_end) {
-  for (int64_t r = 0; r < rows; r += 4) {
-    const float* xr = x + r * in;
-    float* yr = y + r * ldy;
-    switch (rows - r < 4 ? rows - r : 4) {
-      case 1: rows_of<1>(xr, in, w, bias, yr, ldy, o_begin, o_end); break;
-      case 2: rows_of<2>(xr, in, w, bias, yr, ldy, o_begin, o_end); break;
-      case 3: rows_of<3>(xr, in, w, bias, yr, ldy, o_begin, o_end); break;
-      default: rows_of<4>(xr, in, w, bias, yr, ldy, o_begin, o_end); break;
+  for (int64_t o = o_begin; o < o_end; ++o) {
+    const float* wo = w + o * in;
+    const float b = bias ? bias[o] : 0.0f;
+    for (int64_t r = 0; r < rows; r += kRowsPerPass) {
+      const float* xr = x + r * in;
+      float* yr = y + r * ldy + o;
+      switch (rows - r < kRowsPerPass ? rows - r : kRowsPerPass) {
+        case 1: row<1>(xr, in, wo, b, yr, ldy); break;
+        case 2: row<2>(xr, in, wo, b, yr, ldy); break;
+        case 3: row<3>(xr, in, wo, b, yr, ldy); break;
+        default: row<4>(xr, in, wo, b, yr, ldy); break;
+      }
     }
   }
 }

@@ -20,5 +20,11 @@ void adamw_chunk_f32(float* p, const float* g, float* m, float* v, int64_t n, co
 void adamw_chunk_f64(double* p, const double* g, double* m, double* v, int64_t n, const AdamWConsts<double>& c);
 void gemv(const float* x, int64_t rows, int64_t in, const float* w, const float* bias, float* y, int64_t ldy,
           int64_t o_begin, int64_t o_end);
+void attention_decode_head(const float* q, const float* k, const float* v, int64_t n, int64_t d, float scale,
+                           const uint8_t* valid, float* s, float* out);
+void layer_norm_forward_rows(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
+                             int64_t rows, int64_t cols, float eps);
+void layer_norm_backward_rows(const float* dy, const float* x, const float* mean, const float* rstd,
+                              const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t cols);
 
 }  // namespace colossal::kernels::COLOSSAL_ISA

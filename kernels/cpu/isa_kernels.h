@@ -48,6 +48,15 @@ struct IsaKernels {
   // x rows are `in` apart, y rows `ldy` apart.
   void (*gemv)(const float* x, int64_t rows, int64_t in, const float* w, const float* bias, float* y, int64_t ldy,
                int64_t o_begin, int64_t o_end);
+  // One decoding query q[d] against n cached keys and values ([n][d] rows), positions with valid[j] == 0
+  // (when valid is given) left out: out[d] = softmax(scale q k^T) v. s: n floats of scratch.
+  void (*attention_decode_head)(const float* q, const float* k, const float* v, int64_t n, int64_t d, float scale,
+                                const uint8_t* valid, float* s, float* out);
+  // LayerNorm of `rows` rows (see layer_norm.h); the backward writes its block's dgamma and dbeta sums.
+  void (*layer_norm_forward)(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
+                             int64_t rows, int64_t cols, float eps);
+  void (*layer_norm_backward)(const float* dy, const float* x, const float* mean, const float* rstd,
+                              const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t cols);
 };
 
 // The table of `isa` (which the caller has checked the machine can run).

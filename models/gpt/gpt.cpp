@@ -17,8 +17,8 @@ Block::Block(const GptConfig& c, nn::LayerFactory& f)
 }
 
 at::Tensor Block::forward(const at::Tensor& x, nn::LayerKv* kv, int64_t offset, const at::Tensor& mask) {
-  auto h = x + attn->forward(ln_1(x), kv, offset, mask);   // [B, T, C]
-  return h + mlp->forward(ln_2(h));
+  auto h = x + attn->forward(ln_1->forward(x), kv, offset, mask);   // [B, T, C]
+  return h + mlp->forward(ln_2->forward(h));
 }
 
 Gpt::Gpt(const GptConfig& c, nn::LayerFactory& f) : cfg_(c) {
@@ -70,7 +70,7 @@ at::Tensor Gpt::features(const at::Tensor& ids, const nn::ForwardOptions& o) {
   for (size_t i = 0; i < blocks_.size(); ++i)
     x = blocks_[i]->forward(x, o.cache ? &o.cache->layers[i] : nullptr, offset, o.mask);
   if (o.cache) o.cache->length += t;
-  return ln_f(x);
+  return ln_f->forward(x);
 }
 
 nn::KvCache Gpt::make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const {

@@ -4,11 +4,11 @@
 #pragma once
 #include <memory>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/normalization.h>
 
 #include "models/gpt/gpt_config.h"
 #include "src/nn/causal_lm.h"
 #include "src/nn/factory.h"
+#include "src/nn/layer_norm.h"
 #include "src/nn/mlp.h"
 
 namespace colossal::gpt {
@@ -19,7 +19,7 @@ class Block : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, nn::LayerKv* kv, int64_t offset, const at::Tensor& mask);
 
  private:
-  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
   std::shared_ptr<nn::Attention> attn;
   std::shared_ptr<nn::Mlp> mlp;
 };
@@ -48,7 +48,7 @@ class Gpt : public nn::CausalLM {
   std::shared_ptr<nn::Embedding> wte, wpe;
   torch::nn::ModuleList blocks_list{nullptr};
   std::vector<std::shared_ptr<Block>> blocks_;
-  torch::nn::LayerNorm ln_f{nullptr};
+  std::shared_ptr<nn::LayerNorm> ln_f;
 };
 
 }  // namespace colossal::gpt

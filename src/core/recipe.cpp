@@ -186,6 +186,7 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   r.kernels.attention = k.string("attention", r.kernels.attention, {"auto", "fused", "aten"});
   r.kernels.gelu = k.string("gelu", r.kernels.gelu, {"auto", "fused", "aten"});
   r.kernels.gemv = k.string("gemv", r.kernels.gemv, {"auto", "fused", "aten"});
+  r.kernels.layer_norm = k.string("layer_norm", r.kernels.layer_norm, {"auto", "fused", "aten"});
   k.finish();
 
   auto out = section("output");
@@ -231,7 +232,7 @@ std::string Recipe::to_toml() const {
                             {"schedule", optim.schedule}, {"decay_steps", optim.decay_steps}}},
       {"checkpoint", toml::table{{"dir", checkpoint.dir}, {"every", checkpoint.every}, {"keep_last", checkpoint.keep_last}}},
       {"finetune", toml::table{{"from", finetune.from}}},
-      {"kernels", toml::table{{"attention", kernels.attention}, {"gelu", kernels.gelu}, {"gemv", kernels.gemv}}},
+      {"kernels", toml::table{{"attention", kernels.attention}, {"gelu", kernels.gelu}, {"gemv", kernels.gemv}, {"layer_norm", kernels.layer_norm}}},
       {"output", toml::table{{"dir", output.dir}, {"log_level", output.log_level}}},
   };
   std::ostringstream s;

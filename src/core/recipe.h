@@ -73,6 +73,7 @@ struct KernelsConfig {               // [kernels]: our CPU kernel or ATen's, for
   std::string attention = "auto";    // auto (time both at first use, keep the faster) | fused | aten
   std::string gelu = "auto";         // the same choices
   std::string gemv = "auto";         // decoding matrix-vector products (generation, eval-free)
+  std::string layer_norm = "auto";   // LayerNorm forward and backward
 };
 
 struct OutputConfig {                // [output]

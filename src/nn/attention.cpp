@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include "src/nn/cached_attention.h"
 #include "src/nn/fused_attention.h"
 
 namespace colossal::nn {
@@ -19,22 +20,14 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
   if (!kv && !mask.defined() && spec_.causal && p == 0 && fused_attention_applies(packed) &&
       fused_attention_chosen(packed, h))
     return proj_->forward(fused_causal_attention(packed, h));   // short causal sequences on CPU
-  auto qkv = packed.view({b, t, 3, h, d}).permute({2, 0, 3, 1, 4});              // [3, B, H, T, D]
-  at::Tensor q = qkv[0], k = qkv[1], v = qkv[2];                                  // each [B, H, T, D]
-  bool causal = spec_.causal && !mask.defined();
   if (kv) {
-    kv->k.narrow(2, offset, t).copy_(k);
-    kv->v.narrow(2, offset, t).copy_(v);
-    k = kv->k.narrow(2, 0, offset + t);
-    v = kv->v.narrow(2, 0, offset + t);
-    // One new query attends to every cached key; a multi-token prefill at offset 0 is plain causal.
-    if (t == 1) causal = false;
-    else if (offset > 0 && !mask.defined())
-      TORCH_CHECK(false, "attention: multi-token step at offset ", offset, " needs an explicit mask");
+    TORCH_CHECK(spec_.causal && p == 0, "attention: a KV cache is for causal generation without dropout");
+    return proj_->forward(cached_attention(packed, *kv, offset, h, mask));
   }
+  auto qkv = packed.view({b, t, 3, h, d}).permute({2, 0, 3, 1, 4});              // [3, B, H, T, D]
   std::optional<at::Tensor> attn_mask;   // an undefined tensor inside an optional still counts as a mask
   if (mask.defined()) attn_mask = mask;
-  auto y = at::scaled_dot_product_attention(q, k, v, attn_mask, p, causal);   // [B, H, T, D]
+  auto y = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask, p, spec_.causal && !mask.defined());
   y = y.transpose(1, 2).reshape({b, t, c});                                 // [B, T, C]
   y = proj_->forward(y);
   return p > 0 ? at::dropout(y, p, true) : y;

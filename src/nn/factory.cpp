@@ -2,9 +2,9 @@
 #include "src/nn/factory.h"
 
 #include <ATen/ATen.h>
-#include <torch/nn/modules/normalization.h>
 
 #include "src/nn/attention.h"
+#include "src/nn/layer_norm.h"
 #include "src/nn/linear_forward.h"
 #include "src/nn/mlp.h"
 
@@ -42,8 +42,8 @@ std::shared_ptr<Embedding> LayerFactory::embedding(int64_t num, int64_t dim, Spl
   return std::make_shared<DenseEmbedding>(num, dim);
 }
 
-torch::nn::LayerNorm LayerFactory::layer_norm(int64_t dim, double eps) {
-  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(eps));
+std::shared_ptr<LayerNorm> LayerFactory::layer_norm(int64_t dim, double eps) {
+  return std::make_shared<LayerNorm>(dim, eps);
 }
 
 std::shared_ptr<Attention> LayerFactory::attention(const AttentionSpec& spec) {

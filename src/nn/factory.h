@@ -7,7 +7,6 @@
 #include <ATen/core/Tensor.h>
 #include <memory>
 #include <torch/nn/module.h>
-#include <torch/nn/modules/normalization.h>
 
 namespace colossal::nn {
 
@@ -56,13 +55,14 @@ struct MlpSpec {
 
 class Attention;
 class Mlp;
+class LayerNorm;
 
 class LayerFactory {
  public:
   virtual ~LayerFactory() = default;
   virtual std::shared_ptr<Linear> linear(const LinearSpec& spec);
   virtual std::shared_ptr<Embedding> embedding(int64_t num, int64_t dim, Split split = Split::Replicated);
-  virtual torch::nn::LayerNorm layer_norm(int64_t dim, double eps);
+  virtual std::shared_ptr<LayerNorm> layer_norm(int64_t dim, double eps);
   virtual std::shared_ptr<Attention> attention(const AttentionSpec& spec);
   virtual std::shared_ptr<Mlp> mlp(const MlpSpec& spec);
 };

@@ -1,5 +1,5 @@
 // Kernel choice: for each CPU kernel of ours that has an ATen equivalent (fused attention, GELU,
-// decoding GEMV), which of the two runs. The engine never runs a kernel that loses on the machine at
+// decoding GEMV, decoding attention, LayerNorm), which of the two runs. The engine never runs a kernel that loses on the machine at
 // hand: on the first call at a shape, both are timed on that call's own inputs (a warm-up and three
 // alternating calls each, the fastest of each side counted), the faster is kept for that shape for
 // the rest of the process and the choice is logged once, as cuDNN's benchmark mode does. A recipe's
@@ -19,6 +19,7 @@ struct KernelPolicy {
   KernelPath attention = KernelPath::Auto;
   KernelPath gelu = KernelPath::Auto;
   KernelPath gemv = KernelPath::Auto;
+  KernelPath layer_norm = KernelPath::Auto;
 };
 
 // "auto" | "fused" | "aten" (the recipe's and the flag's spelling); throws std::invalid_argument.

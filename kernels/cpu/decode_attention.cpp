@@ -1,0 +1,41 @@
+// Decoding attention against the KV cache, CPU: see decode_attention.h. One task per (sequence, head)
+// split across OpenMP threads when there is enough work to pay for waking them; the per-head loop is
+// the active instruction set's (decode_attention_isa.cpp).
+#include "kernels/cpu/decode_attention.h"
+
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/isa_kernels.h"
+
+namespace colossal::kernels {
+namespace {
+
+// Below this many multiply-adds (scores and values, all heads) one thread does it all: waking the
+// others costs a few microseconds, as much as the arithmetic of a short cache.
+constexpr int64_t kParallelWork = 1 << 15;
+
+}  // namespace
+
+void decode_attention(const float* qkv, float* k_cache, float* v_cache, const uint8_t* valid, int64_t valid_stride,
+                      float* out, const DecodeAttentionDims& a) {
+  const int64_t c = a.heads * a.head_dim, tasks = a.batch * a.heads, d = a.head_dim;
+  const auto head = active_kernels().attention_decode_head;
+  const bool parallel = tasks > 1 && 2 * tasks * a.length * d >= kParallelWork;
+#pragma omp parallel if (parallel)
+  {
+    std::vector<float> scores(static_cast<size_t>(a.length));
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t b = task / a.heads, h = task % a.heads;
+      const float* q = qkv + b * 3 * c + h * d;
+      float* k = k_cache + task * a.capacity * d;
+      float* v = v_cache + task * a.capacity * d;
+      std::memcpy(k + (a.length - 1) * d, q + c, static_cast<size_t>(d) * sizeof(float));
+      std::memcpy(v + (a.length - 1) * d, q + 2 * c, static_cast<size_t>(d) * sizeof(float));
+      head(q, k, v, a.length, d, a.scale, valid ? valid + b * valid_stride : nullptr, scores.data(), out + b * c + h * d);
+    }
+  }
+}
+
+}  // namespace colossal::kernels

@@ -1,0 +1,27 @@
+// Attention of one new token per sequence against its KV cache (the decoding step of generation), CPU.
+// ATen would run it as a dozen operations per layer (split q/k/v, two cache copies, narrows, SDPA with
+// its own scratch, a transpose back); at one token each of those costs more than the arithmetic. Here
+// one call writes the new key and value into the cache and attends, one task per (sequence, head).
+//
+// Layouts (row-major float):
+//   qkv      [B, 3, H, D]         (the QKV linear's output for the new token: q | k | v)
+//   k_cache  [B, H, capacity, D]  (and v_cache alike; positions [0, length-1) already filled)
+//   valid    [B, valid_stride]    (optional, 1 = may attend; e.g. 0 on left padding)
+//   out      [B, H, D]            (so out viewed as [B, 1, C] is the input of the output projection)
+#pragma once
+#include <cstdint>
+
+namespace colossal::kernels {
+
+struct DecodeAttentionDims {
+  int64_t batch, heads, head_dim;
+  int64_t capacity;   // positions the cache holds
+  int64_t length;     // positions attended, the new one included (it is written at length - 1)
+  float scale;        // usually 1/sqrt(head_dim)
+};
+
+// A sequence with no valid position gets a zero output.
+void decode_attention(const float* qkv, float* k_cache, float* v_cache, const uint8_t* valid, int64_t valid_stride,
+                      float* out, const DecodeAttentionDims& dims);
+
+}  // namespace colossal::kernels

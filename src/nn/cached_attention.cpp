@@ -1,0 +1,69 @@
+// Attention over a KV cache: see cached_attention.h.
+#include "src/nn/cached_attention.h"
+
+#include <ATen/ATen.h>
+#include <cmath>
+
+#include "kernels/cpu/decode_attention.h"
+#include "src/nn/kernel_choice.h"
+
+namespace colossal::nn {
+
+at::Tensor aten_cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
+                                 const at::Tensor& mask) {
+  const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, d = c / heads;
+  auto parts = qkv.view({b, t, 3, heads, d}).permute({2, 0, 3, 1, 4});   // [3, B, H, T, D]
+  kv.k.narrow(2, offset, t).copy_(parts[1]);
+  kv.v.narrow(2, offset, t).copy_(parts[2]);
+  auto k = kv.k.narrow(2, 0, offset + t), v = kv.v.narrow(2, 0, offset + t);
+  // One new query attends to every cached key; a multi-token prefill at offset 0 is plain causal.
+  bool causal = !mask.defined() && t > 1;
+  TORCH_CHECK(mask.defined() || offset == 0 || t == 1, "attention: multi-token step at offset ", offset,
+              " needs an explicit mask");
+  std::optional<at::Tensor> attn_mask;   // an undefined tensor inside an optional still counts as a mask
+  if (mask.defined()) attn_mask = mask;
+  auto y = at::scaled_dot_product_attention(parts[0], k, v, attn_mask, 0.0, causal);   // [B, H, T, D]
+  return y.transpose(1, 2).reshape({b, t, c});                                        // [B, T, C]
+}
+
+bool decode_step_applies(const at::Tensor& qkv, const LayerKv& kv, int64_t offset, const at::Tensor& mask) {
+  const int64_t b = qkv.size(0);
+  const bool mask_ok = !mask.defined() || (mask.scalar_type() == at::kBool && mask.dim() == 4 && mask.size(0) == b &&
+                                           mask.size(1) == 1 && mask.size(2) == 1 && mask.size(3) == offset + 1 &&
+                                           mask.is_cpu() && mask.is_contiguous());
+  return qkv.is_cpu() && qkv.scalar_type() == at::kFloat && qkv.dim() == 3 && qkv.size(1) == 1 && mask_ok &&
+         kv.k.is_cpu() && kv.k.scalar_type() == at::kFloat && kv.k.is_contiguous() && kv.v.is_contiguous() &&
+         kv.v.sizes() == kv.k.sizes() && kv.k.dim() == 4 && kv.k.size(0) == b && offset < kv.k.size(2);
+}
+
+at::Tensor fused_decode_attention(const at::Tensor& qkv_in, LayerKv& kv, int64_t offset, int64_t heads,
+                                  const at::Tensor& mask) {
+  TORCH_CHECK(decode_step_applies(qkv_in, kv, offset, mask), "fused_decode_attention: unsupported inputs, qkv ",
+              qkv_in.sizes(), " cache ", kv.k.sizes(), " offset ", offset);
+  const auto qkv = qkv_in.contiguous();
+  const int64_t b = qkv.size(0), c = qkv.size(2) / 3, d = c / heads;
+  TORCH_CHECK(kv.k.size(1) == heads && kv.k.size(3) == d, "fused_decode_attention: cache ", kv.k.sizes(),
+              " does not hold ", heads, " heads of ", d);
+  auto y = at::empty({b, 1, c}, qkv.options());
+  const kernels::DecodeAttentionDims dims{b, heads, d, kv.k.size(2), offset + 1,
+                                         static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)))};
+  const auto* valid = mask.defined() ? reinterpret_cast<const uint8_t*>(mask.const_data_ptr<bool>()) : nullptr;
+  kernels::decode_attention(qkv.const_data_ptr<float>(), kv.k.mutable_data_ptr<float>(), kv.v.mutable_data_ptr<float>(),
+                            valid, offset + 1, y.mutable_data_ptr<float>(), dims);
+  return y;
+}
+
+at::Tensor cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads, const at::Tensor& mask) {
+  if (decode_step_applies(qkv, kv, offset, mask)) {
+    // Both sides write the same key and value at `offset`, so timing them on the real cache is harmless.
+    const std::string shape = "decode B=" + std::to_string(qkv.size(0)) + " H=" + std::to_string(heads) +
+                              " D=" + std::to_string(qkv.size(2) / 3 / heads);
+    if (use_ours("attention", kernel_policy().attention, shape,
+                 [&] { fused_decode_attention(qkv, kv, offset, heads, mask); },
+                 [&] { aten_cached_attention(qkv, kv, offset, heads, mask); }))
+      return fused_decode_attention(qkv, kv, offset, heads, mask);
+  }
+  return aten_cached_attention(qkv, kv, offset, heads, mask);
+}
+
+}  // namespace colossal::nn

@@ -1,0 +1,25 @@
+// Attention that reads and extends a layer's KV cache (generation). Prefill and masked steps run on
+// ATen's scaled_dot_product_attention; a one-token step on CPU float tensors runs
+// kernels/cpu/decode_attention (cache write and attention in one call) when it wins at that shape
+// (kernel_choice.h, kernel "attention", shape "decode B H D", timed once on the first step).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include "src/nn/attention.h"
+
+namespace colossal::nn {
+
+// qkv [B, T, 3C] laid out as [B, T, 3, H, D]: keys and values of the T new positions are written into
+// kv at [offset, offset + T), then queries attend over [0, offset + T) -> y [B, T, C] (before the output
+// projection). `mask` (bool, true = may attend) broadcastable to [B, H, T, offset + T] replaces the
+// causal rule; a multi-token step at offset > 0 needs one. No dropout: generation only.
+at::Tensor cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads, const at::Tensor& mask);
+
+// The same on ATen alone, and the fused one-token path alone (which needs decode_step_applies).
+at::Tensor aten_cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
+                                 const at::Tensor& mask);
+bool decode_step_applies(const at::Tensor& qkv, const LayerKv& kv, int64_t offset, const at::Tensor& mask);
+at::Tensor fused_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
+                                  const at::Tensor& mask);
+
+}  // namespace colossal::nn

@@ -1,0 +1,93 @@
+// LayerNorm: see layer_norm.h.
+#include "src/nn/layer_norm.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "kernels/cpu/layer_norm.h"
+#include "src/nn/kernel_choice.h"
+
+namespace colossal::nn {
+namespace {
+
+// Saves x, mean and rstd (as ATen's NativeLayerNormBackward does) and the weight.
+struct FusedLayerNorm : public torch::autograd::Function<FusedLayerNorm> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& weight,
+                            const at::Tensor& bias, double eps) {
+    auto x = x_in.contiguous();
+    const int64_t cols = x.size(-1), rows = x.numel() / cols;
+    auto y = at::empty_like(x);
+    auto stats = at::empty({2, rows}, x.options());   // mean, rstd
+    auto w = weight.contiguous(), b = bias.contiguous();
+    kernels::layer_norm_forward(x.const_data_ptr<float>(), w.const_data_ptr<float>(), b.const_data_ptr<float>(),
+                                y.mutable_data_ptr<float>(), stats.mutable_data_ptr<float>(),
+                                stats.mutable_data_ptr<float>() + rows, rows, cols, static_cast<float>(eps));
+    ctx->save_for_backward({x, w, stats});
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1], &stats = saved[2];
+    const int64_t cols = x.size(-1), rows = x.numel() / cols;
+    auto dy = grad_out[0].contiguous();
+    auto dx = at::empty_like(x), dw = at::empty_like(w), db = at::empty_like(w);
+    kernels::layer_norm_backward(dy.const_data_ptr<float>(), x.const_data_ptr<float>(), stats.const_data_ptr<float>(),
+                                 stats.const_data_ptr<float>() + rows, w.const_data_ptr<float>(),
+                                 dx.mutable_data_ptr<float>(), dw.mutable_data_ptr<float>(),
+                                 db.mutable_data_ptr<float>(), rows, cols);
+    return {dx, dw, db, at::Tensor()};
+  }
+};
+
+bool all_cpu_float(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  for (const auto* t : {&x, &w, &b})
+    if (!t->defined() || !t->is_cpu() || t->scalar_type() != at::kFloat) return false;
+  return x.numel() > 0;
+}
+
+// Whether ours runs at x's shape (kernel_choice.h), timed on detached copies of x and the parameters.
+bool fused_layer_norm_chosen(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps) {
+  const bool grad = at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || b.requires_grad());
+  const int64_t cols = x.size(-1);
+  const std::string shape = "rows=" + std::to_string(x.numel() / cols) + " cols=" + std::to_string(cols) +
+                            (grad ? " fwd+bwd" : " fwd");
+  if (auto d = decided_ours("layer_norm", kernel_policy().layer_norm, shape)) return *d;
+  const at::Tensor xi = x.detach().clone().requires_grad_(grad), wi = w.detach().clone().requires_grad_(grad),
+                   bi = b.detach().clone().requires_grad_(grad);
+  const at::Tensor dy = at::ones_like(xi);
+  auto run = [&](bool ours) {
+    auto y = ours ? fused_layer_norm(xi, wi, bi, eps) : aten_layer_norm(xi, wi, bi, eps);
+    if (grad) torch::autograd::grad({y}, {xi, wi, bi}, {dy});
+  };
+  return time_and_choose("layer_norm", shape, [&] { run(true); }, [&] { run(false); });
+}
+
+}  // namespace
+
+at::Tensor fused_layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
+  TORCH_CHECK(all_cpu_float(x, weight, bias) && weight.numel() == x.size(-1) && bias.numel() == x.size(-1),
+              "fused_layer_norm: needs CPU float x [..., C] and weight, bias [C]; got ", x.sizes(), ", ",
+              weight.sizes(), ", ", bias.sizes());
+  return FusedLayerNorm::apply(x, weight, bias, eps);
+}
+
+at::Tensor aten_layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
+  return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
+}
+
+LayerNorm::LayerNorm(int64_t dim, double eps) : dim_(dim), eps_(eps) {
+  weight = register_parameter("weight", at::ones({dim}));
+  bias = register_parameter("bias", at::zeros({dim}));
+}
+
+at::Tensor LayerNorm::forward(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == dim_, "LayerNorm over ", dim_, " features got input ", x.sizes());
+  if (all_cpu_float(x, weight, bias) && fused_layer_norm_chosen(x, weight, bias, eps_))
+    return fused_layer_norm(x, weight, bias, eps_);
+  return aten_layer_norm(x, weight, bias, eps_);
+}
+
+}  // namespace colossal::nn

@@ -1,0 +1,27 @@
+// LayerNorm over the last axis with parameters `weight` and `bias` (torch's names, so checkpoints map
+// as before). On CPU float tensors it runs kernels/cpu/layer_norm as one autograd function (one pass
+// each way, parameter gradients included) when that wins at the shape (kernel_choice.h, kernel
+// "layer_norm"); elsewhere ATen's at::layer_norm.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+namespace colossal::nn {
+
+class LayerNorm : public torch::nn::Module {
+ public:
+  LayerNorm(int64_t dim, double eps);
+  at::Tensor forward(const at::Tensor& x);   // [..., dim] -> [..., dim]
+
+  at::Tensor weight, bias;
+
+ private:
+  int64_t dim_;
+  double eps_;
+};
+
+// The two paths alone (for tests and timing): ours needs a CPU float input.
+at::Tensor fused_layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps);
+at::Tensor aten_layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps);
+
+}  // namespace colossal::nn
