@@ -23,13 +23,13 @@ void gelu_tanh_forward(const float* x, float* y, int64_t n) {
   }
 }
 
-void gelu_tanh_backward(const float* x, const float* dy, float* dx, int64_t n) {
-  const auto f = active_kernels().gelu_tanh_backward;
+void gelu_tanh_forward_with_grad(const float* x, float* y, float* dydx, int64_t n) {
+  const auto f = active_kernels().gelu_tanh_forward_with_grad;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t begin = c * kChunk;
-    f(x + begin, dy + begin, dx + begin, std::min(kChunk, n - begin));
+    f(x + begin, y + begin, dydx + begin, std::min(kChunk, n - begin));
   }
 }
 

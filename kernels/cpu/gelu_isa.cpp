@@ -21,16 +21,15 @@ void gelu_forward_chunk(const float* __restrict x, float* __restrict y, int64_t 
   }
 }
 
-// dx may alias dy (each element is read before it is written), so neither carries __restrict.
-void gelu_backward_chunk(const float* __restrict x, const float* dy, float* dx, int64_t n) {
+// d gelu / dx = (1 + t) / 2 + x (1 - t^2) du/dx / 2, with t = tanh(u) shared with y.
+void gelu_forward_grad_chunk(const float* __restrict x, float* __restrict y, float* __restrict dydx, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
-    const float v2 = v * v;
-    const float t = tanh_bounded(kSqrt2OverPi * (v + kCubic * v2 * v));
-    const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * v2);
-    const float grad = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
-    dx[i] = dy[i] * grad;
+    const float t = tanh_bounded(kSqrt2OverPi * (v + kCubic * v * v * v));   // as in gelu_forward_chunk, so y is too
+    const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * (v * v));
+    y[i] = 0.5f * v * (1.0f + t);
+    dydx[i] = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
   }
 }
 

@@ -14,7 +14,7 @@ void attention_forward_head(const AttentionHead& h, float* out, float* lse, int6
 void attention_backward_head(const AttentionHead& h, const float* out, const float* d_out, const float* lse, float* dq,
                              float* dk, float* dv, int64_t t_len, int64_t d, float scale, const AttentionScratch& w);
 void gelu_forward_chunk(const float* x, float* y, int64_t n);
-void gelu_backward_chunk(const float* x, const float* dy, float* dx, int64_t n);
+void gelu_forward_grad_chunk(const float* x, float* y, float* dydx, int64_t n);
 float softmax_ce_row(float* row, int64_t target, int64_t cols, float grad_scale);
 void adamw_chunk_f32(float* p, const float* g, float* m, float* v, int64_t n, const AdamWConsts<float>& c);
 void adamw_chunk_f64(double* p, const double* g, double* m, double* v, int64_t n, const AdamWConsts<double>& c);

@@ -39,7 +39,7 @@ struct IsaKernels {
                                   float* dq, float* dk, float* dv, int64_t t_len, int64_t d, float scale,
                                   const AttentionScratch& w);
   void (*gelu_tanh_forward)(const float* x, float* y, int64_t n);
-  void (*gelu_tanh_backward)(const float* x, const float* dy, float* dx, int64_t n);
+  void (*gelu_tanh_forward_with_grad)(const float* x, float* y, float* dydx, int64_t n);
   // Softmax cross entropy of one row in place (the row becomes its gradient times grad_scale); returns the loss.
   float (*softmax_ce_row)(float* row, int64_t target, int64_t cols, float grad_scale);
   void (*adamw_f32)(float* p, const float* g, float* m, float* v, int64_t n, const AdamWConsts<float>& c);

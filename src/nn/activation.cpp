@@ -11,24 +11,26 @@
 namespace colossal::nn {
 namespace {
 
-// Saves its input, as ATen's GeluBackward does, and recomputes tanh in backward.
+// Under autograd, saves the local derivative (written by the forward's own pass) where ATen's
+// GeluBackward saves the input: the same bytes, and the backward is one multiply, no tanh.
 struct GeluTanh : public torch::autograd::Function<GeluTanh> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
     auto xc = x.contiguous();
     auto y = at::empty_like(xc);
-    kernels::gelu_tanh_forward(xc.const_data_ptr<float>(), y.mutable_data_ptr<float>(), xc.numel());
-    ctx->save_for_backward({xc});
+    if (!x.requires_grad()) {
+      kernels::gelu_tanh_forward(xc.const_data_ptr<float>(), y.mutable_data_ptr<float>(), xc.numel());
+      return y;
+    }
+    auto dydx = at::empty_like(xc);
+    kernels::gelu_tanh_forward_with_grad(xc.const_data_ptr<float>(), y.mutable_data_ptr<float>(),
+                                         dydx.mutable_data_ptr<float>(), xc.numel());
+    ctx->save_for_backward({dydx});
     return y;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_out) {
-    const at::Tensor x = ctx->get_saved_variables()[0];
-    auto dy = grad_out[0].contiguous();
-    auto dx = at::empty_like(x);
-    kernels::gelu_tanh_backward(x.const_data_ptr<float>(), dy.const_data_ptr<float>(), dx.mutable_data_ptr<float>(),
-                                x.numel());
-    return {dx};
+    return {grad_out[0] * ctx->get_saved_variables()[0]};
   }
 };
 
