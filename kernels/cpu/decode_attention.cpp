@@ -24,7 +24,9 @@ void decode_attention(const float* qkv, float* k_cache, float* v_cache, const ui
   const bool parallel = tasks > 1 && 2 * tasks * a.length * d >= kParallelWork;
 #pragma omp parallel if (parallel)
   {
-    std::vector<float> scores(static_cast<size_t>(a.length));
+    // Each thread's scores, kept across calls: every layer of every decoding step comes here.
+    thread_local std::vector<float> scores;
+    if (scores.size() < static_cast<size_t>(a.length)) scores.resize(static_cast<size_t>(a.length));
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / a.heads, h = task % a.heads;

@@ -19,6 +19,7 @@ typedef Vec<kGemvLanes>::type gv;
 // core: 34 GB/s on the AMD EPYC, against 25-29 GB/s with four rows interleaved) without waiting on
 // FMA latency. The same for every row count, so a batch sums exactly as each sequence alone.
 constexpr int kChains = 4;
+static_assert(kChains == 4, "row() sums the chains as (a0 + a1) + (a2 + a3)");
 // x rows per pass over a weight row: their kChains accumulators each, one weight and one x vector in
 // registers. Further x rows take another pass over the same weight row, which is then in L1.
 constexpr int kRowsPerPass = (kRegs - 2) / kChains >= 4 ? 4 : (kRegs - 2) / kChains >= 2 ? 2 : 1;

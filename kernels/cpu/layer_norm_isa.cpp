@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "kernels/cpu/isa_entry.h"
-#include "kernels/cpu/simd.h"
 
 namespace colossal::kernels::COLOSSAL_ISA {
 

@@ -62,6 +62,8 @@ fi
 [ -x "$PY" ] || { echo "train_vs_torch: error: $PY not found; create it with scripts/setup.sh" >&2; exit 1; }
 "$PY" -c 'import torch, h5py' 2>/dev/null ||
   { echo "train_vs_torch: error: $PY lacks torch or h5py; run scripts/setup.sh (or $PY -m pip install h5py)" >&2; exit 1; }
+[ "$device" = cuda ] || [ -x /usr/bin/time ] ||
+  { echo "train_vs_torch: error: /usr/bin/time not found (apt-get install time)" >&2; exit 1; }
 # torch.compile's on-disk cache (/tmp/torchinductor_$USER unless set) is not keyed by LibTorch's ISA caps:
 # the 124M compile peer, run uncapped on a cache filled under ATEN_CPU_CAPABILITY=avx2, corrupted its heap
 # and died (free(): invalid pointer), reproducibly. So each set of caps gets its own cache.
@@ -69,8 +71,6 @@ if [ -z "${TORCHINDUCTOR_CACHE_DIR:-}" ]; then
   caps="${ATEN_CPU_CAPABILITY:-default}-${MKL_ENABLE_INSTRUCTIONS:-default}-${ONEDNN_MAX_CPU_ISA:-default}"
   export TORCHINDUCTOR_CACHE_DIR="${TMPDIR:-/tmp}/colossal-bench-inductor-$(id -un)-$caps"
 fi
-[ "$device" = cuda ] || [ -x /usr/bin/time ] ||
-  { echo "train_vs_torch: error: /usr/bin/time not found (apt-get install time)" >&2; exit 1; }
 
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/train_vs_torch.XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT

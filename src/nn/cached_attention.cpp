@@ -36,10 +36,10 @@ bool decode_step_applies(const at::Tensor& qkv, const LayerKv& kv, int64_t offse
          kv.v.sizes() == kv.k.sizes() && kv.k.dim() == 4 && kv.k.size(0) == b && offset < kv.k.size(2);
 }
 
-at::Tensor fused_decode_attention(const at::Tensor& qkv_in, LayerKv& kv, int64_t offset, int64_t heads,
-                                  const at::Tensor& mask) {
-  TORCH_CHECK(decode_step_applies(qkv_in, kv, offset, mask), "fused_decode_attention: unsupported inputs, qkv ",
-              qkv_in.sizes(), " cache ", kv.k.sizes(), " offset ", offset);
+namespace {
+
+// The fused step on inputs decode_step_applies has accepted.
+at::Tensor decode_step(const at::Tensor& qkv_in, LayerKv& kv, int64_t offset, int64_t heads, const at::Tensor& mask) {
   const auto qkv = qkv_in.contiguous();
   const int64_t b = qkv.size(0), c = qkv.size(2) / 3, d = c / heads;
   TORCH_CHECK(kv.k.size(1) == heads && kv.k.size(3) == d, "fused_decode_attention: cache ", kv.k.sizes(),
@@ -53,15 +53,24 @@ at::Tensor fused_decode_attention(const at::Tensor& qkv_in, LayerKv& kv, int64_t
   return y;
 }
 
+}  // namespace
+
+at::Tensor fused_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
+                                  const at::Tensor& mask) {
+  TORCH_CHECK(decode_step_applies(qkv, kv, offset, mask), "fused_decode_attention: unsupported inputs, qkv ",
+              qkv.sizes(), " cache ", kv.k.sizes(), " offset ", offset);
+  return decode_step(qkv, kv, offset, heads, mask);
+}
+
 at::Tensor cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads, const at::Tensor& mask) {
   if (decode_step_applies(qkv, kv, offset, mask)) {
     // Both sides write the same key and value at `offset`, so timing them on the real cache is harmless.
     const std::string shape = "decode B=" + std::to_string(qkv.size(0)) + " H=" + std::to_string(heads) +
                               " D=" + std::to_string(qkv.size(2) / 3 / heads);
     if (use_ours("attention", kernel_policy().attention, shape,
-                 [&] { fused_decode_attention(qkv, kv, offset, heads, mask); },
+                 [&] { decode_step(qkv, kv, offset, heads, mask); },
                  [&] { aten_cached_attention(qkv, kv, offset, heads, mask); }))
-      return fused_decode_attention(qkv, kv, offset, heads, mask);
+      return decode_step(qkv, kv, offset, heads, mask);
   }
   return aten_cached_attention(qkv, kv, offset, heads, mask);
 }

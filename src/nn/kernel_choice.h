@@ -1,10 +1,11 @@
 // Kernel choice: for each CPU kernel of ours that has an ATen equivalent (fused attention, GELU,
 // LayerNorm, decoding GEMV and decoding attention), which of the two runs. The engine never runs a
 // kernel that loses on the machine at hand: on the first call at a shape, both are timed on that
-// call's own inputs (two warm-ups and five alternating calls each, the fastest of each side counted), the faster is kept for that shape for
-// the rest of the process and the choice is logged once, as cuDNN's benchmark mode does. A recipe's
-// [kernels] section or `infer --kernels` can force either side. Choices travel in checkpoints, so a
-// resumed run computes with the kernels the original run chose.
+// call's own inputs (two warm-ups and five alternating calls each, the fastest of each side counted),
+// the faster is kept for that shape for the rest of the process and the choice is logged once, as
+// cuDNN's benchmark mode does. A recipe's [kernels] section or `infer --kernels` can force either
+// side. Choices travel in checkpoints, so a resumed run computes with the kernels the original run
+// chose.
 #pragma once
 #include <functional>
 #include <map>

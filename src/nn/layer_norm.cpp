@@ -59,7 +59,7 @@ bool fused_layer_norm_chosen(const at::Tensor& x, const at::Tensor& w, const at:
                    bi = b.detach().clone().requires_grad_(grad);
   const at::Tensor dy = at::ones_like(xi);
   auto run = [&](bool ours) {
-    auto y = ours ? fused_layer_norm(xi, wi, bi, eps) : aten_layer_norm(xi, wi, bi, eps);
+    auto y = ours ? FusedLayerNorm::apply(xi, wi, bi, eps) : aten_layer_norm(xi, wi, bi, eps);
     if (grad) torch::autograd::grad({y}, {xi, wi, bi}, {dy});
   };
   return time_and_choose("layer_norm", shape, [&] { run(true); }, [&] { run(false); });
@@ -86,7 +86,7 @@ LayerNorm::LayerNorm(int64_t dim, double eps) : dim_(dim), eps_(eps) {
 at::Tensor LayerNorm::forward(const at::Tensor& x) {
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == dim_, "LayerNorm over ", dim_, " features got input ", x.sizes());
   if (all_cpu_float(x, weight, bias) && fused_layer_norm_chosen(x, weight, bias, eps_))
-    return fused_layer_norm(x, weight, bias, eps_);
+    return FusedLayerNorm::apply(x, weight, bias, eps_);   // shapes checked above
   return aten_layer_norm(x, weight, bias, eps_);
 }
 
