@@ -92,9 +92,11 @@ TEST(IsaDispatch, TheBinaryRejectsABadCapWithOneLine) {
 }
 
 TEST(CpuKernels, AttentionMatchesDoublePrecisionSdpaOnEveryInstructionSet) {
-  // Register-blocked head sizes (16, 32, 64, 128) and generic ones (8, 24), T from 1 to the maximum.
-  const std::array<int64_t, 4> shapes[] = {{2, 37, 3, 16}, {1, 1, 2, 8}, {3, 128, 4, 32}, {1, 256, 2, 64},
-                                           {2, 19, 1, 128}, {1, 50, 2, 24}, {1, 33, 1, 64}};
+  // Register-blocked head sizes (16, 32, 64, 128) and generic ones (8, 24), T from 1 to the maximum,
+  // with lengths that end inside a register tile and inside a backward block of 48 queries.
+  const std::array<int64_t, 4> shapes[] = {{2, 37, 3, 16}, {1, 1, 2, 8},    {3, 128, 4, 32}, {1, 256, 2, 64},
+                                           {2, 19, 1, 128}, {1, 50, 2, 24}, {1, 33, 1, 64},  {2, 97, 2, 32},
+                                           {1, 145, 1, 16}, {1, 7, 1, 32}};
   for (Isa isa : kernels::runnable_isas()) {
     kernels::ScopedIsa cap(isa);
     torch::manual_seed(11);

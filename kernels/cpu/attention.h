@@ -1,7 +1,7 @@
 // Causal self-attention for short sequences on CPU, forward and backward, straight from the packed
 // QKV projection. ATen's CPU flash attention splits keys in blocks of 512, so below that length it
-// computes the whole T x T square and masks half of it away; here each query row touches only the
-// keys at or before it, every head's K and V (transposed) stay in L1/L2, and the per-row softmax
+// computes the whole T x T square and masks half of it away; here each tile of queries touches only
+// the keys its last row sees, every head's K and V (transposed) stay in L1/L2, and the per-row softmax
 // statistics are kept for the backward (FlashAttention-2's recomputation, without blocking: the
 // whole row fits). One task per (batch, head), split across OpenMP threads.
 //

@@ -2,11 +2,15 @@
 // attention.h for the algorithm and layouts, attention.cpp for threading and scratch.
 //
 // Register blocking follows the set (simd.h): a vector is kLanes floats and kRegs of them fit. Head
-// dimensions 16, 32, 64 and 128 run register-blocked loops over blocks of queries, whose row and
-// column blocks are sized so that their accumulators and operands never exceed kRegs (AVX2 has 16
-// registers of 8 floats, AVX-512 32 of 16: a block sized for one spills on the other). Other head
-// dimensions run plain loops over contiguous axes that the compiler vectorises.
+// dimensions 16, 32, 64 and 128 run every product through one register tile whose rows and vectors
+// are sized so that accumulators and operands never exceed kRegs (AVX2 has 16 registers of 8 floats,
+// AVX-512 32 of 16: a tile sized for one spills on the other). Other head dimensions run plain loops
+// over contiguous axes that the compiler vectorises.
+#include <algorithm>
 #include <cmath>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/cpu/isa_entry.h"
 #include "kernels/cpu/simd.h"
@@ -17,12 +21,43 @@ namespace {
 
 // ---- any head dimension -------------------------------------------------------------------------
 
+#if defined(__AVX2__)
+// 8 rows of 8 floats (`stride` apart) -> their 8 columns as rows (`ld` apart), in registers.
+COLOSSAL_INLINE void transpose_8x8(const float* src, int64_t stride, float* dst, int64_t ld) {
+  __m256 r[8], t[8];
+  for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(src + k * stride);
+  for (int k = 0; k < 8; k += 2) {
+    t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);       // a0 b0 a1 b1 | a4 b4 a5 b5
+    t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);   // a2 b2 a3 b3 | a6 b6 a7 b7
+  }
+  for (int k = 0; k < 8; k += 4) {
+    r[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);       // a0 b0 c0 d0 | a4 b4 c4 d4
+    r[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);   // a1 b1 c1 d1 | ...
+    r[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
+    r[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
+  }
+  for (int k = 0; k < 4; ++k) {
+    _mm256_storeu_ps(dst + k * ld, _mm256_permute2f128_ps(r[k], r[k + 4], 0x20));
+    _mm256_storeu_ps(dst + (k + 4) * ld, _mm256_permute2f128_ps(r[k], r[k + 4], 0x31));
+  }
+}
+#endif
+
 // rows [n][d] (stride apart) -> dst [d][ld] (the key axis contiguous), zero beyond n, so whole vectors
-// of keys never read garbage.
+// of keys never read garbage. Whole 8 x 8 blocks go through registers where the set has them: the
+// scalar loop's strided loads of rows not yet in cache were a fifth of the backward's time.
 void transpose_padded(const float* src, int64_t stride, int64_t n, int64_t d, int64_t ld, float* dst) {
   for (int64_t c = 0; c < d; ++c)
     for (int64_t j = n; j < ld; ++j) dst[c * ld + j] = 0.0f;
-  for (int64_t j = 0; j < n; ++j)
+  int64_t j0 = 0;
+#if defined(__AVX2__)
+  const int64_t c0 = d / 8 * 8;
+  for (; j0 + 8 <= n; j0 += 8)
+    for (int64_t c = 0; c < c0; c += 8) transpose_8x8(src + j0 * stride + c, stride, dst + c * ld + j0, ld);
+  for (int64_t j = 0; j < j0; ++j)   // columns past the last whole block
+    for (int64_t c = c0; c < d; ++c) dst[c * ld + j] = src[j * stride + c];
+#endif
+  for (int64_t j = j0; j < n; ++j)
     for (int64_t c = 0; c < d; ++c) dst[c * ld + j] = src[j * stride + c];
 }
 
@@ -128,153 +163,138 @@ void backward_generic(const AttentionHead& h, const float* __restrict out, const
 
 // ---- head dimension D, register-blocked ---------------------------------------------------------
 //
-// Queries go QB at a time (kQueryBlock rows: 4 with 32 registers, 2 with 16), so every pass over the
-// transposed keys and values, and every read-modify-write of a key's dK and dV accumulators, serves QB
-// queries: at T=256, D=64 those buffers are 64 KB each and live in L2, and one query per pass made the
-// kernel L2-bound. Rows past the block's causal limit carry p = dS = 0. Blocks of vectors are sized so
-// accumulators, operands and broadcasts stay within kRegs:
-//   scores: QB x kScoreKeys accumulators; P.V: QB x kPvBlock; backward's key loop: q, dO and dQ of QB
-//   rows x kBwdBlock vectors, plus 2 QB broadcasts.
-constexpr int kQueryBlock = kRegs >= 32 ? 4 : 2;
-constexpr int kScoreKeys = 8 / kQueryBlock;   // 8 accumulators in flight hide the FMA latency
-constexpr int kPvBlock = 4;                   // 16 + 4 + 4 live on AVX-512, 8 + 4 + 2 on AVX2/SSE
-constexpr int kBwdBlock = 1;                  // 12 + 8 + 3 live on AVX-512, 6 + 4 + 3 on AVX2/SSE
-static_assert(kAttentionRows >= kQueryBlock, "scratch rows must hold a query block");
+// Every product of a head is a small GEMM (scores Q.K^T and dO.V^T, then P.V, dS.K, dS^T.Q and P^T.dO),
+// and each runs through one register tile: kTileRows rows by up to kTileVecs vectors of accumulators,
+// fed per step by kTileVecs vector loads and one broadcast per row, so the accumulators, operands and
+// broadcast stay within kRegs (AVX2/SSE 6 x 2 = 12 + 2 + 1 of 16; AVX-512 8 x 2 = 16 + 2 + 1 of 32, which
+// measured as fast as 6 x 2 and 6 x 4 and faster than 12 x 2 at D 32 and 64). Causality is kept per tile:
+// a tile of queries reads only the keys its last row sees.
+constexpr int kTileRows = kRegs >= 32 ? 8 : 6;
+constexpr int kTileVecs = 2;
+// The backward takes queries in blocks of kAttentionRows (a multiple of the tile, so key tiles and query
+// tiles line up; see backward_block): each block's dK and dV sums are read and written once per block.
+static_assert(kAttentionRows % kTileRows == 0, "query blocks must hold whole tiles");
 
-template <int N>
-constexpr int block_of(int nv) { return nv < N ? nv : N; }
+COLOSSAL_INLINE int64_t round_up_lanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
-// s[q][0, n rounded up to kLanes) = scale * a_q . bt[:, j] for QB rows a_q (`a_stride` apart); rows of
-// s are `ld` apart. Each score sums c in order in one chain.
-template <int D, int QB>
-COLOSSAL_INLINE void scores(const float* a, int64_t a_stride, const float* bt, int64_t ld, int64_t n, float scale,
-                            float* s) {
-  float as[QB][D];
-  for (int q = 0; q < QB; ++q)
-    for (int c = 0; c < D; ++c) as[q][c] = a[q * a_stride + c] * scale;
-  const int64_t end = (n + kLanes - 1) / kLanes * kLanes;
-  constexpr int U = QB == 1 ? 4 : kScoreKeys;
-  int64_t j = 0;
-  for (; j + U * kLanes <= end; j += U * kLanes) {
-    vf acc[QB][U] = {};
-    for (int c = 0; c < D; ++c) {
-      vf k[U];
-      for (int u = 0; u < U; ++u) k[u] = load_u(bt + c * ld + j + u * kLanes);
-      for (int q = 0; q < QB; ++q) {
-        const vf x = splat(as[q][c]);
-        for (int u = 0; u < U; ++u) acc[q][u] += x * k[u];
-      }
+// c[r][v] = alpha * sum_k a[r*ar + k*ak] * b[k*bk + v*kLanes] (plus c's old value if Acc), for R rows and
+// V vectors; each element sums k in order in one chain.
+template <int R, int V, bool Acc>
+COLOSSAL_INLINE void tile(const float* a, int64_t ar, int64_t ak, const float* b, int64_t bk, int64_t kn, float alpha,
+                          float* c, int64_t cr) {
+  vf acc[R][V] = {};
+  for (int64_t k = 0; k < kn; ++k) {
+    vf bv[V];
+    for (int v = 0; v < V; ++v) bv[v] = load_u(b + k * bk + v * kLanes);
+    for (int r = 0; r < R; ++r) {
+      const vf x = splat(a[r * ar + k * ak]);
+      for (int v = 0; v < V; ++v) acc[r][v] += x * bv[v];
     }
-    for (int q = 0; q < QB; ++q)
-      for (int u = 0; u < U; ++u) store_u(s + q * ld + j + u * kLanes, acc[q][u]);
   }
-  for (; j < end; j += kLanes) {
-    vf acc[QB] = {};
-    for (int c = 0; c < D; ++c) {
-      const vf k = load_u(bt + c * ld + j);
-      for (int q = 0; q < QB; ++q) acc[q] += splat(as[q][c]) * k;
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) {
+      float* y = c + r * cr + v * kLanes;
+      vf sum = acc[r][v] * alpha;
+      if constexpr (Acc) sum += load_u(y);
+      store_u(y, sum);
     }
-    for (int q = 0; q < QB; ++q) store_u(s + q * ld + j, acc[q]);
-  }
 }
 
-// Zeroes row q of a block beyond its causal limit: s[q][i0 + q + 1, n).
-template <int QB>
-COLOSSAL_INLINE void zero_beyond_causal(float* s, int64_t ld, int64_t i0, int64_t n) {
-  for (int q = 0; q < QB; ++q)
-    for (int64_t j = i0 + q + 1; j < n; ++j) s[q * ld + j] = 0.0f;
+// tile<rows, V, Acc> for any rows in [1, R]: full tiles take the first test, edges step down.
+template <int V, bool Acc, int R = kTileRows>
+void tile_rows(int rows, const float* a, int64_t ar, int64_t ak, const float* b, int64_t bk, int64_t kn, float alpha,
+               float* c, int64_t cr) {
+  if constexpr (R > 1)
+    if (rows < R) return tile_rows<V, Acc, R - 1>(rows, a, ar, ak, b, bk, kn, alpha, c, cr);
+  tile<R, V, Acc>(a, ar, ak, b, bk, kn, alpha, c, cr);
 }
 
-// Queries [i0, i0 + QB): out, lse.
-template <int D, int QB>
-COLOSSAL_INLINE void forward_rows(const AttentionHead& h, float* __restrict out, float* __restrict lse, int64_t i0,
-                                  int64_t ld, float scale, const float* kt, float* s) {
-  constexpr int nv = D / kLanes, nb = block_of<kPvBlock>(nv);
-  const int64_t n = i0 + QB;   // keys the block's last row sees
-  scores<D, QB>(h.q + i0 * h.stride, h.stride, kt, ld, n, scale, s);
-  float inv[QB];
-  for (int q = 0; q < QB; ++q) {
-    float max;
-    const float sum = exp_shifted_inplace(s + q * ld, i0 + q + 1, max);
-    inv[q] = 1.0f / sum;
-    lse[i0 + q] = max + std::log(sum);
-  }
-  zero_beyond_causal<QB>(s, ld, i0, n);
-  for (int r0 = 0; r0 < nv; r0 += nb) {   // O_q[r0 block] = sum_j p_qj v_j[r0 block]
-    vf o[QB][nb] = {};
-    for (int64_t j = 0; j < n; ++j) {
-      const float* vj = h.v + j * h.stride + r0 * kLanes;
-      vf v[nb];
-      for (int r = 0; r < nb; ++r) v[r] = load_u(vj + r * kLanes);
-      for (int q = 0; q < QB; ++q) {
-        const vf p = splat(s[q * ld + j]);
-        for (int r = 0; r < nb; ++r) o[q][r] += p * v[r];
-      }
-    }
-    for (int q = 0; q < QB; ++q) {
-      float* oq = out + (i0 + q) * h.out_stride + r0 * kLanes;
-      for (int r = 0; r < nb; ++r) store_u(oq + r * kLanes, o[q][r] * splat(inv[q]));
-    }
-  }
+// `rows` rows (< kTileRows + 1) of c by nv vectors: tiles of kTileVecs vectors, then one of a single vector.
+template <bool Acc>
+void gemm_rows(int rows, int64_t nv, const float* a, int64_t ar, int64_t ak, const float* b, int64_t bk, int64_t kn,
+               float alpha, float* c, int64_t cr) {
+  static_assert(kTileVecs == 2, "the edge below is one vector");
+  int64_t v = 0;
+  for (; v + kTileVecs <= nv; v += kTileVecs)
+    tile_rows<kTileVecs, Acc>(rows, a, ar, ak, b + v * kLanes, bk, kn, alpha, c + v * kLanes, cr);
+  if (v < nv) tile_rows<1, Acc>(rows, a, ar, ak, b + v * kLanes, bk, kn, alpha, c + v * kLanes, cr);
+}
+
+// Marks a score row's keys past the causal limit `valid` (up to the tile's padded end e) as -inf.
+COLOSSAL_INLINE void mask_after(float* s, int64_t valid, int64_t e) {
+  for (int64_t j = valid; j < e; ++j) s[j] = -INFINITY;
+}
+COLOSSAL_INLINE void zero_after(float* s, int64_t valid, int64_t e) {
+  for (int64_t j = valid; j < e; ++j) s[j] = 0.0f;
 }
 
 template <int D>
 void forward_vec(const AttentionHead& h, float* __restrict out, float* __restrict lse, int64_t t_len, float scale,
                  const AttentionScratch& w) {
+  constexpr int64_t nv = D / kLanes;
   const int64_t ld = attention_ld(t_len);
   transpose_padded(h.k, h.stride, t_len, D, ld, w.kt);
-  int64_t i = 0;
-  for (; i + kQueryBlock <= t_len; i += kQueryBlock) forward_rows<D, kQueryBlock>(h, out, lse, i, ld, scale, w.kt, w.p);
-  for (; i < t_len; ++i) forward_rows<D, 1>(h, out, lse, i, ld, scale, w.kt, w.p);
+  for (int64_t i = 0; i < t_len; i += kTileRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kTileRows, t_len - i));
+    const int64_t n = i + rows, e = round_up_lanes(n);   // keys the tile's last row sees; padded to vectors
+    float* s = w.p;
+    gemm_rows<false>(rows, e / kLanes, h.q + i * h.stride, h.stride, 1, w.kt, ld, D, scale, s, ld);
+    float inv[kTileRows];
+    for (int r = 0; r < rows; ++r) {
+      float* row = s + r * ld;
+      const int64_t valid = i + r + 1;
+      mask_after(row, valid, e);
+      float max;
+      const float sum = exp_shifted_inplace(row, e, max);   // unnormalised: O's rows are scaled instead
+      zero_after(row, valid, e);
+      inv[r] = 1.0f / sum;
+      lse[i + r] = max + std::log(sum);
+    }
+    float* o = out + i * h.out_stride;
+    gemm_rows<false>(rows, nv, s, ld, 1, h.v, h.stride, n, 1.0f, o, h.out_stride);   // O = P V
+    for (int r = 0; r < rows; ++r)
+      for (int64_t v = 0; v < nv; ++v) {
+        float* y = o + r * h.out_stride + v * kLanes;
+        store_u(y, load_u(y) * inv[r]);
+      }
+  }
 }
 
-// Queries [i0, i0 + QB): dQ written, dK and dV accumulated into w.dk and w.dv ([T][D]).
-template <int D, int QB>
-COLOSSAL_INLINE void backward_rows(const AttentionHead& h, const float* __restrict out, const float* __restrict d_out,
-                                   const float* __restrict lse, float* __restrict dq, int64_t i0, int64_t ld,
-                                   float scale, const AttentionScratch& w) {
-  constexpr int nv = D / kLanes, nb = block_of<kBwdBlock>(nv);
-  const int64_t n = i0 + QB;
-  float *p = w.p, *dp = w.dp;
-  scores<D, QB>(h.q + i0 * h.stride, h.stride, w.kt, ld, n, scale, p);
-  scores<D, QB>(d_out + i0 * h.out_stride, h.out_stride, w.vt, ld, n, 1.0f, dp);   // dp_qj = dO_q . v_j
-  for (int q = 0; q < QB; ++q) {
-    const int64_t i = i0 + q;
-    exp_minus(p + q * ld, i + 1, lse[i]);
-    const float* goi = d_out + i * h.out_stride;
-    const float* oi = out + i * h.out_stride;
-    vf dlt = vf{};
-    for (int r = 0; r < nv; ++r) dlt += load_u(goi + r * kLanes) * load_u(oi + r * kLanes);
-    softmax_grad(p + q * ld, dp + q * ld, i + 1, hsum(dlt), scale);   // D_i = dO_i . O_i
-  }
-  zero_beyond_causal<QB>(p, ld, i0, n);
-  zero_beyond_causal<QB>(dp, ld, i0, n);
-  for (int r0 = 0; r0 < nv; r0 += nb) {
-    vf qv[QB][nb], g[QB][nb], acc[QB][nb] = {};
-    for (int q = 0; q < QB; ++q)
-      for (int r = 0; r < nb; ++r) {
-        qv[q][r] = load_u(h.q + (i0 + q) * h.stride + (r0 + r) * kLanes);
-        g[q][r] = load_u(d_out + (i0 + q) * h.out_stride + (r0 + r) * kLanes);
-      }
-    for (int64_t j = 0; j < n; ++j) {
-      const float* kj = h.k + j * h.stride + r0 * kLanes;
-      float* dkj = w.dk + j * D + r0 * kLanes;
-      float* dvj = w.dv + j * D + r0 * kLanes;
-      for (int r = 0; r < nb; ++r) {
-        const vf k = load_u(kj + r * kLanes);
-        vf dk = load_u(dkj + r * kLanes), dv = load_u(dvj + r * kLanes);
-        for (int q = 0; q < QB; ++q) {
-          const vf ds = splat(dp[q * ld + j]), pq = splat(p[q * ld + j]);
-          acc[q][r] += ds * k;        // dQ_q += dS_qj k_j
-          dk += ds * qv[q][r];        // dK_j += dS_qj q_q
-          dv += pq * g[q][r];         // dV_j += p_qj dO_q
-        }
-        store_u(dkj + r * kLanes, dk);
-        store_u(dvj + r * kLanes, dv);
-      }
+// Queries [i0, n): dQ written; dK and dV (zeroed by the caller) gain this block's terms.
+template <int D>
+COLOSSAL_INLINE void backward_block(const AttentionHead& h, const float* __restrict out, const float* __restrict d_out,
+                                    const float* __restrict lse, float* __restrict dq, float* __restrict dk,
+                                    float* __restrict dv, int64_t i0, int64_t n, int64_t ld, float scale,
+                                    const AttentionScratch& w) {
+  constexpr int64_t nv = D / kLanes;
+  for (int64_t i = i0; i < n; i += kTileRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kTileRows, n - i));
+    const int64_t end = i + rows, e = round_up_lanes(end);
+    float *p = w.p + (i - i0) * ld, *ds = w.dp + (i - i0) * ld;
+    gemm_rows<false>(rows, e / kLanes, h.q + i * h.stride, h.stride, 1, w.kt, ld, D, scale, p, ld);
+    gemm_rows<false>(rows, e / kLanes, d_out + i * h.out_stride, h.out_stride, 1, w.vt, ld, D, 1.0f, ds, ld);   // dP
+    for (int r = 0; r < rows; ++r) {
+      const int64_t q = i + r, valid = q + 1;
+      float *pr = p + r * ld, *dsr = ds + r * ld;
+      mask_after(pr, valid, e);
+      exp_minus(pr, e, lse[q]);
+      zero_after(pr, valid, e);
+      vf dlt = vf{};   // D_q = dO_q . O_q
+      for (int64_t v = 0; v < nv; ++v) dlt += load_u(d_out + q * h.out_stride + v * kLanes) * load_u(out + q * h.out_stride + v * kLanes);
+      softmax_grad(pr, dsr, e, hsum(dlt), scale);   // dS, zero where P is
     }
-    for (int q = 0; q < QB; ++q)
-      for (int r = 0; r < nb; ++r) store_u(dq + (i0 + q) * h.stride + (r0 + r) * kLanes, acc[q][r]);
+    gemm_rows<false>(rows, nv, ds, ld, 1, h.k, h.stride, end, 1.0f, dq + i * h.stride, h.stride);   // dQ = dS K
+  }
+  // dK_j += sum_q dS_qj q_q and dV_j += sum_q P_qj dO_q over keys j < n, in tiles of keys aligned with the
+  // query tiles: a key tile starting at j0 reads rows q >= max(i0, j0), all inside query tiles that reach
+  // past the key tile, so every entry it reads was computed (and is zero where q < j).
+  for (int64_t j0 = 0; j0 < n; j0 += kTileRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kTileRows, n - j0));
+    const int64_t q0 = std::max(i0, j0);
+    gemm_rows<true>(rows, nv, w.dp + (q0 - i0) * ld + j0, 1, ld, h.q + q0 * h.stride, h.stride, n - q0, 1.0f,
+                    dk + j0 * h.stride, h.stride);
+    gemm_rows<true>(rows, nv, w.p + (q0 - i0) * ld + j0, 1, ld, d_out + q0 * h.out_stride, h.out_stride, n - q0, 1.0f,
+                    dv + j0 * h.stride, h.stride);
   }
 }
 
@@ -282,19 +302,16 @@ template <int D>
 void backward_vec(const AttentionHead& h, const float* __restrict out, const float* __restrict d_out,
                   const float* __restrict lse, float* __restrict dq, float* __restrict dk, float* __restrict dv,
                   int64_t t_len, float scale, const AttentionScratch& w) {
-  constexpr int nv = D / kLanes;
   const int64_t ld = attention_ld(t_len);
   transpose_padded(h.k, h.stride, t_len, D, ld, w.kt);
   transpose_padded(h.v, h.stride, t_len, D, ld, w.vt);
-  for (int64_t j = 0; j < t_len * D; ++j) w.dk[j] = w.dv[j] = 0.0f;
-  int64_t i = 0;
-  for (; i + kQueryBlock <= t_len; i += kQueryBlock) backward_rows<D, kQueryBlock>(h, out, d_out, lse, dq, i, ld, scale, w);
-  for (; i < t_len; ++i) backward_rows<D, 1>(h, out, d_out, lse, dq, i, ld, scale, w);
   for (int64_t j = 0; j < t_len; ++j)
-    for (int r = 0; r < nv; ++r) {
-      store_u(dk + j * h.stride + r * kLanes, load_u(w.dk + j * D + r * kLanes));
-      store_u(dv + j * h.stride + r * kLanes, load_u(w.dv + j * D + r * kLanes));
+    for (int64_t v = 0; v < D / kLanes; ++v) {
+      store_u(dk + j * h.stride + v * kLanes, vf{});
+      store_u(dv + j * h.stride + v * kLanes, vf{});
     }
+  for (int64_t i0 = 0; i0 < t_len; i0 += kAttentionRows)
+    backward_block<D>(h, out, d_out, lse, dq, dk, dv, i0, std::min(i0 + kAttentionRows, t_len), ld, scale, w);
 }
 
 }  // namespace

@@ -16,13 +16,14 @@ struct AttentionHead {
   int64_t out_stride;   // C: the same in out, d_out and lse-free outputs
 };
 
-// Per-thread buffers of one head: kt and vt [D][ld], p and dp [kAttentionRows][ld] (a block of
-// queries' rows, ld apart), dk and dv [T][D], with ld = T rounded up to kAttentionPad.
+// Per-thread buffers of one head: kt and vt [D][ld] (K and V transposed), p and dp [kAttentionRows][ld]
+// (a block of queries' probability and gradient rows, ld apart), dk and dv [T][D] (the generic head
+// size's sums), with ld = T rounded up to kAttentionPad.
 struct AttentionScratch {
   float *kt, *vt, *p, *dp, *dk, *dv;
 };
 constexpr int64_t kAttentionPad = 16;   // the widest vector's float lanes, so every set fits one layout
-constexpr int64_t kAttentionRows = 4;   // the largest query block of any set
+constexpr int64_t kAttentionRows = 48;  // queries per backward block: a multiple of every set's tile rows
 // ld: a head's sequence length rounded up to kAttentionPad (static: each set's copy keeps its own).
 static constexpr int64_t attention_ld(int64_t seq) { return (seq + kAttentionPad - 1) / kAttentionPad * kAttentionPad; }
 

@@ -39,7 +39,8 @@ template <int N = kLanes>
 COLOSSAL_INLINE typename Vec<N>::type load_u(const float* p) { return *reinterpret_cast<const typename Vec<N>::unaligned*>(p); }
 template <int N = kLanes>
 COLOSSAL_INLINE void store_u(float* p, typename Vec<N>::type v) { *reinterpret_cast<typename Vec<N>::unaligned*>(p) = v; }
-COLOSSAL_INLINE vf splat(float x) { return vf{} + x; }
+// x - 0 is x for every x (x + 0 is not, for -0), so this compiles to a lone broadcast.
+COLOSSAL_INLINE vf splat(float x) { return x - vf{}; }
 // Sum of the lanes as a tree (halves added, then their halves...): log2(N) vector adds instead of N
 // scalar ones, and one fixed order on every call.
 template <int N = kLanes>
