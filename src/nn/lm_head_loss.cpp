@@ -45,10 +45,18 @@ struct LmHeadCrossEntropy : public torch::autograd::Function<LmHeadCrossEntropy>
     auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1];
     const at::Tensor& dlogits = saved[2];                       // [N, V], already scaled by 1/N
-    // The incoming scalar (1, or 1/grad_accum) scales the two small products rather than the [N, V]
-    // buffer, and is never read on the host (on a GPU that would be a sync per backward).
+    // The incoming scalar (1, or 1/grad_accum) scales the two products rather than the [N, V] buffer.
+    // On the CPU it is read and a scale of 1 skips the pass (the head's [V, C] gradient is 154 MB at
+    // GPT-2's vocabulary); elsewhere it stays a tensor (reading it would be a sync per backward).
     const at::Tensor& g = grad_out[0];
-    return {at::mm(dlogits, weight).mul_(g), at::mm(dlogits.t(), x).mul_(g), at::Tensor()};
+    at::Tensor dx = at::mm(dlogits, weight), dw = at::mm(dlogits.t(), x);
+    if (!g.is_cpu()) return {dx.mul_(g), dw.mul_(g), at::Tensor()};
+    const double scale = g.item<double>();
+    if (scale != 1.0) {
+      dx.mul_(scale);
+      dw.mul_(scale);
+    }
+    return {dx, dw, at::Tensor()};
   }
 };
 
