@@ -162,3 +162,84 @@ TEST(Resume, KernelChoicesTravelInTheCheckpointAndAreNotTimedAgain) {
         << e.what();
   }
 }
+
+namespace {
+
+std::string resume_error(const TempDir& d, int64_t to_step) {
+  try {
+    run_training(tiny_recipe(d.path(), to_step), {.resume = true, .quiet = true});
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(Resume, TrainerStateIsCheckedBeforeItIsTrusted) {
+  TempDir d;
+  ASSERT_EQ(run_training(tiny_recipe(d.path(), 3), {.quiet = true}), 0);
+  const std::string ckpt = d / "checkpoints/step-000003";
+  const std::string path = ckpt + "/trainer_state.json";
+  const auto good = nlohmann::json::parse(colossal::test::read_file(path));
+  auto error_with = [&](const char* key, const nlohmann::json& value) {
+    auto s = good;
+    s[key] = value;
+    colossal::test::write_file(path, s.dump());
+    try {
+      read_checkpoint_info(ckpt);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(error_with("step", -5).find("\"step\" = -5 (expected a whole number >= 0)"), std::string::npos) << error_with("step", -5);
+  EXPECT_NE(error_with("step", 1e30).find("\"step\" = 1e+30"), std::string::npos) << error_with("step", 1e30);
+  EXPECT_NE(error_with("step", "5").find("\"step\" = \"5\""), std::string::npos);
+  EXPECT_NE(error_with("loader_position", 2.5).find("\"loader_position\" = 2.5"), std::string::npos);
+  EXPECT_NE(error_with("train_loss", "low").find("\"train_loss\" = \"low\" (expected a number)"), std::string::npos);
+  EXPECT_EQ(error_with("train_loss", nullptr), "(no error)");   // a NaN loss is stored as null
+  colossal::test::write_file(path, "[1, 2]");
+  try {
+    read_checkpoint_info(ckpt);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("trainer_state.json holds array, not a JSON object"), std::string::npos) << e.what();
+  }
+  colossal::test::write_file(path, "{\"step\": 3,");
+  try {
+    read_checkpoint_info(ckpt);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is not valid JSON (syntax error at byte"), std::string::npos) << e.what();
+  }
+  // Without trainer_state.json there is nothing to resume (a silent restart at step 0 is not a resume).
+  fs::remove(path);
+  EXPECT_NE(resume_error(d, 6).find("trainer_state.json is missing"), std::string::npos) << resume_error(d, 6);
+}
+
+TEST(Resume, TheRandomGeneratorStateIsRequiredAndItsSizeChecked) {
+  TempDir d;
+  ASSERT_EQ(run_training(tiny_recipe(d.path(), 3), {.quiet = true}), 0);
+  const std::string opt = d / "checkpoints/step-000003/optimizer.safetensors";
+  auto file = load_safetensors(opt);
+  auto rewrite = [&](bool drop_rng, int64_t rng_bytes) {
+    std::vector<NamedTensor> kept;
+    for (const auto& t : file.tensors) {
+      if (t.name != "__rng_cpu__") kept.push_back(t);
+      else if (!drop_rng) kept.push_back({t.name, at::zeros({rng_bytes}, at::kByte)});
+    }
+    save_safetensors(opt, kept, file.metadata);
+  };
+  rewrite(true, 0);
+  EXPECT_NE(resume_error(d, 6).find("\"__rng_cpu__\" (the random generator's state) is missing"), std::string::npos)
+      << resume_error(d, 6);
+  rewrite(false, 7);
+  EXPECT_NE(resume_error(d, 6).find("\"__rng_cpu__\" holds 7 Byte values, expected"), std::string::npos) << resume_error(d, 6);
+  auto meta = file.metadata;
+  file.metadata["step"] = "-3";
+  rewrite(false, file.at("__rng_cpu__", opt).numel());
+  EXPECT_NE(resume_error(d, 6).find("metadata step = \"-3\" (expected a whole number >= 0)"), std::string::npos)
+      << resume_error(d, 6);
+  file.metadata = meta;
+}

@@ -76,6 +76,26 @@ TEST(EndToEnd, TinyRecipeLearnsAndInferIsDeterministicForASeed) {
   for (int i = 0; i < 200; ++i) long_prompt += "and the LORD ";
   expect_one_line_error(run_colossal("infer " + ckpt + " -p '" + long_prompt + "' -q"), "tokens but the model's context is 128");
 
+  // A temperature as small as the range allows samples like greedy instead of failing on inf/inf.
+  auto cold = run_colossal("infer " + ckpt + " -p 'And God said' -n 20 -t 1e-45 --seed 3 -q");
+  auto greedy = run_colossal("infer " + ckpt + " -p 'And God said' -n 20 --greedy -q");
+  ASSERT_EQ(cold.exit_code, 0) << cold.output;
+  EXPECT_EQ(cold.output, greedy.output);
+  // Prompts must be UTF-8 in every mode (JSON could not carry them; text mode used to accept them).
+  write_file(dir / "bad_prompts.txt", "In the beginning\n\xff\xfe oops\n");
+  for (const char* mode : {"", " --jsonl"})
+    expect_one_line_error(run_colossal("infer " + ckpt + " --prompts " + (dir / "bad_prompts.txt") + " -n 3 -q" + mode),
+                          "prompt 2 of " + (dir / "bad_prompts.txt") + " is not valid UTF-8 (byte 0)");
+
+  // A config.json that asks for more memory than the machine has is refused before allocating.
+  const std::string config_path = dir / ("run/checkpoints/" + read_file(dir / "run/checkpoints/latest").substr(0, 11) + "/config.json");
+  const std::string config = read_file(config_path);
+  auto huge = nlohmann::json::parse(config);
+  huge["n_layer"] = 1024, huge["n_embd"] = 65536, huge["n_head"] = 1, huge["n_inner"] = nullptr;
+  write_file(config_path, huge.dump());
+  expect_one_line_error(run_colossal("infer " + ckpt + " -p hi -q"), "(fp32 weights) needs about");
+  write_file(config_path, config);
+
   // A damaged checkpoint: truncated weights.
   const std::string latest = dir / ("run/checkpoints/" + read_file(dir / "run/checkpoints/latest").substr(0, 11));
   std::string bytes = read_file(latest + "/model.safetensors");
@@ -107,6 +127,23 @@ TEST(EndToEnd, BadInputEndsInOneErrorLine) {
                         "empty corpus");
   expect_one_line_error(run_colossal("data prepare --text " + (dir / "empty.txt") + " --tokenizer x --out y"), "tokenizer x: no such file");
   expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --resume" + into(dir)), "no such file or directory");
+
+  // Flags: NaN passes a plain range check, and "-1" wraps into an unsigned seed, so both are checked as text.
+  const std::string infer = "infer " + (dir / "none") + " -p hi ";
+  expect_one_line_error(run_colossal(infer + "--top-p nan"), "--top-p: 'nan' is not a number in [0, 1]");
+  expect_one_line_error(run_colossal(infer + "--temperature nan"), "'nan' is not a number in [0, 100]");
+  expect_one_line_error(run_colossal(infer + "--temperature 1e309"), "'1e309' is not a number in [0, 100]");
+  expect_one_line_error(run_colossal(infer + "--seed -1"), "--seed: '-1' is not a whole number in [0, 18446744073709551615]");
+  expect_one_line_error(run_colossal(infer + "--seed 18446744073709551616"), "is not a whole number in [0, 18446744073709551615]");
+  expect_one_line_error(run_colossal(infer + "--top-k 99999999999999999999"), "--top-k: '99999999999999999999' is not a whole number");
+  expect_one_line_error(run_colossal("data prepare --text a --tokenizer b --out c --val-fraction nan"),
+                        "--val-fraction: 'nan' is not a number in [0, 0.5]");
+  // A model too large for this machine is refused before anything is allocated.
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set model.n_embd=1048576 --set model.n_head=1" + into(dir)),
+                        "-parameter model (weights, gradients, AdamW state and one micro-batch's activations) needs about");
+  auto dry = run_colossal("train recipes/gpt-tiny.toml --dry-run --set model.n_embd=1048576 --set model.n_head=1");
+  EXPECT_EQ(dry.exit_code, 0) << dry.output;
+  EXPECT_NE(dry.output.find("does not fit: training would stop here"), std::string::npos) << dry.output;
 }
 
 TEST(EndToEnd, DataCommandsBuildATokenizerAndDataset) {

@@ -226,3 +226,46 @@ TEST(GeluTanh, CpuKernelMatchesTheDoublePrecisionFormulaForwardAndBackward) {
   EXPECT_TRUE(at::equal(nn::gelu_tanh(d), at::gelu(d, "tanh")));
   nn::set_kernel_policy({});
 }
+
+TEST(GptConfig, HfConfigFieldsAreHonouredOrRefusedNeverIgnored) {
+  const gpt::GptConfig tiny{2, 4, 128, 128, 1024};
+  const nlohmann::json good = gpt::to_hf_config(tiny);
+  auto error_with = [&](const std::string& key, const nlohmann::json& value) {
+    auto j = good;
+    j[key] = value;
+    try {
+      gpt::from_hf_config(j, "dir/config.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(error_with("n_inner", nullptr), "(no error)");
+  EXPECT_EQ(error_with("n_inner", 512), "(no error)");
+  EXPECT_EQ(error_with("activation_function", "gelu_pytorch_tanh"), "(no error)");
+  const std::pair<std::string, std::pair<nlohmann::json, std::string>> bad[] = {
+      {"n_layer", {1000000000, "dir/config.json: \"n_layer\" = 1000000000 (expected a whole number in [1, 1024])"}},
+      {"vocab_size", {1e12, "\"vocab_size\" = 1000000000000.0 (expected a whole number in [1, 16777216])"}},
+      {"n_embd", {1e9, "\"n_embd\" = 1000000000.0"}},
+      {"n_positions", {-4, "\"n_positions\" = -4"}},
+      {"n_head", {"4", "\"n_head\" = \"4\""}},
+      {"layer_norm_epsilon", {-1, "\"layer_norm_epsilon\" = -1 (expected a number in (0, 1))"}},
+      {"resid_pdrop", {1.5, "\"resid_pdrop\" = 1.5 (expected a number in [0, 1))"}},
+      {"activation_function", {"relu", "\"activation_function\" = \"relu\" is not supported (this GPT-2 uses the tanh GELU"}},
+      {"tie_word_embeddings", {false, "\"tie_word_embeddings\" = false is not supported"}},
+      {"n_inner", {1, "\"n_inner\" = 1 is not supported (the MLP is 4 x n_embd = 512 wide, or null)"}},
+      {"scale_attn_by_inverse_layer_idx", {true, "\"scale_attn_by_inverse_layer_idx\" = true is not supported"}},
+      {"n_ctx", {64, "\"n_ctx\" = 64 differs from n_positions = 128"}},
+      {"model_type", {3, "\"model_type\" = 3 is not a name"}},
+  };
+  for (const auto& [key, expect] : bad) {
+    const std::string e = error_with(key, expect.first);
+    EXPECT_NE(e.find(expect.second), std::string::npos) << key << ": " << e;
+  }
+  try {
+    gpt::from_hf_config(nlohmann::json::array({1, 2}), "dir/config.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dir/config.json: holds array, not a JSON object"), std::string::npos) << e.what();
+  }
+}

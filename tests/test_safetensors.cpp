@@ -70,7 +70,7 @@ TEST(Safetensors, RejectsHeaderLongerThanFile) {
   TempDir dir;
   write_raw(dir / "f", "{}", 0, 851443712);
   std::string e = load_error(dir / "f");
-  EXPECT_NE(e.find("header claims 812.00 MiB but the file has"), std::string::npos) << e;
+  EXPECT_NE(e.find("header claims 851443712 bytes (812.00 MiB) but the file has 2 bytes"), std::string::npos) << e;
 }
 
 TEST(Safetensors, RejectsFileShorterThanLengthField) {
@@ -111,7 +111,41 @@ TEST(Safetensors, RejectsUnknownDtypeAndMissingFields) {
   write_raw(dir / "f", R"({"a":{"dtype":"F128","shape":[1],"data_offsets":[0,16]}})", 16);
   EXPECT_NE(load_error(dir / "f").find("unsupported dtype F128"), std::string::npos);
   write_raw(dir / "g", R"({"a":{"dtype":"F32","shape":[1]}})", 4);
-  EXPECT_NE(load_error(dir / "g").find("malformed header"), std::string::npos);
+  EXPECT_NE(load_error(dir / "g").find("tensor \"a\" has no \"data_offsets\""), std::string::npos) << load_error(dir / "g");
+  write_raw(dir / "h", R"({"a":{"dtype":7,"shape":[1],"data_offsets":[0,4]}})", 4);
+  EXPECT_NE(load_error(dir / "h").find("has dtype 7, not a name"), std::string::npos) << load_error(dir / "h");
+  write_raw(dir / "i", R"({"a":[1,2]})", 4);
+  EXPECT_NE(load_error(dir / "i").find("tensor \"a\" has no \"dtype\""), std::string::npos) << load_error(dir / "i");
+}
+
+TEST(Safetensors, RejectsShapesThatAreNotWholeOrOverflowSixtyFourBits) {
+  TempDir dir;
+  auto error_for = [&](const std::string& shape, const std::string& offsets = "[0,4]") {
+    write_raw(dir / "f", R"({"x":{"dtype":"F32","shape":)" + shape + R"(,"data_offsets":)" + offsets + "}}", 4);
+    return load_error(dir / "f");
+  };
+  EXPECT_NE(error_for("[1024.5]").find("tensor \"x\" has shape entry 1024.5 (sizes are whole numbers >= 0)"), std::string::npos)
+      << error_for("[1024.5]");
+  EXPECT_NE(error_for("[-1]").find("shape entry -1"), std::string::npos) << error_for("[-1]");
+  EXPECT_NE(error_for("[\"4\"]").find("shape entry \"4\""), std::string::npos) << error_for("[\"4\"]");
+  EXPECT_NE(error_for("4").find("has shape 4, not a list of sizes"), std::string::npos) << error_for("4");
+  // 2^62 floats are 2^64 bytes: one past what a 64-bit size holds.
+  EXPECT_NE(error_for("[4611686018427387904]").find("whose byte size does not fit 64 bits"), std::string::npos)
+      << error_for("[4611686018427387904]");
+  EXPECT_NE(error_for("[65536,65536,65536,65536]").find("does not fit 64 bits"), std::string::npos);
+  EXPECT_NE(error_for("[1]", "[0.5,4]").find("data_offsets [0.5,4] (expected [begin, end], whole numbers >= 0)"),
+            std::string::npos) << error_for("[1]", "[0.5,4]");
+  EXPECT_NE(error_for("[1]", "[-4,0]").find("data_offsets [-4,0]"), std::string::npos);
+  EXPECT_EQ(error_for("[1]"), "(no error)");
+  EXPECT_EQ(error_for("[0,7]", "[0,0]"), "(no error)");   // empty tensors are fine
+}
+
+TEST(Safetensors, RejectsMetadataThatIsNotStrings) {
+  TempDir dir;
+  write_raw(dir / "f", R"({"__metadata__":{"step":5}})", 0);
+  EXPECT_NE(load_error(dir / "f").find("__metadata__[\"step\"] is 5, not a string"), std::string::npos) << load_error(dir / "f");
+  write_raw(dir / "g", R"({"__metadata__":[1]})", 0);
+  EXPECT_NE(load_error(dir / "g").find("__metadata__ is not a JSON object of strings"), std::string::npos);
 }
 
 TEST(Safetensors, MissingFileIsAnError) {

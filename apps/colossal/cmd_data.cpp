@@ -2,6 +2,7 @@
 #include <memory>
 #include <spdlog/spdlog.h>
 
+#include "apps/colossal/cli_checks.h"
 #include "apps/colossal/commands.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
@@ -43,7 +44,7 @@ void add_data_commands(CLI::App& app) {
   p->add_option("--text", prep->text, "Text file; documents are separated by blank lines")->required();
   p->add_option("--tokenizer", prep->tokenizer, "SentencePiece .model file")->required();
   p->add_option("--out", prep->out, "Where to write the .h5 dataset")->required();
-  p->add_option("--val-fraction", prep->val_fraction, "Share of documents held out for eval")->capture_default_str()->check(CLI::Range(0.0, 0.5));
+  p->add_option("--val-fraction", prep->val_fraction, "Share of documents held out for eval")->capture_default_str()->check(finite_in(0.0, 0.5));
   p->callback([prep] {
     setup_logging("info");
     auto st = prepare_dataset(prep->text, Tokenizer::load(prep->tokenizer), prep->out, prep->val_fraction);

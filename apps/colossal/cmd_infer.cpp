@@ -8,10 +8,12 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "apps/colossal/cli_checks.h"
 #include "apps/colossal/commands.h"
 #include "src/core/device.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
+#include "src/core/text.h"
 #include "src/engine/checkpoint.h"
 #include "src/engine/generator.h"
 #include "src/engine/model_registry.h"
@@ -60,6 +62,16 @@ void run(InferArgs& a) {
     prompts.insert(prompts.end(), more.begin(), more.end());
   }
   if (prompts.empty()) throw Error("no prompt: give --prompt TEXT (repeatable) or --prompts FILE");
+  // Prompts must be UTF-8 in every output mode (JSON cannot carry other bytes, and a prompt that is
+  // not text is a wrong file far more often than an intended one).
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const size_t at = invalid_utf8_at(prompts[i]);
+    if (at == std::string::npos) continue;
+    const size_t flags = a.prompts.size();
+    const std::string which = i < flags ? "--prompt #" + std::to_string(i + 1)
+                                        : "prompt " + std::to_string(i - flags + 1) + " of " + a.prompts_file;
+    throw Error(which + " is not valid UTF-8 (byte " + std::to_string(at) + "); prompts must be UTF-8 text");
+  }
 
   const std::string dir = resolve_checkpoint(a.checkpoint);
   auto info = read_checkpoint_info(dir);
@@ -68,6 +80,8 @@ void run(InferArgs& a) {
     throw Error("checkpoint " + dir + ": tokenizer has " + std::to_string(tokenizer.vocab_size()) +
                 " pieces but the model only " + std::to_string(info.model.vocab_size) + " rows (mismatched files?)");
   const c10::Device device = resolve_device(a.device, "--device");
+  if (device.is_cpu())
+    require_host_memory(4.0 * static_cast<double>(count_parameters(info.model)), "the model in " + dir + " (fp32 weights)");
   nn::LayerFactory factory;
   auto model = build_model(info.model, factory);
   load_model_state(*model, load_safetensors((fs::path(dir) / "model.safetensors").string()), dir);
@@ -100,7 +114,9 @@ void run(InferArgs& a) {
     } else if (a.jsonl) {
       nlohmann::json j = {{"prompt", prompts[i]}, {"completion", results[i].text}, {"finish_reason", results[i].finish_reason},
                           {"prompt_tokens", results[i].prompt_tokens}, {"completion_tokens", results[i].completion_tokens}};
-      std::printf("%s\n", j.dump().c_str());
+      // A completion can end inside a multi-byte character (the length limit cuts between byte
+      // pieces): such bytes print as U+FFFD instead of failing the whole batch.
+      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       std::printf("=== sample %zu ===\n%s%s\n", i + 1, prompts[i].c_str(), results[i].text.c_str());
     }
@@ -123,11 +139,11 @@ void add_infer_command(CLI::App& app) {
   cmd->add_option("-p,--prompt", a->prompts, "Prompt text (repeatable; several prompts run as one batch)");
   cmd->add_option("--prompts", a->prompts_file, "File with one prompt per line (\\n for a newline inside one)");
   cmd->add_option("-n,--max-tokens", a->sampling.max_tokens, "Tokens to generate at most")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("-t,--temperature", a->sampling.temperature, "Sampling temperature (0 = greedy)")->capture_default_str()->check(CLI::Range(0.0, 100.0));
-  cmd->add_option("--top-k", a->sampling.top_k, "Sample among the k most likely tokens (0 = off)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--top-p", a->sampling.top_p, "Sample from the smallest set holding this probability (1 = off)")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("-t,--temperature", a->sampling.temperature, "Sampling temperature (0 = greedy)")->capture_default_str()->check(finite_in(0.0, 100.0));
+  cmd->add_option("--top-k", a->sampling.top_k, "Sample among the k most likely tokens (0 = off)")->capture_default_str()->check(whole_up_to(INT64_MAX));
+  cmd->add_option("--top-p", a->sampling.top_p, "Sample from the smallest set holding this probability (1 = off)")->capture_default_str()->check(finite_in(0.0, 1.0));
   cmd->add_flag("--greedy", a->sampling.greedy, "Always take the most likely token");
-  cmd->add_option("--seed", a->sampling.seed, "Sampling seed (same seed, same output)")->capture_default_str();
+  cmd->add_option("--seed", a->sampling.seed, "Sampling seed (same seed, same output)")->capture_default_str()->check(whole_up_to(UINT64_MAX));
   cmd->add_option("--stop", a->sampling.stop, "Stop when the completion contains this text (repeatable; \\n allowed)");
   cmd->add_option("--device", a->device, "auto | cpu | cuda")->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--kernels", a->kernels, "CPU kernels: auto (time ours against ATen per shape at first use), fused or aten")

@@ -12,6 +12,10 @@ int main(int argc, char** argv) {
   CLI::App app{"colossal: train, finetune and run large models (GPT family) from TOML recipes"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "colossal 0.1.0");
+  // A bad flag ends like every other bad input: one "error:" line (CLI11's default adds a second).
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return "error: " + std::string(e.what()) + " (see --help)\n";
+  });
   colossal::app::add_train_commands(app);
   colossal::app::add_infer_command(app);
   colossal::app::add_data_commands(app);

@@ -1,7 +1,10 @@
 // GPT-2 configuration conversions: see gpt_config.h.
 #include "models/gpt/gpt_config.h"
 
+#include <limits>
+
 #include "src/core/error.h"
+#include "src/core/text.h"
 
 namespace colossal::gpt {
 
@@ -43,30 +46,60 @@ nlohmann::json to_hf_config(const GptConfig& c) {
 }
 
 GptConfig from_hf_config(const nlohmann::json& j, const std::string& path) {
+  if (!j.is_object()) throw Error(path + ": holds " + std::string(j.type_name()) + ", not a JSON object");
   GptConfig c;
-  auto get = [&](const char* key, auto& out, bool required) {
-    if (!j.contains(key) || j[key].is_null()) {
-      if (required) throw Error(path + ": missing \"" + key + "\" (not a GPT-2 config.json?)");
-      return;
-    }
-    try {
-      j.at(key).get_to(out);
-    } catch (const nlohmann::json::exception&) {
-      throw Error(path + ": \"" + key + "\" has the wrong type");
-    }
+  auto present = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
+  // A size: a whole number in [1, max] (the bounds keep a corrupted file from asking for exabytes).
+  auto size = [&](const char* key, int64_t& out, int64_t max) {
+    if (!present(key)) throw Error(path + ": missing \"" + key + "\" (not a GPT-2 config.json?)");
+    const auto& v = j[key];
+    // Parsed text gives non-negative integers as unsigned; a json built in memory from int64_t as signed.
+    const bool whole = v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
+    if (!whole || v.get<uint64_t>() < 1 || v.get<uint64_t>() > static_cast<uint64_t>(max))
+      throw Error(path + ": \"" + key + "\" = " + v.dump() + " (expected a whole number in [1, " + std::to_string(max) + "])");
+    out = v.get<int64_t>();
   };
-  std::string type = j.value("model_type", "gpt2");
+  // A real number in [lo, hi) (or (lo, hi) when open_lo), optional.
+  auto real = [&](const char* key, double& out, double lo, double hi, bool open_lo) {
+    if (!present(key)) return;
+    const auto& v = j[key];
+    const double x = v.is_number() ? v.get<double>() : std::numeric_limits<double>::quiet_NaN();
+    if (!(open_lo ? x > lo : x >= lo) || !(x < hi))
+      throw Error(path + ": \"" + key + "\" = " + v.dump() + " (expected a number in " + (open_lo ? "(" : "[") +
+                  format_number(lo) + ", " + format_number(hi) + "))");
+    out = x;
+  };
+  // A field this model has one setting of: absent, null, or that setting; anything else is refused,
+  // since building the model without it would silently compute something else.
+  auto fixed = [&](const char* key, const std::vector<nlohmann::json>& accepted, const std::string& supported) {
+    if (!present(key)) return;
+    for (const auto& a : accepted)
+      if (j[key] == a) return;
+    throw Error(path + ": \"" + key + "\" = " + j[key].dump() + " is not supported (" + supported + ")");
+  };
+  if (j.contains("model_type") && !j["model_type"].is_string())
+    throw Error(path + ": \"model_type\" = " + j["model_type"].dump() + " is not a name");
+  const std::string type = j.value("model_type", "gpt2");
   if (type != "gpt2") throw Error(path + ": model_type \"" + type + "\" is not gpt2");
-  get("n_layer", c.n_layer, true);
-  get("n_head", c.n_head, true);
-  get("n_embd", c.n_embd, true);
-  get("n_positions", c.block_size, true);
-  get("vocab_size", c.vocab_size, true);
-  get("resid_pdrop", c.dropout, false);
-  get("layer_norm_epsilon", c.layer_norm_eps, false);
-  get("initializer_range", c.init_std, false);
-  if (c.n_head <= 0 || c.n_embd % c.n_head != 0)
+  size("n_layer", c.n_layer, 1024);
+  size("n_head", c.n_head, 1024);
+  size("n_embd", c.n_embd, 1 << 16);
+  size("n_positions", c.block_size, 1 << 20);
+  size("vocab_size", c.vocab_size, 1 << 24);
+  real("resid_pdrop", c.dropout, 0.0, 1.0, false);
+  real("layer_norm_epsilon", c.layer_norm_eps, 0.0, 1.0, true);
+  real("initializer_range", c.init_std, 0.0, 1.0, true);
+  if (c.n_embd % c.n_head != 0)
     throw Error(path + ": n_head = " + std::to_string(c.n_head) + " does not divide n_embd = " + std::to_string(c.n_embd));
+  fixed("activation_function", {"gelu_new", "gelu_pytorch_tanh"}, "this GPT-2 uses the tanh GELU: gelu_new or gelu_pytorch_tanh");
+  fixed("tie_word_embeddings", {true}, "the LM head shares the token embedding: true");
+  fixed("n_inner", {4 * c.n_embd}, "the MLP is 4 x n_embd = " + std::to_string(4 * c.n_embd) + " wide, or null");
+  fixed("scale_attn_weights", {true}, "scores are scaled by 1/sqrt(head size): true");
+  fixed("scale_attn_by_inverse_layer_idx", {false}, "false");
+  fixed("reorder_and_upcast_attn", {false}, "false");
+  fixed("add_cross_attention", {false}, "a decoder-only model: false");
+  if (present("n_ctx") && j["n_ctx"] != j["n_positions"])
+    throw Error(path + ": \"n_ctx\" = " + j["n_ctx"].dump() + " differs from n_positions = " + std::to_string(c.block_size));
   return c;
 }
 

@@ -11,6 +11,7 @@
 #include <torch/cuda.h>
 
 #include "src/core/error.h"
+#include "src/core/text.h"
 
 namespace colossal {
 
@@ -40,6 +41,17 @@ size_t current_rss_bytes() {
     std::fclose(f);
   }
   return static_cast<size_t>(resident) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+
+size_t physical_memory_bytes() {
+  return static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+
+void require_host_memory(double bytes, const std::string& what) {
+  const double have = static_cast<double>(physical_memory_bytes());
+  if (bytes > have)
+    throw Error(what + " needs about " + human_bytes(bytes) + " but this machine has " + human_bytes(have) +
+                " of memory (a smaller model, batch or sequence fits)");
 }
 
 size_t peak_rss_bytes() {

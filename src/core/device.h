@@ -14,6 +14,11 @@ std::string describe_device(const c10::Device& device);   // "cpu (2 threads)" o
 
 size_t current_rss_bytes();
 size_t peak_rss_bytes();
+// The machine's physical memory (what a CPU run can hold at most).
+size_t physical_memory_bytes();
+// Throws when `bytes` (what `what` needs, estimated before allocating) exceed the physical memory:
+// "<what> needs about 4.00 TiB but this machine has 23.4 GiB of memory".
+void require_host_memory(double bytes, const std::string& what);
 // Bytes held by tensors on an accelerator now and at their peak, from its caching allocator
 // (0 for the CPU, whose figure is the RSS above).
 size_t device_allocated_bytes(const c10::Device& device);

@@ -14,5 +14,9 @@ std::string human_bytes(double bytes);          // "1.50 GiB"
 std::string human_count(double n);              // "124.4M"
 std::string human_duration(double seconds);     // "1:02:03" or "02:03"
 std::string join(const std::vector<std::string>& parts, const std::string& sep);
+// A number for messages: up to 6 significant digits, so 1e308 stays "1e+308" (not 309 digits).
+std::string format_number(double x);
+// The offset of the first byte that does not belong to a well-formed UTF-8 sequence, or npos.
+size_t invalid_utf8_at(const std::string& text);
 
 }  // namespace colossal

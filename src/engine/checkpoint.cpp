@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <regex>
 
 #include "src/core/error.h"
@@ -53,12 +54,50 @@ void rotate(const std::string& dir, int64_t keep_last, const std::string& keep) 
     if (steps[i] != keep) fs::remove_all(fs::path(dir) / steps[i]);
 }
 
+// A JSON object from a checkpoint file; the error names the file and the byte where parsing stopped.
 nlohmann::json read_json(const std::string& path) {
+  nlohmann::json j;
   try {
-    return nlohmann::json::parse(read_text_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("checkpoint file " + path + " is not valid JSON (" + e.what() + ")");
+    j = nlohmann::json::parse(read_text_file(path));
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error("checkpoint file " + path + " is not valid JSON (syntax error at byte " + std::to_string(e.byte) + ")");
   }
+  if (!j.is_object()) throw Error("checkpoint file " + path + " holds " + std::string(j.type_name()) + ", not a JSON object");
+  return j;
+}
+
+// trainer_state.json's counters: whole numbers >= 0 that fit int64 (a negative or fractional step
+// would resume with a wrong schedule); the losses are numbers.
+TrainerState parse_trainer_state(const nlohmann::json& s, const std::string& path) {
+  auto count = [&](const char* key) -> int64_t {
+    if (!s.contains(key)) throw Error("checkpoint file " + path + ": \"" + key + "\" is missing");
+    const auto& v = s[key];
+    const bool whole = v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
+    if (!whole || v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      throw Error("checkpoint file " + path + ": \"" + key + "\" = " + v.dump() + " (expected a whole number >= 0)");
+    return v.get<int64_t>();
+  };
+  auto number = [&](const char* key, double fallback) -> double {
+    if (!s.contains(key)) return fallback;
+    if (s[key].is_null()) return std::numeric_limits<double>::quiet_NaN();   // how JSON stores a NaN loss
+    if (!s[key].is_number()) throw Error("checkpoint file " + path + ": \"" + key + "\" = " + s[key].dump() + " (expected a number)");
+    return s[key].get<double>();
+  };
+  TrainerState st;
+  st.step = count("step");
+  st.loader_position = count("loader_position");
+  st.tokens_seen = count("tokens_seen");
+  st.train_loss = number("train_loss", 0.0);
+  st.eval_loss = number("eval_loss", -1.0);
+  if (auto k = s.find("kernel_choices"); k != s.end()) {
+    if (!k->is_object()) throw Error("checkpoint file " + path + ": kernel_choices must be an object");
+    for (const auto& [key, v] : k->items()) {
+      if (!v.is_string() || (v != "fused" && v != "aten"))
+        throw Error("checkpoint file " + path + ": kernel_choices[\"" + key + "\"] must be \"fused\" or \"aten\"");
+      st.kernel_choices[key] = v.get<std::string>();
+    }
+  }
+  return st;
 }
 
 }  // namespace
@@ -190,20 +229,9 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
     throw Error("checkpoint " + dir + ": tokenizer.model is missing");
   info.tokenizer_bytes = read_text_file((d / "tokenizer.model").string());
   if (fs::is_regular_file(d / "trainer_state.json")) {
-    auto s = read_json((d / "trainer_state.json").string());
-    info.state.step = s.value("step", 0);
-    info.state.loader_position = s.value("loader_position", 0);
-    info.state.tokens_seen = s.value("tokens_seen", 0);
-    info.state.train_loss = s.value("train_loss", 0.0);
-    info.state.eval_loss = s.value("eval_loss", -1.0);
-    if (auto k = s.find("kernel_choices"); k != s.end()) {
-      if (!k->is_object()) throw Error("checkpoint " + dir + "/trainer_state.json: kernel_choices must be an object");
-      for (const auto& [key, v] : k->items()) {
-        if (!v.is_string() || (v != "fused" && v != "aten"))
-          throw Error("checkpoint " + dir + "/trainer_state.json: kernel_choices[\"" + key + "\"] must be \"fused\" or \"aten\"");
-        info.state.kernel_choices[key] = v.get<std::string>();
-      }
-    }
+    const std::string path = (d / "trainer_state.json").string();
+    info.state = parse_trainer_state(read_json(path), path);
+    info.has_state = true;
   }
   return info;
 }
@@ -230,11 +258,24 @@ void load_optimizer_state(nn::CausalLM& model, optim::FlatParams& flat, optim::A
   }
   auto it = file.metadata.find("step");
   if (it == file.metadata.end()) throw Error("checkpoint " + path + ": metadata has no step count");
-  optimizer.set_steps(std::stoll(it->second));
-  if (file.contains(kRngName)) {
+  const std::string& steps = it->second;
+  if (steps.empty() || steps.size() > 18 || steps.find_first_not_of("0123456789") != std::string::npos)
+    throw Error("checkpoint " + path + ": metadata step = \"" + steps + "\" (expected a whole number >= 0)");
+  optimizer.set_steps(std::stoll(steps));
+  // The CPU generator's state is required: without it the resumed run would draw a different data
+  // order and dropout stream than the uninterrupted one. Its size is checked before LibTorch sees it.
+  if (!file.contains(kRngName))
+    throw Error("checkpoint " + path + ": \"" + std::string(kRngName) + "\" (the random generator's state) is missing");
+  {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(file.at(kRngName, path));
+    const at::Tensor& saved = file.at(kRngName, path);
+    const at::Tensor current = gen.get_state();
+    if (saved.scalar_type() != current.scalar_type() || saved.numel() != current.numel())
+      throw Error("checkpoint " + path + ": \"" + std::string(kRngName) + "\" holds " + std::to_string(saved.numel()) + " " +
+                  c10::toString(saved.scalar_type()) + " values, expected " + std::to_string(current.numel()) + " " +
+                  c10::toString(current.scalar_type()));
+    gen.set_state(saved);
   }
   // A run resumed on the device it was saved from continues its dropout stream; across devices the
   // streams differ anyway, so the saved one is left unused.

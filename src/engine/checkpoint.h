@@ -57,6 +57,7 @@ struct CheckpointInfo {
   ModelConfig model;             // decoded from config.json
   std::string tokenizer_bytes;   // tokenizer.model
   TrainerState state;
+  bool has_state = false;        // trainer_state.json was there (resume requires it)
 };
 CheckpointInfo read_checkpoint_info(const std::string& dir);
 

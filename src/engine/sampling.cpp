@@ -13,7 +13,9 @@ at::Tensor sample_next(const at::Tensor& logits_in, const SamplingConfig& c, at:
   if (allowed_vocab < v) logits = logits.clone(), logits.narrow(-1, allowed_vocab, v - allowed_vocab).fill_(neg_inf);
   if (c.greedy || c.temperature <= 0) return logits.argmax(-1);
 
-  logits = logits / c.temperature;
+  // Shifted so the largest logit is 0 before dividing: a tiny temperature (1e-45 is in range) then
+  // sends the others to -inf instead of everything to +-inf and the softmax to NaN.
+  logits = (logits - std::get<0>(logits.max(-1, /*keepdim=*/true))) / c.temperature;
   if (c.top_k > 0 && c.top_k < v) {
     auto kth = std::get<0>(logits.topk(c.top_k, -1)).narrow(-1, c.top_k - 1, 1);   // [B, 1]
     logits = logits.masked_fill(logits < kth, neg_inf);

@@ -101,6 +101,9 @@ void print_dry_run(const Recipe& r, const ModelConfig& m, const c10::Device& dev
   std::printf("  weights     %s\n  gradients   %s\n  optimizer   %s\n  activations %s (one micro-batch)\n  total       %s\n",
               human_bytes(mem.weights).c_str(), human_bytes(mem.gradients).c_str(), human_bytes(mem.optimizer).c_str(),
               human_bytes(mem.activations).c_str(), human_bytes(mem.total()).c_str());
+  const double have = static_cast<double>(physical_memory_bytes());
+  std::printf("  machine     %s (%s)\n", human_bytes(have).c_str(),
+              device.is_cpu() ? (mem.total() <= have ? "fits" : "does not fit: training would stop here") : "host");
 }
 
 }  // namespace
@@ -122,6 +125,14 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
   if (opt.dry_run) {
     print_dry_run(r, model_cfg, device);
     return 0;
+  }
+  if (device.is_cpu()) {   // refuse before allocating anything, with the dry run's estimate
+    Recipe sized = r;
+    sized.model = model_cfg;
+    const int64_t params = count_parameters(model_cfg);
+    require_host_memory(estimate_training_memory(sized, params).total(),
+                        "training this " + human_count(static_cast<double>(params)) +
+                            "-parameter model (weights, gradients, AdamW state and one micro-batch's activations)");
   }
 
   fs::create_directories(r.output.dir);
@@ -157,6 +168,9 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
   if (opt.resume) {
     const std::string from = resolve_checkpoint(opt.resume_from.empty() ? r.checkpoint.dir : opt.resume_from);
     auto info = read_checkpoint_info(from);
+    if (!info.has_state)
+      throw Error("checkpoint " + from + ": trainer_state.json is missing, so the step, data position and schedule "
+                  "cannot be resumed (to start a new run from these weights use `colossal finetune`)");
     if (info.model.n_layer != model_cfg.n_layer || info.model.n_head != model_cfg.n_head ||
         info.model.n_embd != model_cfg.n_embd || info.model.vocab_size != model_cfg.vocab_size ||
         info.model.block_size != model_cfg.block_size)

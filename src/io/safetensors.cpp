@@ -2,6 +2,7 @@
 #include "src/io/safetensors.h"
 
 #include <ATen/ATen.h>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,9 @@ constexpr DtypeName kDtypes[] = {
     {at::kLong, "I64"},  {at::kInt, "I32"},    {at::kShort, "I16"}, {at::kChar, "I8"},
     {at::kByte, "U8"},   {at::kBool, "BOOL"},
 };
+
+// "2183456 bytes (2.08 MiB)": exact, since two sizes that differ can round to the same figure.
+std::string exact_bytes(uint64_t n) { return std::to_string(n) + " bytes (" + human_bytes(static_cast<double>(n)) + ")"; }
 
 const char* dtype_name(at::ScalarType t) {
   for (const auto& d : kDtypes)
@@ -75,8 +79,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(len[i]) << (8 * i);
   if (header_len > file_size - 8)
-    throw fail("header claims " + human_bytes(static_cast<double>(header_len)) + " but the file has " +
-               human_bytes(static_cast<double>(file_size)));
+    throw fail("header claims " + exact_bytes(header_len) + " but the file has " + exact_bytes(file_size - 8) +
+               " after its 8-byte length (truncated?)");
   std::string json(header_len, '\0');
   in.read(json.data(), static_cast<std::streamsize>(header_len));
   nlohmann::json header;
@@ -94,34 +98,52 @@ SafetensorsFile load_safetensors(const std::string& path) {
   try {
     for (const auto& [name, info] : header.items()) {
       if (name == "__metadata__") {
-        for (const auto& [k, v] : info.items()) result.metadata[k] = v.get<std::string>();
+        if (!info.is_object()) throw fail("__metadata__ is not a JSON object of strings");
+        for (const auto& [k, v] : info.items()) {
+          if (!v.is_string()) throw fail("__metadata__[\"" + k + "\"] is " + v.dump() + ", not a string");
+          result.metadata[k] = v.get<std::string>();
+        }
         continue;
       }
       Entry e{name, at::kFloat, {}, 0, 0};
-      std::string dt = info.at("dtype").get<std::string>();
+      for (const char* key : {"dtype", "shape", "data_offsets"})
+        if (!info.is_object() || !info.contains(key)) throw fail("tensor \"" + name + "\" has no \"" + key + "\"");
+      if (!info["dtype"].is_string()) throw fail("tensor \"" + name + "\" has dtype " + info["dtype"].dump() + ", not a name");
+      std::string dt = info["dtype"].get<std::string>();
       bool known = false;
       for (const auto& d : kDtypes)
         if (dt == d.name) e.type = d.type, known = true;
-      if (!known) throw fail("tensor \"" + name + "\" has unsupported dtype " + dt);
-      e.shape = info.at("shape").get<std::vector<int64_t>>();
-      auto off = info.at("data_offsets").get<std::vector<uint64_t>>();
-      if (off.size() != 2 || off[0] > off[1] || off[1] > data_size)
-        throw fail("tensor \"" + name + "\" lies outside the file (offsets past its " +
-                   human_bytes(static_cast<double>(data_size)) + " of data; truncated?)");
-      uint64_t numel = 1;
-      for (int64_t s : e.shape) {
-        if (s < 0) throw fail("tensor \"" + name + "\" has a negative dimension");
-        numel *= static_cast<uint64_t>(s);
+      if (!known) throw fail("tensor \"" + name + "\" has unsupported dtype " + dt + " (valid: F32, F64, F16, BF16, I64, I32, I16, I8, U8, BOOL)");
+      const std::string what = "tensor \"" + name + "\"";
+      // Sizes are whole, non-negative and their byte count fits 64 bits, checked here: LibTorch would
+      // otherwise truncate 1024.5, or fail on an overflowing product with no file named.
+      const nlohmann::json& shape = info["shape"];
+      if (!shape.is_array()) throw fail(what + " has shape " + shape.dump() + ", not a list of sizes");
+      uint64_t bytes = c10::elementSize(e.type);
+      for (const auto& d : shape) {
+        if (!d.is_number_unsigned())
+          throw fail(what + " has shape entry " + d.dump() + " (sizes are whole numbers >= 0)");
+        const uint64_t size = d.get<uint64_t>();
+        if (size > static_cast<uint64_t>(INT64_MAX) || (size != 0 && bytes > UINT64_MAX / size))
+          throw fail(what + " has shape " + shape.dump() + ", whose byte size does not fit 64 bits");
+        bytes *= size;
+        e.shape.push_back(static_cast<int64_t>(size));
       }
-      if (numel * c10::elementSize(e.type) != off[1] - off[0])
-        throw fail("tensor \"" + name + "\" has " + std::to_string(off[1] - off[0]) + " bytes but its shape needs " +
-                   std::to_string(numel * c10::elementSize(e.type)));
+      const nlohmann::json& offsets = info["data_offsets"];
+      if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned())
+        throw fail(what + " has data_offsets " + offsets.dump() + " (expected [begin, end], whole numbers >= 0)");
+      const uint64_t off[2] = {offsets[0].get<uint64_t>(), offsets[1].get<uint64_t>()};
+      if (off[0] > off[1] || off[1] > data_size)
+        throw fail(what + " lies outside the file (offsets " + offsets.dump() + " past its " + exact_bytes(data_size) +
+                   " of data; truncated?)");
+      if (bytes != off[1] - off[0])
+        throw fail(what + " has " + std::to_string(off[1] - off[0]) + " bytes but its shape needs " + std::to_string(bytes));
       e.begin = off[0];
       e.end = off[1];
       entries.push_back(std::move(e));
     }
-  } catch (const nlohmann::json::exception& e) {
-    throw fail("malformed header (" + std::string(e.what()) + ")");
+  } catch (const nlohmann::json::exception&) {   // every field is checked above; this is a backstop
+    throw fail("malformed header");
   }
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < entries.size(); ++i)
