@@ -138,6 +138,20 @@ TEST(EndToEnd, BadInputEndsInOneErrorLine) {
   expect_one_line_error(run_colossal(infer + "--top-k 99999999999999999999"), "--top-k: '99999999999999999999' is not a whole number");
   expect_one_line_error(run_colossal("data prepare --text a --tokenizer b --out c --val-fraction nan"),
                         "--val-fraction: 'nan' is not a number in [0, 0.5]");
+  // A recipe that cannot train fails its dry run: no [model] (outside finetune), or no data to build from.
+  write_file(dir / "nomodel.toml", "[data]\ntext = \"data/kjv/kjv.txt\"\n");
+  expect_one_line_error(run_colossal("train " + (dir / "nomodel.toml") + " --dry-run"), "nomodel.toml: has no [model] section");
+  write_file(dir / "nodata.toml", "[model]\nn_layer = 2\n");
+  expect_one_line_error(run_colossal("train " + (dir / "nodata.toml") + " --dry-run"), "[data] tokenizer: is required");
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --dry-run --set data.text=" + (dir / "none.txt") +
+                                     " --set data.tokenizer=" + (dir / "none.model") + " --set data.dataset=" + (dir / "none.h5")),
+                        "file " + (dir / "none.txt") + " does not exist");
+  expect_one_line_error(run_colossal("train " + dir.path()), "is a directory, not a TOML file");
+  write_file(dir / "a_file", "x");
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml" + into(dir) + " --set output.dir=" + (dir / "a_file")),
+                        "--set output.dir: " + (dir / "a_file") + " is a file, not a directory");
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml" + into(dir) + " --set checkpoint.dir=" + (dir / "a_file/ck")),
+                        "--set checkpoint.dir: cannot create directory " + (dir / "a_file/ck") + " (" + (dir / "a_file") + " is a file)");
   // A model too large for this machine is refused before anything is allocated.
   expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set model.n_embd=1048576 --set model.n_head=1" + into(dir)),
                         "-parameter model (weights, gradients, AdamW state and one micro-batch's activations) needs about");
@@ -150,9 +164,28 @@ TEST(EndToEnd, DataCommandsBuildATokenizerAndDataset) {
   TempDir dir;
   auto docs = read_file(colossal::test::source_dir() + "/data/kjv/kjv.txt").substr(0, 300000);
   write_file(dir / "text.txt", docs);
+  // Outputs that cannot be written fail up front, naming the flag, and leave no temporary files.
+  fs::create_directories(dir / "adir");
+  expect_one_line_error(run_colossal("data tokenizer --text " + (dir / "text.txt") + " --vocab 600 --out " + (dir / "adir")),
+                        "--out: " + (dir / "adir") + " is a directory (give the path of a file to write)");
+  write_file(dir / "afile", "x");
+  expect_one_line_error(run_colossal("data tokenizer --text " + (dir / "text.txt") + " --vocab 600 --out " + (dir / "afile/t.model")),
+                        "--out: " + (dir / "afile") + " is a file, not a directory");
+  expect_one_line_error(run_colossal("data tokenizer --text " + (dir / "text.txt") + " --vocab 600 --out " + (dir / "afile/sub/t.model")),
+                        "--out: cannot create directory " + (dir / "afile/sub") + " (" + (dir / "afile") + " is a file)");
+  // Below what the text needs, the message says the number instead of SentencePiece's source line.
+  auto small = run_colossal("data tokenizer --text " + (dir / "text.txt") + " --vocab 300 --out " + (dir / "s.model"));
+  expect_one_line_error(small, "pieces this text needs");
+  EXPECT_EQ(small.output.find(".cc("), std::string::npos) << small.output;
   auto t = run_colossal("data tokenizer --text " + (dir / "text.txt") + " --vocab 600 --out " + (dir / "t.model"));
   ASSERT_EQ(t.exit_code, 0) << t.output;
   EXPECT_NE(t.output.find("(600 pieces)"), std::string::npos) << t.output;
+  expect_one_line_error(run_colossal("data prepare --text " + (dir / "text.txt") + " --tokenizer " + (dir / "t.model") + " --out " + (dir / "adir")),
+                        "--out: " + (dir / "adir") + " is a directory");
+  for (const auto& e : fs::directory_iterator(dir.path())) {   // nothing half-written beside the outputs
+    const std::string name = e.path().filename().string();
+    EXPECT_TRUE(name.find(".tmp-") == std::string::npos && name.find(".training-") == std::string::npos) << name;
+  }
   auto p = run_colossal("data prepare --text " + (dir / "text.txt") + " --tokenizer " + (dir / "t.model") + " --out " + (dir / "d.h5"));
   ASSERT_EQ(p.exit_code, 0) << p.output;
   EXPECT_TRUE(fs::exists(dir / "d.h5"));

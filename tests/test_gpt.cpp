@@ -186,6 +186,26 @@ TEST(LmHeadCrossEntropy, MatchesAtenCrossEntropyLossAndGradients) {
   }
 }
 
+TEST(LmHeadCrossEntropy, AWeightWhoseGradIsABufferAccumulatesIntoItInPlace) {
+  // As under FlatParams: the weight's .grad is a view of a flat buffer holding earlier micro-steps'
+  // sums. The head's gradient must be added into that storage, scaled, and nothing else allocated.
+  torch::manual_seed(5);
+  auto x = at::randn({13, 16}).requires_grad_(true);
+  auto w = at::randn({50, 16}).requires_grad_(true);
+  auto targets = at::randint(0, 50, {13}, at::kLong);
+  auto flat = at::randn({50 * 16 + 7});
+  const auto before = flat.clone();
+  w.mutable_grad() = flat.narrow(0, 7, 50 * 16).view({50, 16});
+  const void* storage = w.grad().data_ptr();
+  (nn::lm_head_cross_entropy(x, w, targets) * 0.5).backward();
+  EXPECT_EQ(w.grad().data_ptr(), storage);
+
+  auto wr = w.detach().clone().requires_grad_(true);
+  (at::cross_entropy_loss(at::mm(x.detach(), wr.t()), targets) * 0.5).backward();
+  EXPECT_LT((flat.narrow(0, 7, 50 * 16).view({50, 16}) - before.narrow(0, 7, 50 * 16).view({50, 16}) - wr.grad()).abs().max().item<double>(), 1e-5);
+  EXPECT_TRUE(at::equal(flat.narrow(0, 0, 7), before.narrow(0, 0, 7)));   // the rest of the buffer untouched
+}
+
 TEST(LmHeadCrossEntropy, DoublePrecisionPathAgreesToo) {
   auto x = at::randn({9, 8}, at::kDouble).requires_grad_(true);
   auto w = at::randn({11, 8}, at::kDouble).requires_grad_(true);

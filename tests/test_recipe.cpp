@@ -137,3 +137,52 @@ TEST(Recipe, EveryShippedRecipeParsesAndRoundTripsThroughToml) {
   }
   EXPECT_GE(count, 7);
 }
+
+TEST(RecipeErrors, SetValuesAreOneValueAndUnknownSectionsFromSetAreReportedThere) {
+  // A line break used to let the rest parse as more keys, silently dropped.
+  std::string e = error_of("", {"optim.lr=5\nmodel.n_layer=7"});
+  EXPECT_NE(e.find("--set optim.lr: the value contains a control character (byte 10 at offset 1); give one value per --set"),
+            std::string::npos) << e;
+  e = error_of("", {std::string("data.text=a\0b", 13)});
+  EXPECT_NE(e.find("--set data.text: the value contains a control character (byte 0 at offset 1)"), std::string::npos) << e;
+  e = error_of("[model]\n", {"foo.bar=1"});
+  EXPECT_NE(e.find("--set foo.bar: unknown section [foo]"), std::string::npos) << e;
+  EXPECT_EQ(e.find(":0"), std::string::npos) << e;
+  e = error_of("", {"lr"});
+  EXPECT_NE(e.find("(e.g. --set optim.lr=1e-4)"), std::string::npos) << e;
+  EXPECT_EQ(error_of("", {"optim.lr=1e-4"}), "(no error)");   // the example the help gives
+}
+
+TEST(RecipeErrors, NamesAndPathsArePlainTextAndTheNameIsOneDirectory) {
+  std::string e = error_of("name = \"\"\n");
+  EXPECT_NE(e.find("= \"\" is not a usable run name"), std::string::npos) << e;
+  e = error_of("name = \"a/b\"\n");
+  EXPECT_NE(e.find("is not a usable run name"), std::string::npos) << e;
+  e = error_of("name = \"ab\\u0000cd\"\n");
+  EXPECT_NE(e.find("r.toml:1: name: contains a control character (byte 0 at offset 2)"), std::string::npos) << e;
+  e = error_of("[data]\ntext = \"corpus\\n.txt\"\n");
+  EXPECT_NE(e.find("r.toml:2: [data] text: contains a control character (byte 10 at offset 6)"), std::string::npos) << e;
+}
+
+TEST(RecipeErrors, HugeNumbersPrintShortly) {
+  std::string e = error_of("[train]\nbatch_size = 1e308\n");
+  EXPECT_NE(e.find("must be an integer, not 1e+308 (write it without a decimal point)"), std::string::npos) << e;
+  e = error_of("[optim]\nlr = 1e308\n");
+  EXPECT_NE(e.find("[optim] lr: = 1e+308 is out of range (valid: 1e-12 to 10)"), std::string::npos) << e;
+  EXPECT_LT(e.size(), 120u) << e;
+}
+
+TEST(RecipeErrors, ADirectoryOrAnEmptyFileIsNotARecipe) {
+  colossal::test::TempDir dir;
+  auto error_loading = [](const std::string& path) {
+    try {
+      load_recipe(path);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(error_loading(dir.path()).find("is a directory, not a TOML file"), std::string::npos) << error_loading(dir.path());
+  colossal::test::write_file(dir / "empty.toml", "\n  \n");
+  EXPECT_NE(error_loading(dir / "empty.toml").find("empty.toml: is empty"), std::string::npos);
+}

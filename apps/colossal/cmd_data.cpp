@@ -11,6 +11,7 @@
 #include "src/data/prepare.h"
 #include "src/data/token_dataset.h"
 #include "src/data/tokenizer.h"
+#include "src/io/atomic_dir.h"
 
 namespace colossal::app {
 namespace {
@@ -34,6 +35,7 @@ void add_data_commands(CLI::App& app) {
   t->add_option("--out", tok->out, "Where to write the .model file")->required();
   t->callback([tok] {
     setup_logging("info");
+    prepare_output_file(tok->out, "--out");
     Tokenizer::train(tok->text, tok->vocab, tok->out);
     spdlog::info("wrote {} ({} pieces)", tok->out, Tokenizer::load(tok->out).vocab_size());
   });
@@ -47,6 +49,7 @@ void add_data_commands(CLI::App& app) {
   p->add_option("--val-fraction", prep->val_fraction, "Share of documents held out for eval")->capture_default_str()->check(finite_in(0.0, 0.5));
   p->callback([prep] {
     setup_logging("info");
+    prepare_output_file(prep->out, "--out");
     auto st = prepare_dataset(prep->text, Tokenizer::load(prep->tokenizer), prep->out, prep->val_fraction);
     spdlog::info("wrote {}: {} documents, {} train tokens, {} held-out tokens ({} documents)", prep->out, st.documents,
                  human_count(static_cast<double>(st.train_tokens)), human_count(static_cast<double>(st.val_tokens)), st.val_documents);

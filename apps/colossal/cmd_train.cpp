@@ -24,7 +24,7 @@ void add(CLI::App& app, const std::string& name, bool finetune) {
                        "come from it; training starts at step 0)"
                      : "Train a model from a TOML recipe (builds the tokenizer and dataset first if they are missing)");
   cmd->add_option("recipe", args->recipe, "Recipe file, e.g. recipes/gpt-mini.toml")->required();
-  cmd->add_option("--set", args->overrides, "Override a recipe key: --set train.lr=1e-4 (repeatable)");
+  cmd->add_option("--set", args->overrides, "Override a recipe key: --set optim.lr=1e-4 (repeatable)");
   cmd->add_flag("--resume", args->options.resume, "Continue from the latest checkpoint in [checkpoint] dir");
   cmd->add_option("--resume-from", args->options.resume_from, "Continue from this checkpoint (implies --resume)");
   cmd->add_flag("--dry-run", args->options.dry_run,

@@ -16,27 +16,35 @@ namespace {
 
 constexpr int64_t kBig = INT64_MAX;
 
-// "train.lr=1e-4" -> sets table["train"]["lr"] = 1e-4. The value is read as TOML, or as a bare
+// "optim.lr=1e-4" -> sets table["optim"]["lr"] = 1e-4. The value is read as TOML, or as a bare
 // string when it is not valid TOML (so --set data.text=my.txt works without quotes).
 void apply_override(toml::table& root, const std::string& spec, std::set<std::string>& overridden) {
   auto eq = spec.find('=');
   if (eq == std::string::npos || eq == 0)
-    throw RecipeError("--set " + spec, "expected section.key=value (e.g. --set train.lr=1e-4)");
+    throw RecipeError("--set " + spec, "expected section.key=value (e.g. --set optim.lr=1e-4)");
   std::string key = spec.substr(0, eq), text = spec.substr(eq + 1);
   auto dot = key.find('.');
   std::string section = dot == std::string::npos ? "" : key.substr(0, dot);
   std::string leaf = dot == std::string::npos ? key : key.substr(dot + 1);
   if (leaf.empty() || leaf.find('.') != std::string::npos)
-    throw RecipeError("--set " + spec, "expected section.key=value with one dot (e.g. train.lr=1e-4)");
+    throw RecipeError("--set " + spec, "expected section.key=value with one dot (e.g. optim.lr=1e-4)");
   toml::table* target = &root;
   if (!section.empty()) {
     if (!root.contains(section)) root.insert(section, toml::table{});
     target = root[section].as_table();
     if (!target) throw RecipeError("--set " + key, "\"" + section + "\" is not a section");
   }
+  // One value per --set: a line break would let the rest of the text parse as further keys, which
+  // were silently dropped; any other control character has no place in a value either.
+  for (size_t i = 0; i < text.size(); ++i)
+    if (static_cast<unsigned char>(text[i]) < 0x20 || text[i] == 0x7f)
+      throw RecipeError("--set " + key, "the value contains a control character (byte " +
+                                            std::to_string(static_cast<unsigned char>(text[i])) + " at offset " +
+                                            std::to_string(i) + "); give one value per --set");
   target->erase(leaf);
   try {
     toml::table parsed = toml::parse("v = " + text);
+    if (parsed.size() != 1) throw RecipeError("--set " + key, "the value must be one TOML value");
     target->insert(leaf, *parsed.get("v"));
   } catch (const toml::parse_error&) {
     target->insert(leaf, text);
@@ -82,6 +90,8 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
 
   Recipe r;
   r.path = path;
+  for (const auto& [k, node] : root)
+    if (node.is_table()) r.sections.insert(std::string(k.str()));
   auto section = [&](const std::string& name) {
     const toml::node* n = root.get(name);
     if (n && !n->is_table())
@@ -91,13 +101,19 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
 
   RecipeSection top(&root, path, "", &overridden, &r.locations);
   r.name = top.string("name", std::filesystem::path(path).stem().string());
+  // The name becomes a directory under runs/: one plain path component.
+  if (r.name.empty() || r.name == "." || r.name == ".." || r.name.find('/') != std::string::npos)
+    throw RecipeError(r.where("name"), "= \"" + r.name + "\" is not a usable run name (non-empty, no \"/\", not . or ..)");
   top.finish();
   static const std::vector<std::string> kSections = {"model", "data", "train", "optim", "checkpoint", "finetune", "kernels", "output"};
   for (const auto& [k, node] : root) {
     std::string key(k.str());
     if (!node.is_table() || std::find(kSections.begin(), kSections.end(), key) != kSections.end()) continue;
     std::string hint = nearest_name(key, kSections);
-    throw RecipeError(path + ":" + std::to_string(node.source().begin.line),
+    std::string at = path + ":" + std::to_string(node.source().begin.line);
+    for (const auto& o : overridden)   // a section only a --set created is reported there
+      if (node.source().begin.line == 0 && o.rfind(key + ".", 0) == 0) at = "--set " + o;
+    throw RecipeError(at,
                       "unknown section [" + key + "]" + (hint.empty() ? " (valid: " + join(kSections, ", ") + ")"
                                                                       : " (did you mean [" + hint + "]?)"));
   }
@@ -198,6 +214,9 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
 }
 
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw Error("recipe " + path + ": is a directory, not a TOML file (e.g. recipes/gpt-mini.toml)");
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     std::error_code ec;
@@ -207,6 +226,8 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   }
   std::stringstream buf;
   buf << in.rdbuf();
+  if (buf.str().find_first_not_of(" \t\r\n") == std::string::npos)
+    throw Error("recipe " + path + ": is empty (a recipe names at least its [model] and [data]; see recipes/gpt-mini.toml)");
   return parse_recipe(buf.str(), path, overrides);
 }
 

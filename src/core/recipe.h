@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,7 @@ struct Recipe {
   FinetuneConfig finetune;
   KernelsConfig kernels;
   OutputConfig output;
+  std::set<std::string> sections;                 // the [sections] the recipe (or a --set) wrote
   std::map<std::string, std::string> locations;   // "train.lr" -> "recipes/x.toml:12" or "--set train.lr"
 
   // Where a key was set, for errors raised after parsing (e.g. by the model registry).

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "src/core/text.h"
@@ -60,7 +61,7 @@ int64_t RecipeSection::integer(const std::string& key, int64_t fallback, int64_t
   auto v = n->value_exact<int64_t>();
   if (!v) {
     auto f = n->value_exact<double>();
-    if (f && std::floor(*f) == *f) fail(key, "must be an integer, not " + std::to_string(*f) + " (write it without a decimal point)");
+    if (f && std::floor(*f) == *f) fail(key, "must be an integer, not " + format_number(*f) + " (write it without a decimal point)");
     fail(key, "must be an integer, not " + type_name(*n));
   }
   if (*v < min || *v > max)
@@ -74,11 +75,9 @@ double RecipeSection::real(const std::string& key, double fallback, double min, 
   if (!n) return fallback;
   auto v = n->value<double>();   // integers convert
   if (!v || n->is_boolean() || n->is_string()) fail(key, "must be a number, not " + type_name(*n));
-  if (!std::isfinite(*v) || *v < min || *v > max) {
-    std::ostringstream s;
-    s << "= " << *v << " is out of range (valid: " << min << " to " << max << ")";
-    fail(key, s.str());
-  }
+  if (!std::isfinite(*v) || *v < min || *v > max)
+    fail(key, "= " + format_number(*v) + " is out of range (valid: " + format_number(min) + " to " +
+                  (max >= std::numeric_limits<double>::max() ? std::string("any larger value") : format_number(max)) + ")");
   return *v;
 }
 
@@ -96,6 +95,12 @@ std::string RecipeSection::string(const std::string& key, const std::string& fal
   if (!n) return fallback;
   auto v = n->value_exact<std::string>();
   if (!v) fail(key, "must be a string, not " + type_name(*n));
+  // Control characters (a NUL would silently cut a path short, a newline splits log lines) are never
+  // part of a name or path a recipe means.
+  for (size_t i = 0; i < v->size(); ++i)
+    if (static_cast<unsigned char>((*v)[i]) < 0x20 || (*v)[i] == 0x7f)
+      fail(key, "contains a control character (byte " + std::to_string(static_cast<unsigned char>((*v)[i])) + " at offset " +
+                    std::to_string(i) + "); names and paths are plain text");
   if (!choices.empty() && std::find(choices.begin(), choices.end(), *v) == choices.end()) {
     std::string hint = nearest_name(*v, choices);
     fail(key, "= \"" + *v + "\" is not one of " + join(choices, " | ") +

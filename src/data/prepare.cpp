@@ -10,6 +10,7 @@
 #include "src/core/text.h"
 #include "src/data/token_dataset.h"
 #include "src/data/tokenizer.h"
+#include "src/io/atomic_dir.h"
 
 namespace fs = std::filesystem;
 
@@ -90,7 +91,7 @@ PrepareStats prepare_dataset(const std::string& text_path, const Tokenizer& toke
   return st;
 }
 
-void ensure_data(const Recipe& r, const std::string& tokenizer_override) {
+void check_data_sources(const Recipe& r, const std::string& tokenizer_override) {
   const std::string tok_path = tokenizer_override.empty() ? r.data.tokenizer : tokenizer_override;
   if (tok_path.empty()) throw RecipeError(r.where("data.tokenizer"), "is required (path of a SentencePiece model)");
   if (r.data.dataset.empty()) throw RecipeError(r.where("data.dataset"), "is required (path of a tokenized HDF5 dataset)");
@@ -99,16 +100,23 @@ void ensure_data(const Recipe& r, const std::string& tokenizer_override) {
       throw RecipeError(r.where("data." + what), "file " + (what == "tokenizer" ? tok_path : r.data.dataset) +
                                                       " does not exist and [data] text is not set to build it from");
     if (!fs::is_regular_file(r.data.text))
-      throw RecipeError(r.where("data.text"), "file " + r.data.text + " does not exist");
+      throw RecipeError(r.where("data.text"), "file " + r.data.text + (fs::exists(r.data.text) ? " is not a regular file" : " does not exist"));
   };
+  if (!fs::exists(tok_path)) need_text("tokenizer");
+  if (!fs::exists(r.data.dataset)) need_text("dataset");
+}
+
+void ensure_data(const Recipe& r, const std::string& tokenizer_override) {
+  check_data_sources(r, tokenizer_override);
+  const std::string tok_path = tokenizer_override.empty() ? r.data.tokenizer : tokenizer_override;
   if (!fs::exists(tok_path)) {
-    need_text("tokenizer");
+    prepare_output_file(tok_path, tokenizer_override.empty() ? r.where("data.tokenizer") : "tokenizer " + tok_path);
     spdlog::info("training a {}-piece BPE tokenizer on {} -> {}", r.data.tokenizer_vocab, r.data.text, tok_path);
     Tokenizer::train(r.data.text, r.data.tokenizer_vocab, tok_path);
   }
   Tokenizer tok = Tokenizer::load(tok_path);
   if (!fs::exists(r.data.dataset)) {
-    need_text("dataset");
+    prepare_output_file(r.data.dataset, r.where("data.dataset"));
     spdlog::info("tokenizing {} -> {}", r.data.text, r.data.dataset);
     auto st = prepare_dataset(r.data.text, tok, r.data.dataset, r.data.val_fraction);
     spdlog::info("dataset: {} documents, {} train tokens, {} held-out tokens ({} documents)", st.documents,

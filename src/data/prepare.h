@@ -26,6 +26,9 @@ PrepareStats prepare_dataset(const std::string& text_path, const Tokenizer& toke
 
 // Builds what the recipe names but is missing (tokenizer from data.text, then dataset), then checks
 // that tokenizer, dataset and model agree. `tokenizer_override` (finetuning) replaces data.tokenizer.
+// What ensure_data checks before building anything (paths set; a missing tokenizer or dataset has a
+// text to build it from): the dry run runs it too, so a recipe that cannot train fails there.
+void check_data_sources(const Recipe& recipe, const std::string& tokenizer_override = "");
 void ensure_data(const Recipe& recipe, const std::string& tokenizer_override = "");
 
 }  // namespace colossal

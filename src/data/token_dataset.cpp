@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "src/core/error.h"
+#include "src/io/atomic_dir.h"
 
 namespace colossal {
 namespace {
@@ -73,10 +74,9 @@ void TokenSplit::append_document(const std::vector<int>& ids, int eos) {
 void write_token_dataset(const std::string& path, const TokenSplit& train, const TokenSplit& val,
                          int64_t vocab_size, const std::string& tokenizer_fingerprint) {
   quiet_hdf5();
-  std::filesystem::path p(path);
-  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  prepare_output_file(path, "dataset output");
   std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  {
+  try {
     H5Handle f(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
     if (f < 0) throw Error("dataset " + path + ": cannot create file");
     for (auto [name, split] : {std::pair{"train", &train}, std::pair{"val", &val}}) {
@@ -91,8 +91,18 @@ void write_token_dataset(const std::string& path, const TokenSplit& train, const
     H5Tset_size(str, tokenizer_fingerprint.size() + 1);
     H5Handle b(H5Acreate2(f, "tokenizer_fingerprint", str, scalar, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
     H5Awrite(b, str, tokenizer_fingerprint.c_str());
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);   // a failed write leaves nothing behind
+    throw;
   }
-  std::filesystem::rename(tmp, path);
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);   // no debris beside the output
+    throw Error("dataset " + path + ": cannot move it into place (" + ec.message() + ")");
+  }
 }
 
 TokenDatasetInfo read_token_dataset_info(const std::string& path) {

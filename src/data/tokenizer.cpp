@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <regex>
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 #include <unordered_map>
@@ -13,6 +14,26 @@
 #include "src/io/atomic_dir.h"
 
 namespace colossal {
+namespace {
+
+// SentencePiece's trainer reports with its source position ("./src/trainer_interface.cc(580) [...]
+// Vocabulary size is smaller than required_chars. 300 vs 341."): say what it means for --vocab
+// instead, and keep only the sentence otherwise.
+std::string explain_trainer_error(std::string message, int64_t vocab_size) {
+  static const std::regex kPrefix(R"(^[^ ]*\.cc\(\d+\) \[[^\]]*\] *)");
+  message = std::regex_replace(message, kPrefix, "");
+  std::smatch m;
+  static const std::regex kTooSmall(R"(smaller than required_chars\. *(\d+) vs (\d+))");
+  if (std::regex_search(message, m, kTooSmall))
+    return "a vocabulary of " + std::to_string(vocab_size) + " is below the " + m[2].str() +
+           " pieces this text needs (256 byte pieces, 3 special ones and one per distinct character); use at least " + m[2].str();
+  static const std::regex kTooLarge(R"(Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+))");
+  if (std::regex_search(message, m, kTooLarge))
+    return "a vocabulary of " + std::to_string(vocab_size) + " is more than this text supports (at most " + m[2].str() + ")";
+  return message;
+}
+
+}  // namespace
 
 Tokenizer Tokenizer::from_bytes(const std::string& model_bytes, const std::string& label) {
   Tokenizer t;
@@ -31,8 +52,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
 
 void Tokenizer::train(const std::string& text_path, int64_t vocab_size, const std::string& out_path) {
   require_corpus(text_path);   // SentencePiece's own message for these is an internal assertion
-  std::filesystem::path out(out_path);
-  if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
+  prepare_output_file(out_path, "tokenizer output");
   std::string prefix = out_path + ".training-" + std::to_string(::getpid());
   // Identity normalisation and no whitespace folding keep the text exactly as written; the newline
   // piece lets documents keep their line structure; byte fallback makes every input encodable.
@@ -62,10 +82,14 @@ void Tokenizer::train(const std::string& text_path, int64_t vocab_size, const st
   std::filesystem::remove(prefix + ".vocab", ec);
   if (!status.ok()) {
     std::filesystem::remove(prefix + ".model", ec);
-    throw Error("tokenizer training on " + text_path + " failed: " + status.ToString());
+    throw Error("tokenizer training on " + text_path + " failed: " + explain_trainer_error(status.message(), vocab_size));
   }
   std::filesystem::rename(prefix + ".model", out_path, ec);
-  if (ec) throw Error("cannot move tokenizer to " + out_path + ": " + ec.message());
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(prefix + ".model", ignored);   // no debris beside the output
+    throw Error("cannot move tokenizer to " + out_path + ": " + ec.message());
+  }
 }
 
 std::vector<int> Tokenizer::encode(const std::string& text) const {

@@ -59,6 +59,9 @@ int64_t count_parameters(const ModelConfig& config) {
 }
 
 ModelConfig model_config_from_hf(const nlohmann::json& config, const std::string& path) {
+  if (!config.is_object()) throw Error(path + ": holds " + std::string(config.type_name()) + ", not a JSON object");
+  if (config.contains("model_type") && !config["model_type"].is_string())   // found by tests/fuzz
+    throw Error(path + ": \"model_type\" = " + config["model_type"].dump() + " is not a name (valid: gpt2)");
   std::string type = config.value("model_type", "");
   for (const auto& f : families())
     for (const auto& t : f.hf_model_types)

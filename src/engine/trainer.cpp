@@ -122,6 +122,13 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
     model_cfg = finetune_model_config(r, read_checkpoint_info(init_ckpt).model, init_ckpt);
     tokenizer_path = (fs::path(init_ckpt) / "tokenizer.model").string();
   }
+  if (!opt.finetune && !r.sections.count("model"))
+    throw RecipeError(r.path, "has no [model] section (training from scratch needs one; see recipes/gpt-mini.toml)");
+  {
+    Recipe effective = r;
+    effective.model = model_cfg;
+    check_data_sources(effective, opt.finetune ? tokenizer_path : "");
+  }
   if (opt.dry_run) {
     print_dry_run(r, model_cfg, device);
     return 0;
@@ -135,7 +142,7 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
                             "-parameter model (weights, gradients, AdamW state and one micro-batch's activations)");
   }
 
-  fs::create_directories(r.output.dir);
+  create_output_dir(r.output.dir, r.where("output.dir"));
   set_log_file((fs::path(r.output.dir) / "train.log").string());
   spdlog::info("colossal {} {} -> {}", opt.finetune ? "finetune" : "train", r.path, r.output.dir);
   {
@@ -183,6 +190,7 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
     nn::restore_kernel_choices(state.kernel_choices);
     spdlog::info("resumed from {} at step {}", from, state.step);
   }
+  create_output_dir(r.checkpoint.dir, r.where("checkpoint.dir"));   // now, not at the first save minutes in
   if (state.step >= r.train.max_steps) {
     spdlog::info("nothing to do: the checkpoint is at step {} and max_steps = {}", state.step, r.train.max_steps);
     return 0;

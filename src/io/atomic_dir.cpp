@@ -26,6 +26,30 @@ void fsync_path(const std::string& path, bool directory) {
 
 }  // namespace
 
+void create_output_dir(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return;
+  if (fs::exists(path, ec)) throw Error(what + ": " + path + " is a file, not a directory");
+  fs::create_directories(path, ec);
+  if (ec) {
+    // Name the component in the way: a file where a directory should be; otherwise the system's reason.
+    const std::string reason = ec.message();
+    std::error_code probe;
+    fs::path blocked(path);
+    while (blocked.has_parent_path() && !fs::exists(blocked, probe)) blocked = blocked.parent_path();
+    const bool file = fs::exists(blocked, probe) && !fs::is_directory(blocked, probe);
+    throw Error(what + ": cannot create directory " + path + " (" + (file ? blocked.string() + " is a file" : reason) + ")");
+  }
+}
+
+void prepare_output_file(const std::string& path, const std::string& what) {
+  if (path.empty()) throw Error(what + ": the output path is empty");
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw Error(what + ": " + path + " is a directory (give the path of a file to write)");
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty()) create_output_dir(parent.string(), what);
+}
+
 AtomicDir::AtomicDir(std::string final_path) : final_(std::move(final_path)) {
   fs::path f(final_);
   fs::path parent = f.parent_path().empty() ? fs::path(".") : f.parent_path();

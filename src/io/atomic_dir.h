@@ -21,6 +21,13 @@ class AtomicDir {
   bool committed_ = false;
 };
 
+// Output paths checked before anything is written, with errors that name `what` (the flag or recipe
+// key that gave the path, e.g. "--out" or "recipes/x.toml:5: [data] tokenizer") instead of a bare
+// filesystem_error. prepare_output_file refuses a directory at `path` and creates missing parents;
+// create_output_dir creates `path` itself (refusing a file there).
+void prepare_output_file(const std::string& path, const std::string& what);
+void create_output_dir(const std::string& path, const std::string& what);
+
 // Writes `content` to `path` via a synced temporary file and a rename.
 void write_file_atomic(const std::string& path, const std::string& content);
 std::string read_text_file(const std::string& path);   // Error if it cannot be read

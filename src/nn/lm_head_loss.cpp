@@ -46,16 +46,26 @@ struct LmHeadCrossEntropy : public torch::autograd::Function<LmHeadCrossEntropy>
     const at::Tensor &x = saved[0], &weight = saved[1];
     const at::Tensor& dlogits = saved[2];                       // [N, V], already scaled by 1/N
     // The incoming scalar (1, or 1/grad_accum) scales the two products rather than the [N, V] buffer.
-    // On the CPU it is read and a scale of 1 skips the pass (the head's [V, C] gradient is 154 MB at
-    // GPT-2's vocabulary); elsewhere it stays a tensor (reading it would be a sync per backward).
+    // Off the CPU it stays a tensor (reading it would be a sync per backward).
     const at::Tensor& g = grad_out[0];
-    at::Tensor dx = at::mm(dlogits, weight), dw = at::mm(dlogits.t(), x);
-    if (!g.is_cpu()) return {dx.mul_(g), dw.mul_(g), at::Tensor()};
+    if (!g.is_cpu()) return {at::mm(dlogits, weight).mul_(g), at::mm(dlogits.t(), x).mul_(g), at::Tensor()};
     const double scale = g.item<double>();
-    if (scale != 1.0) {
-      dx.mul_(scale);
-      dw.mul_(scale);
+    at::Tensor dx = at::mm(dlogits, weight);
+    if (scale != 1.0) dx.mul_(scale);
+    // The weight's gradient [V, C] (154 MB at GPT-2's vocabulary) is summed straight into the weight's
+    // .grad when that is already a buffer (FlatParams' flat gradients): one GEMM with beta = 1, where a
+    // new tensor would be allocated, page-faulted, zeroed and then added in by autograd, at the step's
+    // peak. Megatron calls this gradient-accumulation fusion. Autograd then receives no tensor for the
+    // weight, so a hook that must see every contribution to it has to run after backward.
+    const at::Tensor& acc = weight.grad();
+    if (weight.is_leaf() && acc.defined() && acc.is_contiguous() && acc.sizes() == weight.sizes() &&
+        acc.scalar_type() == dlogits.scalar_type() && acc.device() == dlogits.device()) {
+      at::Tensor into = acc;
+      into.addmm_(dlogits.t(), x, /*beta=*/1, /*alpha=*/scale);
+      return {dx, at::Tensor(), at::Tensor()};
     }
+    at::Tensor dw = at::mm(dlogits.t(), x);
+    if (scale != 1.0) dw.mul_(scale);
     return {dx, dw, at::Tensor()};
   }
 };
