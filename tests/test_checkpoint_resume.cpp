@@ -206,6 +206,13 @@ TEST(Resume, TrainerStateIsCheckedBeforeItIsTrusted) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("trainer_state.json holds array, not a JSON object"), std::string::npos) << e.what();
   }
+  colossal::test::write_file(path, "{\"step\": 1e999}");
+  try {
+    read_checkpoint_info(ckpt);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is not valid JSON (a number out of range)"), std::string::npos) << e.what();
+  }
   colossal::test::write_file(path, "{\"step\": 3,");
   try {
     read_checkpoint_info(ckpt);

@@ -186,3 +186,18 @@ TEST(RecipeErrors, ADirectoryOrAnEmptyFileIsNotARecipe) {
   colossal::test::write_file(dir / "empty.toml", "\n  \n");
   EXPECT_NE(error_loading(dir / "empty.toml").find("empty.toml: is empty"), std::string::npos);
 }
+
+TEST(RecipeErrors, NonAsciiOutsideStringsIsRefusedBeforeTheTomlParserSeesIt) {
+  // TOML++ 3.3 reaches __builtin_unreachable on such characters (found by tests/fuzz).
+  std::string e = error_of("[model]\nn_layer = 2 \xc3\xa9\n");
+  EXPECT_NE(e.find("r.toml:2: invalid TOML: a non-ASCII character outside a quoted string or comment"), std::string::npos) << e;
+  e = error_of("caf\xc3\xa9 = 1\n");
+  EXPECT_NE(e.find("r.toml:1: invalid TOML: a non-ASCII"), std::string::npos) << e;
+  // Inside strings (any quoting) and comments it is text like any other.
+  Recipe r = parse_recipe("# caf\xc3\xa9\nname = \"caf\xc3\xa9\"\n[data]\ntext = 'd\xc3\xa9j\xc3\xa0.txt'\n", "r.toml",
+                          {"data.tokenizer=caf\xc3\xa9.model", "data.dataset=\"\xc3\xa9.h5\""});
+  EXPECT_EQ(r.name, "caf\xc3\xa9");
+  EXPECT_EQ(r.data.text, "d\xc3\xa9j\xc3\xa0.txt");
+  EXPECT_EQ(r.data.tokenizer, "caf\xc3\xa9.model");   // a bare --set value stays a string
+  EXPECT_EQ(r.data.dataset, "\xc3\xa9.h5");
+}

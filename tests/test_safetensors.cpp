@@ -140,6 +140,12 @@ TEST(Safetensors, RejectsShapesThatAreNotWholeOrOverflowSixtyFourBits) {
   EXPECT_EQ(error_for("[0,7]", "[0,0]"), "(no error)");   // empty tensors are fine
 }
 
+TEST(Safetensors, RejectsNumbersBeyondJsonsRange) {
+  TempDir dir;
+  write_raw(dir / "f", R"({"x":{"dtype":"F32","shape":[1e999],"data_offsets":[0,4]}})", 4);
+  EXPECT_NE(load_error(dir / "f").find("header is not valid JSON (a number out of range)"), std::string::npos) << load_error(dir / "f");
+}
+
 TEST(Safetensors, RejectsMetadataThatIsNotStrings) {
   TempDir dir;
   write_raw(dir / "f", R"({"__metadata__":{"step":5}})", 0);

@@ -2,6 +2,7 @@
 // defaults and ranges), then cross-section checks run on the typed values.
 #include "src/core/recipe.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -15,6 +16,35 @@ namespace colossal {
 namespace {
 
 constexpr int64_t kBig = INT64_MAX;
+
+// The offset of the first byte >= 0x80 outside a quoted string or a comment, or npos. TOML allows
+// non-ASCII text only there, and TOML++ 3.3 (Debian's) reaches __builtin_unreachable when it tests
+// such a character for whitespace elsewhere (found by tests/fuzz): these inputs never reach it.
+size_t bare_non_ascii_at(const std::string& text) {
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const char c = text[i];
+    if (static_cast<unsigned char>(c) >= 0x80) return i;
+    if (c == '#') {   // comment: to the end of the line
+      while (i < n && text[i] != '\n') ++i;
+    } else if (c == '"' || c == '\'') {
+      const bool multi = text.compare(i, 3, std::string(3, c)) == 0;
+      i += multi ? 3 : 1;
+      while (i < n) {
+        if (c == '"' && text[i] == '\\') {   // basic strings escape; literal strings do not
+          i += 2;
+          continue;
+        }
+        if (multi ? text.compare(i, 3, std::string(3, c)) == 0 : (text[i] == c || text[i] == '\n')) break;
+        ++i;
+      }
+      i += multi ? 3 : 1;
+    } else {
+      ++i;
+    }
+  }
+  return std::string::npos;
+}
 
 // "optim.lr=1e-4" -> sets table["optim"]["lr"] = 1e-4. The value is read as TOML, or as a bare
 // string when it is not valid TOML (so --set data.text=my.txt works without quotes).
@@ -42,12 +72,16 @@ void apply_override(toml::table& root, const std::string& spec, std::set<std::st
                                             std::to_string(static_cast<unsigned char>(text[i])) + " at offset " +
                                             std::to_string(i) + "); give one value per --set");
   target->erase(leaf);
-  try {
-    toml::table parsed = toml::parse("v = " + text);
-    if (parsed.size() != 1) throw RecipeError("--set " + key, "the value must be one TOML value");
-    target->insert(leaf, *parsed.get("v"));
-  } catch (const toml::parse_error&) {
+  if (bare_non_ascii_at("v = " + text) != std::string::npos) {   // not TOML: a bare string (see above)
     target->insert(leaf, text);
+  } else {
+    try {
+      toml::table parsed = toml::parse("v = " + text);
+      if (parsed.size() != 1) throw RecipeError("--set " + key, "the value must be one TOML value");
+      target->insert(leaf, *parsed.get("v"));
+    } catch (const toml::parse_error&) {
+      target->insert(leaf, text);
+    }
   }
   overridden.insert(key);
 }
@@ -79,6 +113,10 @@ std::string Recipe::where(const std::string& dotted_key) const {
 Recipe parse_recipe(const std::string& toml_text, const std::string& path,
                     const std::vector<std::string>& overrides) {
   toml::table root;
+  if (const size_t at = bare_non_ascii_at(toml_text); at != std::string::npos)
+    throw RecipeError(path + ":" + std::to_string(1 + std::count(toml_text.begin(), toml_text.begin() + static_cast<std::ptrdiff_t>(at), '\n')),
+                      "invalid TOML: a non-ASCII character outside a quoted string or comment (keys and bare values are ASCII; "
+                      "put text in quotes)");
   try {
     root = toml::parse(toml_text, path);
   } catch (const toml::parse_error& e) {

@@ -61,6 +61,8 @@ nlohmann::json read_json(const std::string& path) {
     j = nlohmann::json::parse(read_text_file(path));
   } catch (const nlohmann::json::parse_error& e) {
     throw Error("checkpoint file " + path + " is not valid JSON (syntax error at byte " + std::to_string(e.byte) + ")");
+  } catch (const nlohmann::json::exception&) {   // out_of_range: a number like 1e999 (found by tests/fuzz)
+    throw Error("checkpoint file " + path + " is not valid JSON (a number out of range)");
   }
   if (!j.is_object()) throw Error("checkpoint file " + path + " holds " + std::string(j.type_name()) + ", not a JSON object");
   return j;

@@ -86,8 +86,10 @@ SafetensorsFile load_safetensors(const std::string& path) {
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(json);
-  } catch (const nlohmann::json::exception& e) {
-    throw fail("header is not valid JSON (" + std::string(e.what()) + ")");
+  } catch (const nlohmann::json::parse_error& e) {
+    throw fail("header is not valid JSON (syntax error at byte " + std::to_string(8 + e.byte) + " of the file)");
+  } catch (const nlohmann::json::exception&) {   // out_of_range: a number like 1e999
+    throw fail("header is not valid JSON (a number out of range)");
   }
   if (!header.is_object()) throw fail("header is not a JSON object");
 
