@@ -84,12 +84,12 @@ double evaluate(nn::CausalLM& model, const std::vector<at::Tensor>& batches, con
   return total / static_cast<double>(batches.size());
 }
 
-void print_dry_run(const Recipe& r, const ModelConfig& m, const c10::Device& device) {
-  Recipe shown = r;
-  shown.model = m;
+// `r` with its [model] as training will build it (from the checkpoint when finetuning).
+void print_dry_run(const Recipe& r, const c10::Device& device) {
+  const ModelConfig& m = r.model;
   const int64_t params = count_parameters(m);
-  auto mem = estimate_training_memory(shown, params);
-  std::printf("# resolved recipe (%s)\n%s\n", r.path.c_str(), shown.to_toml().c_str());
+  auto mem = estimate_training_memory(r, params);
+  std::printf("# resolved recipe (%s)\n%s\n", r.path.c_str(), r.to_toml().c_str());
   std::printf("model:       %s, %s parameters (%lld)\n", m.family.c_str(), human_count(static_cast<double>(params)).c_str(),
               static_cast<long long>(params));
   std::printf("device:      %s\n", describe_device(device).c_str());
@@ -124,20 +124,16 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
   }
   if (!opt.finetune && !r.sections.count("model"))
     throw RecipeError(r.path, "has no [model] section (training from scratch needs one; see recipes/gpt-mini.toml)");
-  {
-    Recipe effective = r;
-    effective.model = model_cfg;
-    check_data_sources(effective, opt.finetune ? tokenizer_path : "");
-  }
+  Recipe effective = r;   // with the model training builds
+  effective.model = model_cfg;
+  check_data_sources(effective, opt.finetune ? tokenizer_path : "");
   if (opt.dry_run) {
-    print_dry_run(r, model_cfg, device);
+    print_dry_run(effective, device);
     return 0;
   }
   if (device.is_cpu()) {   // refuse before allocating anything, with the dry run's estimate
-    Recipe sized = r;
-    sized.model = model_cfg;
     const int64_t params = count_parameters(model_cfg);
-    require_host_memory(estimate_training_memory(sized, params).total(),
+    require_host_memory(estimate_training_memory(effective, params).total(),
                         "training this " + human_count(static_cast<double>(params)) +
                             "-parameter model (weights, gradients, AdamW state and one micro-batch's activations)");
   }
@@ -145,11 +141,7 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
   create_output_dir(r.output.dir, r.where("output.dir"));
   set_log_file((fs::path(r.output.dir) / "train.log").string());
   spdlog::info("colossal {} {} -> {}", opt.finetune ? "finetune" : "train", r.path, r.output.dir);
-  {
-    Recipe effective = r;
-    effective.model = model_cfg;
-    ensure_data(effective, opt.finetune ? tokenizer_path : "");
-  }
+  ensure_data(effective, opt.finetune ? tokenizer_path : "");
   Tokenizer tokenizer = Tokenizer::load(tokenizer_path);
   auto train_tokens = std::make_shared<const std::vector<int32_t>>(read_token_split(r.data.dataset, "train").tokens);
   const auto val_split = read_token_split(r.data.dataset, "val");
