@@ -182,10 +182,9 @@ TEST(Resume, TrainerStateIsCheckedBeforeItIsTrusted) {
   const std::string ckpt = d / "checkpoints/step-000003";
   const std::string path = ckpt + "/trainer_state.json";
   const auto good = nlohmann::json::parse(colossal::test::read_file(path));
-  auto error_with = [&](const char* key, const nlohmann::json& value) {
-    auto s = good;
-    s[key] = value;
-    colossal::test::write_file(path, s.dump());
+  // The error reading the checkpoint gives with `text` as its trainer_state.json.
+  auto error_for = [&](const std::string& text) {
+    colossal::test::write_file(path, text);
     try {
       read_checkpoint_info(ckpt);
     } catch (const Error& e) {
@@ -193,32 +192,22 @@ TEST(Resume, TrainerStateIsCheckedBeforeItIsTrusted) {
     }
     return std::string("(no error)");
   };
+  auto error_with = [&](const char* key, const nlohmann::json& value) {
+    auto s = good;
+    s[key] = value;
+    return error_for(s.dump());
+  };
   EXPECT_NE(error_with("step", -5).find("\"step\" = -5 (expected a whole number >= 0)"), std::string::npos) << error_with("step", -5);
   EXPECT_NE(error_with("step", 1e30).find("\"step\" = 1e+30"), std::string::npos) << error_with("step", 1e30);
   EXPECT_NE(error_with("step", "5").find("\"step\" = \"5\""), std::string::npos);
   EXPECT_NE(error_with("loader_position", 2.5).find("\"loader_position\" = 2.5"), std::string::npos);
   EXPECT_NE(error_with("train_loss", "low").find("\"train_loss\" = \"low\" (expected a number)"), std::string::npos);
   EXPECT_EQ(error_with("train_loss", nullptr), "(no error)");   // a NaN loss is stored as null
-  colossal::test::write_file(path, "[1, 2]");
-  try {
-    read_checkpoint_info(ckpt);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("trainer_state.json holds array, not a JSON object"), std::string::npos) << e.what();
-  }
-  colossal::test::write_file(path, "{\"step\": 1e999}");
-  try {
-    read_checkpoint_info(ckpt);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("is not valid JSON (a number out of range)"), std::string::npos) << e.what();
-  }
-  colossal::test::write_file(path, "{\"step\": 3,");
-  try {
-    read_checkpoint_info(ckpt);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("is not valid JSON (syntax error at byte"), std::string::npos) << e.what();
+  for (const auto& [text, message] : {std::pair<std::string, std::string>{"[1, 2]", "trainer_state.json holds array, not a JSON object"},
+                                      {"{\"step\": 1e999}", "is not valid JSON (a number out of range)"},
+                                      {"{\"step\": 3,", "is not valid JSON (syntax error at byte"}}) {
+    const std::string e = error_for(text);
+    EXPECT_NE(e.find(message), std::string::npos) << text << ": " << e;
   }
   // Without trainer_state.json there is nothing to resume (a silent restart at step 0 is not a resume).
   fs::remove(path);

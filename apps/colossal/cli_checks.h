@@ -34,17 +34,8 @@ inline CLI::Validator finite_in(double lo, double hi) {
 inline CLI::Validator whole_up_to(uint64_t max) {
   return CLI::Validator(
       [max](std::string& text) -> std::string {
-        const bool digits = !text.empty() && text.size() <= 20 && text.find_first_not_of("0123456789") == std::string::npos;
-        uint64_t x = 0;
-        bool fits = digits;
-        for (char c : text) {
-          if (!fits) break;
-          const uint64_t d = static_cast<uint64_t>(c - '0');
-          if (x > (UINT64_MAX - d) / 10) fits = false;
-          else x = x * 10 + d;
-        }
-        if (!fits || x > max) return "'" + text + "' is not a whole number in [0, " + std::to_string(max) + "]";
-        return "";
+        const auto x = parse_whole(text);
+        return x && *x <= max ? "" : "'" + text + "' is not a whole number in [0, " + std::to_string(max) + "]";
       },
       "INTEGER in [0, " + std::to_string(max) + "]");
 }

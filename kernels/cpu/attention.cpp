@@ -3,9 +3,8 @@
 // (attention_isa.cpp).
 #include "kernels/cpu/attention.h"
 
-#include <vector>
-
 #include "kernels/cpu/isa_kernels.h"
+#include "kernels/cpu/thread_scratch.h"
 
 namespace colossal::kernels {
 namespace {
@@ -16,18 +15,13 @@ AttentionHead head_at(const float* qkv, const AttentionDims& a, int64_t b, int64
   return {q, q + c, q + 2 * c, 3 * c, c};
 }
 
-// One thread's buffers for one head at a time (see AttentionScratch).
-struct ScratchBuffer {
-  std::vector<float> data;
-  AttentionScratch view;
-  explicit ScratchBuffer(const AttentionDims& a) {
-    const int64_t ld = attention_ld(a.seq);
-    const int64_t mat = ld * a.head_dim, rows = a.seq * a.head_dim, blk = kAttentionRows * ld;
-    data.resize(static_cast<size_t>(2 * mat + 2 * blk + 2 * rows));
-    float* p = data.data();
-    view = {p, p + mat, p + 2 * mat, p + 2 * mat + blk, p + 2 * mat + 2 * blk, p + 2 * mat + 2 * blk + rows};
-  }
-};
+// This thread's buffers for one head at a time (see AttentionScratch), in its kept scratch.
+AttentionScratch scratch_for(const AttentionDims& a) {
+  const int64_t ld = attention_ld(a.seq);
+  const int64_t mat = ld * a.head_dim, rows = a.seq * a.head_dim, blk = kAttentionRows * ld;
+  float* p = thread_scratch(static_cast<size_t>(2 * mat + 2 * blk + 2 * rows));
+  return {p, p + mat, p + 2 * mat, p + 2 * mat + blk, p + 2 * mat + 2 * blk, p + 2 * mat + 2 * blk + rows};
+}
 
 }  // namespace
 
@@ -36,12 +30,12 @@ void causal_attention_forward(const float* qkv, float* out, float* lse, const At
   const auto head = active_kernels().attention_forward_head;
 #pragma omp parallel if (tasks > 1)
   {
-    ScratchBuffer w(a);
+    const AttentionScratch w = scratch_for(a);
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / a.heads, hd = task % a.heads;
       head(head_at(qkv, a, b, hd), out + b * a.seq * c + hd * a.head_dim, lse + task * a.seq, a.seq, a.head_dim, a.scale,
-           w.view);
+           w);
     }
   }
 }
@@ -52,14 +46,14 @@ void causal_attention_backward(const float* qkv, const float* out, const float* 
   const auto head = active_kernels().attention_backward_head;
 #pragma omp parallel if (tasks > 1)
   {
-    ScratchBuffer w(a);
+    const AttentionScratch w = scratch_for(a);
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / a.heads, hd = task % a.heads;
       const int64_t out_off = b * a.seq * c + hd * a.head_dim, in_off = b * a.seq * 3 * c + hd * a.head_dim;
       float* dq = d_qkv + in_off;
       head(head_at(qkv, a, b, hd), out + out_off, d_out + out_off, lse + task * a.seq, dq, dq + c, dq + 2 * c, a.seq,
-           a.head_dim, a.scale, w.view);
+           a.head_dim, a.scale, w);
     }
   }
 }

@@ -279,8 +279,9 @@ COLOSSAL_INLINE void backward_block(const AttentionHead& h, const float* __restr
       mask_after(pr, valid, e);
       exp_minus(pr, e, lse[q]);
       zero_after(pr, valid, e);
+      const float *goq = d_out + q * h.out_stride, *oq = out + q * h.out_stride;
       vf dlt = vf{};   // D_q = dO_q . O_q
-      for (int64_t v = 0; v < nv; ++v) dlt += load_u(d_out + q * h.out_stride + v * kLanes) * load_u(out + q * h.out_stride + v * kLanes);
+      for (int64_t v = 0; v < nv; ++v) dlt += load_u(goq + v * kLanes) * load_u(oq + v * kLanes);
       softmax_grad(pr, dsr, e, hsum(dlt), scale);   // dS, zero where P is
     }
     gemm_rows<false>(rows, nv, ds, ld, 1, h.k, h.stride, end, 1.0f, dq + i * h.stride, h.stride);   // dQ = dS K

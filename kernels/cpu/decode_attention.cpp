@@ -4,9 +4,9 @@
 #include "kernels/cpu/decode_attention.h"
 
 #include <cstring>
-#include <vector>
 
 #include "kernels/cpu/isa_kernels.h"
+#include "kernels/cpu/thread_scratch.h"
 
 namespace colossal::kernels {
 namespace {
@@ -24,9 +24,7 @@ void decode_attention(const float* qkv, float* k_cache, float* v_cache, const ui
   const bool parallel = tasks > 1 && 2 * tasks * a.length * d >= kParallelWork;
 #pragma omp parallel if (parallel)
   {
-    // Each thread's scores, kept across calls: every layer of every decoding step comes here.
-    thread_local std::vector<float> scores;
-    if (scores.size() < static_cast<size_t>(a.length)) scores.resize(static_cast<size_t>(a.length));
+    float* scores = thread_scratch(static_cast<size_t>(a.length));   // every layer of every decoding step comes here
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / a.heads, h = task % a.heads;
@@ -35,7 +33,7 @@ void decode_attention(const float* qkv, float* k_cache, float* v_cache, const ui
       float* v = v_cache + task * a.capacity * d;
       std::memcpy(k + (a.length - 1) * d, q + c, static_cast<size_t>(d) * sizeof(float));
       std::memcpy(v + (a.length - 1) * d, q + 2 * c, static_cast<size_t>(d) * sizeof(float));
-      head(q, k, v, a.length, d, a.scale, valid ? valid + b * valid_stride : nullptr, scores.data(), out + b * c + h * d);
+      head(q, k, v, a.length, d, a.scale, valid ? valid + b * valid_stride : nullptr, scores, out + b * c + h * d);
     }
   }
 }

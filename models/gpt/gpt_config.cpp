@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "src/core/error.h"
+#include "src/core/json_value.h"
 #include "src/core/text.h"
 
 namespace colossal::gpt {
@@ -52,12 +53,10 @@ GptConfig from_hf_config(const nlohmann::json& j, const std::string& path) {
   // A size: a whole number in [1, max] (the bounds keep a corrupted file from asking for exabytes).
   auto size = [&](const char* key, int64_t& out, int64_t max) {
     if (!present(key)) throw Error(path + ": missing \"" + key + "\" (not a GPT-2 config.json?)");
-    const auto& v = j[key];
-    // Parsed text gives non-negative integers as unsigned; a json built in memory from int64_t as signed.
-    const bool whole = v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
-    if (!whole || v.get<uint64_t>() < 1 || v.get<uint64_t>() > static_cast<uint64_t>(max))
-      throw Error(path + ": \"" + key + "\" = " + v.dump() + " (expected a whole number in [1, " + std::to_string(max) + "])");
-    out = v.get<int64_t>();
+    const auto n = whole_number(j[key]);
+    if (!n || *n < 1 || *n > static_cast<uint64_t>(max))
+      throw Error(path + ": \"" + key + "\" = " + j[key].dump() + " (expected a whole number in [1, " + std::to_string(max) + "])");
+    out = static_cast<int64_t>(*n);
   };
   // A real number in [lo, hi) (or (lo, hi) when open_lo), optional.
   auto real = [&](const char* key, double& out, double lo, double hi, bool open_lo) {

@@ -66,11 +66,10 @@ void apply_override(toml::table& root, const std::string& spec, std::set<std::st
   }
   // One value per --set: a line break would let the rest of the text parse as further keys, which
   // were silently dropped; any other control character has no place in a value either.
-  for (size_t i = 0; i < text.size(); ++i)
-    if (static_cast<unsigned char>(text[i]) < 0x20 || text[i] == 0x7f)
-      throw RecipeError("--set " + key, "the value contains a control character (byte " +
-                                            std::to_string(static_cast<unsigned char>(text[i])) + " at offset " +
-                                            std::to_string(i) + "); give one value per --set");
+  if (const size_t i = control_char_at(text); i != std::string::npos)
+    throw RecipeError("--set " + key, "the value contains a control character (byte " +
+                                          std::to_string(static_cast<unsigned char>(text[i])) + " at offset " +
+                                          std::to_string(i) + "); give one value per --set");
   target->erase(leaf);
   if (bare_non_ascii_at("v = " + text) != std::string::npos) {   // not TOML: a bare string (see above)
     target->insert(leaf, text);

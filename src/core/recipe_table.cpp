@@ -97,10 +97,9 @@ std::string RecipeSection::string(const std::string& key, const std::string& fal
   if (!v) fail(key, "must be a string, not " + type_name(*n));
   // Control characters (a NUL would silently cut a path short, a newline splits log lines) are never
   // part of a name or path a recipe means.
-  for (size_t i = 0; i < v->size(); ++i)
-    if (static_cast<unsigned char>((*v)[i]) < 0x20 || (*v)[i] == 0x7f)
-      fail(key, "contains a control character (byte " + std::to_string(static_cast<unsigned char>((*v)[i])) + " at offset " +
-                    std::to_string(i) + "); names and paths are plain text");
+  if (const size_t i = control_char_at(*v); i != std::string::npos)
+    fail(key, "contains a control character (byte " + std::to_string(static_cast<unsigned char>((*v)[i])) + " at offset " +
+                  std::to_string(i) + "); names and paths are plain text");
   if (!choices.empty() && std::find(choices.begin(), choices.end(), *v) == choices.end()) {
     std::string hint = nearest_name(*v, choices);
     fail(key, "= \"" + *v + "\" is not one of " + join(choices, " | ") +

@@ -100,4 +100,21 @@ size_t invalid_utf8_at(const std::string& text) {
   return std::string::npos;
 }
 
+size_t control_char_at(const std::string& text) {
+  for (size_t i = 0; i < text.size(); ++i)
+    if (static_cast<unsigned char>(text[i]) < 0x20 || text[i] == 0x7f) return i;
+  return std::string::npos;
+}
+
+std::optional<uint64_t> parse_whole(const std::string& text) {
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  uint64_t x = 0;
+  for (char c : text) {
+    const uint64_t d = static_cast<uint64_t>(c - '0');
+    if (x > (UINT64_MAX - d) / 10) return std::nullopt;
+    x = x * 10 + d;
+  }
+  return x;
+}
+
 }  // namespace colossal

@@ -2,6 +2,7 @@
 // human-readable sizes and durations.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,5 +19,9 @@ std::string join(const std::vector<std::string>& parts, const std::string& sep);
 std::string format_number(double x);
 // The offset of the first byte that does not belong to a well-formed UTF-8 sequence, or npos.
 size_t invalid_utf8_at(const std::string& text);
+// The offset of the first control character (below 0x20, or DEL), or npos.
+size_t control_char_at(const std::string& text);
+// A whole number written in decimal digits only (no sign, space or exponent) that fits 64 bits.
+std::optional<uint64_t> parse_whole(const std::string& text);
 
 }  // namespace colossal

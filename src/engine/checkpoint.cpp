@@ -10,6 +10,8 @@
 #include <regex>
 
 #include "src/core/error.h"
+#include "src/core/json_value.h"
+#include "src/core/text.h"
 #include "src/engine/model_registry.h"
 #include "src/io/atomic_dir.h"
 
@@ -56,14 +58,7 @@ void rotate(const std::string& dir, int64_t keep_last, const std::string& keep) 
 
 // A JSON object from a checkpoint file; the error names the file and the byte where parsing stopped.
 nlohmann::json read_json(const std::string& path) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_text_file(path));
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error("checkpoint file " + path + " is not valid JSON (syntax error at byte " + std::to_string(e.byte) + ")");
-  } catch (const nlohmann::json::exception&) {   // out_of_range: a number like 1e999 (found by tests/fuzz)
-    throw Error("checkpoint file " + path + " is not valid JSON (a number out of range)");
-  }
+  nlohmann::json j = parse_json(read_text_file(path), "checkpoint file " + path);
   if (!j.is_object()) throw Error("checkpoint file " + path + " holds " + std::string(j.type_name()) + ", not a JSON object");
   return j;
 }
@@ -73,11 +68,10 @@ nlohmann::json read_json(const std::string& path) {
 TrainerState parse_trainer_state(const nlohmann::json& s, const std::string& path) {
   auto count = [&](const char* key) -> int64_t {
     if (!s.contains(key)) throw Error("checkpoint file " + path + ": \"" + key + "\" is missing");
-    const auto& v = s[key];
-    const bool whole = v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
-    if (!whole || v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-      throw Error("checkpoint file " + path + ": \"" + key + "\" = " + v.dump() + " (expected a whole number >= 0)");
-    return v.get<int64_t>();
+    const auto n = whole_number(s[key]);
+    if (!n || *n > static_cast<uint64_t>(INT64_MAX))
+      throw Error("checkpoint file " + path + ": \"" + key + "\" = " + s[key].dump() + " (expected a whole number >= 0)");
+    return static_cast<int64_t>(*n);
   };
   auto number = [&](const char* key, double fallback) -> double {
     if (!s.contains(key)) return fallback;
@@ -260,10 +254,10 @@ void load_optimizer_state(nn::CausalLM& model, optim::FlatParams& flat, optim::A
   }
   auto it = file.metadata.find("step");
   if (it == file.metadata.end()) throw Error("checkpoint " + path + ": metadata has no step count");
-  const std::string& steps = it->second;
-  if (steps.empty() || steps.size() > 18 || steps.find_first_not_of("0123456789") != std::string::npos)
-    throw Error("checkpoint " + path + ": metadata step = \"" + steps + "\" (expected a whole number >= 0)");
-  optimizer.set_steps(std::stoll(steps));
+  const auto steps = parse_whole(it->second);
+  if (!steps || *steps > static_cast<uint64_t>(INT64_MAX))
+    throw Error("checkpoint " + path + ": metadata step = \"" + it->second + "\" (expected a whole number >= 0)");
+  optimizer.set_steps(static_cast<int64_t>(*steps));
   // The CPU generator's state is required: without it the resumed run would draw a different data
   // order and dropout stream than the uninterrupted one. Its size is checked before LibTorch sees it.
   if (!file.contains(kRngName))

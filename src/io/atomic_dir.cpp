@@ -53,9 +53,8 @@ void prepare_output_file(const std::string& path, const std::string& what) {
 AtomicDir::AtomicDir(std::string final_path) : final_(std::move(final_path)) {
   fs::path f(final_);
   fs::path parent = f.parent_path().empty() ? fs::path(".") : f.parent_path();
+  create_output_dir(parent.string(), final_);
   std::error_code ec;
-  fs::create_directories(parent, ec);
-  if (ec) throw Error("cannot create directory " + parent.string() + ": " + ec.message());
   tmp_ = (parent / (".tmp-" + f.filename().string() + "-" + std::to_string(::getpid()))).string();
   fs::remove_all(tmp_, ec);
   fs::create_directory(tmp_, ec);

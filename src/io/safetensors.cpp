@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/core/error.h"
+#include "src/core/json_value.h"
 #include "src/core/text.h"
 
 namespace colossal {
@@ -83,14 +84,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
                " after its 8-byte length (truncated?)");
   std::string json(header_len, '\0');
   in.read(json.data(), static_cast<std::streamsize>(header_len));
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(json);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw fail("header is not valid JSON (syntax error at byte " + std::to_string(8 + e.byte) + " of the file)");
-  } catch (const nlohmann::json::exception&) {   // out_of_range: a number like 1e999
-    throw fail("header is not valid JSON (a number out of range)");
-  }
+  const nlohmann::json header = parse_json(json, "checkpoint " + path + ": header", 8);   // bytes count from the file's start
   if (!header.is_object()) throw fail("header is not a JSON object");
 
   const uint64_t data_start = 8 + header_len, data_size = file_size - data_start;
@@ -123,18 +117,20 @@ SafetensorsFile load_safetensors(const std::string& path) {
       if (!shape.is_array()) throw fail(what + " has shape " + shape.dump() + ", not a list of sizes");
       uint64_t bytes = c10::elementSize(e.type);
       for (const auto& d : shape) {
-        if (!d.is_number_unsigned())
-          throw fail(what + " has shape entry " + d.dump() + " (sizes are whole numbers >= 0)");
-        const uint64_t size = d.get<uint64_t>();
+        const auto whole = whole_number(d);
+        if (!whole) throw fail(what + " has shape entry " + d.dump() + " (sizes are whole numbers >= 0)");
+        const uint64_t size = *whole;
         if (size > static_cast<uint64_t>(INT64_MAX) || (size != 0 && bytes > UINT64_MAX / size))
           throw fail(what + " has shape " + shape.dump() + ", whose byte size does not fit 64 bits");
         bytes *= size;
         e.shape.push_back(static_cast<int64_t>(size));
       }
       const nlohmann::json& offsets = info["data_offsets"];
-      if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned())
+      const auto begin = offsets.is_array() && offsets.size() == 2 ? whole_number(offsets[0]) : std::nullopt;
+      const auto end = offsets.is_array() && offsets.size() == 2 ? whole_number(offsets[1]) : std::nullopt;
+      if (!begin || !end)
         throw fail(what + " has data_offsets " + offsets.dump() + " (expected [begin, end], whole numbers >= 0)");
-      const uint64_t off[2] = {offsets[0].get<uint64_t>(), offsets[1].get<uint64_t>()};
+      const uint64_t off[2] = {*begin, *end};
       if (off[0] > off[1] || off[1] > data_size)
         throw fail(what + " lies outside the file (offsets " + offsets.dump() + " past its " + exact_bytes(data_size) +
                    " of data; truncated?)");
