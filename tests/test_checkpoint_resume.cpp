@@ -36,7 +36,7 @@ TEST(Resume, NStepsPlusResumePlusNStepsEqualsTwoNStepsExactly) {
   // Runs a and b each time their own kernel choices, and a close call may go either way, so both are
   // pinned here; that a resumed run keeps its original run's timed choices is tested below.
   const std::vector<std::string> pinned = {"kernels.attention=fused", "kernels.gelu=fused", "kernels.gemv=fused",
-                                           "kernels.layer_norm=fused"};
+                                           "kernels.layer_norm=fused", "kernels.gemm=fused"};
   ASSERT_EQ(run_training(tiny_recipe(a.path(), 12, pinned), {.quiet = true}), 0);
   ASSERT_EQ(run_training(tiny_recipe(b.path(), 6, pinned), {.quiet = true}), 0);
   ASSERT_EQ(run_training(tiny_recipe(b.path(), 12, pinned), {.resume = true, .quiet = true}), 0);

@@ -1,6 +1,7 @@
 // CPU kernels on every instruction set this machine runs (kernels/cpu/isa.h), each against a
 // double-precision reference; the dispatch and its COLOSSAL_CPU_ISA cap; the decoding GEMV's
-// batch-independence; decoding attention against the KV cache; LayerNorm; and the first-use choice between our kernels and ATen's (src/nn/kernel_choice.h).
+// batch-independence; the training GEMM in its three forms; decoding attention against the KV cache;
+// LayerNorm; and the first-use choice between our kernels and ATen's (src/nn/kernel_choice.h).
 #include <ATen/ATen.h>
 #include <cmath>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/gelu.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemv.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/isa_kernels.h"
@@ -323,6 +325,143 @@ TEST(CpuKernels, GemvGivesEachRowTheSameBitsAloneInABatchOrOnAnyThreadCount) {
     at::set_num_threads(threads);
     EXPECT_TRUE(at::equal(single_thread, together)) << kernels::isa_name(isa);
   }
+}
+
+namespace {
+
+// The three forms of kernels::gemm a dense layer uses, on float data, against double precision.
+enum class GemmForm { Forward, InputGrad, WeightGrad };
+
+at::Tensor run_gemm(GemmForm form, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& dy,
+                    at::Tensor c, bool accumulate) {
+  const int64_t m = x.size(0), in = w.size(1), out = w.size(0);
+  const float *xp = x.const_data_ptr<float>(), *wp = w.const_data_ptr<float>(), *dyp = dy.const_data_ptr<float>();
+  switch (form) {
+    case GemmForm::Forward:
+      kernels::gemm({m, out, in, xp, in, 1, wp, 1, in, c.mutable_data_ptr<float>(), out,
+                     b.defined() ? b.const_data_ptr<float>() : nullptr, accumulate});
+      break;
+    case GemmForm::InputGrad:
+      kernels::gemm({m, in, out, dyp, out, 1, wp, in, 1, c.mutable_data_ptr<float>(), in, nullptr, accumulate});
+      break;
+    case GemmForm::WeightGrad:
+      kernels::gemm({out, in, m, dyp, 1, out, xp, in, 1, c.mutable_data_ptr<float>(), in, nullptr, accumulate});
+      break;
+  }
+  return c;
+}
+
+// Whether y was computed by the dense GEMM's autograd function (under the view that restores its shape).
+bool through_gemm(const at::Tensor& y) {
+  for (auto fn = y.grad_fn(); fn; fn = fn->next_edges().empty() ? nullptr : fn->next_edges()[0].function)
+    if (fn->name().find("DenseLinearFunction") != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST(CpuKernels, GemmMatchesDoublePrecisionInEveryFormOnEveryInstructionSet) {
+  torch::manual_seed(23);
+  // Rows ending inside a tile (1, 7, 37), columns ending inside a tile and past a 256-column panel
+  // (16, 48, 272), depths past a 256-step block with a remainder (300, 600).
+  for (Isa isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    for (int64_t m : {1, 7, 37, 300})
+      for (int64_t in : {16, 48, 272})
+        for (int64_t out : {16, 80, 304})
+          for (GemmForm form : {GemmForm::Forward, GemmForm::InputGrad, GemmForm::WeightGrad}) {
+            auto x = at::randn({m, in}), w = at::randn({out, in}), b = at::randn({out}), dy = at::randn({m, out});
+            auto xd = x.to(at::kDouble), wd = w.to(at::kDouble), dyd = dy.to(at::kDouble);
+            at::Tensor ref, c;
+            int64_t depth = 0;
+            switch (form) {
+              case GemmForm::Forward: ref = at::addmm(b.to(at::kDouble), xd, wd.t()), c = at::empty({m, out}), depth = in; break;
+              case GemmForm::InputGrad: ref = at::mm(dyd, wd), c = at::empty({m, in}), depth = out; break;
+              case GemmForm::WeightGrad: ref = at::mm(dyd.t(), xd), c = at::empty({out, in}), depth = m; break;
+            }
+            const std::string where = std::string(kernels::isa_name(isa)) + " form=" + std::to_string(int(form)) +
+                                      " m=" + std::to_string(m) + " in=" + std::to_string(in) + " out=" + std::to_string(out);
+            // Float sums of `depth` unit-variance products: error grows like sqrt(depth) ulps of the terms.
+            const double tol = 2e-6 * depth + 1e-5;
+            EXPECT_LT(max_abs_diff(run_gemm(form, x, w, b, dy, c, false), ref), tol) << where;
+            // Accumulating adds onto what the output holds (a gradient buffer's earlier sums).
+            auto earlier = at::randn(ref.sizes());
+            auto sum = run_gemm(form, x, w, b, dy, earlier.clone(), true);
+            EXPECT_LT(max_abs_diff(sum, ref + earlier.to(at::kDouble)), tol) << where << " accumulate";
+          }
+  }
+}
+
+TEST(CpuKernels, GemmGivesTheSameBitsOnAnyThreadCount) {
+  torch::manual_seed(29);
+  auto x = at::randn({203, 96}), w = at::randn({272, 96}), b = at::randn({272}), dy = at::randn({203, 272});
+  for (Isa isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    for (GemmForm form : {GemmForm::Forward, GemmForm::InputGrad, GemmForm::WeightGrad}) {
+      auto shape = form == GemmForm::Forward ? std::vector<int64_t>{203, 272}
+                   : form == GemmForm::InputGrad ? std::vector<int64_t>{203, 96}
+                                                 : std::vector<int64_t>{272, 96};
+      auto together = run_gemm(form, x, w, b, dy, at::empty(shape), false);
+      const int threads = at::get_num_threads();
+      for (int t : {1, 3}) {
+        at::set_num_threads(t);
+        auto other = run_gemm(form, x, w, b, dy, at::empty(shape), false);
+        at::set_num_threads(threads);
+        EXPECT_TRUE(at::equal(other, together)) << kernels::isa_name(isa) << " form=" << int(form) << " threads=" << t;
+      }
+    }
+  }
+}
+
+TEST(LinearForward, TrainingShapesMatchATenInValueAndGradientsAndSumTheWeightGradientIntoItsBuffer) {
+  PolicyGuard guard;
+  nn::KernelPolicy ours;
+  ours.gemm = nn::KernelPath::Ours;
+  nn::set_kernel_policy(ours);
+  torch::manual_seed(31);
+  auto x = at::randn({3, 37, 48}).requires_grad_(true);
+  auto w = at::randn({80, 48}).requires_grad_(true), b = at::randn({80}).requires_grad_(true);
+  auto dy = at::randn({3, 37, 80});
+  auto y = nn::linear_forward(x, w, b);
+  EXPECT_TRUE(through_gemm(y));
+  EXPECT_EQ(y.sizes(), (at::IntArrayRef{3, 37, 80}));
+  y.backward(dy);
+
+  auto xd = x.detach().to(at::kDouble).requires_grad_(true);
+  auto wd = w.detach().to(at::kDouble).requires_grad_(true), bd = b.detach().to(at::kDouble).requires_grad_(true);
+  auto yd = at::linear(xd, wd, bd);
+  yd.backward(dy.to(at::kDouble));
+  EXPECT_LT(max_abs_diff(y, yd.detach()), 1e-4);
+  EXPECT_LT(max_abs_diff(x.grad(), xd.grad()), 1e-4);
+  EXPECT_LT(max_abs_diff(w.grad(), wd.grad()), 1e-3);
+  EXPECT_LT(max_abs_diff(b.grad(), bd.grad()), 1e-4);
+
+  // A second backward with .grad already a buffer: summed into that same storage (no new tensor).
+  const void* storage = w.grad().data_ptr();
+  nn::linear_forward(x, w, b).backward(dy);
+  EXPECT_EQ(w.grad().data_ptr(), storage);
+  EXPECT_LT(max_abs_diff(w.grad(), 2 * wd.grad()), 2e-3);
+  EXPECT_LT(max_abs_diff(b.grad(), 2 * bd.grad()), 2e-4);
+
+  // Widths that are not multiples of 16, and a forced ATen policy, stay on at::linear.
+  auto w2 = at::randn({30, 48}).requires_grad_(true);
+  EXPECT_FALSE(through_gemm(nn::linear_forward(x, w2)));
+  nn::KernelPolicy aten;
+  aten.gemm = nn::KernelPath::Aten;
+  nn::set_kernel_policy(aten);
+  EXPECT_FALSE(through_gemm(nn::linear_forward(x, w, b)));
+}
+
+TEST(LinearForward, AutoTimesEachFormOncePerShape) {
+  PolicyGuard guard;
+  torch::manual_seed(37);
+  auto x = at::randn({64, 32}).requires_grad_(true);
+  auto w = at::randn({48, 32}).requires_grad_(true), b = at::randn({48}).requires_grad_(true);
+  nn::linear_forward(x, w, b).sum().backward();
+  nn::linear_forward(x, w, b).sum().backward();   // .grad is now a buffer: the summing form
+  auto choices = nn::kernel_choices();
+  for (const char* form : {"fwd", "dx", "dw", "dw+"})
+    EXPECT_EQ(choices.count(std::string("gemm ") + form + " rows=64 in=32 out=48"), 1u) << form;
 }
 
 TEST(KernelChoice, AForcedPathRunsWithoutTiming) {

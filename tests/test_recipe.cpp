@@ -96,6 +96,8 @@ TEST(RecipeErrors, KernelChoicesAreAutoFusedOrAten) {
   EXPECT_EQ(r.kernels.gelu, "fused");
   EXPECT_EQ(r.kernels.gemv, "aten");
   EXPECT_EQ(r.kernels.layer_norm, "fused");
+  EXPECT_EQ(r.kernels.gemm, "auto");
+  EXPECT_EQ(parse_recipe("[kernels]\ngemm = \"aten\"\n", "r.toml", {}).kernels.gemm, "aten");
   e = error_of("[kernels]\nlayer_norm = \"yes\"\n");
   EXPECT_NE(e.find("r.toml:2: [kernels] layer_norm: = \"yes\" is not one of auto | fused | aten"), std::string::npos) << e;
 }

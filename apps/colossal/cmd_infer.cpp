@@ -89,7 +89,7 @@ void run(InferArgs& a) {
   spdlog::info("loaded {} ({} parameters) on {}", dir, model->parameter_count(), describe_device(device));
 
   const nn::KernelPath kernels = nn::parse_kernel_path(a.kernels);
-  nn::set_kernel_policy({kernels, kernels, kernels, kernels});
+  nn::set_kernel_policy({kernels, kernels, kernels, kernels, kernels});
   Generator generator(model, tokenizer, device);
   const bool stream = prompts.size() == 1 && !a.jsonl;
   bool echoed = false;   // the prompt is echoed with the first piece, after the prompts were validated

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
 
 namespace colossal::kernels {
@@ -58,6 +59,10 @@ struct IsaKernels {
                              int64_t rows, int64_t cols, float eps);
   void (*layer_norm_backward)(const float* dy, const float* x, const float* mean, const float* rstd,
                               const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t cols);
+  // Rows [m_begin, m_end) of a GEMM (see gemm.h).
+  // scratch: kGemmScratchFloats of the calling thread's own.
+  void (*gemm_rows)(const GemmProblem& p, int64_t m_begin, int64_t m_end, float* scratch);
+  int gemm_tile_rows;   // rows of gemm_rows' register tile: threads split C's rows in multiples of it
 };
 
 // The table of `isa` (which the caller has checked the machine can run).

@@ -240,6 +240,7 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   r.kernels.gelu = k.string("gelu", r.kernels.gelu, {"auto", "fused", "aten"});
   r.kernels.gemv = k.string("gemv", r.kernels.gemv, {"auto", "fused", "aten"});
   r.kernels.layer_norm = k.string("layer_norm", r.kernels.layer_norm, {"auto", "fused", "aten"});
+  r.kernels.gemm = k.string("gemm", r.kernels.gemm, {"auto", "fused", "aten"});
   k.finish();
 
   auto out = section("output");
@@ -290,7 +291,8 @@ std::string Recipe::to_toml() const {
                             {"schedule", optim.schedule}, {"decay_steps", optim.decay_steps}}},
       {"checkpoint", toml::table{{"dir", checkpoint.dir}, {"every", checkpoint.every}, {"keep_last", checkpoint.keep_last}}},
       {"finetune", toml::table{{"from", finetune.from}}},
-      {"kernels", toml::table{{"attention", kernels.attention}, {"gelu", kernels.gelu}, {"gemv", kernels.gemv}, {"layer_norm", kernels.layer_norm}}},
+      {"kernels", toml::table{{"attention", kernels.attention}, {"gelu", kernels.gelu}, {"gemv", kernels.gemv},
+                              {"layer_norm", kernels.layer_norm}, {"gemm", kernels.gemm}}},
       {"output", toml::table{{"dir", output.dir}, {"log_level", output.log_level}}},
   };
   std::ostringstream s;

@@ -75,6 +75,7 @@ struct KernelsConfig {               // [kernels]: our CPU kernel or ATen's, for
   std::string gelu = "auto";         // the same choices
   std::string gemv = "auto";         // decoding matrix-vector products (generation, eval-free)
   std::string layer_norm = "auto";   // LayerNorm forward and backward
+  std::string gemm = "auto";         // the dense layers' products while training (forward, dx, dW)
 };
 
 struct OutputConfig {                // [output]

@@ -150,7 +150,8 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
     spdlog::warn("held-out split ({} tokens) is too small for one eval batch; eval loss is skipped", val_split.tokens.size());
 
   nn::set_kernel_policy({nn::parse_kernel_path(r.kernels.attention), nn::parse_kernel_path(r.kernels.gelu),
-                         nn::parse_kernel_path(r.kernels.gemv), nn::parse_kernel_path(r.kernels.layer_norm)});
+                         nn::parse_kernel_path(r.kernels.gemv), nn::parse_kernel_path(r.kernels.layer_norm),
+                         nn::parse_kernel_path(r.kernels.gemm)});
   at::manual_seed(static_cast<uint64_t>(r.train.seed));
   nn::LayerFactory factory;
   auto model = build_model(model_cfg, factory);

@@ -1,7 +1,7 @@
 // Kernel choice: for each CPU kernel of ours that has an ATen equivalent (fused attention, GELU,
-// LayerNorm, decoding GEMV and decoding attention), which of the two runs. The engine never runs a
-// kernel that loses on the machine at hand: on the first call at a shape, both are timed on that
-// call's own inputs (two warm-ups and five alternating calls each, the fastest of each side counted),
+// LayerNorm, the dense layers' GEMMs, decoding GEMV and decoding attention), which of the two runs.
+// The engine never runs a kernel that loses on the machine at hand: on the first call at a shape,
+// both are timed on that call's own inputs (two warm-ups and five alternating calls each, the fastest of each side counted),
 // the faster is kept for that shape for the rest of the process and the choice is logged once, as
 // cuDNN's benchmark mode does. A recipe's [kernels] section or `infer --kernels` can force either
 // side. Choices travel in checkpoints, so a resumed run computes with the kernels the original run
@@ -21,6 +21,7 @@ struct KernelPolicy {
   KernelPath gelu = KernelPath::Auto;
   KernelPath gemv = KernelPath::Auto;
   KernelPath layer_norm = KernelPath::Auto;
+  KernelPath gemm = KernelPath::Auto;
 };
 
 // "auto" | "fused" | "aten" (the recipe's and the flag's spelling); throws std::invalid_argument.

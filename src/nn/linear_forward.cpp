@@ -2,8 +2,10 @@
 #include "src/nn/linear_forward.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include "kernels/cpu/gemv.h"
+#include "src/nn/gemm_choice.h"
 #include "src/nn/kernel_choice.h"
 
 namespace colossal::nn {
@@ -28,6 +30,47 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   return y;
 }
 
+// y = x W^T + b for a training step on CPU: the forward and both gradients go through gemm_choice.h
+// (our GEMM or ATen's per form and shape). The weight's gradient is summed straight into its .grad
+// when that is already a buffer (FlatParams), as the LM head does (see lm_head_loss.cpp): no [out, in]
+// tensor per layer per step for autograd to allocate and add.
+struct DenseLinearFunction : public torch::autograd::Function<DenseLinearFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias) {
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["bias"] = bias.defined();
+    return gemm_linear(x, weight, bias);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1];
+    const at::Tensor dy = grad_out[0].contiguous();
+    at::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0)) dx = gemm_input_grad(dy, weight);
+    if (ctx->needs_input_grad(1)) {
+      const at::Tensor& acc = weight.grad();
+      if (weight.is_leaf() && acc.defined() && acc.is_contiguous() && acc.sizes() == weight.sizes() &&
+          acc.scalar_type() == dy.scalar_type() && acc.device() == dy.device()) {
+        gemm_weight_grad(dy, x, acc, /*accumulate=*/true);
+      } else {
+        dw = at::empty_like(weight);
+        gemm_weight_grad(dy, x, dw, /*accumulate=*/false);
+      }
+    }
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
+    return {dx, dw, db};
+  }
+};
+
+bool training_shape(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  const bool records_grad =
+      at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()));
+  return records_grad && kernel_policy().gemm != KernelPath::Aten && gemm_applies(x, w) && x.dim() >= 2 &&
+         x.size(-1) == w.size(1) && x.numel() > 0 && (!b.defined() || (b.scalar_type() == at::kFloat && b.is_contiguous()));
+}
+
 }  // namespace
 
 at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
@@ -36,6 +79,12 @@ at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& weight, const a
     if (use_ours("gemv", kernel_policy().gemv, shape, [&] { gemv(x, weight, bias); },
                  [&] { at::linear(x, weight, bias); }))
       return gemv(x, weight, bias);
+  }
+  if (training_shape(x, weight, bias)) {
+    auto sizes = x.sizes().vec();
+    sizes.back() = weight.size(0);
+    auto x2 = x.reshape({-1, x.size(-1)}).contiguous();
+    return DenseLinearFunction::apply(x2, weight, bias).view(sizes);
   }
   return at::linear(x, weight, bias);
 }

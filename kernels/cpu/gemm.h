@@ -1,0 +1,41 @@
+// Dense fp32 GEMM for the training step's linear layers on CPU, in the three forms a linear layer needs:
+//   forward   Y  = X W^T + b     (A = X [M, in], B = W read transposed)
+//   input     dX = dY W          (A = dY [M, out], B = W)
+//   weight    dW (+)= dY^T X     (A = dY read down its columns, B = X; can sum into .grad)
+// Each operand is described by two strides, so no caller transposes anything. A with contiguous
+// rows (the activations, the large operand) is read where it lies, one broadcast per element: BLAS
+// packs it on every call, which at GPT-2's small widths costs a tenth of the product. B is packed
+// per thread in kGemmDepthBlock x kGemmPanel blocks that stay in L2 while the thread's rows sweep them.
+//
+// Every output is the same fixed sequence of multiply-adds whatever the thread count or the rows a
+// thread gets, so results do not depend on threads. Columns must be a multiple of kGemmColumnMultiple
+// (every instruction set's vector width); callers fall back to BLAS otherwise.
+#pragma once
+#include <cstdint>
+
+namespace colossal::kernels {
+
+inline constexpr int64_t kGemmColumnMultiple = 16;
+inline constexpr int64_t kGemmDepthBlock = 256;   // reduction steps per pass over a B block
+inline constexpr int64_t kGemmPanel = 256;        // columns per B block: 256 x 256 floats stay in L2
+inline constexpr int64_t kGemmTileRowsMax = 8;    // the most rows any set's tile has
+// Per-thread scratch: one packed B block and one packed A tile.
+inline constexpr int64_t kGemmScratchFloats = kGemmDepthBlock * (kGemmPanel + kGemmTileRowsMax);
+
+struct GemmProblem {
+  int64_t rows, cols, depth;   // C is [rows, cols]; each entry sums `depth` products
+  const float* a;              // A(m, r) = a[m * a_row + r * a_depth]
+  int64_t a_row, a_depth;
+  const float* b;              // B(r, n) = b[r * b_depth + n * b_col]
+  int64_t b_depth, b_col;
+  float* c;                    // C(m, n) = c[m * ldc + n]
+  int64_t ldc;
+  const float* bias = nullptr;   // [cols], added once; or null
+  bool accumulate = false;       // C += A B instead of C = A B
+};
+
+// Runs over the OpenMP threads, rows split between them.
+void gemm(const GemmProblem& p);
+
+
+}  // namespace colossal::kernels

@@ -1,0 +1,137 @@
+// Dense GEMM, one instruction set's copy of the row loop: see gemm.h for the forms and layouts,
+// gemm.cpp for threading.
+//
+// The register tile is kTileRows rows of C by kTileVecs vectors: per step of the reduction it loads
+// kTileVecs vectors of B and broadcasts one A element per row, for kTileRows x kTileVecs multiply-adds.
+// Sized per set so accumulators and operands fit the registers (AVX2: 6 x 2 = 12 accumulators of
+// its 16; AVX-512: 8 x 3 = 24 of its 32), the same shape as the attention tiles.
+#include <algorithm>
+
+#include "kernels/cpu/isa_entry.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/cpu/transpose_isa.h"
+
+namespace colossal::kernels::COLOSSAL_ISA {
+namespace {
+
+#if defined(GEMM_R)
+constexpr int kTileRows = GEMM_R, kTileVecs = GEMM_V;
+#elif defined(__AVX512F__)
+constexpr int kTileRows = 8, kTileVecs = 2;
+#else
+constexpr int kTileRows = 6, kTileVecs = 2;
+#endif
+constexpr int64_t kWide = kTileVecs * kLanes;   // columns of one tile
+static_assert(kGemmPanel % kWide == 0 && kTileRows <= kGemmTileRowsMax);
+
+// C[R rows][V vectors] starting at c: init (bias or 0, or C's own values when load_c) plus the sum
+// over `depth` steps of A(i, r) * B(r, :).
+template <int R, int V>
+COLOSSAL_INLINE void tile(const float* __restrict a, int64_t a_row, int64_t a_depth, const float* __restrict b,
+                          int64_t ldb, int64_t depth, float* __restrict c, int64_t ldc, bool load_c,
+                          const float* __restrict bias) {
+  vf acc[R][V];
+  for (int j = 0; j < V; ++j) {
+    const vf init = bias ? load_u(bias + j * kLanes) : vf{};
+    for (int i = 0; i < R; ++i) acc[i][j] = load_c ? load_u(c + i * ldc + j * kLanes) + init : init;
+  }
+  for (int64_t r = 0; r < depth; ++r) {
+    vf bv[V];
+    for (int j = 0; j < V; ++j) bv[j] = load_u(b + r * ldb + j * kLanes);
+    const float* ar = a + r * a_depth;
+    for (int i = 0; i < R; ++i) {
+      const vf x = splat(ar[i * a_row]);
+      for (int j = 0; j < V; ++j) acc[i][j] += x * bv[j];
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < V; ++j) store_u(c + i * ldc + j * kLanes, acc[i][j]);
+}
+
+// The same for `rows` < R rows (the last rows of a thread's range).
+template <int V, int R = kTileRows - 1>
+COLOSSAL_INLINE void tile_rows(int rows, const float* a, int64_t a_row, int64_t a_depth, const float* b, int64_t ldb,
+                               int64_t depth, float* c, int64_t ldc, bool load_c, const float* bias) {
+  if constexpr (R >= 1) {
+    if (rows == R) return tile<R, V>(a, a_row, a_depth, b, ldb, depth, c, ldc, load_c, bias);
+    tile_rows<V, R - 1>(rows, a, a_row, a_depth, b, ldb, depth, c, ldc, load_c, bias);
+  }
+}
+
+template <int V>
+COLOSSAL_INLINE void any_tile(int64_t rows, const float* a, int64_t a_row, int64_t a_depth, const float* b,
+                              int64_t ldb, int64_t depth, float* c, int64_t ldc, bool load_c, const float* bias) {
+  if (rows == kTileRows) tile<kTileRows, V>(a, a_row, a_depth, b, ldb, depth, c, ldc, load_c, bias);
+  else tile_rows<V>(static_cast<int>(rows), a, a_row, a_depth, b, ldb, depth, c, ldc, load_c, bias);
+}
+
+// B(r0 + r, n0 + c) for r < depth, c < width, packed as consecutive strips of kWide columns (then
+// kLanes for what is left), each strip [depth][its width]: the tile then reads B as one sequential
+// stream whatever B's strides, so wide rows (a new page every step) and the forward's transposed
+// weight cost the same as contiguous ones. Each thread packs the block it sweeps.
+void pack_b(const GemmProblem& p, int64_t r0, int64_t depth, int64_t n0, int64_t width, float* __restrict dst) {
+  for (int64_t c = 0; c < width;) {
+    const int64_t ws = width - c >= kWide ? kWide : kLanes;
+    const float* src = p.b + r0 * p.b_depth + (n0 + c) * p.b_col;
+    if (p.b_col == 1) {
+      for (int64_t r = 0; r < depth; ++r)
+        for (int64_t l = 0; l < ws; ++l) dst[r * ws + l] = src[r * p.b_depth + l];
+    } else {
+      int64_t r = 0;
+#if defined(__AVX2__)
+      if (p.b_depth == 1)   // B is a row-major matrix read transposed (the forward's weight): 8 x 8 blocks
+        for (; r + 8 <= depth; r += 8)
+          for (int64_t l = 0; l < ws; l += 8) transpose_8x8(src + l * p.b_col + r, p.b_col, dst + r * ws + l, ws);
+#endif
+      for (; r < depth; ++r)
+        for (int64_t l = 0; l < ws; ++l) dst[r * ws + l] = src[r * p.b_depth + l * p.b_col];
+    }
+    dst += depth * ws;
+    c += ws;
+  }
+}
+
+}  // namespace
+
+const int gemm_tile_rows = kTileRows;
+
+void gemm_rows(const GemmProblem& p, int64_t m_begin, int64_t m_end, float* scratch) {
+  float* b_packed = scratch;
+  float* a_packed = scratch + kGemmDepthBlock * kGemmPanel;
+  // A whose depth axis is strided (the weight gradient reads dY down its columns) is packed per
+  // tile as [depth][kTileRows]; A with contiguous rows is read where it lies.
+  const bool pack_a = p.a_depth != 1;
+  for (int64_t r0 = 0; r0 < p.depth; r0 += kGemmDepthBlock) {
+    const int64_t depth = std::min(kGemmDepthBlock, p.depth - r0);
+    const bool load_c = r0 > 0 || p.accumulate;
+    const float* bias = r0 == 0 ? p.bias : nullptr;
+    for (int64_t n0 = 0; n0 < p.cols; n0 += kGemmPanel) {
+      const int64_t width = std::min(kGemmPanel, p.cols - n0);
+      pack_b(p, r0, depth, n0, width, b_packed);
+      for (int64_t m = m_begin; m < m_end; m += kTileRows) {
+        const int64_t rows = std::min<int64_t>(kTileRows, m_end - m);
+        const float* a = p.a + m * p.a_row + r0 * p.a_depth;
+        int64_t a_row = p.a_row, a_depth = p.a_depth;
+        if (pack_a) {
+          for (int64_t r = 0; r < depth; ++r)
+            for (int64_t i = 0; i < rows; ++i) a_packed[r * kTileRows + i] = a[i * p.a_row + r * p.a_depth];
+          a = a_packed, a_row = 1, a_depth = kTileRows;
+        }
+        float* c = p.c + m * p.ldc + n0;
+        const float* b = b_packed;
+        for (int64_t n = 0; n < width;) {
+          const float* bn = bias ? bias + n0 + n : nullptr;
+          if (width - n >= kWide) {
+            any_tile<kTileVecs>(rows, a, a_row, a_depth, b, kWide, depth, c + n, p.ldc, load_c, bn);
+            b += depth * kWide, n += kWide;
+          } else {   // cols is a multiple of kLanes (gemm.h)
+            any_tile<1>(rows, a, a_row, a_depth, b, kLanes, depth, c + n, p.ldc, load_c, bn);
+            b += depth * kLanes, n += kLanes;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace colossal::kernels::COLOSSAL_ISA

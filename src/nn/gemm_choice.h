@@ -1,0 +1,20 @@
+// The three products of a dense layer on CPU in fp32, each through kernels/cpu/gemm or ATen's BLAS
+// call, whichever kernel_choice.h timed faster for that form and shape (policy field `gemm`):
+//   forward       y = x W^T + b        (ATen: addmm / mm, what at::linear runs)
+//   input grad    dx = dy W            (ATen: mm)
+//   weight grad   dW (+)= dy^T x       (ATen: mm, or addmm_ into an existing buffer)
+// x, dy are 2-D [rows, features] and contiguous; W [out, in] contiguous. Callers check gemm_applies.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+namespace colossal::nn {
+
+// CPU fp32, contiguous 2-D weight whose in and out are multiples of kernels::kGemmColumnMultiple.
+bool gemm_applies(const at::Tensor& x, const at::Tensor& weight);
+
+at::Tensor gemm_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+at::Tensor gemm_input_grad(const at::Tensor& dy, const at::Tensor& weight);
+// into [out, in] = dy^T x, or += when accumulate (into is then a gradient buffer holding earlier sums).
+void gemm_weight_grad(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& into, bool accumulate);
+
+}  // namespace colossal::nn
