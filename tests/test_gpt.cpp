@@ -166,44 +166,67 @@ TEST(ModelRegistry, UnknownFamilyNamesTheRecipeKey) {
   }
 }
 
+namespace {
+
+// Runs `body` once with the head's products forced through our GEMM and once through ATen's.
+void for_each_gemm_path(const std::function<void(const char*)>& body) {
+  for (nn::KernelPath path : {nn::KernelPath::Ours, nn::KernelPath::Aten}) {
+    nn::KernelPolicy policy;
+    policy.gemm = path;
+    nn::set_kernel_policy(policy);
+    body(nn::kernel_path_name(path));
+  }
+  nn::set_kernel_policy({});
+}
+
+}  // namespace
+
 TEST(LmHeadCrossEntropy, MatchesAtenCrossEntropyLossAndGradients) {
   torch::manual_seed(3);
-  for (int64_t v : {7, 1000, 4099}) {
-    auto x = at::randn({37, 24}).mul_(2).requires_grad_(true);
-    auto w = at::randn({v, 24}).requires_grad_(true);
-    auto targets = at::randint(0, v, {37}, at::kLong);
-    targets[3] = -1;   // ignored positions contribute neither loss nor gradient
-    targets[20] = -1;
-    auto loss = nn::lm_head_cross_entropy(x, w, targets);
-    (loss * 2.5).backward();   // a non-unit upstream gradient must scale the result
+  // Widths that are multiples of 16 take the GEMM; V = 7 and 4099 are ATen's whatever the policy.
+  for_each_gemm_path([](const char* gemm) {
+    for (int64_t v : {7, 1024, 4099}) {
+      auto x = at::randn({37, 32}).mul_(2).requires_grad_(true);
+      auto w = at::randn({v, 32}).requires_grad_(true);
+      auto targets = at::randint(0, v, {37}, at::kLong);
+      targets[3] = -1;   // ignored positions contribute neither loss nor gradient
+      targets[20] = -1;
+      auto loss = nn::lm_head_cross_entropy(x, w, targets);
+      (loss * 2.5).backward();   // a non-unit upstream gradient must scale the result
 
-    auto xd = x.detach().to(at::kDouble).requires_grad_(true), wd = w.detach().to(at::kDouble).requires_grad_(true);
-    auto ref = at::cross_entropy_loss(at::mm(xd, wd.t()), targets, {}, at::Reduction::Mean, /*ignore_index=*/-1);
-    (ref * 2.5).backward();
-    EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-5 * ref.item<double>()) << "V=" << v;
-    EXPECT_LT((x.grad().to(at::kDouble) - xd.grad()).abs().max().item<double>(), 1e-5) << "V=" << v;
-    EXPECT_LT((w.grad().to(at::kDouble) - wd.grad()).abs().max().item<double>(), 1e-5) << "V=" << v;
-  }
+      auto xd = x.detach().to(at::kDouble).requires_grad_(true), wd = w.detach().to(at::kDouble).requires_grad_(true);
+      auto ref = at::cross_entropy_loss(at::mm(xd, wd.t()), targets, {}, at::Reduction::Mean, /*ignore_index=*/-1);
+      (ref * 2.5).backward();
+      EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-5 * ref.item<double>()) << gemm << " V=" << v;
+      EXPECT_LT((x.grad().to(at::kDouble) - xd.grad()).abs().max().item<double>(), 1e-5) << gemm << " V=" << v;
+      EXPECT_LT((w.grad().to(at::kDouble) - wd.grad()).abs().max().item<double>(), 1e-5) << gemm << " V=" << v;
+    }
+  });
 }
 
 TEST(LmHeadCrossEntropy, AWeightWhoseGradIsABufferAccumulatesIntoItInPlace) {
   // As under FlatParams: the weight's .grad is a view of a flat buffer holding earlier micro-steps'
   // sums. The head's gradient must be added into that storage, scaled, and nothing else allocated.
   torch::manual_seed(5);
-  auto x = at::randn({13, 16}).requires_grad_(true);
-  auto w = at::randn({50, 16}).requires_grad_(true);
-  auto targets = at::randint(0, 50, {13}, at::kLong);
-  auto flat = at::randn({50 * 16 + 7});
-  const auto before = flat.clone();
-  w.mutable_grad() = flat.narrow(0, 7, 50 * 16).view({50, 16});
-  const void* storage = w.grad().data_ptr();
-  (nn::lm_head_cross_entropy(x, w, targets) * 0.5).backward();
-  EXPECT_EQ(w.grad().data_ptr(), storage);
+  for_each_gemm_path([](const char* gemm) {
+    for (double scale : {0.5, 1.0}) {   // 1: summed by our GEMM when chosen; otherwise one scaled addmm_
+      auto x = at::randn({13, 16}).requires_grad_(true);
+      auto w = at::randn({64, 16}).requires_grad_(true);
+      auto targets = at::randint(0, 64, {13}, at::kLong);
+      auto flat = at::randn({64 * 16 + 7});
+      const auto before = flat.clone();
+      w.mutable_grad() = flat.narrow(0, 7, 64 * 16).view({64, 16});
+      const void* storage = w.grad().data_ptr();
+      (nn::lm_head_cross_entropy(x, w, targets) * scale).backward();
+      EXPECT_EQ(w.grad().data_ptr(), storage) << gemm;
 
-  auto wr = w.detach().clone().requires_grad_(true);
-  (at::cross_entropy_loss(at::mm(x.detach(), wr.t()), targets) * 0.5).backward();
-  EXPECT_LT((flat.narrow(0, 7, 50 * 16).view({50, 16}) - before.narrow(0, 7, 50 * 16).view({50, 16}) - wr.grad()).abs().max().item<double>(), 1e-5);
-  EXPECT_TRUE(at::equal(flat.narrow(0, 0, 7), before.narrow(0, 0, 7)));   // the rest of the buffer untouched
+      auto wr = w.detach().clone().requires_grad_(true);
+      (at::cross_entropy_loss(at::mm(x.detach(), wr.t()), targets) * scale).backward();
+      auto added = flat.narrow(0, 7, 64 * 16).view({64, 16}) - before.narrow(0, 7, 64 * 16).view({64, 16});
+      EXPECT_LT((added - wr.grad()).abs().max().item<double>(), 1e-5) << gemm << " scale=" << scale;
+      EXPECT_TRUE(at::equal(flat.narrow(0, 0, 7), before.narrow(0, 0, 7))) << gemm;   // the rest untouched
+    }
+  });
 }
 
 TEST(LmHeadCrossEntropy, DoublePrecisionPathAgreesToo) {

@@ -85,4 +85,12 @@ void gemm_weight_grad(const at::Tensor& dy, const at::Tensor& x, const at::Tenso
   else at::mm_out(target, dy.t(), x);
 }
 
+at::Tensor grad_buffer_of(const at::Tensor& weight, const at::Tensor& like) {
+  const at::Tensor& acc = weight.grad();
+  if (weight.is_leaf() && acc.defined() && acc.is_contiguous() && acc.sizes() == weight.sizes() &&
+      acc.scalar_type() == like.scalar_type() && acc.device() == like.device())
+    return acc;
+  return {};
+}
+
 }  // namespace colossal::nn

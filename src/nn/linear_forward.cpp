@@ -31,9 +31,8 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
 }
 
 // y = x W^T + b for a training step on CPU: the forward and both gradients go through gemm_choice.h
-// (our GEMM or ATen's per form and shape). The weight's gradient is summed straight into its .grad
-// when that is already a buffer (FlatParams), as the LM head does (see lm_head_loss.cpp): no [out, in]
-// tensor per layer per step for autograd to allocate and add.
+// (our GEMM or ATen's per form and shape), the weight's gradient into its .grad buffer when there is
+// one (grad_buffer_of).
 struct DenseLinearFunction : public torch::autograd::Function<DenseLinearFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias) {
@@ -50,9 +49,7 @@ struct DenseLinearFunction : public torch::autograd::Function<DenseLinearFunctio
     at::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) dx = gemm_input_grad(dy, weight);
     if (ctx->needs_input_grad(1)) {
-      const at::Tensor& acc = weight.grad();
-      if (weight.is_leaf() && acc.defined() && acc.is_contiguous() && acc.sizes() == weight.sizes() &&
-          acc.scalar_type() == dy.scalar_type() && acc.device() == dy.device()) {
+      if (at::Tensor acc = grad_buffer_of(weight, dy); acc.defined()) {
         gemm_weight_grad(dy, x, acc, /*accumulate=*/true);
       } else {
         dw = at::empty_like(weight);

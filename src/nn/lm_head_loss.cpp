@@ -5,14 +5,18 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "kernels/cpu/cross_entropy.h"
+#include "src/nn/gemm_choice.h"
 
 namespace colossal::nn {
 namespace {
 
 struct LmHeadCrossEntropy : public torch::autograd::Function<LmHeadCrossEntropy> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& weight,
                             const at::Tensor& targets) {
-    at::Tensor logits = at::mm(x, weight.t());                  // [N, V]; becomes d(loss)/d(logits)
+    // On CPU the head's three products go through gemm_choice.h like every dense layer's.
+    const bool gemm = gemm_applies(x_in, weight);
+    const at::Tensor x = gemm ? x_in.contiguous() : x_in;
+    at::Tensor logits = gemm ? gemm_linear(x, weight, {}) : at::mm(x, weight.t());   // [N, V]; becomes d(loss)/d(logits)
     const int64_t n = logits.size(0), v = logits.size(1);
     at::Tensor loss;
     if (logits.is_cpu() && logits.scalar_type() == at::kFloat) {
@@ -50,21 +54,22 @@ struct LmHeadCrossEntropy : public torch::autograd::Function<LmHeadCrossEntropy>
     const at::Tensor& g = grad_out[0];
     if (!g.is_cpu()) return {at::mm(dlogits, weight).mul_(g), at::mm(dlogits.t(), x).mul_(g), at::Tensor()};
     const double scale = g.item<double>();
-    at::Tensor dx = at::mm(dlogits, weight);
+    const bool gemm = gemm_applies(x, weight);
+    at::Tensor dx = gemm ? gemm_input_grad(dlogits, weight) : at::mm(dlogits, weight);
     if (scale != 1.0) dx.mul_(scale);
-    // The weight's gradient [V, C] (154 MB at GPT-2's vocabulary) is summed straight into the weight's
-    // .grad when that is already a buffer (FlatParams' flat gradients): one GEMM with beta = 1, where a
-    // new tensor would be allocated, page-faulted, zeroed and then added in by autograd, at the step's
-    // peak. Megatron calls this gradient-accumulation fusion. Autograd then receives no tensor for the
-    // weight, so a hook that must see every contribution to it has to run after backward.
-    const at::Tensor& acc = weight.grad();
-    if (weight.is_leaf() && acc.defined() && acc.is_contiguous() && acc.sizes() == weight.sizes() &&
-        acc.scalar_type() == dlogits.scalar_type() && acc.device() == dlogits.device()) {
-      at::Tensor into = acc;
-      into.addmm_(dlogits.t(), x, /*beta=*/1, /*alpha=*/scale);
+    // The weight's gradient [V, C] (154 MB at GPT-2's vocabulary) goes straight into its .grad buffer
+    // when there is one (grad_buffer_of): no new tensor at the step's peak.
+    if (at::Tensor acc = grad_buffer_of(weight, dlogits); acc.defined()) {
+      if (gemm && scale == 1.0) {
+        gemm_weight_grad(dlogits, x, acc, /*accumulate=*/true);
+      } else {
+        acc.addmm_(dlogits.t(), x, /*beta=*/1, /*alpha=*/scale);
+      }
       return {dx, at::Tensor(), at::Tensor()};
     }
-    at::Tensor dw = at::mm(dlogits.t(), x);
+    at::Tensor dw = at::empty_like(weight);
+    if (gemm) gemm_weight_grad(dlogits, x, dw, /*accumulate=*/false);
+    else at::mm_out(dw, dlogits.t(), x);
     if (scale != 1.0) dw.mul_(scale);
     return {dx, dw, at::Tensor()};
   }
