@@ -2,6 +2,7 @@
 #include "src/nn/gemm_choice.h"
 
 #include <ATen/ATen.h>
+#include <algorithm>
 #include <string>
 
 #include "kernels/cpu/gemm.h"
@@ -31,12 +32,18 @@ void ours_input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tensor
                  .b_col = 1, .c = out(dx), .ldc = i});
 }
 
+// dy may be a view of the first columns of a wider gradient (its rows dy.stride(0) apart).
 void ours_weight_grad(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& into, bool accumulate) {
   const int64_t rows = dy.size(0), i = x.size(1), o = dy.size(1);
   // A(n, m) = dy[m][n]: dy read down its columns (the kernel packs it per tile).
-  kernels::gemm({.rows = o, .cols = i, .depth = rows, .a = in(dy), .a_row = 1, .a_depth = o, .b = in(x), .b_depth = i,
-                 .b_col = 1, .c = out(into), .ldc = i, .accumulate = accumulate});
+  kernels::gemm({.rows = o, .cols = i, .depth = rows, .a = in(dy), .a_row = 1, .a_depth = dy.stride(0), .b = in(x),
+                 .b_depth = i, .b_col = 1, .c = out(into), .ldc = i, .accumulate = accumulate});
 }
+
+// The weight gradient is timed on a scratch output of at most this many bytes: past it, on the first
+// rows of the output only (the LM head's [V, C] gradient would otherwise add 154 MB at GPT-2's
+// vocabulary to the step's peak, in the middle of the backward).
+constexpr int64_t kTimingScratchBytes = 16 << 20;
 
 bool choose(const std::string& shape, const std::function<void()>& ours, const std::function<void()>& aten) {
   return use_ours("gemm", kernel_policy().gemm, shape, ours, aten);
@@ -74,10 +81,12 @@ void gemm_weight_grad(const at::Tensor& dy, const at::Tensor& x, const at::Tenso
   const std::string shape = shape_of(accumulate ? "dw+" : "dw", dy.size(0), into);
   std::optional<bool> ours = decided_ours("gemm", kernel_policy().gemm, shape);
   if (!ours) {   // timed on a scratch buffer: the real one holds earlier micro-steps' sums
-    auto scratch = at::zeros_like(into);
+    const int64_t cap = std::max<int64_t>(16, kTimingScratchBytes / 4 / into.size(1) / 16 * 16);
+    const at::Tensor part = dy.narrow(1, 0, std::min(into.size(0), cap));
+    auto scratch = at::zeros({part.size(1), into.size(1)}, into.options());
     ours = time_and_choose(
-        "gemm", shape, [&] { ours_weight_grad(dy, x, scratch, accumulate); },
-        [&] { accumulate ? (void)scratch.addmm_(dy.t(), x) : (void)at::mm_out(scratch, dy.t(), x); });
+        "gemm", shape, [&] { ours_weight_grad(part, x, scratch, accumulate); },
+        [&] { accumulate ? (void)scratch.addmm_(part.t(), x) : (void)at::mm_out(scratch, part.t(), x); });
   }
   if (*ours) return ours_weight_grad(dy, x, into, accumulate);
   at::Tensor target = into;
