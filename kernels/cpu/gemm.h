@@ -3,8 +3,9 @@
 //   input     dX = dY W          (A = dY [M, out], B = W)
 //   weight    dW (+)= dY^T X     (A = dY read down its columns, B = X; can sum into .grad)
 // Each operand is described by two strides, so no caller transposes anything. A with contiguous
-// rows (the activations, the large operand) is read where it lies, one broadcast per element: BLAS
-// packs it on every call, which at GPT-2's small widths costs a tenth of the product. B is packed
+// rows (the activations in the forward, dY in the input gradient: the large operand) is read where
+// it lies, one broadcast per element, where BLAS packs it on every call (at GPT-2's small widths a
+// tenth of MKL's time); a strided A (dY down its columns) is packed per register tile. B is packed
 // per thread in kGemmDepthBlock x kGemmPanel blocks that stay in L2 while the thread's rows sweep them.
 //
 // Every output is the same fixed sequence of multiply-adds whatever the thread count or the rows a

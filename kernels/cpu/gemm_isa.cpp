@@ -4,7 +4,9 @@
 // The register tile is kTileRows rows of C by kTileVecs vectors: per step of the reduction it loads
 // kTileVecs vectors of B and broadcasts one A element per row, for kTileRows x kTileVecs multiply-adds.
 // Sized per set so accumulators and operands fit the registers (AVX2: 6 x 2 = 12 accumulators of
-// its 16; AVX-512: 8 x 3 = 24 of its 32), the same shape as the attention tiles.
+// its 16; AVX-512: 8 x 2 = 16 of its 32), the same shapes as the attention tiles. On AVX-512, 12 x 2,
+// 6 x 4, 8 x 3, 4 x 4 and 14 x 2 measured within noise of 8 x 2 at GPT-2's shapes: the multiply-add
+// units, not the loads, are the limit there.
 #include <algorithm>
 
 #include "kernels/cpu/isa_entry.h"
@@ -14,9 +16,7 @@
 namespace colossal::kernels::COLOSSAL_ISA {
 namespace {
 
-#if defined(GEMM_R)
-constexpr int kTileRows = GEMM_R, kTileVecs = GEMM_V;
-#elif defined(__AVX512F__)
+#if defined(__AVX512F__)
 constexpr int kTileRows = 8, kTileVecs = 2;
 #else
 constexpr int kTileRows = 6, kTileVecs = 2;
