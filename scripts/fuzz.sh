@@ -23,22 +23,9 @@ for t in "${targets[@]}"; do
   [ -d "tests/fuzz/corpus/$t" ] || { echo "fuzz: error: --target '$t' is not one of recipe, safetensors, hf_config, trainer_state" >&2; exit 2; }
 done
 
-bash scripts/setup.sh
-if ! command -v clang++ >/dev/null; then
-  echo "fuzz: installing clang (libFuzzer ships with it)" >&2
-  apt-get install -y -q clang >/dev/null
-fi
-export CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_file_ctime" CCACHE_BASEDIR="$PWD"
-sanitize="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=ON \
-  -DCOLOSSAL_FUZZ=ON -DCMAKE_C_FLAGS="$sanitize" -DCMAKE_CXX_FLAGS="$sanitize" \
-  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
-cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]/#/fuzz_}"
-
-# LibTorch is not built with sanitizers: what they report inside it is suppressed (tests/sanitizer/).
-export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:allocator_may_return_null=1"
-export LSAN_OPTIONS="suppressions=$PWD/tests/sanitizer/lsan.supp:print_suppressions=0"
-export UBSAN_OPTIONS="suppressions=$PWD/tests/sanitizer/ubsan.supp:print_stacktrace=1:halt_on_error=1"
+source scripts/sanitizers.sh
+sanitizer_build build-fuzz clang clang++ -DCOLOSSAL_FUZZ=ON -- "${targets[@]/#/fuzz_}"
+sanitizer_env
 failed=()
 for t in "${targets[@]}"; do
   corpus="build-fuzz/corpus/$t"

@@ -77,7 +77,7 @@ TEST(IsaDispatch, ScopedIsaSelectsThatSetsKernelsAndRestoresTheDefault) {
   }
   EXPECT_EQ(kernels::active_isa(), before);
   if (kernels::machine_isa() != Isa::avx512) {
-    EXPECT_THROW(kernels::ScopedIsa(Isa::avx512), std::invalid_argument);
+    EXPECT_THROW(kernels::ScopedIsa{Isa::avx512}, std::invalid_argument);   // braces: a temporary, not a declaration
   }
 }
 
@@ -180,7 +180,9 @@ TEST(CpuKernels, LayerNormAndItsGradientsMatchDoublePrecisionOnEveryInstructionS
       auto ref = nn::aten_layer_norm(xd, wd, bd, 1e-5);
       ref.backward(dy.to(at::kDouble));
       const std::string where = std::string(kernels::isa_name(isa)) + " " + c10::str(at::IntArrayRef(shape));
-      EXPECT_LT(max_abs_diff(y.detach(), ref.detach()), 2e-5) << where;
+      // Relative to the outputs' size: at width 768 with mean 20 they reach ~25, where 2e-5 is 14 float
+      // ulps, and the sanitizer build's code (RelWithDebInfo) lands at 2.6e-5 there, Release below 2e-5.
+      EXPECT_LT(max_abs_diff(y.detach(), ref.detach()), 2e-6 * (1 + ref.abs().max().item<double>())) << where;
       EXPECT_LT(max_abs_diff(x.grad(), xd.grad()), 5e-5) << where;
       EXPECT_LT(max_abs_diff(w.grad(), wd.grad()), 2e-4) << where;
       EXPECT_LT(max_abs_diff(b.grad(), bd.grad()), 2e-4) << where;

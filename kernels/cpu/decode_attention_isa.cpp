@@ -55,17 +55,23 @@ void weighted_values(const float* __restrict p, const float* __restrict v, int64
 void attention_decode_head(const float* __restrict q, const float* __restrict k, const float* __restrict v, int64_t n,
                            int64_t d, float scale, const uint8_t* valid, float* __restrict s, float* __restrict out) {
   scores(q, k, n, d, scale, s);
-  float max = -INFINITY;
+  bool any = !valid;
   if (valid) {
-    for (int64_t j = 0; j < n; ++j)
+    for (int64_t j = 0; j < n; ++j) {
       if (!valid[j]) s[j] = -INFINITY;
+      any = any || valid[j];
+    }
   }
-#pragma omp simd reduction(max : max)
-  for (int64_t j = 0; j < n; ++j) max = s[j] > max ? s[j] : max;
-  if (max == -INFINITY) {   // nothing to attend to
+  if (!any) {   // nothing to attend to
     for (int64_t c = 0; c < d; ++c) out[c] = 0.0f;
     return;
   }
+  // Decided by the count above, not by max == -inf: OpenMP starts a float max reduction's private
+  // copies at the lowest finite value, so over all -inf scores clang's loop gives -FLT_MAX (GCC's -inf),
+  // and the weights then came out 0 / 0.
+  float max = -INFINITY;
+#pragma omp simd reduction(max : max)
+  for (int64_t j = 0; j < n; ++j) max = s[j] > max ? s[j] : max;
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < n; ++j) {
