@@ -1,7 +1,9 @@
 // Decoding GEMV, one instruction set's copy: see gemv.h. One weight row at a time against up to four
 // x rows: each weight vector is loaded once and used for every x row of the pass, with the
 // accumulators in registers. Every output sums its vector lanes, then the tail past the last whole
-// vector, in one fixed order, so neither the row count nor the thread split changes a result.
+// vector, in one fixed order, so neither the row count nor the thread split changes a result. The
+// multiply-adds are explicit (simd.h's fmadd) and the file is compiled without contraction, so that
+// order does not rest on the compiler fusing alike in every instantiation (clang with UBSan did not).
 #include "kernels/cpu/isa_entry.h"
 #include "kernels/cpu/simd.h"
 
@@ -34,15 +36,15 @@ COLOSSAL_INLINE void row(const float* __restrict x, int64_t in, const float* __r
   for (; i + kChains * kGemvLanes <= in; i += kChains * kGemvLanes)
     for (int c = 0; c < kChains; ++c) {
       const gv wv = load_u<kGemvLanes>(w + i + c * kGemvLanes);
-      for (int r = 0; r < R; ++r) acc[r][c] += wv * load_u<kGemvLanes>(x + r * in + i + c * kGemvLanes);
+      for (int r = 0; r < R; ++r) acc[r][c] = fmadd<kGemvLanes>(wv, load_u<kGemvLanes>(x + r * in + i + c * kGemvLanes), acc[r][c]);
     }
   for (; i + kGemvLanes <= in; i += kGemvLanes) {
     const gv wv = load_u<kGemvLanes>(w + i);
-    for (int r = 0; r < R; ++r) acc[r][0] += wv * load_u<kGemvLanes>(x + r * in + i);
+    for (int r = 0; r < R; ++r) acc[r][0] = fmadd<kGemvLanes>(wv, load_u<kGemvLanes>(x + r * in + i), acc[r][0]);
   }
   for (int r = 0; r < R; ++r) {
     float s = hsum<kGemvLanes>((acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]));
-    for (int64_t t = i; t < in; ++t) s += w[t] * x[r * in + t];
+    for (int64_t t = i; t < in; ++t) s = fmadd(w[t], x[r * in + t], s);
     y[r * ldy] = s + bias;
   }
 }

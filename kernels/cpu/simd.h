@@ -5,6 +5,9 @@
 // so the linker can never hand AVX-512 code to a caller on an AVX2 machine).
 #pragma once
 #include <cstdint>
+#if defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 #ifndef COLOSSAL_ISA
 #error "COLOSSAL_ISA must name the instruction set this copy is compiled for (see kernels/CMakeLists.txt)"
@@ -39,6 +42,31 @@ template <int N = kLanes>
 COLOSSAL_INLINE typename Vec<N>::type load_u(const float* p) { return *reinterpret_cast<const typename Vec<N>::unaligned*>(p); }
 template <int N = kLanes>
 COLOSSAL_INLINE void store_u(float* p, typename Vec<N>::type v) { *reinterpret_cast<typename Vec<N>::unaligned*>(p) = v; }
+// a * b + c rounded once where the set has FMA, else rounded twice: spelled out, not left to the
+// compiler's contraction, so code that promises the same bits along two paths (the decoding GEMV's
+// batch and single row) keeps them whatever the compiler or its instrumentation decide to fuse.
+template <int N>
+COLOSSAL_INLINE typename Vec<N>::type fmadd(typename Vec<N>::type a, typename Vec<N>::type b, typename Vec<N>::type c) {
+#if defined(__FMA__)
+  typedef typename Vec<N>::type v;
+#if defined(__AVX512F__)
+  if constexpr (N == 16) return (v)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#endif
+  if constexpr (N == 8) return (v)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+  else if constexpr (N == 4) return (v)_mm_fmadd_ps((__m128)a, (__m128)b, (__m128)c);
+  else return a * b + c;
+#else
+  return a * b + c;
+#endif
+}
+COLOSSAL_INLINE float fmadd(float a, float b, float c) {
+#if defined(__FMA__)
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 // x - 0 is x for every x (x + 0 is not, for -0), so this compiles to a lone broadcast.
 COLOSSAL_INLINE vf splat(float x) { return x - vf{}; }
 // Sum of the lanes as a tree (halves added, then their halves...): log2(N) vector adds instead of N
