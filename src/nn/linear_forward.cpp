@@ -65,7 +65,8 @@ bool training_shape(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
   const bool records_grad =
       at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()));
   return records_grad && kernel_policy().gemm != KernelPath::Aten && gemm_applies(x, w) && x.dim() >= 2 &&
-         x.size(-1) == w.size(1) && x.numel() > 0 && (!b.defined() || (b.scalar_type() == at::kFloat && b.is_contiguous()));
+         x.size(-1) == w.size(1) && x.numel() > 0 &&
+         (!b.defined() || (b.is_cpu() && b.scalar_type() == at::kFloat && b.is_contiguous()));
 }
 
 }  // namespace
