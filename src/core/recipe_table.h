@@ -6,9 +6,9 @@
 #include <set>
 #include <string>
 #include <vector>
-#include <toml++/toml.h>
 
 #include "src/core/error.h"
+#include "src/core/toml.h"
 
 namespace colossal {
 
