@@ -96,13 +96,8 @@ void write_token_dataset(const std::string& path, const TokenSplit& train, const
     std::filesystem::remove(tmp, ignored);   // a failed write leaves nothing behind
     throw;
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);   // no debris beside the output
-    throw Error("dataset " + path + ": cannot move it into place (" + ec.message() + ")");
-  }
+  if (const std::string reason = move_into_place(tmp, path); !reason.empty())
+    throw Error("dataset " + path + ": cannot move it into place (" + reason + ")");
 }
 
 TokenDatasetInfo read_token_dataset_info(const std::string& path) {

@@ -84,12 +84,8 @@ void Tokenizer::train(const std::string& text_path, int64_t vocab_size, const st
     std::filesystem::remove(prefix + ".model", ec);
     throw Error("tokenizer training on " + text_path + " failed: " + explain_trainer_error(status.message(), vocab_size));
   }
-  std::filesystem::rename(prefix + ".model", out_path, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(prefix + ".model", ignored);   // no debris beside the output
-    throw Error("cannot move tokenizer to " + out_path + ": " + ec.message());
-  }
+  if (const std::string reason = move_into_place(prefix + ".model", out_path); !reason.empty())
+    throw Error("cannot move tokenizer to " + out_path + ": " + reason);
 }
 
 std::vector<int> Tokenizer::encode(const std::string& text) const {

@@ -95,9 +95,17 @@ void write_file_atomic(const std::string& path, const std::string& content) {
     if (!out) throw Error("cannot write " + tmp + ": " + std::strerror(errno));
   }
   fsync_path(tmp, false);
+  if (const std::string reason = move_into_place(tmp, path); !reason.empty())
+    throw Error("cannot move " + tmp + " to " + path + ": " + reason);
+}
+
+std::string move_into_place(const std::string& tmp, const std::string& path) {
   std::error_code ec;
   fs::rename(tmp, path, ec);
-  if (ec) throw Error("cannot move " + tmp + " to " + path + ": " + ec.message());
+  if (!ec) return "";
+  std::error_code ignored;
+  fs::remove(tmp, ignored);
+  return ec.message();
 }
 
 std::string read_text_file(const std::string& path) {

@@ -28,6 +28,10 @@ class AtomicDir {
 void prepare_output_file(const std::string& path, const std::string& what);
 void create_output_dir(const std::string& path, const std::string& what);
 
+// Renames a finished temporary file `tmp` onto `path`. On failure removes `tmp` (no debris beside the
+// output) and returns the system's reason; on success returns "".
+std::string move_into_place(const std::string& tmp, const std::string& path);
+
 // Writes `content` to `path` via a synced temporary file and a rename.
 void write_file_atomic(const std::string& path, const std::string& content);
 std::string read_text_file(const std::string& path);   // Error if it cannot be read

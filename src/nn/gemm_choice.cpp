@@ -102,4 +102,14 @@ at::Tensor grad_buffer_of(const at::Tensor& weight, const at::Tensor& like) {
   return {};
 }
 
+at::Tensor gemm_weight_grad_for(const at::Tensor& weight, const at::Tensor& dy, const at::Tensor& x) {
+  if (at::Tensor acc = grad_buffer_of(weight, dy); acc.defined()) {
+    gemm_weight_grad(dy, x, acc, /*accumulate=*/true);
+    return {};
+  }
+  at::Tensor dw = at::empty_like(weight);
+  gemm_weight_grad(dy, x, dw, /*accumulate=*/false);
+  return dw;
+}
+
 }  // namespace colossal::nn

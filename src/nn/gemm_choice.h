@@ -24,4 +24,8 @@ void gemm_weight_grad(const at::Tensor& dy, const at::Tensor& x, const at::Tenso
 // every contribution to it has to run after backward. Undefined otherwise.
 at::Tensor grad_buffer_of(const at::Tensor& weight, const at::Tensor& like);
 
+// A backward's weight gradient dy^T x: summed into weight's .grad buffer when it has one (then the
+// result is undefined, for autograd to receive nothing), else returned as a new tensor.
+at::Tensor gemm_weight_grad_for(const at::Tensor& weight, const at::Tensor& dy, const at::Tensor& x);
+
 }  // namespace colossal::nn

@@ -48,14 +48,7 @@ struct DenseLinearFunction : public torch::autograd::Function<DenseLinearFunctio
     const at::Tensor dy = grad_out[0].contiguous();
     at::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) dx = gemm_input_grad(dy, weight);
-    if (ctx->needs_input_grad(1)) {
-      if (at::Tensor acc = grad_buffer_of(weight, dy); acc.defined()) {
-        gemm_weight_grad(dy, x, acc, /*accumulate=*/true);
-      } else {
-        dw = at::empty_like(weight);
-        gemm_weight_grad(dy, x, dw, /*accumulate=*/false);
-      }
-    }
+    if (ctx->needs_input_grad(1)) dw = gemm_weight_grad_for(weight, dy, x);
     if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
     return {dx, dw, db};
   }

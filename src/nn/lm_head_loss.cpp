@@ -59,17 +59,12 @@ struct LmHeadCrossEntropy : public torch::autograd::Function<LmHeadCrossEntropy>
     if (scale != 1.0) dx.mul_(scale);
     // The weight's gradient [V, C] (154 MB at GPT-2's vocabulary) goes straight into its .grad buffer
     // when there is one (grad_buffer_of): no new tensor at the step's peak.
+    if (gemm && scale == 1.0) return {dx, gemm_weight_grad_for(weight, dlogits, x), at::Tensor()};
     if (at::Tensor acc = grad_buffer_of(weight, dlogits); acc.defined()) {
-      if (gemm && scale == 1.0) {
-        gemm_weight_grad(dlogits, x, acc, /*accumulate=*/true);
-      } else {
-        acc.addmm_(dlogits.t(), x, /*beta=*/1, /*alpha=*/scale);
-      }
+      acc.addmm_(dlogits.t(), x, /*beta=*/1, /*alpha=*/scale);   // our GEMM has no scale
       return {dx, at::Tensor(), at::Tensor()};
     }
-    at::Tensor dw = at::empty_like(weight);
-    if (gemm) gemm_weight_grad(dlogits, x, dw, /*accumulate=*/false);
-    else at::mm_out(dw, dlogits.t(), x);
+    at::Tensor dw = at::mm(dlogits.t(), x);
     if (scale != 1.0) dw.mul_(scale);
     return {dx, dw, at::Tensor()};
   }
