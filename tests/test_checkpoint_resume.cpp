@@ -200,7 +200,16 @@ TEST(Resume, TrainerStateIsCheckedBeforeItIsTrusted) {
   EXPECT_NE(error_with("step", -5).find("\"step\" = -5 (expected a whole number >= 0)"), std::string::npos) << error_with("step", -5);
   EXPECT_NE(error_with("step", 1e30).find("\"step\" = 1e+30"), std::string::npos) << error_with("step", 1e30);
   EXPECT_NE(error_with("step", "5").find("\"step\" = \"5\""), std::string::npos);
-  EXPECT_NE(error_with("loader_position", 2.5).find("\"loader_position\" = 2.5"), std::string::npos);
+  EXPECT_NE(error_with("samples_seen", 2.5).find("\"samples_seen\" = 2.5"), std::string::npos);
+  {   // checkpoints from before data parallelism counted batches as loader_position
+    auto legacy = good;
+    legacy.erase("samples_seen");
+    legacy["loader_position"] = 2.5;
+    const std::string e = error_for(legacy.dump());
+    EXPECT_NE(e.find("\"loader_position\" = 2.5"), std::string::npos) << e;
+    legacy["loader_position"] = 6;
+    EXPECT_EQ(error_for(legacy.dump()), "(no error)");
+  }
   EXPECT_NE(error_with("train_loss", "low").find("\"train_loss\" = \"low\" (expected a number)"), std::string::npos);
   EXPECT_EQ(error_with("train_loss", nullptr), "(no error)");   // a NaN loss is stored as null
   for (const auto& [text, message] : {std::pair<std::string, std::string>{"[1, 2]", "trainer_state.json holds array, not a JSON object"},

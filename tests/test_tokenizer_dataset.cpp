@@ -115,9 +115,9 @@ TEST(Loader, RestartAtPositionContinuesTheSameSequence) {
   WindowLoader full(train_tokens(), c);
   std::vector<at::Tensor> seq;
   for (int i = 0; i < 12; ++i) seq.push_back(full.next());
-  WindowLoader resumed(train_tokens(), c, 5);
+  WindowLoader resumed(train_tokens(), c, 5 * 4);   // positions count samples
   for (int i = 5; i < 12; ++i) EXPECT_TRUE(at::equal(resumed.next(), seq[i])) << "batch " << i;
-  EXPECT_EQ(resumed.position(), 12);
+  EXPECT_EQ(resumed.position(), 12 * 4);
 }
 
 TEST(Loader, WindowsAreTokenStreamSlicesWithShiftedTargets) {
@@ -139,32 +139,51 @@ TEST(Loader, WindowsAreTokenStreamSlicesWithShiftedTargets) {
   }
 }
 
-TEST(Loader, RanksSeeDisjointWindowsThatTogetherCoverAnEpoch) {
+TEST(Loader, RanksTogetherSeeExactlyTheSingleProcessGlobalBatchAcrossEpochs) {
   // Token i has value i, so a window is identified by its first token.
-  const int64_t world = 2, seq = 32, batch = 4;
-  auto stream = std::make_shared<std::vector<int32_t>>(20000);
+  const int64_t seq = 32, batch = 4;
+  auto stream = std::make_shared<std::vector<int32_t>>(3000);
   for (size_t i = 0; i < stream->size(); ++i) (*stream)[i] = static_cast<int32_t>(i);
-  std::vector<std::set<int64_t>> starts(world);
-  int64_t per_rank = 0, windows = 0;
-  for (int64_t r = 0; r < world; ++r) {
-    WindowLoader l(stream, {batch, seq, 11, r, world, 2});
-    per_rank = l.windows_per_rank_epoch();
-    windows = (20000 - seq) / seq;
-    for (int64_t k = 0; k < per_rank / batch; ++k) {
-      auto b = l.batch(k);
-      for (int64_t row = 0; row < batch; ++row) {
-        EXPECT_EQ(b[row][seq].item<int64_t>() - b[row][0].item<int64_t>(), seq);   // contiguous slice
-        starts[r].insert(b[row][0].item<int64_t>());
-      }
+  for (int64_t world : {2, 4}) {
+    WindowLoader single(stream, {batch * world, seq, 11, 0, 1, 2});
+    const int64_t steps = 3 * single.windows_per_epoch() / (batch * world) + 2;   // crosses epochs
+    std::vector<std::unique_ptr<WindowLoader>> ranks;
+    for (int64_t r = 0; r < world; ++r) ranks.push_back(std::make_unique<WindowLoader>(stream, LoaderConfig{batch, seq, 11, r, world, 2}));
+    for (int64_t k = 0; k < steps; ++k) {
+      auto global = single.batch(k);
+      for (int64_t r = 0; r < world; ++r)
+        EXPECT_TRUE(at::equal(ranks[r]->batch(k), global.narrow(0, r * batch, batch))) << "world " << world << " step " << k << " rank " << r;
+      EXPECT_EQ(global[0][seq].item<int64_t>() - global[0][0].item<int64_t>(), seq);   // contiguous slice
     }
   }
-  for (auto s : starts[0]) EXPECT_EQ(starts[1].count(s), 0u) << "window at " << s << " reached both ranks";
-  const size_t covered = starts[0].size() + starts[1].size();
-  EXPECT_EQ(covered, static_cast<size_t>(world * (per_rank / batch) * batch));
-  EXPECT_GE(covered, static_cast<size_t>(windows - world * batch));   // at most a partial batch per rank left out
-  // Within an epoch all windows share one shift, so every start is the same offset mod seq.
-  const int64_t shift = *starts[0].begin() % seq;
-  for (auto s : starts[1]) EXPECT_EQ(s % seq, shift);
+}
+
+TEST(Loader, EachEpochVisitsEveryWindowOnceInANewOrder) {
+  const int64_t seq = 32;
+  auto stream = std::make_shared<std::vector<int32_t>>(3000);
+  for (size_t i = 0; i < stream->size(); ++i) (*stream)[i] = static_cast<int32_t>(i);
+  WindowLoader l(stream, {1, seq, 5, 0, 1, 2});
+  const int64_t n = l.windows_per_epoch();
+  std::vector<std::vector<int64_t>> epochs(2);
+  for (int64_t e = 0; e < 2; ++e)
+    for (int64_t k = 0; k < n; ++k) epochs[e].push_back(l.batch(e * n + k)[0][0].item<int64_t>());
+  for (const auto& ep : epochs) {
+    std::set<int64_t> starts(ep.begin(), ep.end());
+    EXPECT_EQ(starts.size(), static_cast<size_t>(n));   // no window twice within an epoch
+    for (auto s : ep) EXPECT_EQ(s % seq, ep[0] % seq);   // one shift per epoch
+  }
+  EXPECT_NE(epochs[0], epochs[1]);   // reshuffled
+}
+
+TEST(Loader, ResumeWithADifferentRankCountContinuesTheGlobalStream) {
+  auto stream = train_tokens();
+  WindowLoader single(stream, {4, 16, 9, 0, 1, 1});
+  for (int i = 0; i < 3; ++i) single.next();
+  const int64_t at = single.position();   // 12 global samples
+  auto expected = single.batch(3);         // the next 4 samples
+  WindowLoader r0(stream, {2, 16, 9, 0, 2, 1}, at), r1(stream, {2, 16, 9, 1, 2, 1}, at);
+  EXPECT_TRUE(at::equal(at::cat({r0.next(), r1.next()}), expected));
+  EXPECT_EQ(r0.position(), at + 4);
 }
 
 TEST(Loader, TooFewTokensForOneBatchIsAnError) {

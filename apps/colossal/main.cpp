@@ -2,11 +2,35 @@
 // cause ends here as one "error: ..." line and a non-zero exit.
 #include <c10/util/Exception.h>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <string>
+#include <unistd.h>
 
 #include "apps/colossal/commands.h"
 #include "kernels/cpu/isa.h"
 #include "src/core/error.h"
+#include "src/dist/launcher.h"
+
+namespace {
+
+// The one line a failure prints. In a job of several ranks it says which rank and node ended, and it
+// is also left where the launcher reads it (launcher.h), so the launcher's own line can quote it.
+int fail(const std::string& message) {
+  std::string line = message;
+  const char* rank = std::getenv("RANK");
+  const char* world = std::getenv("WORLD_SIZE");
+  if (rank && world && std::string(world) != "1" && line.rfind("rank ", 0) != 0) {
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    line = "rank " + std::string(rank) + " (node " + host + "): " + line;
+  }
+  std::fprintf(stderr, "error: %s\n", line.c_str());
+  colossal::dist::write_failure_report(line);
+  return 1;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"colossal: train, finetune and run large models (GPT family) from TOML recipes"};
@@ -25,14 +49,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {   // includes --help and --version (CLI::Success)
     return app.exit(e);
   } catch (const colossal::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return fail(e.what());
   } catch (const c10::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what_without_backtrace());
-    return 1;
+    return fail(e.what_without_backtrace());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return fail(e.what());
   }
   return colossal::app::exit_code();
 }

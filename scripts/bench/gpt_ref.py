@@ -7,6 +7,7 @@
 #   {"peer": ..., "tokens_per_s": ..., "steps": ..., "final_loss": ..., "peak_rss_mb": ..., "params": ...}
 # --steps counts all steps run, warmup included, as train.max_steps does on the colossal side.
 import argparse
+import os
 import json
 import math
 import resource
@@ -167,8 +168,15 @@ def main():
     a = parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
+    # Under torchrun (WORLD_SIZE > 1): PyTorch DDP over Gloo (NCCL on cuda), the peer a user of data
+    # parallelism would pick; --batch is per worker, tokens/s counts all workers.
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        import torch.distributed as dist
+        dist.init_process_group("nccl" if a.device == "cuda" else "gloo")
     torch.manual_seed(a.seed)
-    data = Windows(a.dataset, a.seq_len, a.batch, a.seed)
+    data = Windows(a.dataset, a.seq_len, a.batch, a.seed + rank)
     if data.vocab_size is not None and data.vocab_size > a.vocab_size:
         fail(f"{a.dataset}: vocab_size attribute {data.vocab_size} exceeds --vocab-size {a.vocab_size}")
 
@@ -182,8 +190,13 @@ def main():
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=a.device == "cuda")
-    run = torch.compile(model) if a.compile else model
+    run = model
+    if world > 1:   # the same bucket size as colossal's default, buckets as views of the gradients
+        run = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25, gradient_as_bucket_view=True)
+    run = torch.compile(run) if a.compile else run
     peer = "torch-compile" if a.compile else f"torch-eager-{a.attn}"
+    if world > 1:
+        peer = f"torch-ddp{world}-" + peer.removeprefix("torch-")
     print(f"gpt_ref: {peer}: {n_params / 1e6:.2f}M parameters, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads", file=sys.stderr)
 
@@ -207,9 +220,12 @@ def main():
     final_loss = loss.item()                                  # waits for the GPU's last step too
     elapsed = time.perf_counter() - t0
 
+    if rank != 0:
+        return
     print(json.dumps({
         "peer": peer,
-        "tokens_per_s": timed * a.batch * a.seq_len / elapsed,
+        "world_size": world,
+        "tokens_per_s": timed * a.batch * a.seq_len * world / elapsed,
         "steps": a.steps,
         "final_loss": final_loss,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <mutex>
 #include <spdlog/sinks/base_sink.h>
@@ -33,6 +34,7 @@ class ConsoleSink : public spdlog::sinks::base_sink<std::mutex> {
 };
 
 std::shared_ptr<ConsoleSink> g_console;
+std::string g_rank_tag;   // "rank 3 " in a job of several processes
 
 }  // namespace
 
@@ -62,6 +64,13 @@ void setup_logging(const std::string& level, const std::string& file, bool quiet
   if (!file.empty()) set_log_file(file);
 }
 
+void set_log_rank(int64_t rank, int64_t world) {
+  if (world <= 1 || !g_console) return;
+  g_rank_tag = "rank " + std::to_string(rank) + " ";
+  g_console->set_pattern("[%H:%M:%S] " + g_rank_tag + "%^%l%$ %v");
+  if (rank != 0) g_console->set_level(std::max(g_console->level(), spdlog::level::warn));
+}
+
 void set_log_file(const std::string& file) {
   auto logger = spdlog::default_logger();
   auto& sinks = logger->sinks();
@@ -69,7 +78,7 @@ void set_log_file(const std::string& file) {
                              [](auto& s) { return dynamic_cast<spdlog::sinks::basic_file_sink_mt*>(s.get()); }),
               sinks.end());
   auto fs = std::make_shared<spdlog::sinks::basic_file_sink_mt>(file, /*truncate=*/false);
-  fs->set_pattern("[%Y-%m-%d %H:%M:%S.%e] %l %v");
+  fs->set_pattern("[%Y-%m-%d %H:%M:%S.%e] " + g_rank_tag + "%l %v");
   fs->set_level(logger->level());
   sinks.push_back(fs);
 }

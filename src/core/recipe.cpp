@@ -139,7 +139,7 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   if (r.name.empty() || r.name == "." || r.name == ".." || r.name.find('/') != std::string::npos)
     throw RecipeError(r.where("name"), "= \"" + r.name + "\" is not a usable run name (non-empty, no \"/\", not . or ..)");
   top.finish();
-  static const std::vector<std::string> kSections = {"model", "data", "train", "optim", "checkpoint", "finetune", "kernels", "output"};
+  static const std::vector<std::string> kSections = {"model", "data", "train", "optim", "checkpoint", "finetune", "kernels", "parallel", "output"};
   for (const auto& [k, node] : root) {
     std::string key(k.str());
     if (!node.is_table() || std::find(kSections.begin(), kSections.end(), key) != kSections.end()) continue;
@@ -240,6 +240,17 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   r.kernels.gemm = k.string("gemm", r.kernels.gemm, {"auto", "fused", "aten"});
   k.finish();
 
+  auto par = section("parallel");
+  ParallelConfig& pc = r.parallel;
+  pc.data = par.integer_or_word("data", pc.data, 1, 1 << 20, "auto", 0);
+  pc.tensor = par.integer("tensor", pc.tensor, 1, 1 << 20);
+  pc.pipeline = par.integer("pipeline", pc.pipeline, 1, 1 << 20);
+  pc.sequence = par.integer("sequence", pc.sequence, 1, 1 << 20);
+  pc.bucket_mb = par.real("bucket_mb", pc.bucket_mb, 1e-6, 1 << 20);
+  pc.timeout_s = par.real("timeout_s", pc.timeout_s, 1, 1e6);
+  pc.backend = par.string("backend", pc.backend, {"auto", "gloo", "nccl"});
+  par.finish();
+
   auto out = section("output");
   r.output.dir = out.string("dir", "runs/" + r.name);
   r.output.log_level = out.string("log_level", r.output.log_level, {"trace", "debug", "info", "warn", "error"});
@@ -288,8 +299,12 @@ std::string Recipe::to_toml() const {
       {"finetune", toml::table{{"from", finetune.from}}},
       {"kernels", toml::table{{"attention", kernels.attention}, {"gelu", kernels.gelu}, {"gemv", kernels.gemv},
                               {"layer_norm", kernels.layer_norm}, {"gemm", kernels.gemm}}},
+      {"parallel", toml::table{{"tensor", parallel.tensor}, {"pipeline", parallel.pipeline}, {"sequence", parallel.sequence},
+                               {"bucket_mb", parallel.bucket_mb}, {"timeout_s", parallel.timeout_s}, {"backend", parallel.backend}}},
       {"output", toml::table{{"dir", output.dir}, {"log_level", output.log_level}}},
   };
+  if (parallel.data == 0) root["parallel"].as_table()->insert("data", "auto");
+  else root["parallel"].as_table()->insert("data", parallel.data);
   std::ostringstream s;
   s << root << "\n";
   // TOML++ 3.3's formatter weighs an array's reals by static_cast<size_t>(log10(x)), undefined

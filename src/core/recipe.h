@@ -78,6 +78,16 @@ struct KernelsConfig {               // [kernels]: our CPU kernel or ATen's, for
   std::string gemm = "auto";         // the dense layers' products while training (forward, dx, dW)
 };
 
+struct ParallelConfig {             // [parallel]: how the world's ranks are arranged (src/dist/mesh.h)
+  int64_t data = 0;                  // data-parallel size; 0 = "auto" (the world divided by the others)
+  int64_t tensor = 1;                // tensor-parallel size
+  int64_t pipeline = 1;              // pipeline stages
+  int64_t sequence = 1;              // sequence-parallel size
+  double bucket_mb = 25;             // data-parallel gradient buckets (all-reduced as each fills)
+  double timeout_s = 300;            // a collective or the rendezvous waiting longer ends the job
+  std::string backend = "auto";      // auto (gloo on CPU, nccl for CUDA tensors) | gloo | nccl
+};
+
 struct OutputConfig {                // [output]
   std::string dir;                   // "" = runs/<name>
   std::string log_level = "info";    // trace | debug | info | warn | error
@@ -93,6 +103,7 @@ struct Recipe {
   CheckpointConfig checkpoint;
   FinetuneConfig finetune;
   KernelsConfig kernels;
+  ParallelConfig parallel;
   OutputConfig output;
   std::set<std::string> sections;                 // the [sections] the recipe (or a --set) wrote
   std::map<std::string, std::string> locations;   // "train.lr" -> "recipes/x.toml:12" or "--set train.lr"

@@ -70,6 +70,19 @@ int64_t RecipeSection::integer(const std::string& key, int64_t fallback, int64_t
   return *v;
 }
 
+int64_t RecipeSection::integer_or_word(const std::string& key, int64_t fallback, int64_t min, int64_t max,
+                                       const std::string& word, int64_t word_value) {
+  const toml::node* n = lookup(key);
+  if (n && n->is_string()) {
+    if (n->value_exact<std::string>() != word)
+      fail(key, "= \"" + *n->value_exact<std::string>() + "\" is not an integer or \"" + word + "\"");
+    return word_value;
+  }
+  if (n && !n->is_integer())
+    fail(key, "must be an integer or \"" + word + "\", not " + type_name(*n));
+  return integer(key, fallback, min, max);
+}
+
 double RecipeSection::real(const std::string& key, double fallback, double min, double max) {
   const toml::node* n = lookup(key);
   if (!n) return fallback;

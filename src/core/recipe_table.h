@@ -19,6 +19,9 @@ class RecipeSection {
                 const std::set<std::string>* overridden, std::map<std::string, std::string>* locations);
 
   int64_t integer(const std::string& key, int64_t fallback, int64_t min, int64_t max);
+  // An integer, or the one word `word` (e.g. data = "auto"), which reads as `word_value`.
+  int64_t integer_or_word(const std::string& key, int64_t fallback, int64_t min, int64_t max,
+                          const std::string& word, int64_t word_value);
   double real(const std::string& key, double fallback, double min, double max);
   bool boolean(const std::string& key, bool fallback);
   std::string string(const std::string& key, const std::string& fallback,

@@ -21,13 +21,12 @@ uint64_t splitmix(uint64_t& state) {
 }  // namespace
 
 WindowLoader::WindowLoader(std::shared_ptr<const std::vector<int32_t>> tokens, const LoaderConfig& config,
-                           int64_t start_batch)
-    : tokens_(std::move(tokens)), cfg_(config), consumed_(start_batch) {
+                           int64_t start_sample)
+    : tokens_(std::move(tokens)), cfg_(config), start_(start_sample) {
   const int64_t n = static_cast<int64_t>(tokens_->size()), t = cfg_.seq_len;
   // Leave room for any shift in [0, t) so every epoch has the same number of windows.
   windows_ = n > t ? (n - t) / t : 0;
-  per_rank_ = windows_ / cfg_.world;
-  if (per_rank_ < cfg_.batch_size)
+  if (windows_ < cfg_.batch_size * cfg_.world)
     throw Error("training split has " + std::to_string(n) + " tokens: too few for one batch of " +
                 std::to_string(cfg_.batch_size) + " x " + std::to_string(t + 1) + " tokens per rank across " +
                 std::to_string(cfg_.world) + " rank(s) (use more text, a smaller batch_size or seq_len)");
@@ -66,10 +65,10 @@ at::Tensor WindowLoader::batch(int64_t k) const {
   int64_t* dst = out.data_ptr<int64_t>();
   std::lock_guard<std::mutex> lock(order_mu_);   // the loader thread, or a direct caller
   for (int64_t j = 0; j < b; ++j) {
-    const int64_t sample = k * b + j;   // this rank's sample index across epochs
+    const int64_t sample = start_ + (k * cfg_.world + cfg_.rank) * b + j;   // global index across epochs
     uint64_t shift = 0;
-    const auto& order = epoch_order(sample / per_rank_, shift);
-    const int64_t window = order[(sample % per_rank_) * cfg_.world + cfg_.rank];
+    const auto& order = epoch_order(sample / windows_, shift);
+    const int64_t window = order[sample % windows_];
     const int32_t* src = tokens_->data() + shift + window * t;
     for (int64_t i = 0; i <= t; ++i) dst[j * (t + 1) + i] = src[i];
   }
@@ -77,7 +76,7 @@ at::Tensor WindowLoader::batch(int64_t k) const {
 }
 
 void WindowLoader::produce() {
-  int64_t k = consumed_;
+  int64_t k = 0;
   try {
     while (true) {
       {

@@ -2,9 +2,11 @@
 // data-parallel rank, prepared ahead on a background thread.
 //
 // Each epoch cuts the token stream into windows of seq_len+1 tokens at a seed-dependent shift and
-// visits them in a seed-dependent permutation; rank r of W takes every W-th window of it. Batch k is
-// a pure function of (seed, rank, world, k), so a loader restarted at position k continues exactly
-// where an uninterrupted one would be, which is what makes resume bit-identical.
+// visits them in a seed-dependent permutation, reshuffled every epoch; the epochs form one global
+// stream of samples. A global batch is the next B x W samples of that stream and rank r of W takes
+// samples [r*B, (r+1)*B) of it, so the W ranks together see exactly what one process with batch B x W
+// sees. The position is counted in global samples: a loader restarted there continues exactly where an
+// uninterrupted one would be (resume is bit-identical), whatever the number of ranks before and after.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <condition_variable>
@@ -28,16 +30,17 @@ struct LoaderConfig {
 
 class WindowLoader {
  public:
-  // Error if the tokens cannot fill one batch for this rank.
-  WindowLoader(std::shared_ptr<const std::vector<int32_t>> tokens, const LoaderConfig& config, int64_t start_batch = 0);
+  // Error if the tokens cannot fill one global batch. `start_sample`: global samples already consumed.
+  WindowLoader(std::shared_ptr<const std::vector<int32_t>> tokens, const LoaderConfig& config, int64_t start_sample = 0);
   ~WindowLoader();
   WindowLoader(const WindowLoader&) = delete;
   WindowLoader& operator=(const WindowLoader&) = delete;
 
   at::Tensor next();                       // [B, T+1] int64 (inputs = [:, :-1], targets = [:, 1:])
-  int64_t position() const { return consumed_; }   // batches handed out so far
-  int64_t windows_per_rank_epoch() const { return per_rank_; }
-  at::Tensor batch(int64_t k) const;       // batch k, computed directly (what next() returns k-th)
+  // Global samples consumed so far (all ranks' batches handed out, plus the start).
+  int64_t position() const { return start_ + consumed_ * cfg_.batch_size * cfg_.world; }
+  int64_t windows_per_epoch() const { return windows_; }
+  at::Tensor batch(int64_t k) const;       // this rank's k-th batch from the start, computed directly
 
  private:
   void produce();
@@ -47,8 +50,9 @@ class WindowLoader {
 
   std::shared_ptr<const std::vector<int32_t>> tokens_;
   LoaderConfig cfg_;
-  int64_t windows_ = 0, per_rank_ = 0;
-  int64_t consumed_ = 0;
+  int64_t windows_ = 0;
+  int64_t start_ = 0;      // global sample the loader started at
+  int64_t consumed_ = 0;   // batches handed out by next()
 
   mutable std::mutex order_mu_;
   mutable int64_t order_epoch_ = -1;

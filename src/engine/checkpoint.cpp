@@ -81,7 +81,9 @@ TrainerState parse_trainer_state(const nlohmann::json& s, const std::string& pat
   };
   TrainerState st;
   st.step = count("step");
-  st.loader_position = count("loader_position");
+  if (s.contains("samples_seen") || !s.contains("loader_position")) st.samples_seen = count("samples_seen");
+  else st.legacy_batches = count("loader_position");
+  if (s.contains("world_size")) st.world_size = count("world_size");
   st.tokens_seen = count("tokens_seen");
   st.train_loss = number("train_loss", 0.0);
   st.eval_loss = number("eval_loss", -1.0);
@@ -181,7 +183,8 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
                      {{"optimizer", "adamw"}, {"step", std::to_string(s.optimizer->steps())}});
   }
   nlohmann::json state = {{"step", s.state.step},
-                          {"loader_position", s.state.loader_position},
+                          {"samples_seen", s.state.samples_seen},
+                          {"world_size", s.state.world_size},
                           {"tokens_seen", s.state.tokens_seen},
                           {"train_loss", s.state.train_loss},
                           {"eval_loss", s.state.eval_loss},

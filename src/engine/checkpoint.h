@@ -25,7 +25,9 @@ namespace colossal {
 
 struct TrainerState {
   int64_t step = 0;              // optimizer steps completed
-  int64_t loader_position = 0;   // training batches consumed
+  int64_t samples_seen = 0;      // global training samples consumed (all ranks), the data position
+  int64_t legacy_batches = -1;   // checkpoints before data parallelism counted batches of one process
+  int64_t world_size = 1;        // ranks that wrote it (resume may use another data-parallel size)
   int64_t tokens_seen = 0;
   double train_loss = 0.0;
   double eval_loss = -1.0;       // -1: not evaluated yet

@@ -24,6 +24,10 @@
 #include "src/engine/checkpoint.h"
 #include "src/engine/metrics.h"
 #include "src/engine/model_registry.h"
+#include "src/engine/train_plan.h"
+#include "src/dist/launch_env.h"
+#include "src/dist/mesh.h"
+#include "src/dist/runtime.h"
 #include "src/nn/kernel_choice.h"
 #include "src/io/atomic_dir.h"
 #include "src/optim/adamw.h"
@@ -52,36 +56,21 @@ extern "C" void on_interrupt(int) {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Finetuning keeps the checkpoint's architecture; a recipe that names a different shape is an error.
-ModelConfig finetune_model_config(const Recipe& r, const ModelConfig& from_ckpt, const std::string& ckpt) {
-  ModelConfig m = from_ckpt;
-  auto check = [&](const char* key, int64_t recipe_value, int64_t ckpt_value) {
-    if (r.locations.count(std::string("model.") + key) && recipe_value != ckpt_value)
-      throw RecipeError(r.where(std::string("model.") + key),
-                        "= " + std::to_string(recipe_value) + " but checkpoint " + ckpt + " has " + std::to_string(ckpt_value) +
-                            " (finetuning keeps the checkpoint's architecture; remove the key)");
-  };
-  check("n_layer", r.model.n_layer, m.n_layer);
-  check("n_head", r.model.n_head, m.n_head);
-  check("n_embd", r.model.n_embd, m.n_embd);
-  check("block_size", r.model.block_size, m.block_size);
-  check("vocab_size", r.model.vocab_size, m.vocab_size);
-  m.dropout = r.model.dropout;
-  return m;
-}
-
-double evaluate(nn::CausalLM& model, const std::vector<at::Tensor>& batches, const c10::Device& device) {
-  if (batches.empty()) return -1.0;
+// Mean loss over every rank's share of the held-out batches (-1 when there are none).
+double evaluate(TrainPlan& p) {
   at::NoGradGuard no_grad;
-  model.eval();
+  p.model->eval();
   double total = 0;
-  for (const auto& b : batches) {
+  for (const auto& b : p.eval_set) {
     const int64_t t = b.size(1) - 1;
-    auto d = b.to(device);
-    total += model.loss(d.narrow(1, 0, t), d.narrow(1, 1, t)).item<double>();
+    auto d = b.to(p.device);
+    total += p.model->loss(d.narrow(1, 0, t), d.narrow(1, 1, t)).item<double>();
   }
-  model.train();
-  return total / static_cast<double>(batches.size());
+  p.model->train();
+  at::Tensor sums = at::tensor({total, static_cast<double>(p.eval_set.size())}, at::kDouble);
+  p.runtime->group(dist::Dim::dp).all_reduce(sums, dist::Reduce::sum, "eval loss");
+  const double batches = sums[1].item<double>();
+  return batches > 0 ? sums[0].item<double>() / batches : -1.0;
 }
 
 // `r` with its [model] as training will build it (from the checkpoint when finetuning).
@@ -93,10 +82,15 @@ void print_dry_run(const Recipe& r, const c10::Device& device) {
   std::printf("model:       %s, %s parameters (%lld)\n", m.family.c_str(), human_count(static_cast<double>(params)).c_str(),
               static_cast<long long>(params));
   std::printf("device:      %s\n", describe_device(device).c_str());
-  std::printf("tokens/step: %lld (batch %lld x seq %lld x accum %lld)\n",
-              static_cast<long long>(r.train.batch_size * r.train.seq_len * r.train.grad_accum),
+  const dist::WorkerEnv env = dist::worker_env(dist::process_env());
+  const dist::MeshShape mesh = dist::resolve_mesh(r, env.world);
+  std::printf("parallel:    %lld rank(s) (%s), mesh %s, %s backend\n", static_cast<long long>(env.world), env.source.c_str(),
+              mesh.describe().c_str(), r.parallel.backend.c_str());
+  const int64_t dp = mesh.of(dist::Dim::dp);
+  std::printf("tokens/step: %lld (batch %lld x seq %lld x accum %lld x data-parallel %lld)\n",
+              static_cast<long long>(r.train.batch_size * r.train.seq_len * r.train.grad_accum * dp),
               static_cast<long long>(r.train.batch_size), static_cast<long long>(r.train.seq_len),
-              static_cast<long long>(r.train.grad_accum));
+              static_cast<long long>(r.train.grad_accum), static_cast<long long>(dp));
   std::printf("memory estimate (fp32, AdamW):\n");
   std::printf("  weights     %s\n  gradients   %s\n  optimizer   %s\n  activations %s (one micro-batch)\n  total       %s\n",
               human_bytes(mem.weights).c_str(), human_bytes(mem.gradients).c_str(), human_bytes(mem.optimizer).c_str(),
@@ -106,112 +100,65 @@ void print_dry_run(const Recipe& r, const c10::Device& device) {
               device.is_cpu() ? (mem.total() <= have ? "fits" : "does not fit: training would stop here") : "host");
 }
 
-}  // namespace
 
-int run_training(const Recipe& recipe, const TrainOptions& opt) {
-  const Recipe& r = recipe;
-  const c10::Device device = resolve_device(r.train.device, r.where("train.device"));
+// The agreed end-of-step facts: every rank must take the same branch (stop, save, fail on a
+// non-finite loss), so the decision is reduced across the job rather than read from local state.
+struct StepAgreement {
+  double loss = 0;    // mean over the data-parallel ranks of this step's loss
+  bool stop = false;  // some rank was interrupted or reached the time limit
+};
+StepAgreement agree(TrainPlan& p, double local_loss, bool local_stop) {
+  at::Tensor v = at::tensor({local_loss, local_stop ? 1.0 : 0.0}, at::kDouble);
+  p.runtime->world_group().all_reduce(v, dist::Reduce::sum, "step agreement");
+  return {v[0].item<double>() / static_cast<double>(p.runtime->world()), v[1].item<double>() > 0};
+}
 
-  // Finetuning: architecture and tokenizer come from the checkpoint named by [finetune] from.
-  ModelConfig model_cfg = r.model;
-  std::string init_ckpt, tokenizer_path = r.data.tokenizer;
-  if (opt.finetune) {
-    if (r.finetune.from.empty())
-      throw RecipeError(r.where("finetune.from"), "is required by `colossal finetune` (the checkpoint to start from)");
-    init_ckpt = resolve_checkpoint(r.finetune.from);
-    model_cfg = finetune_model_config(r, read_checkpoint_info(init_ckpt).model, init_ckpt);
-    tokenizer_path = (fs::path(init_ckpt) / "tokenizer.model").string();
-  }
-  if (!opt.finetune && !r.sections.count("model"))
-    throw RecipeError(r.path, "has no [model] section (training from scratch needs one; see recipes/gpt-mini.toml)");
-  Recipe effective = r;   // with the model training builds
-  effective.model = model_cfg;
-  check_data_sources(effective, opt.finetune ? tokenizer_path : "");
-  if (opt.dry_run) {
-    print_dry_run(effective, device);
-    return 0;
-  }
-  if (device.is_cpu()) {   // refuse before allocating anything, with the dry run's estimate
-    const int64_t params = count_parameters(model_cfg);
-    require_host_memory(estimate_training_memory(effective, params).total(),
-                        "training this " + human_count(static_cast<double>(params)) +
-                            "-parameter model (weights, gradients, AdamW state and one micro-batch's activations)");
-  }
-
-  create_output_dir(r.output.dir, r.where("output.dir"));
-  set_log_file((fs::path(r.output.dir) / "train.log").string());
-  spdlog::info("colossal {} {} -> {}", opt.finetune ? "finetune" : "train", r.path, r.output.dir);
-  ensure_data(effective, opt.finetune ? tokenizer_path : "");
-  Tokenizer tokenizer = Tokenizer::load(tokenizer_path);
-  auto train_tokens = std::make_shared<const std::vector<int32_t>>(read_token_split(r.data.dataset, "train").tokens);
-  const auto val_split = read_token_split(r.data.dataset, "val");
-  const auto eval_set = eval_batches(val_split.tokens, r.train.batch_size, r.train.seq_len, r.train.eval_batches);
-  if (eval_set.empty())
-    spdlog::warn("held-out split ({} tokens) is too small for one eval batch; eval loss is skipped", val_split.tokens.size());
-
-  nn::set_kernel_policy({nn::parse_kernel_path(r.kernels.attention), nn::parse_kernel_path(r.kernels.gelu),
-                         nn::parse_kernel_path(r.kernels.gemv), nn::parse_kernel_path(r.kernels.layer_norm),
-                         nn::parse_kernel_path(r.kernels.gemm)});
-  at::manual_seed(static_cast<uint64_t>(r.train.seed));
-  nn::LayerFactory factory;
-  auto model = build_model(model_cfg, factory);
-  model->to(device);
-  if (opt.finetune) {
-    load_model_state(*model, load_safetensors((fs::path(init_ckpt) / "model.safetensors").string()), init_ckpt);
-    spdlog::info("initialised from {}", init_ckpt);
-  }
-  model->train();
-  optim::FlatParams flat(*model, r.optim.weight_decay);
-  optim::AdamW adamw(flat, {r.optim.betas[0], r.optim.betas[1], r.optim.eps});
-
-  TrainerState state;
-  if (opt.resume) {
-    const std::string from = resolve_checkpoint(opt.resume_from.empty() ? r.checkpoint.dir : opt.resume_from);
-    auto info = read_checkpoint_info(from);
-    if (!info.has_state)
-      throw Error("checkpoint " + from + ": trainer_state.json is missing, so the step, data position and schedule "
-                  "cannot be resumed (to start a new run from these weights use `colossal finetune`)");
-    if (info.model.n_layer != model_cfg.n_layer || info.model.n_head != model_cfg.n_head ||
-        info.model.n_embd != model_cfg.n_embd || info.model.vocab_size != model_cfg.vocab_size ||
-        info.model.block_size != model_cfg.block_size)
-      throw Error("checkpoint " + from + " holds a different model than the recipe (resume needs the same [model])");
-    if (info.tokenizer_bytes != tokenizer.model_bytes())
-      throw Error("checkpoint " + from + " was trained with a different tokenizer than " + tokenizer_path);
-    load_model_state(*model, load_safetensors((fs::path(from) / "model.safetensors").string()), from);
-    load_optimizer_state(*model, flat, adamw, from);   // also restores the RNG state
-    state = info.state;
-    nn::restore_kernel_choices(state.kernel_choices);
-    spdlog::info("resumed from {} at step {}", from, state.step);
-  }
-  create_output_dir(r.checkpoint.dir, r.where("checkpoint.dir"));   // now, not at the first save minutes in
+int run_loop(TrainPlan& p) {
+  const Recipe& r = p.recipe;
+  const TrainOptions& opt = p.options;
+  TrainerState& state = p.state;
+  const bool root = p.is_root();
+  dist::Runtime& rt = *p.runtime;
   if (state.step >= r.train.max_steps) {
     spdlog::info("nothing to do: the checkpoint is at step {} and max_steps = {}", state.step, r.train.max_steps);
     return 0;
   }
+  LoaderConfig lc{r.train.batch_size, r.train.seq_len, static_cast<uint64_t>(r.train.seed), p.dp_rank, p.dp_size, r.data.prefetch};
+  WindowLoader loader(p.train_tokens, lc, state.samples_seen);
+  std::unique_ptr<MetricsWriter> metrics;
+  if (root) metrics = std::make_unique<MetricsWriter>((fs::path(r.output.dir) / "metrics.jsonl").string(), opt.resume);
+  auto write_metrics = [&](const nlohmann::json& j) {
+    if (metrics) metrics->write(j);
+  };
+  const int64_t params = p.model->parameter_count();
+  const int64_t tokens_per_step = p.tokens_per_step();
+  spdlog::info("model {}: {} parameters | device {} | {} train tokens, {} held out | {} tokens/step{}", r.model.family,
+               human_count(static_cast<double>(params)), describe_device(p.device),
+               human_count(static_cast<double>(p.train_tokens->size())), human_count(static_cast<double>(p.val_tokens)),
+               tokens_per_step, rt.world() > 1 ? fmt::format(" | {} ranks", rt.world()) : std::string());
+  write_metrics({{"event", opt.resume ? "resume" : "start"}, {"step", state.step}, {"params", params},
+                 {"tokens_per_step", tokens_per_step}, {"device", p.device.str()}, {"world_size", rt.world()}});
 
-  LoaderConfig lc{r.train.batch_size, r.train.seq_len, static_cast<uint64_t>(r.train.seed), 0, 1, r.data.prefetch};
-  WindowLoader loader(train_tokens, lc, state.loader_position);
-  MetricsWriter metrics((fs::path(r.output.dir) / "metrics.jsonl").string(), opt.resume);
-  const int64_t params = model->parameter_count();
-  const int64_t tokens_per_step = r.train.batch_size * r.train.seq_len * r.train.grad_accum;
-  spdlog::info("model {}: {} parameters | device {} | {} train tokens, {} held out | {} tokens/step", model_cfg.family,
-               human_count(static_cast<double>(params)), describe_device(device), human_count(static_cast<double>(train_tokens->size())),
-               human_count(static_cast<double>(val_split.tokens.size())), tokens_per_step);
-  metrics.write({{"event", opt.resume ? "resume" : "start"}, {"step", state.step}, {"params", params},
-                 {"tokens_per_step", tokens_per_step}, {"device", device.str()}});
-
+  // Every rank reaches the save; rank 0 writes (with data parallelism alone it holds all the state),
+  // and `latest` has moved only once every rank's part is on disk: the barrier after it.
   auto checkpoint = [&] {
-    state.kernel_choices = nn::kernel_choices();
-    CheckpointSave s{model.get(), &flat, &adamw, tokenizer.model_bytes(), r.to_toml(), state};
-    auto path = save_checkpoint(r.checkpoint.dir, s, r.checkpoint.keep_last);
-    spdlog::info("saved checkpoint {}", path);
+    rt.world_group().barrier("before the checkpoint at step " + std::to_string(state.step));
+    std::string path;
+    if (root) {
+      state.kernel_choices = nn::kernel_choices();
+      state.world_size = p.dp_size;
+      CheckpointSave s{p.model.get(), p.flat.get(), p.optimizer.get(), p.tokenizer->model_bytes(), r.to_toml(), state};
+      path = save_checkpoint(r.checkpoint.dir, s, r.checkpoint.keep_last);
+      spdlog::info("saved checkpoint {}", path);
+    }
+    rt.world_group().barrier("checkpoint at step " + std::to_string(state.step) + " written by rank 0");
     return path;
   };
   auto run_eval = [&] {
-    state.eval_loss = evaluate(*model, eval_set, device);
+    state.eval_loss = evaluate(p);
     if (state.eval_loss >= 0) {
       spdlog::info("step {}: eval loss {:.4f}", state.step, state.eval_loss);
-      metrics.write({{"step", state.step}, {"eval_loss", state.eval_loss}});
+      write_metrics({{"step", state.step}, {"eval_loss", state.eval_loss}});
     }
   };
 
@@ -220,37 +167,42 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
   std::signal(SIGTERM, on_interrupt);
   if (!opt.resume && r.train.eval_every > 0) run_eval();   // the starting point of the eval curve
 
-  Progress progress(r.train.max_steps, r.train.log_every, !opt.quiet);
+  Progress progress(r.train.max_steps, r.train.log_every, !opt.quiet && root);
   const auto start = Clock::now();
   constexpr int64_t kUntimedSteps = 3;   // first steps pay for allocator and thread-pool warm-up
   Clock::time_point timed_start;
   int64_t timed_steps = 0, steps_this_run = 0;
-  double ema_tokens_per_s = 0, ema_step_s = 0;
+  double ema_tokens_per_s = 0, ema_step_s = 0, dp_busy_s = 0, dp_wait_s = 0;
   std::string last_saved;
+  rt.take_counters();   // setup traffic (parameter broadcast, eval) is not a step's
 
   while (state.step < r.train.max_steps) {
     const auto t0 = Clock::now();
     const double lr = optim::lr_at(r.optim, state.step);
     at::Tensor step_loss;   // summed on the device: one host sync per step, not one per micro-batch
     for (int64_t micro = 0; micro < r.train.grad_accum; ++micro) {
-      auto batch = loader.next().to(device);   // [B, T+1]
+      auto batch = loader.next().to(p.device);   // [B, T+1]
       const int64_t t = batch.size(1) - 1;
-      auto loss = model->loss(batch.narrow(1, 0, t), batch.narrow(1, 1, t));
+      p.data_parallel->prepare(micro == r.train.grad_accum - 1);   // reduce on the last micro-batch only
+      auto loss = p.model->loss(batch.narrow(1, 0, t), batch.narrow(1, 1, t));
       if (r.train.grad_accum > 1) loss = loss / static_cast<double>(r.train.grad_accum);
       loss.backward();
       step_loss = micro == 0 ? loss.detach() : step_loss + loss.detach();
     }
-    const double loss_sum = step_loss.item<double>();
+    p.data_parallel->finish();   // every rank now holds the average gradient
+    const bool time_up = r.train.time_limit_min > 0 && seconds_since(start) >= r.train.time_limit_min * 60;
+    const StepAgreement agreed = agree(p, step_loss.item<double>(), g_interrupted || time_up);
+    const double loss_sum = agreed.loss;
     if (!std::isfinite(loss_sum))
       throw Error("loss became " + std::to_string(loss_sum) + " at step " + std::to_string(state.step + 1) +
                   " (lower optim.lr or set train.grad_clip; the last checkpoint is intact)");
-    const double grad_norm = flat.clip_grad_norm(r.train.grad_clip);
-    adamw.step(lr);
-    flat.zero_grad();
+    const double grad_norm = p.flat->clip_grad_norm(r.train.grad_clip);   // global: gradients are already averaged
+    p.optimizer->step(lr);
+    p.flat->zero_grad();
 
     ++state.step;
     ++steps_this_run;
-    state.loader_position = loader.position();
+    state.samples_seen = loader.position();
     state.tokens_seen += tokens_per_step;
     state.train_loss = loss_sum;
     const double step_s = seconds_since(t0);
@@ -259,9 +211,24 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
     const double tps = static_cast<double>(tokens_per_step) / step_s;
     ema_tokens_per_s = ema_tokens_per_s == 0 ? tps : 0.9 * ema_tokens_per_s + 0.1 * tps;
     ema_step_s = ema_step_s == 0 ? step_s : 0.9 * ema_step_s + 0.1 * step_s;
-    const size_t mem = device.is_cpu() ? current_rss_bytes() : device_allocated_bytes(device);
-    metrics.write({{"step", state.step}, {"loss", loss_sum}, {"lr", lr}, {"grad_norm", grad_norm},
-                   {"tokens_per_s", tps}, {"step_ms", step_s * 1e3}, {"mem_mb", static_cast<double>(mem) / 1048576.0}});
+    const size_t mem = p.device.is_cpu() ? current_rss_bytes() : device_allocated_bytes(p.device);
+    const dist::CommCounters dp_comm = rt.group(dist::Dim::dp).take_counters();
+    const dist::CommCounters all_comm = rt.take_counters();
+    if (steps_this_run > kUntimedSteps) {
+      dp_busy_s += dp_comm.busy_s;
+      dp_wait_s += dp_comm.wait_s;
+    }
+    nlohmann::json record = {{"step", state.step}, {"loss", loss_sum}, {"lr", lr}, {"grad_norm", grad_norm},
+                             {"tokens_per_s", tps}, {"step_ms", step_s * 1e3}, {"mem_mb", static_cast<double>(mem) / 1048576.0}};
+    if (rt.world() > 1) {
+      dist::CommCounters total = dp_comm;
+      total += all_comm;
+      record["comm_calls"] = total.calls;
+      record["comm_mb"] = static_cast<double>(total.bytes) / 1048576.0;
+      record["dp_allreduce_ms"] = dp_comm.busy_s * 1e3;   // gradient buckets, launch to completion
+      record["dp_exposed_ms"] = dp_comm.wait_s * 1e3;     // of which the step waited for
+    }
+    write_metrics(record);
     double eta = ema_step_s * static_cast<double>(r.train.max_steps - state.step);
     if (r.train.time_limit_min > 0) eta = std::min(eta, r.train.time_limit_min * 60 - seconds_since(start));
     progress.update(state.step, loss_sum, lr, ema_tokens_per_s, eta, mem);
@@ -269,9 +236,10 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
     const bool last = state.step == r.train.max_steps;
     if (r.train.eval_every > 0 && state.step % r.train.eval_every == 0 && !last) run_eval();
     if (r.checkpoint.every > 0 && state.step % r.checkpoint.every == 0 && !last) last_saved = checkpoint();
-    if (g_interrupted || (r.train.time_limit_min > 0 && seconds_since(start) >= r.train.time_limit_min * 60)) {
+    if (agreed.stop) {
       if (g_interrupted) spdlog::warn("interrupted at step {}: saving and stopping (continue with --resume)", state.step);
-      else spdlog::info("time limit of {} min reached at step {}", r.train.time_limit_min, state.step);
+      else if (time_up) spdlog::info("time limit of {} min reached at step {}", r.train.time_limit_min, state.step);
+      else spdlog::info("stopping at step {}: another rank was interrupted or reached the time limit", state.step);
       break;
     }
   }
@@ -287,7 +255,9 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
   last_saved = checkpoint();
   const double wall = seconds_since(start);
   const double steady_tps = static_cast<double>(counted_steps * tokens_per_step) / counted_s;
-  const auto peak_rss = static_cast<double>(peak_rss_bytes()), peak_device = static_cast<double>(device_peak_allocated_bytes(device));
+  const auto peak_rss = static_cast<double>(peak_rss_bytes()), peak_device = static_cast<double>(device_peak_allocated_bytes(p.device));
+  const bool stopped_early = g_interrupted || state.step < r.train.max_steps;
+  if (!root) return stopped_early && g_interrupted ? 130 : 0;
   nlohmann::json summary = {{"steps", state.step},
                             {"steps_this_run", steps_this_run},
                             {"tokens_per_s", steady_tps},
@@ -296,18 +266,38 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
                             {"final_loss", state.train_loss},
                             {"final_eval_loss", state.eval_loss},
                             {"params", params},
+                            {"world_size", rt.world()},
                             {"wall_s", wall},
                             {"checkpoint", last_saved}};
+  if (rt.world() > 1 && dp_busy_s > 0) {
+    summary["dp_allreduce_s"] = dp_busy_s;
+    summary["dp_exposed_s"] = dp_wait_s;
+    summary["dp_hidden_fraction"] = std::max(0.0, 1.0 - dp_wait_s / dp_busy_s);
+  }
   write_file_atomic((fs::path(r.output.dir) / "summary.json").string(), summary.dump(2) + "\n");
-  metrics.write({{"event", "end"}, {"step", state.step}, {"eval_loss", state.eval_loss}, {"tokens_per_s", steady_tps}});
-  const std::string peak_mem = device.is_cpu() ? human_bytes(peak_rss)
-                                               : fmt::format("{} {}, {} host", human_bytes(peak_device), device.str(), human_bytes(peak_rss));
-  const std::string done = fmt::format("done: {} steps in {} | loss {:.4f} | eval loss {:.4f} | {} tok/s | peak mem {} | checkpoint {}",
+  write_metrics({{"event", "end"}, {"step", state.step}, {"eval_loss", state.eval_loss}, {"tokens_per_s", steady_tps}});
+  const std::string peak_mem = p.device.is_cpu() ? human_bytes(peak_rss)
+                                                 : fmt::format("{} {}, {} host", human_bytes(peak_device), p.device.str(), human_bytes(peak_rss));
+  const std::string ranks = rt.world() > 1 ? fmt::format(" | {} ranks", rt.world()) : std::string();
+  const std::string done = fmt::format("done: {} steps in {} | loss {:.4f} | eval loss {:.4f} | {} tok/s{} | peak mem {} | checkpoint {}",
                                        state.step, human_duration(wall), state.train_loss, state.eval_loss,
-                                       human_count(steady_tps), peak_mem, last_saved);
+                                       human_count(steady_tps), ranks, peak_mem, last_saved);
   if (opt.quiet) std::fprintf(stderr, "%s\n", done.c_str());   // the one line a quiet run prints
   else spdlog::info("{}", done);
   return g_interrupted ? 130 : 0;
+}
+
+}  // namespace
+
+int run_training(const Recipe& recipe, const TrainOptions& opt) {
+  std::string tokenizer_path;
+  const Recipe effective = effective_recipe(recipe, opt, &tokenizer_path);
+  if (opt.dry_run) {
+    print_dry_run(effective, resolve_device(effective.train.device, effective.where("train.device")));
+    return 0;
+  }
+  auto plan = build_plan(effective, tokenizer_path, opt);
+  return run_loop(*plan);
 }
 
 }  // namespace colossal

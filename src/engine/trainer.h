@@ -1,7 +1,9 @@
-// Trainer: the engine entry point behind `colossal train` and `colossal finetune`. Builds (or
-// prepares) the data, the model and the optimizer from a recipe, optionally resumes, and runs the
-// loop: micro-batches with gradient accumulation, clipping, AdamW on flat buffers, the LR schedule,
-// periodic eval on the held-out split, checkpoints, metrics, the progress line and a summary.
+// Trainer: the engine entry point behind `colossal train` and `colossal finetune`. Builds the plan
+// (train_plan.h: the job's ranks, data, model, data parallelism, optimizer, resumed state) and runs the
+// loop: micro-batches with gradient accumulation (gradients reduced across data-parallel ranks on the
+// last one only), clipping on the global norm, AdamW on flat buffers, the LR schedule, periodic eval
+// on the held-out split, checkpoints, metrics, the progress line and a summary. Rank 0 owns the
+// console progress, metrics, summary and checkpoints.
 #pragma once
 #include <string>
 
@@ -15,6 +17,7 @@ struct TrainOptions {
   std::string resume_from;     // explicit checkpoint path for resume
   bool dry_run = false;        // print the resolved recipe, parameter count and memory estimate
   bool quiet = false;          // console: warnings and the final summary only
+  std::string iface;           // network interface for Gloo between nodes ("" = GLOO_SOCKET_IFNAME or the route to the master)
 };
 
 // Returns the process exit code (0 done, 130 interrupted after saving). Throws Error on bad input.

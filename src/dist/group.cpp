@@ -1,0 +1,212 @@
+// Group: see group.h.
+#include "src/dist/group.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <mutex>
+
+#include "src/core/error.h"
+#include "src/core/text.h"
+#include "src/dist/backend.h"
+#include "src/dist/roster.h"
+
+namespace colossal::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+c10d::ReduceOp to_c10d(Reduce op) {
+  switch (op) {
+    case Reduce::max: return c10d::ReduceOp::MAX;
+    case Reduce::min: return c10d::ReduceOp::MIN;
+    default: return c10d::ReduceOp::SUM;
+  }
+}
+
+bool is_timeout(const std::string& message) {
+  return message.find("imed out") != std::string::npos || message.find("imeout") != std::string::npos;
+}
+
+// The backend's message without its source location and decorations, on one line.
+std::string first_line(std::string m) {
+  if (m.size() > 0 && m[0] == '[') {
+    size_t close = m.find("] ");
+    if (close != std::string::npos && close < 200) m = m.substr(close + 2);
+  }
+  const size_t nl = m.find('\n');
+  if (nl != std::string::npos) m = m.substr(0, nl);
+  const size_t hint = m.find(" This is typically");
+  if (hint != std::string::npos) m = m.substr(0, hint);
+  return m;
+}
+
+}  // namespace
+
+CommCounters& CommCounters::operator+=(const CommCounters& o) {
+  calls += o.calls;
+  bytes += o.bytes;
+  busy_s += o.busy_s;
+  wait_s += o.wait_s;
+  return *this;
+}
+
+struct CounterBox {
+  std::mutex mu;
+  CommCounters c;
+};
+
+struct Pending::State {
+  c10::intrusive_ptr<c10d::Work> work;
+  std::string op, what;
+  int64_t seq = 0, bytes = 0;
+  Clock::time_point launched;
+  std::atomic<int64_t> done_ns{0};   // steady-clock time the backend finished, 0 = not yet known
+};
+
+Group::Group(std::string name) : name_(std::move(name)), ranks_{0}, counters_(std::make_shared<CounterBox>()) {}
+
+Group::Group(std::string name, std::vector<int64_t> ranks, int64_t index, std::unique_ptr<BackendHandle> backend,
+             std::shared_ptr<Roster> roster, std::chrono::milliseconds timeout)
+    : name_(std::move(name)), ranks_(std::move(ranks)), index_(index), backend_(std::move(backend)),
+      roster_(std::move(roster)), timeout_(timeout), counters_(std::make_shared<CounterBox>()) {
+  if (ranks_.size() > 1 && ranks_.size() != static_cast<size_t>(backend_->pg->getSize()))
+    throw Error("group " + name_ + ": backend has " + std::to_string(backend_->pg->getSize()) + " ranks, expected " +
+                std::to_string(ranks_.size()));
+}
+
+Group::~Group() = default;
+
+Pending Group::launch(const std::string& op, const std::string& what, const at::Tensor& t) {
+  Pending p;
+  p.state_ = std::make_shared<Pending::State>();
+  auto& s = *p.state_;
+  s.op = op;
+  s.what = what;
+  s.bytes = t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+  s.seq = roster_ ? roster_->enter(name_) : 0;
+  s.launched = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(counters_->mu);
+    ++counters_->c.calls;
+    counters_->c.bytes += s.bytes;
+  }
+  return p;
+}
+
+[[noreturn]] void Group::fail(const Pending& p, const std::string& cause) {
+  const auto& s = *p.state_;
+  const std::string me = roster_ ? roster_->who(ranks_[static_cast<size_t>(index_)]) : "rank 0";
+  const std::string op = s.op + " on group " + name_ + (s.what.empty() ? "" : " (" + s.what + ")");
+  std::string detail;
+  auto behind = roster_ ? roster_->laggards(name_, ranks_, s.seq, &detail) : std::vector<int64_t>{};
+  const double waited = since(s.launched);
+  if (is_timeout(cause)) {
+    const std::string after = format_number(std::round(waited)) + " s";
+    if (!behind.empty())
+      throw Error(detail + " stopped responding during " + op + " after " + after + " (seen from " + me + "); ending the job");
+    throw Error(me + ": " + op + " timed out after " + after + " (no rank is known to lag: " + first_line(cause) +
+                "); ending the job");
+  }
+  throw Error(me + ": " + op + " failed: " + first_line(cause) +
+              (behind.empty() ? "" : " (" + detail + " had not reached it: that rank probably ended first)") +
+              "; ending the job");
+}
+
+void Group::started(Pending& p) {
+  // Completion time from the backend's future, so busy time is the collective's own duration even
+  // when the caller waits for it much later (the overlap figure depends on it).
+  try {
+    std::weak_ptr<Pending::State> weak = p.state_;
+    p.state_->work->getFuture()->addCallback([weak](c10::ivalue::Future&) {
+      if (auto s = weak.lock()) s->done_ns = Clock::now().time_since_epoch().count();
+    });
+  } catch (const std::exception&) {
+    // A backend without futures: busy time falls back to launch-to-wait.
+  }
+}
+
+void Group::wait(Pending& p) {
+  if (!p.state_) return;
+  auto& s = *p.state_;
+  const auto t0 = Clock::now();
+  try {
+    if (s.work) s.work->wait();
+  } catch (const std::exception& e) {
+    fail(p, e.what());
+  }
+  std::lock_guard<std::mutex> lock(counters_->mu);
+  counters_->c.wait_s += since(t0);
+  const int64_t done = s.done_ns.load();
+  counters_->c.busy_s += done > 0 ? std::chrono::duration<double>(Clock::duration(done) - s.launched.time_since_epoch()).count()
+                                  : since(s.launched);
+  p.state_.reset();
+}
+
+Pending Group::all_reduce_async(const at::Tensor& t, const std::string& what) {
+  if (size() == 1) return {};
+  Pending p = launch("all_reduce", what, t);
+  std::vector<at::Tensor> v{t};
+  try {
+    p.state_->work = backend_->pg->allreduce(v, c10d::AllreduceOptions{});
+    started(p);
+  } catch (const std::exception& e) {
+    fail(p, e.what());
+  }
+  return p;
+}
+
+void Group::all_reduce(at::Tensor& t, Reduce op, const std::string& what) {
+  if (size() == 1) return;
+  Pending p = launch("all_reduce", what, t);
+  std::vector<at::Tensor> v{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = to_c10d(op);
+  try {
+    p.state_->work = backend_->pg->allreduce(v, o);
+  } catch (const std::exception& e) {
+    fail(p, e.what());
+  }
+  wait(p);
+}
+
+double Group::all_reduce(double value, Reduce op, const std::string& what) {
+  if (size() == 1) return value;
+  at::Tensor t = at::full({1}, value, at::kDouble);
+  all_reduce(t, op, what);
+  return t.item<double>();
+}
+
+void Group::broadcast(at::Tensor& t, int64_t root_index, const std::string& what) {
+  if (size() == 1) return;
+  Pending p = launch("broadcast", what, t);
+  std::vector<at::Tensor> v{t};
+  c10d::BroadcastOptions o;
+  o.rootRank = root_index;
+  try {
+    p.state_->work = backend_->pg->broadcast(v, o);
+  } catch (const std::exception& e) {
+    fail(p, e.what());
+  }
+  wait(p);
+}
+
+void Group::barrier(const std::string& what) {
+  if (size() == 1) return;
+  // An all-reduce of one value rather than c10d's barrier: it honours the same timeout and reaches the
+  // same error path on every backend.
+  at::Tensor t = at::zeros({1}, at::kFloat);
+  all_reduce(t, Reduce::sum, what);
+}
+
+CommCounters Group::take_counters() {
+  std::lock_guard<std::mutex> lock(counters_->mu);
+  CommCounters out = counters_->c;
+  counters_->c = {};
+  return out;
+}
+
+}  // namespace colossal::dist

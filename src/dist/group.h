@@ -1,0 +1,86 @@
+// Group: the one door every collective goes through (ARCHITECTURE.md: "all communication goes through
+// dist's group wrapper"). It owns a c10d backend (Gloo on CPU, NCCL for CUDA tensors) and adds what
+// c10d leaves to the caller:
+//  - a timeout on every collective, and errors that name this rank, the operation, the group and the
+//    rank(s) that never arrived (from the roster's progress counters), as one line;
+//  - per-step counters (calls, bytes, time busy, time the caller waited) for metrics.jsonl;
+//  - a size-1 group that does nothing, so callers never branch on "is this distributed".
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace colossal::dist {
+
+class Roster;
+struct BackendHandle;   // the c10d backend (group.cpp)
+
+struct CommCounters {
+  int64_t calls = 0;
+  int64_t bytes = 0;       // payload handed to collectives (not wire bytes)
+  double busy_s = 0;       // launch-to-completion time summed over collectives
+  double wait_s = 0;       // time callers spent blocked waiting for them
+  CommCounters& operator+=(const CommCounters& o);
+};
+
+enum class Reduce { sum, max, min };
+
+// An asynchronous collective in flight; Group::wait finishes it (and reports its failure).
+class Pending {
+ public:
+  Pending() = default;
+  bool valid() const { return state_ != nullptr; }
+
+ private:
+  friend class Group;
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+class Group {
+ public:
+  // A group of one: collectives return at once and count nothing.
+  explicit Group(std::string name);
+  // `ranks` are world ranks in group order; this process is ranks[index].
+  Group(std::string name, std::vector<int64_t> ranks, int64_t index, std::unique_ptr<BackendHandle> backend,
+        std::shared_ptr<Roster> roster, std::chrono::milliseconds timeout);
+  ~Group();
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  const std::string& name() const { return name_; }
+  int64_t size() const { return static_cast<int64_t>(ranks_.size()); }
+  int64_t rank() const { return index_; }               // within the group
+  const std::vector<int64_t>& ranks() const { return ranks_; }
+
+  // Blocking collectives. `what` names the purpose in errors ("gradient bucket 3").
+  void all_reduce(at::Tensor& t, Reduce op = Reduce::sum, const std::string& what = "");
+  void broadcast(at::Tensor& t, int64_t root_index, const std::string& what = "");
+  void barrier(const std::string& what);
+  double all_reduce(double value, Reduce op, const std::string& what);
+
+  // Asynchronous all-reduce of a contiguous tensor, in place.
+  Pending all_reduce_async(const at::Tensor& t, const std::string& what);
+  void wait(Pending& p);
+
+  // Counters since the last take (then reset).
+  CommCounters take_counters();
+
+ private:
+  Pending launch(const std::string& op, const std::string& what, const at::Tensor& t);
+  void started(Pending& p);   // records completion time when the backend reports it
+  [[noreturn]] void fail(const Pending& p, const std::string& cause);
+
+  std::string name_;
+  std::vector<int64_t> ranks_;
+  int64_t index_ = 0;
+  std::unique_ptr<BackendHandle> backend_;
+  std::shared_ptr<Roster> roster_;
+  std::chrono::milliseconds timeout_{0};
+  std::shared_ptr<struct CounterBox> counters_;
+};
+
+}  // namespace colossal::dist

@@ -1,0 +1,131 @@
+// Roster: see roster.h.
+#include "src/dist/roster.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "src/dist/backend.h"
+
+namespace colossal::dist {
+namespace {
+
+constexpr auto kHeartbeat = std::chrono::milliseconds(200);
+std::string progress_key(int64_t rank) { return "colossal/progress/" + std::to_string(rank); }
+
+// "dp=41;world=3" <-> map
+std::string encode(const std::map<std::string, int64_t>& counts) {
+  std::string s;
+  for (const auto& [g, n] : counts) s += (s.empty() ? "" : ";") + g + "=" + std::to_string(n);
+  return s;
+}
+int64_t count_in(const std::string& encoded, const std::string& group) {
+  size_t at = 0;
+  while (at < encoded.size()) {
+    size_t end = encoded.find(';', at);
+    if (end == std::string::npos) end = encoded.size();
+    const std::string item = encoded.substr(at, end - at);
+    const size_t eq = item.find('=');
+    if (eq != std::string::npos && item.substr(0, eq) == group) return std::stoll(item.substr(eq + 1));
+    at = end + 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+struct Roster::Impl {
+  std::shared_ptr<StoreHandle> store;        // for queries after a failure
+  c10::intrusive_ptr<c10d::Store> publisher;  // the heartbeat's own connection
+  c10::intrusive_ptr<c10d::Store> query;      // for laggards(): its own connection with a short timeout,
+                                              // so a frozen store host cannot hold an error back
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::string, int64_t> counts;
+  bool changed = true, stop = false;
+  std::thread thread;
+};
+
+Roster::Roster(std::shared_ptr<StoreHandle> store, int64_t rank, std::vector<std::string> hosts)
+    : impl_(std::make_unique<Impl>()), rank_(rank), hosts_(std::move(hosts)) {
+  impl_->store = std::move(store);
+  if (!impl_->store) return;
+  try {
+    impl_->publisher = impl_->store->store->clone();
+    impl_->query = impl_->store->store->clone();
+    impl_->query->setTimeout(std::chrono::seconds(3));
+  } catch (const std::exception&) {
+    impl_->publisher = impl_->store->store;   // a store that cannot clone shares its connection
+    impl_->query = impl_->store->store;
+  }
+  impl_->thread = std::thread([this] { heartbeat(); });
+}
+
+Roster::~Roster() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+std::string Roster::who(int64_t rank) const {
+  if (rank < 0 || rank >= world()) return "rank " + std::to_string(rank);
+  return "rank " + std::to_string(rank) + " (node " + hosts_[static_cast<size_t>(rank)] + ")";
+}
+
+int64_t Roster::enter(const std::string& group) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->changed = true;
+  return ++impl_->counts[group];
+}
+
+void Roster::heartbeat() {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  while (!impl_->stop) {
+    if (impl_->changed) {
+      const std::string value = encode(impl_->counts);
+      impl_->changed = false;
+      lock.unlock();
+      try {
+        impl_->publisher->set(progress_key(rank_), std::vector<uint8_t>(value.begin(), value.end()));
+      } catch (const std::exception&) {
+        // The store's host (rank 0 or the launcher) is gone; the collectives report that themselves.
+      }
+      lock.lock();
+    }
+    impl_->cv.wait_for(lock, kHeartbeat, [&] { return impl_->stop; });
+  }
+}
+
+std::vector<int64_t> Roster::laggards(const std::string& group, const std::vector<int64_t>& ranks, int64_t n,
+                                      std::string* detail) {
+  std::vector<int64_t> behind;
+  if (!impl_->store) return behind;
+  std::string text;
+  for (int64_t r : ranks) {
+    if (r == rank_) continue;
+    int64_t reached = 0;
+    try {
+      const std::string key = progress_key(r);
+      if (impl_->query->check({key})) {
+        auto bytes = impl_->query->get(key);
+        reached = count_in(std::string(bytes.begin(), bytes.end()), group);
+      }
+    } catch (const std::exception&) {
+      return {};   // the store is unreachable: nothing can be said about the others
+    }
+    if (reached < n) {
+      behind.push_back(r);
+      text += (text.empty() ? "" : ", ") + who(r) + " (at " + group + " #" + std::to_string(reached) + ")";
+    }
+  }
+  if (detail) *detail = text;
+  return behind;
+}
+
+}  // namespace colossal::dist

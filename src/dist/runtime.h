@@ -1,0 +1,63 @@
+// Runtime: this process's place in the job. Joins the rendezvous (c10d's TCPStore, hosted by rank 0),
+// learns every rank's host, and builds the process groups of the device mesh once (world, and one per
+// mesh dimension larger than 1, always in the same order on every rank so that no two ranks wait on
+// each other's groups). A job of one process opens no socket at all; its groups are size-1 no-ops.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/dist/group.h"
+#include "src/dist/launch_env.h"
+#include "src/dist/mesh.h"
+
+namespace colossal::dist {
+
+class Roster;
+
+struct JoinOptions {
+  double timeout_s = 300;          // rendezvous and every collective
+  std::string iface;               // Gloo's network interface; "" = GLOO_SOCKET_IFNAME, else the route to the master
+  std::string backend = "auto";    // auto | gloo | nccl
+  bool cuda = false;               // parameters live on a GPU (auto picks NCCL)
+};
+
+class Runtime {
+ public:
+  // Throws Error naming the rank, the master and what to check when the rendezvous fails (busy port,
+  // unreachable master, a rank that never joins, a world size or rank given twice).
+  static std::unique_ptr<Runtime> join(const WorkerEnv& env, const MeshShape& shape, const JoinOptions& options);
+  ~Runtime();
+
+  int64_t rank() const { return env_.rank; }
+  int64_t world() const { return env_.world; }
+  int64_t local_rank() const { return env_.local_rank; }
+  bool is_root() const { return env_.rank == 0; }
+  const WorkerEnv& env() const { return env_; }
+  const std::string& host() const;
+  std::string who(int64_t rank) const;   // "rank 3 (node gpu02)"
+  const MeshLayout& mesh() const { return mesh_; }
+  const std::string& backend_name() const { return backend_name_; }
+
+  Group& world_group() { return *world_; }
+  Group& group(Dim d) { return *groups_[static_cast<size_t>(d)]; }
+
+  // Counters of every group since the last take (then reset).
+  CommCounters take_counters();
+
+ private:
+  Runtime(WorkerEnv env, MeshShape shape) : env_(std::move(env)), mesh_(shape) {}
+  WorkerEnv env_;
+  MeshLayout mesh_;
+  std::string backend_name_ = "none";
+  std::shared_ptr<Roster> roster_;
+  std::shared_ptr<Group> world_;
+  std::vector<std::shared_ptr<Group>> groups_;   // indexed by Dim
+};
+
+// The number of intra-op threads a worker should use (launch_env.h's rule applied to this machine:
+// SLURM_CPUS_PER_TASK, the affinity mask, or the node's cores over the local ranks).
+int64_t threads_for_worker(const WorkerEnv& env);
+
+}  // namespace colossal::dist

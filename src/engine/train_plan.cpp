@@ -1,0 +1,211 @@
+// Building a training run: see train_plan.h. The steps below run in this order on every rank.
+#include "src/engine/train_plan.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <spdlog/spdlog.h>
+
+#include "src/core/device.h"
+#include "src/core/error.h"
+#include "src/core/log.h"
+#include "src/core/text.h"
+#include "src/data/loader.h"
+#include "src/data/prepare.h"
+#include "src/data/token_dataset.h"
+#include "src/dist/launch_env.h"
+#include "src/engine/model_registry.h"
+#include "src/io/atomic_dir.h"
+#include "src/nn/kernel_choice.h"
+
+namespace fs = std::filesystem;
+
+namespace colossal {
+namespace {
+
+// Finetuning keeps the checkpoint's architecture; a recipe that names a different shape is an error.
+ModelConfig finetune_model_config(const Recipe& r, const ModelConfig& from_ckpt, const std::string& ckpt) {
+  ModelConfig m = from_ckpt;
+  auto check = [&](const char* key, int64_t recipe_value, int64_t ckpt_value) {
+    if (r.locations.count(std::string("model.") + key) && recipe_value != ckpt_value)
+      throw RecipeError(r.where(std::string("model.") + key),
+                        "= " + std::to_string(recipe_value) + " but checkpoint " + ckpt + " has " + std::to_string(ckpt_value) +
+                            " (finetuning keeps the checkpoint's architecture; remove the key)");
+  };
+  check("n_layer", r.model.n_layer, m.n_layer);
+  check("n_head", r.model.n_head, m.n_head);
+  check("n_embd", r.model.n_embd, m.n_embd);
+  check("block_size", r.model.block_size, m.block_size);
+  check("vocab_size", r.model.vocab_size, m.vocab_size);
+  m.dropout = r.model.dropout;
+  return m;
+}
+
+}  // namespace
+
+// Dimensions whose layers are not built yet are refused here, by name, rather than run as something else.
+void check_parallel_recipe(const Recipe& r, int64_t world) {
+  dist::resolve_mesh(r, world);
+  for (const auto& [key, size] : {std::pair<const char*, int64_t>{"tensor", r.parallel.tensor}, {"pipeline", r.parallel.pipeline},
+                                  {"sequence", r.parallel.sequence}})
+    if (size > 1)
+      throw Error(r.where(std::string("parallel.") + key) + " = " + std::to_string(size) + ": " + key + " parallelism is not built yet (valid today: 1; data "
+                        "parallelism uses every rank with data = \"auto\")");
+}
+
+namespace {
+
+// Step 1: the job. Threads first (before any ATen work starts its pool), then the rendezvous.
+std::unique_ptr<dist::Runtime> join_job(const Recipe& r, const TrainOptions& opt, const c10::Device& device) {
+  const dist::WorkerEnv env = dist::worker_env(dist::process_env());
+  check_parallel_recipe(r, env.world);
+  const dist::MeshShape shape = dist::resolve_mesh(r, env.world);
+  if (!std::getenv("OMP_NUM_THREADS") && device.is_cpu()) at::set_num_threads(static_cast<int>(dist::threads_for_worker(env)));
+  set_log_rank(env.rank, env.world);
+  dist::JoinOptions jo;
+  jo.timeout_s = r.parallel.timeout_s;
+  jo.iface = opt.iface;
+  jo.backend = r.parallel.backend;
+  jo.cuda = device.is_cuda();
+  if (r.parallel.backend == "nccl" && !device.is_cuda())
+    throw Error(r.where("parallel.backend") + " = \"nccl\" needs train.device = \"cuda\" (NCCL reduces GPU tensors; use \"gloo\" on CPU)");
+  auto rt = dist::Runtime::join(env, shape, jo);
+  if (rt->world() > 1)
+    spdlog::info("joined as {} of {} ({} launch, {} backend, mesh {}, {} thread(s) per rank)", rt->who(rt->rank()),
+                 rt->world(), env.source, rt->backend_name(), shape.describe(), at::get_num_threads());
+  return rt;
+}
+
+// Step 2: data. Rank 0 builds a missing tokenizer or dataset while the others wait, then all read it.
+void load_data(TrainPlan& p) {
+  const Recipe& r = p.recipe;
+  const bool finetune = p.options.finetune;
+  if (p.is_root()) ensure_data(r, finetune ? p.tokenizer_path : "");
+  p.runtime->world_group().barrier("waiting for rank 0 to prepare the data");
+  p.tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(p.tokenizer_path));
+  p.train_tokens = std::make_shared<const std::vector<int32_t>>(read_token_split(r.data.dataset, "train").tokens);
+  const auto val = read_token_split(r.data.dataset, "val");
+  p.val_tokens = static_cast<int64_t>(val.tokens.size());
+  p.eval_set = eval_batches(val.tokens, r.train.batch_size, r.train.seq_len, r.train.eval_batches, p.dp_rank, p.dp_size);
+  if (p.eval_set.empty() && p.is_root())
+    spdlog::warn("held-out split ({} tokens) is too small for one eval batch per rank; eval loss is skipped", val.tokens.size());
+}
+
+// Step 3: the model, built from the seed on every rank (so every rank holds the same initial weights)
+// and placed on the device.
+void build_model_weights(TrainPlan& p, const std::string& init_ckpt) {
+  const Recipe& r = p.recipe;
+  nn::set_kernel_policy({nn::parse_kernel_path(r.kernels.attention), nn::parse_kernel_path(r.kernels.gelu),
+                         nn::parse_kernel_path(r.kernels.gemv), nn::parse_kernel_path(r.kernels.layer_norm),
+                         nn::parse_kernel_path(r.kernels.gemm)});
+  at::manual_seed(static_cast<uint64_t>(r.train.seed));
+  nn::LayerFactory factory;   // parallel layout: tensor-parallel layers come from the factory here
+  p.model = build_model(r.model, factory);
+  p.model->to(p.device);
+  if (!init_ckpt.empty()) {
+    load_model_state(*p.model, load_safetensors((fs::path(init_ckpt) / "model.safetensors").string()), init_ckpt);
+    spdlog::info("initialised from {}", init_ckpt);
+  }
+  p.model->train();
+}
+
+// Step 4: memory layout (flat buffers; ZeRO/Gemini shard or place them here) and data parallelism
+// over the flat gradient buffers.
+void apply_data_parallel(TrainPlan& p) {
+  p.flat = std::make_unique<optim::FlatParams>(*p.model, p.recipe.optim.weight_decay);
+  std::map<std::string, at::Tensor> by_name;
+  for (const auto& item : p.model->named_parameters()) by_name[item.key()] = item.value();
+  std::vector<parallel::GradBuffer> buffers;
+  std::vector<at::Tensor> params;
+  for (const auto& g : p.flat->groups()) {
+    parallel::GradBuffer b{g.grads, {}};
+    for (const auto& s : g.segments) b.slices.push_back({by_name.at(s.name), s.offset, s.numel});
+    buffers.push_back(std::move(b));
+    params.push_back(g.params);
+  }
+  const auto bucket_bytes = static_cast<int64_t>(p.recipe.parallel.bucket_mb * 1024 * 1024);
+  p.data_parallel = std::make_unique<parallel::DataParallel>(std::move(buffers), p.runtime->group(dist::Dim::dp), bucket_bytes);
+  p.data_parallel->broadcast_from_root(params);
+  if (p.dp_size > 1)
+    spdlog::info("data parallel over {} ranks: {} gradient bucket(s) of up to {} MB", p.dp_size,
+                 p.data_parallel->bucket_count(), format_number(p.recipe.parallel.bucket_mb));
+}
+
+// Step 5: the resumed state (weights, moments, RNG, data position), the same on every rank.
+void resume(TrainPlan& p) {
+  const Recipe& r = p.recipe;
+  const TrainOptions& opt = p.options;
+  const std::string from = resolve_checkpoint(opt.resume_from.empty() ? r.checkpoint.dir : opt.resume_from);
+  auto info = read_checkpoint_info(from);
+  if (!info.has_state)
+    throw Error("checkpoint " + from + ": trainer_state.json is missing, so the step, data position and schedule "
+                "cannot be resumed (to start a new run from these weights use `colossal finetune`)");
+  const ModelConfig& m = r.model;
+  if (info.model.n_layer != m.n_layer || info.model.n_head != m.n_head || info.model.n_embd != m.n_embd ||
+      info.model.vocab_size != m.vocab_size || info.model.block_size != m.block_size)
+    throw Error("checkpoint " + from + " holds a different model than the recipe (resume needs the same [model])");
+  if (info.tokenizer_bytes != p.tokenizer->model_bytes())
+    throw Error("checkpoint " + from + " was trained with a different tokenizer than " + p.tokenizer_path);
+  load_model_state(*p.model, load_safetensors((fs::path(from) / "model.safetensors").string()), from);
+  load_optimizer_state(*p.model, *p.flat, *p.optimizer, from);   // also restores the RNG state
+  p.state = info.state;
+  if (p.state.legacy_batches >= 0) p.state.samples_seen = p.state.legacy_batches * r.train.batch_size;   // one process then
+  nn::restore_kernel_choices(p.state.kernel_choices);
+  spdlog::info("resumed from {} at step {} ({} samples seen{})", from, p.state.step, p.state.samples_seen,
+               p.state.world_size != p.dp_size ? ", saved by " + std::to_string(p.state.world_size) + " rank(s), now " +
+                                                     std::to_string(p.dp_size)
+                                               : std::string());
+}
+
+}  // namespace
+
+Recipe effective_recipe(const Recipe& r, const TrainOptions& opt, std::string* tokenizer_path) {
+  Recipe effective = r;
+  *tokenizer_path = r.data.tokenizer;
+  if (opt.finetune) {
+    if (r.finetune.from.empty())
+      throw RecipeError(r.where("finetune.from"), "is required by `colossal finetune` (the checkpoint to start from)");
+    const std::string init = resolve_checkpoint(r.finetune.from);
+    effective.model = finetune_model_config(r, read_checkpoint_info(init).model, init);
+    *tokenizer_path = (fs::path(init) / "tokenizer.model").string();
+  }
+  if (!opt.finetune && !r.sections.count("model"))
+    throw RecipeError(r.path, "has no [model] section (training from scratch needs one; see recipes/gpt-mini.toml)");
+  check_data_sources(effective, opt.finetune ? *tokenizer_path : "");
+  return effective;
+}
+
+std::unique_ptr<TrainPlan> build_plan(const Recipe& effective, const std::string& tokenizer_path, const TrainOptions& opt) {
+  auto p = std::make_unique<TrainPlan>();
+  p->recipe = effective;
+  p->options = opt;
+  p->tokenizer_path = tokenizer_path;
+  const Recipe& r = p->recipe;
+  p->device = resolve_device(r.train.device, r.where("train.device"));
+  if (p->device.is_cpu()) {   // refuse before allocating anything, with the dry run's estimate
+    const int64_t params = count_parameters(r.model);
+    require_host_memory(estimate_training_memory(r, params).total(),
+                        "training this " + human_count(static_cast<double>(params)) +
+                            "-parameter model (weights, gradients, AdamW state and one micro-batch's activations)");
+  }
+
+  p->runtime = join_job(r, opt, p->device);                       // 1. the job and its mesh
+  p->dp_rank = p->runtime->mesh().coordinate(p->runtime->rank(), dist::Dim::dp);
+  p->dp_size = p->runtime->mesh().shape().of(dist::Dim::dp);
+  if (p->is_root()) {
+    create_output_dir(r.output.dir, r.where("output.dir"));
+    set_log_file((fs::path(r.output.dir) / "train.log").string());
+    spdlog::info("colossal {} {} -> {}", opt.finetune ? "finetune" : "train", r.path, r.output.dir);
+  }
+  load_data(*p);                                                  // 2. data
+  build_model_weights(*p, opt.finetune ? resolve_checkpoint(r.finetune.from) : "");   // 3. model
+  apply_data_parallel(*p);                                        // 4. memory layout + data parallelism
+  p->optimizer = std::make_unique<optim::AdamW>(*p->flat, optim::AdamWOptions{r.optim.betas[0], r.optim.betas[1], r.optim.eps});
+  if (opt.resume) resume(*p);                                     // 5. state
+  if (p->is_root()) create_output_dir(r.checkpoint.dir, r.where("checkpoint.dir"));   // now, not at the first save
+  return p;
+}
+
+}  // namespace colossal

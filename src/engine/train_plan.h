@@ -1,0 +1,62 @@
+// TrainPlan: everything a training run is made of, built once and in a fixed order before the loop
+// runs (torchtitan's trainer shape): the job's ranks and mesh, the data, the model, the parallel
+// wrappers, the optimizer and the resumed state. Each later capability plugs in at one named step of
+// build_plan (ZeRO and Gemini at "memory", tensor and pipeline parallelism at "parallel layout") rather
+// than growing the loop.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/core/recipe.h"
+#include "src/data/tokenizer.h"
+#include "src/dist/runtime.h"
+#include "src/engine/checkpoint.h"
+#include "src/engine/trainer.h"
+#include "src/nn/causal_lm.h"
+#include "src/optim/adamw.h"
+#include "src/optim/flat_params.h"
+#include "src/parallel/data_parallel.h"
+
+namespace colossal {
+
+struct TrainPlan {
+  Recipe recipe;                 // as trained: [model] from the checkpoint when finetuning
+  TrainOptions options;
+  c10::Device device{c10::kCPU};
+  std::unique_ptr<dist::Runtime> runtime;
+  int64_t dp_rank = 0, dp_size = 1;
+
+  std::string tokenizer_path;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::shared_ptr<const std::vector<int32_t>> train_tokens;
+  std::vector<at::Tensor> eval_set;   // this rank's share of the held-out batches
+  int64_t val_tokens = 0;
+
+  std::shared_ptr<nn::CausalLM> model;
+  std::unique_ptr<optim::FlatParams> flat;
+  std::unique_ptr<parallel::DataParallel> data_parallel;
+  std::unique_ptr<optim::AdamW> optimizer;
+  TrainerState state;             // step 0, or the checkpoint's when resuming
+
+  bool is_root() const { return runtime->is_root(); }
+  int64_t tokens_per_step() const {
+    return recipe.train.batch_size * recipe.train.seq_len * recipe.train.grad_accum * dp_size;
+  }
+};
+
+// The recipe as training will run it (finetuning takes [model] from the checkpoint) and validated
+// against the data; no rank joins, nothing is allocated. Also used by --dry-run.
+Recipe effective_recipe(const Recipe& recipe, const TrainOptions& options, std::string* tokenizer_path);
+
+// The recipe's [parallel] against a world of `world` ranks: mesh sizes, and no dimension whose layers
+// are not built yet. The launcher calls it before starting any worker. Throws Error at the recipe key.
+void check_parallel_recipe(const Recipe& recipe, int64_t world);
+
+// Builds the plan: joins the job, prepares data (rank 0 first), builds and places the model, applies
+// data parallelism, the optimizer and the resumed state. Throws Error with a one-line message.
+std::unique_ptr<TrainPlan> build_plan(const Recipe& effective, const std::string& tokenizer_path, const TrainOptions& options);
+
+}  // namespace colossal

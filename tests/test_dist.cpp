@@ -1,0 +1,366 @@
+// Distributed runtime, in one process: each rank is a thread with its own rendezvous client, Gloo
+// process group and model, on 127.0.0.1 with a free port. Mesh arithmetic, the group wrapper's
+// collectives, counters and errors, rendezvous failures, and data-parallel gradients against one
+// process on the global batch.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "src/core/error.h"
+#include "src/core/recipe.h"
+#include "src/dist/mesh.h"
+#include "src/dist/runtime.h"
+#include "src/engine/model_registry.h"
+#include "src/nn/kernel_choice.h"
+#include "src/optim/flat_params.h"
+#include "src/parallel/data_parallel.h"
+
+using namespace colossal;
+using namespace colossal::dist;
+
+namespace {
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+WorkerEnv env_for(int64_t rank, int64_t world, int port) {
+  WorkerEnv e;
+  e.source = "torchrun";
+  e.rank = rank;
+  e.world = world;
+  e.local_rank = rank;
+  e.local_world = world;
+  e.master_addr = "127.0.0.1";
+  e.master_port = port;
+  return e;
+}
+
+MeshShape dp_mesh(int64_t world) {
+  MeshShape m;
+  m.size[static_cast<int>(Dim::dp)] = world;
+  return m;
+}
+
+// Runs fn(rank, runtime) on `world` threads; returns each rank's error message ("" = none).
+std::vector<std::string> run_ranks(int64_t world, const std::function<void(int64_t, Runtime&)>& fn, double timeout_s = 20,
+                                   MeshShape shape = {}) {
+  if (shape.world() == 1) shape = dp_mesh(world);
+  const int port = free_port();
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        JoinOptions o;
+        o.timeout_s = timeout_s;
+        auto rt = Runtime::join(env_for(r, world, port), shape, o);
+        fn(r, *rt);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+Recipe recipe_with(const std::string& parallel) {
+  return parse_recipe("[model]\nn_layer = 1\n[parallel]\n" + parallel, "r.toml");
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(Mesh, TensorIsInnermostThenSequenceDataAndPipeline) {
+  MeshShape s;
+  s.size = {2, 2, 1, 2};   // pp, dp, sp, tp
+  MeshLayout m(s);
+  EXPECT_EQ(m.group_ranks(0, Dim::tp), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(m.group_ranks(5, Dim::tp), (std::vector<int64_t>{4, 5}));
+  EXPECT_EQ(m.group_ranks(1, Dim::dp), (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(m.group_ranks(6, Dim::pp), (std::vector<int64_t>{2, 6}));
+  EXPECT_EQ(m.group_ranks(3, Dim::sp), (std::vector<int64_t>{3}));
+  EXPECT_EQ(m.coordinate(7, Dim::pp), 1);
+  EXPECT_EQ(m.coordinate(6, Dim::dp), 1);
+  EXPECT_EQ(m.coordinate(6, Dim::tp), 0);
+  // Group indices number each dimension's groups 0..world/size-1 without gaps.
+  for (Dim d : kDims) {
+    std::set<int64_t> idx;
+    for (int64_t r = 0; r < 8; ++r) {
+      idx.insert(m.group_index(r, d));
+      for (int64_t peer : m.group_ranks(r, d)) EXPECT_EQ(m.group_index(peer, d), m.group_index(r, d));
+    }
+    EXPECT_EQ(static_cast<int64_t>(idx.size()), 8 / s.of(d));
+  }
+}
+
+TEST(Mesh, DataAutoTakesWhatTheOtherDimensionsLeave) {
+  EXPECT_EQ(resolve_mesh(recipe_with("data = \"auto\"\n"), 4).of(Dim::dp), 4);
+  EXPECT_EQ(resolve_mesh(recipe_with("tensor = 2\n"), 8).of(Dim::dp), 4);
+  EXPECT_EQ(resolve_mesh(recipe_with("data = 2\ntensor = 2\n"), 4).describe(), "dp=2 pp=1 tp=2 sp=1");
+}
+
+TEST(Mesh, SizesWhoseProductIsNotTheWorldAreRejectedAtTheirKey) {
+  EXPECT_NE(error_of([] { resolve_mesh(recipe_with("data = 3\n"), 4); }).find("r.toml:4: [parallel] data = 3"), std::string::npos)
+      << error_of([] { resolve_mesh(recipe_with("data = 3\n"), 4); });
+  EXPECT_NE(error_of([] { resolve_mesh(recipe_with("data = 3\n"), 4); }).find("set data = 4 or \"auto\""), std::string::npos);
+  EXPECT_NE(error_of([] { resolve_mesh(recipe_with("tensor = 3\n"), 4); }).find("does not divide the world of 4"), std::string::npos);
+  EXPECT_NE(error_of([] { recipe_with("data = \"all\"\n"); }).find("is not an integer or \"auto\""), std::string::npos);
+  EXPECT_NE(error_of([] { recipe_with("data = 0\n"); }).find("out of range"), std::string::npos);
+}
+
+TEST(Group, AllReduceBroadcastAndBarrierAcrossFourRanksWithCounters) {
+  auto errors = run_ranks(4, [](int64_t rank, Runtime& rt) {
+    Group& g = rt.group(Dim::dp);
+    at::Tensor t = at::full({1000}, static_cast<float>(rank + 1));
+    g.all_reduce(t, Reduce::sum, "test");
+    EXPECT_TRUE(at::all(t == 10.0f).item<bool>());
+    at::Tensor m = at::full({3}, static_cast<double>(rank));
+    g.all_reduce(m, Reduce::max, "test max");
+    EXPECT_EQ(m[0].item<double>(), 3.0);
+    at::Tensor b = at::full({5}, rank == 2 ? 7.0f : 0.0f);
+    g.broadcast(b, 2, "test broadcast");
+    EXPECT_TRUE(at::all(b == 7.0f).item<bool>());
+    auto p = g.all_reduce_async(at::ones({8}), "async");
+    g.wait(p);
+    g.barrier("end");
+    const CommCounters c = g.take_counters();
+    EXPECT_EQ(c.calls, 5);
+    EXPECT_EQ(c.bytes, 4000 + 12 + 20 + 32 + 4);   // at::full makes floats
+    EXPECT_EQ(g.take_counters().calls, 0);   // taking resets
+  });
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+TEST(Group, AHungRankIsNamedByTheRanksThatTimedOutWaitingForIt) {
+  auto errors = run_ranks(
+      3,
+      [](int64_t rank, Runtime& rt) {
+        Group& g = rt.group(Dim::dp);
+        at::Tensor t = at::ones({4});
+        g.all_reduce(t, Reduce::sum, "warm-up");
+        if (rank == 1) {   // stops taking part, as a SIGSTOPped process would
+          std::this_thread::sleep_for(std::chrono::seconds(4));
+          return;
+        }
+        try {
+          g.all_reduce(t, Reduce::sum, "gradient bucket 0");
+        } catch (...) {
+          // Keep this rank's store and connections up while the other rank reports (rank 0 hosts the store).
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          throw;
+        }
+      },
+      /*timeout_s=*/2);
+  for (int r : {0, 2}) {
+    EXPECT_NE(errors[r].find("rank 1 (node "), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("stopped responding during all_reduce on group dp (gradient bucket 0) after 2 s"), std::string::npos)
+        << errors[r];
+    EXPECT_NE(errors[r].find("seen from rank " + std::to_string(r)), std::string::npos) << errors[r];
+  }
+}
+
+TEST(Rendezvous, ARankThatNeverJoinsIsNamedWithinTheTimeout) {
+  const int port = free_port();
+  const auto t0 = std::chrono::steady_clock::now();
+  JoinOptions o;
+  o.timeout_s = 1.5;
+  const std::string e = error_of([&] { Runtime::join(env_for(0, 3, port), dp_mesh(3), o); });
+  EXPECT_NE(e.find("ranks 1, 2 of 3 never joined within 1.5 s"), std::string::npos) << e;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+}
+
+TEST(Rendezvous, ABusyPortIsRejectedWithItsNumber) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  JoinOptions o;
+  o.timeout_s = 2;
+  const std::string e = error_of([&] { Runtime::join(env_for(0, 2, port), dp_mesh(2), o); });
+  close(fd);
+  EXPECT_NE(e.find("port " + std::to_string(port)), std::string::npos) << e;
+  EXPECT_NE(e.find("already in use"), std::string::npos) << e;
+}
+
+TEST(Rendezvous, AnUnreachableMasterIsReportedWithinTheTimeout) {
+  const int port = free_port();   // nobody listens there
+  JoinOptions o;
+  o.timeout_s = 2;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string e = error_of([&] { Runtime::join(env_for(1, 2, port), dp_mesh(2), o); });
+  EXPECT_NE(e.find("rank 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("cannot reach the master at 127.0.0.1:" + std::to_string(port)), std::string::npos) << e;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15.0);
+}
+
+TEST(Rendezvous, OneProcessOpensNoSocketAndItsGroupsDoNothing) {
+  auto rt = Runtime::join(WorkerEnv{}, MeshShape{}, JoinOptions{});
+  at::Tensor t = at::ones({3});
+  rt->group(Dim::dp).all_reduce(t);
+  rt->world_group().barrier("x");
+  EXPECT_TRUE(at::all(t == 1.0f).item<bool>());
+  EXPECT_EQ(rt->take_counters().calls, 0);
+  EXPECT_EQ(rt->backend_name(), "none");
+}
+
+// ---- data parallelism against one process -------------------------------------------------------
+
+namespace {
+
+ModelConfig tiny_model() {
+  ModelConfig m;
+  m.n_layer = 2;
+  m.n_head = 2;
+  m.n_embd = 32;   // multiples of 16: the dense layers write weight gradients straight into the buffer
+  m.block_size = 16;
+  m.vocab_size = 64;
+  return m;
+}
+
+struct Replica {
+  std::shared_ptr<nn::CausalLM> model;
+  std::unique_ptr<optim::FlatParams> flat;
+  std::vector<parallel::GradBuffer> buffers() {
+    std::map<std::string, at::Tensor> by_name;
+    for (const auto& item : model->named_parameters()) by_name[item.key()] = item.value();
+    std::vector<parallel::GradBuffer> out;
+    for (const auto& g : flat->groups()) {
+      parallel::GradBuffer b{g.grads, {}};
+      for (const auto& s : g.segments) b.slices.push_back({by_name.at(s.name), s.offset, s.numel});
+      out.push_back(std::move(b));
+    }
+    return out;
+  }
+};
+
+Replica make_replica() {
+  at::manual_seed(5);
+  nn::LayerFactory f;
+  Replica r;
+  r.model = build_model(tiny_model(), f);
+  r.model->train();
+  r.flat = std::make_unique<optim::FlatParams>(*r.model, 0.1);
+  return r;
+}
+
+// The global batch: [8, 17] tokens, fixed.
+at::Tensor global_batch(int64_t rows) {
+  at::manual_seed(11);
+  return at::randint(0, 64, {rows, 17}, at::kLong);
+}
+
+// Gradients of one process over the whole batch, in `micro` equal micro-batches.
+std::vector<at::Tensor> single_process_grads(int64_t micro) {
+  Replica r = make_replica();
+  auto batch = global_batch(8);
+  for (int64_t m = 0; m < micro; ++m) {
+    auto b = batch.narrow(0, m * 8 / micro, 8 / micro);
+    auto loss = r.model->loss(b.narrow(1, 0, 16), b.narrow(1, 1, 16)) / static_cast<double>(micro);
+    loss.backward();
+  }
+  std::vector<at::Tensor> out;
+  for (auto& g : r.flat->groups()) out.push_back(g.grads.clone());
+  return out;
+}
+
+double max_relative(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-30);
+}
+
+// Each rank takes its rows of every micro-batch (rank r of W: rows [r*B, (r+1)*B) of the micro-batch's
+// global rows, as the loader deals them) and reduces only on the last micro-batch.
+void check_data_parallel_matches_one_process(int64_t world, int64_t micro, int64_t bucket_bytes) {
+  nn::set_kernel_policy({nn::KernelPath::Ours, nn::KernelPath::Ours, nn::KernelPath::Ours, nn::KernelPath::Ours,
+                         nn::KernelPath::Ours});
+  const auto expected = single_process_grads(micro);
+  std::vector<Replica> replicas;
+  for (int64_t r = 0; r < world; ++r) replicas.push_back(make_replica());
+  const auto batch = global_batch(8);
+  std::vector<std::vector<at::Tensor>> got(static_cast<size_t>(world));
+  auto errors = run_ranks(world, [&](int64_t rank, Runtime& rt) {
+    Replica& rep = replicas[static_cast<size_t>(rank)];
+    parallel::DataParallel dp(rep.buffers(), rt.group(Dim::dp), bucket_bytes);
+    if (bucket_bytes <= 64) {
+      EXPECT_GT(dp.bucket_count(), 10);
+    }
+    const int64_t rows = 8 / micro / world;
+    for (int64_t m = 0; m < micro; ++m) {
+      dp.prepare(m == micro - 1);
+      auto b = batch.narrow(0, m * 8 / micro + rank * rows, rows);
+      auto loss = rep.model->loss(b.narrow(1, 0, 16), b.narrow(1, 1, 16)) / static_cast<double>(micro);
+      loss.backward();
+      if (m < micro - 1) {
+        EXPECT_EQ(rt.group(Dim::dp).take_counters().calls, 0) << "reduced on an accumulation step";
+      }
+    }
+    dp.finish();
+    EXPECT_EQ(rt.group(Dim::dp).take_counters().calls, dp.bucket_count());
+    for (auto& g : rep.flat->groups()) got[static_cast<size_t>(rank)].push_back(g.grads.clone());
+  });
+  for (size_t r = 0; r < errors.size(); ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  for (int64_t r = 0; r < world; ++r)
+    for (size_t g = 0; g < expected.size(); ++g) {
+      EXPECT_LT(max_relative(got[r][g], expected[g]), 1e-5) << "rank " << r << " group " << g;
+      EXPECT_TRUE(at::equal(got[r][g], got[0][g])) << "ranks disagree bitwise, group " << g;
+    }
+}
+
+}  // namespace
+
+TEST(DataParallel, TwoRanksEqualOneProcessOnTheGlobalBatch) { check_data_parallel_matches_one_process(2, 1, 25 << 20); }
+TEST(DataParallel, FourRanksWithTinyBucketsEqualOneProcess) { check_data_parallel_matches_one_process(4, 1, 1); }
+TEST(DataParallel, AccumulationReducesOnlyOnTheLastMicroBatch) { check_data_parallel_matches_one_process(2, 2, 4096); }
+
+TEST(DataParallel, BucketsAreContiguousRangesInReverseParameterOrder) {
+  Replica rep = make_replica();
+  auto bufs = rep.buffers();
+  const int64_t total = bufs[0].grads.numel();
+  auto errors = run_ranks(2, [&](int64_t rank, Runtime& rt) {
+    if (rank != 0) {
+      Replica other = make_replica();
+      parallel::DataParallel dp(other.buffers(), rt.group(Dim::dp), 4096);
+      return;
+    }
+    parallel::DataParallel dp(rep.buffers(), rt.group(Dim::dp), 4096);
+    auto ranges = dp.bucket_ranges(0);
+    ASSERT_FALSE(ranges.empty());
+    int64_t end = total;
+    for (auto [offset, numel] : ranges) {   // the first bucket holds the buffer's tail
+      EXPECT_EQ(offset + numel, end);
+      end = offset;
+    }
+    EXPECT_EQ(end, 0);
+  });
+  for (auto& e : errors) EXPECT_EQ(e, "");
+}

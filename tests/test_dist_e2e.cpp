@@ -1,0 +1,357 @@
+// Distributed training end to end: the colossal binary launching several workers on 127.0.0.1 (Gloo,
+// one thread each). Data parallelism against one process on the same global batch, resume across
+// data-parallel sizes, a killed and a hung rank ending the whole job, restarts, and launcher errors.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "src/io/safetensors.h"
+#include "tests/support/test_support.h"
+
+namespace fs = std::filesystem;
+using namespace colossal;
+using colossal::test::run_colossal;
+using colossal::test::TempDir;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A 2-layer width-32 GPT on the shared small corpus. Dropout 0 and pinned kernels, so that runs differ
+// only in how the batch is split across ranks. AdamW's eps is 1e-5: the attention key bias has a gradient
+// that is zero in exact arithmetic (softmax ignores a constant added to every key), so what it gets is
+// rounding noise, which Adam with eps 1e-8 scales up to full lr-sized steps; any change of summation order
+// (even gradient accumulation in one process) then moves it by 1e-4 of its norm. With eps above that
+// noise the comparison measures the reduction, not the noise.
+std::string write_recipe(const TempDir& dir, const std::string& name, const std::string& extra = "") {
+  const auto& c = colossal::test::small_corpus();
+  const std::string path = dir / (name + ".toml");
+  colossal::test::write_file(path, "name = \"" + name + "\"\n" + R"(
+[model]
+n_layer = 2
+n_head = 2
+n_embd = 32
+block_size = 32
+vocab_size = 512
+dropout = 0.0
+[data]
+tokenizer = ")" + c.tokenizer + R"("
+dataset = ")" + c.dataset + R"("
+prefetch = 2
+[train]
+batch_size = 8
+grad_accum = 1
+max_steps = 6
+eval_every = 0
+eval_batches = 2
+log_every = 1
+[optim]
+lr = 3e-3
+eps = 1e-5
+warmup_steps = 2
+decay_steps = 8
+[checkpoint]
+every = 0
+keep_last = 2
+[kernels]
+attention = "fused"
+gelu = "fused"
+layer_norm = "fused"
+gemm = "fused"
+[output]
+dir = ")" + (dir / name) + "\"\n" + extra);
+  return path;
+}
+
+std::map<std::string, at::Tensor> final_weights(const std::string& run_dir) {
+  std::ifstream latest(run_dir + "/checkpoints/latest");
+  std::string name;
+  latest >> name;
+  auto f = load_safetensors(run_dir + "/checkpoints/" + name + "/model.safetensors");
+  std::map<std::string, at::Tensor> out;
+  for (auto& t : f.tensors) out[t.name] = t.tensor;
+  return out;
+}
+
+// Largest relative difference ||a - b|| / ||b|| over the tensors. Per tensor, not per element: AdamW
+// divides each gradient by its own running magnitude, so an element whose gradient is ~0 moves by up to lr
+// on float rounding alone (summing a batch in two halves rounds differently from summing it whole).
+double max_relative_difference(const std::string& a_dir, const std::string& b_dir) {
+  auto a = final_weights(a_dir), b = final_weights(b_dir);
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (auto& [name, t] : b) {
+    if (!a.count(name)) {
+      ADD_FAILURE() << name << " missing";
+      continue;
+    }
+    const double scale = std::max(t.norm().item<double>(), 1e-30);
+    worst = std::max(worst, (a[name] - t).norm().item<double>() / scale);
+  }
+  return worst;
+}
+
+colossal::test::Run train(const std::string& recipe, const std::string& args) {
+  return run_colossal("train " + recipe + " -q " + args);
+}
+
+}  // namespace
+
+TEST(DistributedTraining, TwoAndFourRanksEqualOneProcessOnTheSameGlobalBatch) {
+  TempDir dir;
+  const std::string one = write_recipe(dir, "one");
+  ASSERT_EQ(train(one, "").exit_code, 0);
+  struct Case {
+    std::string name, extra;
+    int nproc;
+  };
+  for (const Case& c : {Case{"two", "[parallel]\ndata = 2\n", 2}, Case{"four", "", 4},
+                        Case{"tiny-buckets", "[parallel]\nbucket_mb = 0.0001\n", 2}}) {
+    const std::string batch = std::to_string(8 / c.nproc);
+    auto r = train(write_recipe(dir, c.name, c.extra), "--nproc-per-node " + std::to_string(c.nproc) + " --set train.batch_size=" + batch);
+    ASSERT_EQ(r.exit_code, 0) << c.name << ": " << r.output;
+    EXPECT_NE(r.output.find(std::to_string(c.nproc) + " ranks"), std::string::npos) << r.output;   // the summary says the world
+    EXPECT_LT(max_relative_difference(dir / c.name, dir / "one"), 1e-6) << c.name;
+    auto calls = colossal::test::metric_values(dir / (c.name + "/metrics.jsonl"), "comm_calls");
+    ASSERT_EQ(calls.size(), 6u);
+    EXPECT_GT(calls[0], 1);   // buckets + the step agreement
+  }
+}
+
+TEST(DistributedTraining, AccumulationAndActiveClippingStillEqualOneProcess) {
+  TempDir dir;
+  ASSERT_EQ(train(write_recipe(dir, "one"), "--set train.grad_accum=2 --set train.grad_clip=0.05").exit_code, 0);
+  auto r = train(write_recipe(dir, "two"), "--nproc-per-node 2 --set train.batch_size=4 --set train.grad_accum=2 --set train.grad_clip=0.05");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (double n : colossal::test::metric_values(dir / "one/metrics.jsonl", "grad_norm")) EXPECT_GT(n, 0.05);   // clipping acted
+  EXPECT_LT(max_relative_difference(dir / "two", dir / "one"), 1e-6);
+  // One reduction per step (its buckets) plus the agreement, never on the first micro-batch.
+  auto one_step = colossal::test::metric_values(dir / "two/metrics.jsonl", "comm_calls");
+  auto bucketed = colossal::test::metric_values(dir / "two/metrics.jsonl", "dp_allreduce_ms");
+  EXPECT_EQ(one_step.size(), 6u);
+  EXPECT_EQ(bucketed.size(), 6u);
+}
+
+TEST(DistributedTraining, ResumeAcrossDataParallelSizesContinuesTheSameRun) {
+  TempDir dir;
+  // Uninterrupted reference: 8 steps, one process.
+  ASSERT_EQ(train(write_recipe(dir, "ref"), "--set train.max_steps=8").exit_code, 0);
+  // dp=1 for 4 steps, then dp=2 to step 8.
+  const std::string a = write_recipe(dir, "a");
+  ASSERT_EQ(train(a, "--set train.max_steps=4").exit_code, 0);
+  auto r = train(a, "--nproc-per-node 2 --set train.batch_size=4 --set train.max_steps=8 --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(max_relative_difference(dir / "a", dir / "ref"), 1e-6);
+  // dp=2 for 4 steps, then dp=1 to step 8.
+  const std::string b = write_recipe(dir, "b");
+  ASSERT_EQ(train(b, "--nproc-per-node 2 --set train.batch_size=4 --set train.max_steps=4").exit_code, 0);
+  r = train(b, "--set train.max_steps=8 --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(max_relative_difference(dir / "b", dir / "ref"), 1e-6);
+}
+
+namespace {
+
+// Starts the launcher in the background; its output goes to `log`.
+pid_t start_launcher(const std::string& args, const std::string& log) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string cmd = "cd '" + colossal::test::source_dir() + "' && exec '" + colossal::test::binary_path() + "' " + args +
+                            " > '" + log + "' 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+// The worker of `rank` started by launcher `parent` (its environment says RANK=rank).
+pid_t worker_pid(pid_t parent, int rank) {
+  DIR* d = opendir("/proc");
+  pid_t found = -1;
+  while (dirent* e = readdir(d)) {
+    const pid_t pid = static_cast<pid_t>(atoi(e->d_name));
+    if (pid <= 0) continue;
+    std::ifstream stat("/proc/" + std::string(e->d_name) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    int ppid = 0;
+    char state;
+    sscanf(line.c_str() + close + 2, "%c %d", &state, &ppid);
+    if (ppid != parent) continue;
+    std::ifstream env("/proc/" + std::string(e->d_name) + "/environ");
+    std::string all((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
+    if (all.find(std::string("\0RANK=", 6) + std::to_string(rank) + '\0') != std::string::npos) found = pid;
+  }
+  closedir(d);
+  return found;
+}
+
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (int r = 0; r < 8; ++r)
+    if (pid_t p = worker_pid(parent, r); p > 0) out.push_back(p);
+  return out;
+}
+
+// Running or stopped; a zombie (dead, not yet reaped by whoever inherited it) does not count.
+bool alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z' && line[close + 2] != 'X';
+}
+
+// Waits until the run's metrics reach `step` (or `limit_s` passes).
+bool wait_for_step(const std::string& metrics, int step, double limit_s) {
+  const auto t0 = Clock::now();
+  while (std::chrono::duration<double>(Clock::now() - t0).count() < limit_s) {
+    if (fs::exists(metrics) && static_cast<int>(colossal::test::metric_values(metrics, "loss").size()) >= step) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+// Waits for the launcher to end; returns its exit code (-1 on timeout, after killing it).
+int wait_launcher(pid_t pid, double limit_s, double* took) {
+  const auto t0 = Clock::now();
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::duration<double>(Clock::now() - t0).count() > limit_s) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  *took = std::chrono::duration<double>(Clock::now() - t0).count();
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+TEST(DistributedFaults, AKilledRankEndsTheWholeJobNamingItWithNoProcessLeft) {
+  TempDir dir;
+  const std::string recipe = write_recipe(dir, "kill", "");
+  const std::string log = dir / "launcher.log";
+  const pid_t launcher = start_launcher("train " + recipe + " -q --nproc-per-node 2 --set train.batch_size=4 --set train.max_steps=100000 "
+                                        "--set parallel.timeout_s=20", log);
+  ASSERT_TRUE(wait_for_step(dir / "kill/metrics.jsonl", 2, 120)) << colossal::test::read_file(log);
+  auto workers = children_of(launcher);
+  ASSERT_EQ(workers.size(), 2u);
+  const pid_t victim = worker_pid(launcher, 1);
+  kill(victim, SIGKILL);
+  double took = 0;
+  const int code = wait_launcher(launcher, 30, &took);
+  const std::string out = colossal::test::read_file(log);
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(code, -1) << "launcher did not end: " << out;
+  EXPECT_NE(out.find("error: rank 1 (node "), std::string::npos) << out;
+  EXPECT_NE(out.find("was killed by SIGKILL"), std::string::npos) << out;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (pid_t w : workers) EXPECT_FALSE(alive(w)) << "worker " << w << " outlived the job";
+}
+
+TEST(DistributedFaults, AHungRankEndsTheJobWithinTheTimeoutNamingIt) {
+  TempDir dir;
+  const std::string recipe = write_recipe(dir, "hang", "");
+  const std::string log = dir / "launcher.log";
+  const pid_t launcher = start_launcher("train " + recipe + " -q --nproc-per-node 2 --set train.batch_size=4 --set train.max_steps=100000 "
+                                        "--set parallel.timeout_s=3", log);
+  ASSERT_TRUE(wait_for_step(dir / "hang/metrics.jsonl", 2, 120)) << colossal::test::read_file(log);
+  auto workers = children_of(launcher);
+  ASSERT_EQ(workers.size(), 2u);
+  kill(worker_pid(launcher, 1), SIGSTOP);
+  double took = 0;
+  const int code = wait_launcher(launcher, 40, &took);
+  const std::string out = colossal::test::read_file(log);
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(code, -1) << "launcher did not end: " << out;
+  EXPECT_LT(took, 3 + 5 + 10) << "timeout 3 s + grace 5 s, with room for a loaded machine";
+  EXPECT_NE(out.find("rank 1 (node "), std::string::npos) << out;
+  EXPECT_NE(out.find("stopped"), std::string::npos) << out;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (pid_t w : workers) EXPECT_FALSE(alive(w)) << "worker " << w << " outlived the job";
+}
+
+TEST(DistributedFaults, KillingTheLauncherTakesItsWorkersWithIt) {
+  TempDir dir;
+  const std::string recipe = write_recipe(dir, "orphan", "");
+  const pid_t launcher = start_launcher("train " + recipe + " -q --nproc-per-node 2 --set train.batch_size=4 --set train.max_steps=100000",
+                                        dir / "launcher.log");
+  ASSERT_TRUE(wait_for_step(dir / "orphan/metrics.jsonl", 1, 120));
+  auto workers = children_of(launcher);
+  ASSERT_EQ(workers.size(), 2u);
+  kill(launcher, SIGKILL);
+  int status = 0;
+  waitpid(launcher, &status, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  for (pid_t w : workers) EXPECT_FALSE(alive(w)) << "worker " << w << " was orphaned";
+}
+
+TEST(DistributedFaults, MaxRestartsResumesAfterAKillAndEndsWhereAnUninterruptedRunEnds) {
+  TempDir dir;
+  const std::string opts = " --nproc-per-node 2 --set train.batch_size=4 --set train.max_steps=40 --set checkpoint.every=4";
+  ASSERT_EQ(train(write_recipe(dir, "clean"), opts).exit_code, 0);
+  const std::string recipe = write_recipe(dir, "restart");
+  const std::string log = dir / "launcher.log";
+  const pid_t launcher = start_launcher("train " + recipe + " -q --max-restarts 1" + opts, log);
+  ASSERT_TRUE(wait_for_step(dir / "restart/metrics.jsonl", 6, 120)) << colossal::test::read_file(log);
+  kill(worker_pid(launcher, 1), SIGKILL);
+  double took = 0;
+  const int code = wait_launcher(launcher, 240, &took);
+  const std::string out = colossal::test::read_file(log);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("was killed by SIGKILL"), std::string::npos) << out;
+  EXPECT_NE(out.find("restarting"), std::string::npos) << out;
+  EXPECT_EQ(max_relative_difference(dir / "restart", dir / "clean"), 0.0) << "a restart resumes bit-identically";
+}
+
+TEST(DistributedErrors, BadMeshSizesBusyPortsAndLauncherFlagsAreOneLineErrors) {
+  TempDir dir;
+  const std::string recipe = write_recipe(dir, "bad");
+  auto last_line = [](const std::string& out) {
+    std::string s = out;
+    while (!s.empty() && s.back() == '\n') s.pop_back();
+    return s.substr(s.rfind('\n') == std::string::npos ? 0 : s.rfind('\n') + 1);
+  };
+  auto r = train(recipe, "--nproc-per-node 2 --set parallel.data=3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(last_line(r.output).find("--set parallel.data = 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("set data = 2 or \"auto\""), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("rank 0"), std::string::npos) << "checked before any worker starts: " << r.output;
+  r = train(recipe, "--nproc-per-node 2 --set parallel.tensor=2 --set parallel.data=1");
+  EXPECT_NE(last_line(r.output).find("tensor parallelism is not built yet"), std::string::npos) << r.output;
+  r = train(recipe, "--nnodes 2");
+  EXPECT_NE(last_line(r.output).find("belong to the launcher"), std::string::npos) << r.output;
+  r = train(recipe, "--nproc-per-node 1 --nnodes 2");
+  EXPECT_NE(last_line(r.output).find("needs --master-addr"), std::string::npos) << r.output;
+  r = train(recipe, "--nproc-per-node 1 --nnodes 2 --node-rank 2 --master-addr 127.0.0.1");
+  EXPECT_NE(last_line(r.output).find("--node-rank 2 with --nnodes 2"), std::string::npos) << r.output;
+
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  socklen_t len = sizeof a;
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  listen(fd, 1);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  r = train(recipe, "--nproc-per-node 2 --master-port " + std::to_string(port) + " --set parallel.timeout_s=5");
+  close(fd);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("port " + std::to_string(port) + " on"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("already in use"), std::string::npos) << r.output;
+}
