@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <torch/cuda.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -363,4 +364,37 @@ TEST(DataParallel, BucketsAreContiguousRangesInReverseParameterOrder) {
     EXPECT_EQ(end, 0);
   });
   for (auto& e : errors) EXPECT_EQ(e, "");
+}
+
+// ---- a backend named explicitly runs even in a world of one (how NCCL is checked on one GPU) --------
+
+namespace {
+
+void check_world_of_one(const std::string& backend, const c10::Device& device) {
+  JoinOptions o;
+  o.backend = backend;
+  o.cuda = device.is_cuda();
+  auto rt = Runtime::join(WorkerEnv{}, MeshShape{}, o);
+  EXPECT_EQ(rt->backend_name(), backend);
+  at::Tensor t = at::full({1000}, 3.0f, at::TensorOptions().device(device));
+  rt->group(Dim::dp).all_reduce(t, Reduce::sum, "one");
+  EXPECT_TRUE(at::all(t == 3.0f).item<bool>());
+  auto p = rt->group(Dim::dp).all_reduce_async(t, "async");
+  rt->group(Dim::dp).wait(p);
+  at::Tensor host = at::tensor({2.5, 1.0}, at::kDouble);   // staged through the device for NCCL
+  rt->world_group().all_reduce(host, Reduce::sum, "host scalars");
+  EXPECT_EQ(host[0].item<double>(), 2.5);
+  rt->world_group().barrier("end");
+  const CommCounters c = rt->take_counters();
+  EXPECT_GE(c.calls, 4);
+  EXPECT_GE(c.bytes, 8000);
+}
+
+}  // namespace
+
+TEST(WorldOfOne, AnExplicitGlooBackendRunsRealCollectives) { check_world_of_one("gloo", c10::kCPU); }
+
+TEST(WorldOfOne, AnExplicitNcclBackendRunsRealCollectivesOnTheGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU visible: NCCL is checked on the GPU machine (scripts/dev/gpu_check.sh)";
+  check_world_of_one("nccl", c10::Device(c10::kCUDA, 0));
 }

@@ -98,4 +98,4 @@ print(f"gpt-{shape} T={T} B={B}/worker, 1 thread/worker | colossal 1 worker {c1:
       f" | torch 1 process {t1:.0f} tok/s | torch DDP 2 workers {t2:.0f} tok/s {tm2:.0f} MB/worker (DDP scaling {t2 / t1:.2f}x)"
       f" | colossal/DDP {c2 / t2:.2f}x tok/s, mem {m2 / tm2:.2f}x")
 PYEOF
-echo "machine: $(bash scripts/bench/cpu_line.sh), $(nproc) cores, torch $("$PY" -c 'import torch; print(torch.__version__)'), $(date +%F), $COMMAND, median of $repeat alternating rounds"
+echo "machine: $(bash scripts/bench/cpu_line.sh), $(OMP_NUM_THREADS= nproc) cores, torch $("$PY" -c 'import torch; print(torch.__version__)'), $(date +%F), $COMMAND, median of $repeat alternating rounds"

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 
 DEV_PACKAGES=(libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
               libhdf5-dev libhdf5-103-1 libhdf5-hl-100 libaec0 libaec-dev libsz2 libsentencepiece-dev libsentencepiece0
-              libprotobuf-lite32 libgtest-dev libgmock-dev)
+              libprotobuf-lite32 libgtest-dev libgmock-dev libgloo-dev)
 # libhdf5 needs libcurl; these are linked in only where the GPU machine lacks them (see below).
 RUNTIME_PACKAGES=(libcurl4 libbrotli1 libcom-err2 libgssapi-krb5-2 libk5crypto3 libkrb5-3 libkrb5support0 libldap-2.5-0
                   libnghttp2-14 libpsl5 librtmp1 libsasl2-2 libsasl2-modules-db libssh2-1 libgnutls30 libnettle8
@@ -77,6 +77,13 @@ for dev in cuda cpu; do
   tail -n 2 "$out/train-$dev.log"
   cp "/tmp/gpu_check-$dev/summary.json" "$out/summary-$dev.json" 2>/dev/null
 done
+# The trainer with NCCL named explicitly: a world of one still runs real NCCL collectives (gradient
+# buckets, the step agreement, barriers), and must land on the loss of the plain GPU run above.
+step "train gpt-tiny on cuda with parallel.backend = nccl (world of one)"
+"$build/colossal" train recipes/gpt-tiny.toml --set train.device=cuda --set 'parallel.backend="nccl"' \
+  --set output.dir=/tmp/gpu_check-nccl --quiet >"$out/train-nccl.log" 2>&1
+tail -n 2 "$out/train-nccl.log"
+cp /tmp/gpu_check-nccl/summary.json "$out/summary-nccl.json" 2>/dev/null
 step "infer on cuda"
 "$build/colossal" infer /tmp/gpu_check-cuda -p "And God said" -n 40 --seed 5 --top-k 20 --device cuda -q 2>&1 | tee "$out/infer-cuda.txt"
 echo

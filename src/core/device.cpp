@@ -29,6 +29,8 @@ c10::Device resolve_device(const std::string& spec, const std::string& where) {
   throw RecipeError(where, "device = \"" + spec + "\" is not one of auto | cpu | cuda");
 }
 
+int64_t cuda_device_count() { return torch::cuda::is_available() ? static_cast<int64_t>(torch::cuda::device_count()) : 0; }
+
 std::string describe_device(const c10::Device& device) {
   if (device.is_cpu()) return "cpu (" + std::to_string(at::get_num_threads()) + " threads)";
   return device.str();

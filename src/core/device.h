@@ -3,6 +3,7 @@
 #pragma once
 #include <c10/core/Device.h>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace colossal {
@@ -10,7 +11,8 @@ namespace colossal {
 // "auto" -> CUDA when LibTorch has it and a GPU is visible, else CPU; "cuda" without one is an error
 // naming `where` (the recipe key's location).
 c10::Device resolve_device(const std::string& spec, const std::string& where);
-std::string describe_device(const c10::Device& device);   // "cpu (2 threads)" or "cuda:0 (NVIDIA H100 ...)"
+std::string describe_device(const c10::Device& device);
+int64_t cuda_device_count();   // GPUs visible to this process (0 without CUDA)   // "cpu (2 threads)" or "cuda:0 (NVIDIA H100 ...)"
 
 size_t current_rss_bytes();
 size_t peak_rss_bytes();

@@ -70,10 +70,10 @@ struct Pending::State {
 Group::Group(std::string name) : name_(std::move(name)), ranks_{0}, counters_(std::make_shared<CounterBox>()) {}
 
 Group::Group(std::string name, std::vector<int64_t> ranks, int64_t index, std::unique_ptr<BackendHandle> backend,
-             std::shared_ptr<Roster> roster, std::chrono::milliseconds timeout)
+             std::shared_ptr<Roster> roster, std::chrono::milliseconds timeout, c10::Device comm_device)
     : name_(std::move(name)), ranks_(std::move(ranks)), index_(index), backend_(std::move(backend)),
-      roster_(std::move(roster)), timeout_(timeout), counters_(std::make_shared<CounterBox>()) {
-  if (ranks_.size() > 1 && ranks_.size() != static_cast<size_t>(backend_->pg->getSize()))
+      roster_(std::move(roster)), timeout_(timeout), comm_device_(comm_device), counters_(std::make_shared<CounterBox>()) {
+  if (ranks_.size() != static_cast<size_t>(backend_->pg->getSize()))
     throw Error("group " + name_ + ": backend has " + std::to_string(backend_->pg->getSize()) + " ranks, expected " +
                 std::to_string(ranks_.size()));
 }
@@ -147,7 +147,7 @@ void Group::wait(Pending& p) {
 }
 
 Pending Group::all_reduce_async(const at::Tensor& t, const std::string& what) {
-  if (size() == 1) return {};
+  if (!backend_) return {};
   Pending p = launch("all_reduce", what, t);
   std::vector<at::Tensor> v{t};
   try {
@@ -160,7 +160,13 @@ Pending Group::all_reduce_async(const at::Tensor& t, const std::string& what) {
 }
 
 void Group::all_reduce(at::Tensor& t, Reduce op, const std::string& what) {
-  if (size() == 1) return;
+  if (!backend_) return;
+  if (t.device() != comm_device_) {   // e.g. a host scalar on an NCCL group: reduce a device copy
+    at::Tensor staged = t.to(comm_device_);
+    all_reduce(staged, op, what);
+    t.copy_(staged);
+    return;
+  }
   Pending p = launch("all_reduce", what, t);
   std::vector<at::Tensor> v{t};
   c10d::AllreduceOptions o;
@@ -174,14 +180,20 @@ void Group::all_reduce(at::Tensor& t, Reduce op, const std::string& what) {
 }
 
 double Group::all_reduce(double value, Reduce op, const std::string& what) {
-  if (size() == 1) return value;
+  if (!backend_) return value;
   at::Tensor t = at::full({1}, value, at::kDouble);
   all_reduce(t, op, what);
   return t.item<double>();
 }
 
 void Group::broadcast(at::Tensor& t, int64_t root_index, const std::string& what) {
-  if (size() == 1) return;
+  if (!backend_) return;
+  if (t.device() != comm_device_) {
+    at::Tensor staged = t.to(comm_device_);
+    broadcast(staged, root_index, what);
+    t.copy_(staged);
+    return;
+  }
   Pending p = launch("broadcast", what, t);
   std::vector<at::Tensor> v{t};
   c10d::BroadcastOptions o;
@@ -195,10 +207,10 @@ void Group::broadcast(at::Tensor& t, int64_t root_index, const std::string& what
 }
 
 void Group::barrier(const std::string& what) {
-  if (size() == 1) return;
+  if (!backend_) return;
   // An all-reduce of one value rather than c10d's barrier: it honours the same timeout and reaches the
   // same error path on every backend.
-  at::Tensor t = at::zeros({1}, at::kFloat);
+  at::Tensor t = at::zeros({1}, at::TensorOptions(at::kFloat).device(comm_device_));
   all_reduce(t, Reduce::sum, what);
 }
 

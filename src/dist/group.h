@@ -4,9 +4,11 @@
 //  - a timeout on every collective, and errors that name this rank, the operation, the group and the
 //    rank(s) that never arrived (from the roster's progress counters), as one line;
 //  - per-step counters (calls, bytes, time busy, time the caller waited) for metrics.jsonl;
-//  - a size-1 group that does nothing, so callers never branch on "is this distributed".
+//  - a group without a backend (one process, or a mesh dimension of size 1) that does nothing, so
+//    callers never branch on "is this distributed".
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -42,11 +44,12 @@ class Pending {
 
 class Group {
  public:
-  // A group of one: collectives return at once and count nothing.
+  // A group of one without a backend: collectives return at once and count nothing.
   explicit Group(std::string name);
-  // `ranks` are world ranks in group order; this process is ranks[index].
+  // `ranks` are world ranks in group order; this process is ranks[index]. Tensors of blocking
+  // collectives that live elsewhere are staged through `comm_device` (NCCL reduces GPU memory only).
   Group(std::string name, std::vector<int64_t> ranks, int64_t index, std::unique_ptr<BackendHandle> backend,
-        std::shared_ptr<Roster> roster, std::chrono::milliseconds timeout);
+        std::shared_ptr<Roster> roster, std::chrono::milliseconds timeout, c10::Device comm_device = c10::kCPU);
   ~Group();
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
@@ -55,6 +58,7 @@ class Group {
   int64_t size() const { return static_cast<int64_t>(ranks_.size()); }
   int64_t rank() const { return index_; }               // within the group
   const std::vector<int64_t>& ranks() const { return ranks_; }
+  bool active() const { return backend_ != nullptr; }   // false: every collective is a no-op
 
   // Blocking collectives. `what` names the purpose in errors ("gradient bucket 3").
   void all_reduce(at::Tensor& t, Reduce op = Reduce::sum, const std::string& what = "");
@@ -80,6 +84,7 @@ class Group {
   std::unique_ptr<BackendHandle> backend_;
   std::shared_ptr<Roster> roster_;
   std::chrono::milliseconds timeout_{0};
+  c10::Device comm_device_{c10::kCPU};
   std::shared_ptr<struct CounterBox> counters_;
 };
 

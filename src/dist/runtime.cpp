@@ -12,6 +12,7 @@
 #include <cmath>
 #include <thread>
 #include <c10/util/Logging.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -174,7 +175,7 @@ std::unique_ptr<Runtime> Runtime::join(const WorkerEnv& env, const MeshShape& sh
                 std::to_string(env.world));
   std::unique_ptr<Runtime> rt(new Runtime(env, shape));
   rt->groups_.resize(kDims.size());
-  if (env.world == 1) {
+  if (env.world == 1 && o.backend == "auto") {   // one process: no store, no sockets, no-op groups
     rt->roster_ = std::make_shared<Roster>(nullptr, 0, std::vector<std::string>{this_host()});
     rt->world_ = std::make_shared<Group>("world");
     for (Dim d : kDims) rt->groups_[static_cast<size_t>(d)] = std::make_shared<Group>(dim_name(d));
@@ -185,8 +186,13 @@ std::unique_ptr<Runtime> Runtime::join(const WorkerEnv& env, const MeshShape& sh
   // line that names the rank and what to check, so its own chatter is kept for TORCH_CPP_LOG_LEVEL users.
   if (!std::getenv("TORCH_CPP_LOG_LEVEL")) FLAGS_caffe2_log_level = 3;
   auto store = std::make_shared<StoreHandle>();
-  store->store = open_store(env, o.timeout_s);
-  auto hosts = join_ranks(*store->store, env, o.timeout_s);
+  std::vector<std::string> hosts{this_host()};
+  if (env.world == 1) {   // a backend named explicitly runs even alone (how NCCL is checked on one GPU)
+    store->store = c10::make_intrusive<c10d::HashStore>();
+  } else {
+    store->store = open_store(env, o.timeout_s);
+    hosts = join_ranks(*store->store, env, o.timeout_s);
+  }
   rt->roster_ = std::make_shared<Roster>(store, env.rank, hosts);
 
   const bool nccl = o.backend == "nccl" || (o.backend == "auto" && o.cuda);
@@ -219,12 +225,13 @@ std::unique_ptr<Runtime> Runtime::join(const WorkerEnv& env, const MeshShape& sh
   for (int64_t r = 0; r < env.world; ++r) all[static_cast<size_t>(r)] = r;
   auto world_backend = make("world", env.rank, env.world);
   auto world_pg = world_backend->pg;
-  rt->world_ = std::make_shared<Group>("world", all, env.rank, std::move(world_backend), rt->roster_, timeout);
+  const c10::Device comm_device = nccl ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(o.cuda_index)) : c10::Device(c10::kCPU);
+  rt->world_ = std::make_shared<Group>("world", all, env.rank, std::move(world_backend), rt->roster_, timeout, comm_device);
   for (Dim d : kDims) {   // the same order on every rank
     const std::string name = dim_name(d);
     auto ranks = rt->mesh_.group_ranks(env.rank, d);
     auto& slot = rt->groups_[static_cast<size_t>(d)];
-    if (ranks.size() == 1) {
+    if (ranks.size() == 1 && env.world > 1) {
       slot = std::make_shared<Group>(name);
       continue;
     }
@@ -236,7 +243,7 @@ std::unique_ptr<Runtime> Runtime::join(const WorkerEnv& env, const MeshShape& sh
     } else {
       h = make(name + "/" + std::to_string(rt->mesh_.group_index(env.rank, d)), index, static_cast<int64_t>(ranks.size()));
     }
-    slot = std::make_shared<Group>(name, ranks, index, std::move(h), rt->roster_, timeout);
+    slot = std::make_shared<Group>(name, ranks, index, std::move(h), rt->roster_, timeout, comm_device);
   }
   return rt;
 }

@@ -19,8 +19,9 @@ class Roster;
 struct JoinOptions {
   double timeout_s = 300;          // rendezvous and every collective
   std::string iface;               // Gloo's network interface; "" = GLOO_SOCKET_IFNAME, else the route to the master
-  std::string backend = "auto";    // auto | gloo | nccl
+  std::string backend = "auto";    // auto | gloo | nccl; named explicitly, it runs even in a world of one
   bool cuda = false;               // parameters live on a GPU (auto picks NCCL)
+  int cuda_index = 0;              // which GPU this rank uses
 };
 
 class Runtime {

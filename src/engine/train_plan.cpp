@@ -58,8 +58,10 @@ void check_parallel_recipe(const Recipe& r, int64_t world) {
 namespace {
 
 // Step 1: the job. Threads first (before any ATen work starts its pool), then the rendezvous.
-std::unique_ptr<dist::Runtime> join_job(const Recipe& r, const TrainOptions& opt, const c10::Device& device) {
+std::unique_ptr<dist::Runtime> join_job(const Recipe& r, const TrainOptions& opt, c10::Device& device) {
   const dist::WorkerEnv env = dist::worker_env(dist::process_env());
+  if (device.is_cuda() && env.local_world > 1)   // one GPU per local rank
+    device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % std::max<int64_t>(1, cuda_device_count())));
   check_parallel_recipe(r, env.world);
   const dist::MeshShape shape = dist::resolve_mesh(r, env.world);
   if (!std::getenv("OMP_NUM_THREADS") && device.is_cpu()) at::set_num_threads(static_cast<int>(dist::threads_for_worker(env)));
@@ -69,6 +71,7 @@ std::unique_ptr<dist::Runtime> join_job(const Recipe& r, const TrainOptions& opt
   jo.iface = opt.iface;
   jo.backend = r.parallel.backend;
   jo.cuda = device.is_cuda();
+  jo.cuda_index = device.is_cuda() && device.has_index() ? device.index() : 0;
   if (r.parallel.backend == "nccl" && !device.is_cuda())
     throw Error(r.where("parallel.backend") + " = \"nccl\" needs train.device = \"cuda\" (NCCL reduces GPU tensors; use \"gloo\" on CPU)");
   auto rt = dist::Runtime::join(env, shape, jo);

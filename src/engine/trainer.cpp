@@ -220,7 +220,7 @@ int run_loop(TrainPlan& p) {
     }
     nlohmann::json record = {{"step", state.step}, {"loss", loss_sum}, {"lr", lr}, {"grad_norm", grad_norm},
                              {"tokens_per_s", tps}, {"step_ms", step_s * 1e3}, {"mem_mb", static_cast<double>(mem) / 1048576.0}};
-    if (rt.world() > 1) {
+    if (rt.world_group().active()) {
       dist::CommCounters total = dp_comm;
       total += all_comm;
       record["comm_calls"] = total.calls;
@@ -269,7 +269,7 @@ int run_loop(TrainPlan& p) {
                             {"world_size", rt.world()},
                             {"wall_s", wall},
                             {"checkpoint", last_saved}};
-  if (rt.world() > 1 && dp_busy_s > 0) {
+  if (rt.world_group().active() && dp_busy_s > 0) {
     summary["dp_allreduce_s"] = dp_busy_s;
     summary["dp_exposed_s"] = dp_wait_s;
     summary["dp_hidden_fraction"] = std::max(0.0, 1.0 - dp_wait_s / dp_busy_s);

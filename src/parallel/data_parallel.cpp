@@ -35,7 +35,7 @@ struct DataParallel::Hooks {
 
 DataParallel::DataParallel(std::vector<GradBuffer> buffers, dist::Group& group, int64_t bucket_bytes)
     : buffers_(std::move(buffers)), group_(group), hooks_(std::make_unique<Hooks>()) {
-  if (group_.size() == 1) return;   // nothing to reduce: no buckets, no hooks
+  if (!group_.active()) return;   // nothing to reduce: no buckets, no hooks
   for (size_t bi = 0; bi < buffers_.size(); ++bi) {
     const auto& buf = buffers_[bi];
     const int64_t elem = static_cast<int64_t>(buf.grads.element_size());
@@ -90,7 +90,7 @@ std::vector<std::pair<int64_t, int64_t>> DataParallel::bucket_ranges(int64_t buf
 }
 
 void DataParallel::prepare(bool sync) {
-  sync_ = sync && group_.size() > 1;
+  sync_ = sync && group_.active();
   if (!sync_) return;
   for (auto& b : buckets_) {
     b.waiting = b.params;
