@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -142,6 +143,19 @@ TEST(DistributedTraining, AccumulationAndActiveClippingStillEqualOneProcess) {
   EXPECT_EQ(bucketed.size(), 6u);
 }
 
+TEST(DistributedTraining, WorkersStartedByTorchrunJoinWithoutFlags) {
+  const std::string torchrun = colossal::test::source_dir() + "/.venv/bin/torchrun";
+  if (!fs::exists(torchrun)) GTEST_SKIP() << "no " << torchrun << " (scripts/setup.sh installs the torch wheel that has it)";
+  TempDir dir;
+  ASSERT_EQ(train(write_recipe(dir, "one"), "").exit_code, 0);
+  const std::string cmd = "cd '" + colossal::test::source_dir() + "' && OMP_NUM_THREADS=1 '" + torchrun +
+                          "' --standalone --nproc-per-node 2 --no-python '" + colossal::test::binary_path() + "' train " +
+                          write_recipe(dir, "torchrun") + " -q --set train.batch_size=4 > '" + (dir / "torchrun.log") + "' 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << colossal::test::read_file(dir / "torchrun.log");
+  EXPECT_NE(colossal::test::read_file(dir / "torchrun.log").find("2 ranks"), std::string::npos);
+  EXPECT_LT(max_relative_difference(dir / "torchrun", dir / "one"), 1e-6);
+}
+
 TEST(DistributedTraining, ResumeAcrossDataParallelSizesContinuesTheSameRun) {
   TempDir dir;
   // Uninterrupted reference: 8 steps, one process.
@@ -240,65 +254,67 @@ int wait_launcher(pid_t pid, double limit_s, double* took) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// A 2-worker job training until stopped, started in the background and past its second step.
+struct BackgroundJob {
+  pid_t launcher = -1;
+  std::vector<pid_t> workers;
+  std::string log;
+};
+BackgroundJob start_job(const TempDir& dir, const std::string& name, const std::string& extra) {
+  BackgroundJob job;
+  job.log = dir / (name + ".log");
+  job.launcher = start_launcher("train " + write_recipe(dir, name) + " -q --nproc-per-node 2 --set train.batch_size=4 " +
+                                    "--set train.max_steps=100000 " + extra, job.log);
+  EXPECT_TRUE(wait_for_step(dir / (name + "/metrics.jsonl"), 2, 120)) << colossal::test::read_file(job.log);
+  job.workers = children_of(job.launcher);
+  EXPECT_EQ(job.workers.size(), 2u);
+  return job;
+}
+
 }  // namespace
 
 TEST(DistributedFaults, AKilledRankEndsTheWholeJobNamingItWithNoProcessLeft) {
   TempDir dir;
-  const std::string recipe = write_recipe(dir, "kill", "");
-  const std::string log = dir / "launcher.log";
-  const pid_t launcher = start_launcher("train " + recipe + " -q --nproc-per-node 2 --set train.batch_size=4 --set train.max_steps=100000 "
-                                        "--set parallel.timeout_s=20", log);
-  ASSERT_TRUE(wait_for_step(dir / "kill/metrics.jsonl", 2, 120)) << colossal::test::read_file(log);
-  auto workers = children_of(launcher);
-  ASSERT_EQ(workers.size(), 2u);
-  const pid_t victim = worker_pid(launcher, 1);
-  kill(victim, SIGKILL);
+  const BackgroundJob job = start_job(dir, "kill", "--set parallel.timeout_s=20");
+  ASSERT_EQ(job.workers.size(), 2u);
+  kill(worker_pid(job.launcher, 1), SIGKILL);
   double took = 0;
-  const int code = wait_launcher(launcher, 30, &took);
-  const std::string out = colossal::test::read_file(log);
+  const int code = wait_launcher(job.launcher, 30, &took);
+  const std::string out = colossal::test::read_file(job.log);
   EXPECT_NE(code, 0) << out;
   EXPECT_NE(code, -1) << "launcher did not end: " << out;
   EXPECT_NE(out.find("error: rank 1 (node "), std::string::npos) << out;
   EXPECT_NE(out.find("was killed by SIGKILL"), std::string::npos) << out;
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  for (pid_t w : workers) EXPECT_FALSE(alive(w)) << "worker " << w << " outlived the job";
+  for (pid_t w : job.workers) EXPECT_FALSE(alive(w)) << "worker " << w << " outlived the job";
 }
 
 TEST(DistributedFaults, AHungRankEndsTheJobWithinTheTimeoutNamingIt) {
   TempDir dir;
-  const std::string recipe = write_recipe(dir, "hang", "");
-  const std::string log = dir / "launcher.log";
-  const pid_t launcher = start_launcher("train " + recipe + " -q --nproc-per-node 2 --set train.batch_size=4 --set train.max_steps=100000 "
-                                        "--set parallel.timeout_s=3", log);
-  ASSERT_TRUE(wait_for_step(dir / "hang/metrics.jsonl", 2, 120)) << colossal::test::read_file(log);
-  auto workers = children_of(launcher);
-  ASSERT_EQ(workers.size(), 2u);
-  kill(worker_pid(launcher, 1), SIGSTOP);
+  const BackgroundJob job = start_job(dir, "hang", "--set parallel.timeout_s=3");
+  ASSERT_EQ(job.workers.size(), 2u);
+  kill(worker_pid(job.launcher, 1), SIGSTOP);
   double took = 0;
-  const int code = wait_launcher(launcher, 40, &took);
-  const std::string out = colossal::test::read_file(log);
+  const int code = wait_launcher(job.launcher, 40, &took);
+  const std::string out = colossal::test::read_file(job.log);
   EXPECT_NE(code, 0) << out;
   EXPECT_NE(code, -1) << "launcher did not end: " << out;
   EXPECT_LT(took, 3 + 5 + 10) << "timeout 3 s + grace 5 s, with room for a loaded machine";
   EXPECT_NE(out.find("rank 1 (node "), std::string::npos) << out;
   EXPECT_NE(out.find("stopped"), std::string::npos) << out;
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  for (pid_t w : workers) EXPECT_FALSE(alive(w)) << "worker " << w << " outlived the job";
+  for (pid_t w : job.workers) EXPECT_FALSE(alive(w)) << "worker " << w << " outlived the job";
 }
 
 TEST(DistributedFaults, KillingTheLauncherTakesItsWorkersWithIt) {
   TempDir dir;
-  const std::string recipe = write_recipe(dir, "orphan", "");
-  const pid_t launcher = start_launcher("train " + recipe + " -q --nproc-per-node 2 --set train.batch_size=4 --set train.max_steps=100000",
-                                        dir / "launcher.log");
-  ASSERT_TRUE(wait_for_step(dir / "orphan/metrics.jsonl", 1, 120));
-  auto workers = children_of(launcher);
-  ASSERT_EQ(workers.size(), 2u);
-  kill(launcher, SIGKILL);
+  const BackgroundJob job = start_job(dir, "orphan", "");
+  ASSERT_EQ(job.workers.size(), 2u);
+  kill(job.launcher, SIGKILL);
   int status = 0;
-  waitpid(launcher, &status, 0);
+  waitpid(job.launcher, &status, 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  for (pid_t w : workers) EXPECT_FALSE(alive(w)) << "worker " << w << " was orphaned";
+  for (pid_t w : job.workers) EXPECT_FALSE(alive(w)) << "worker " << w << " was orphaned";
 }
 
 TEST(DistributedFaults, MaxRestartsResumesAfterAKillAndEndsWhereAnUninterruptedRunEnds) {

@@ -95,6 +95,11 @@ TEST(WorkerEnv, TorchrunVariablesPlaceTheWorker) {
   EXPECT_EQ(w.nnodes, 2);
   EXPECT_EQ(w.master_addr, "10.1.2.3");
   EXPECT_EQ(w.master_port, 29600);
+  EXPECT_FALSE(w.agent_store);
+  auto agent = worker_env(map_env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
+                                   {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", "2"}}));
+  EXPECT_TRUE(agent.agent_store);   // torchrun's agent hosts the store: rank 0 joins it as a client
+  EXPECT_EQ(agent.restart_count, 2);
   // Without the LOCAL_* variables: one worker per node is assumed.
   auto bare = worker_env(map_env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}));
   EXPECT_EQ(bare.local_world, 1);

@@ -7,15 +7,8 @@
 #   scripts/dist/slurm_check.sh [--colossal BIN] [--python PY]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-COLOSSAL=build/colossal PY=.venv/bin/python
-while (($#)); do
-  case "$1" in
-    --colossal) COLOSSAL="$2"; shift 2 ;;
-    --python) PY="$2"; shift 2 ;;
-    *) echo "slurm_check: error: unknown argument '$1'" >&2; exit 2 ;;
-  esac
-done
-COLOSSAL="$(realpath "$COLOSSAL")"
+# shellcheck source=check_common.sh
+source scripts/dist/check_common.sh "$@"
 export COLOSSAL_SLURM_DIR="${TMPDIR:-/tmp}/colossal-slurm-$$"
 rc=0
 bash scripts/dist/slurm_cluster.sh start || rc=$?
@@ -25,8 +18,6 @@ chmod 755 "$TMP"
 trap 'bash scripts/dist/slurm_cluster.sh stop; rm -rf "$TMP" "$COLOSSAL_SLURM_DIR"' EXIT
 eval "$(bash scripts/dist/slurm_cluster.sh env)"
 
-# shellcheck source=tiny_dp_args.sh
-source scripts/dist/tiny_dp_args.sh
 "$COLOSSAL" data prepare-recipe "$RECIPE" >/dev/null
 echo "slurm_check: one process, batch 8"
 OMP_NUM_THREADS=1 "$COLOSSAL" train "$RECIPE" "${DP_ARGS[@]}" --set train.batch_size=8 --set "output.dir=$TMP/one"

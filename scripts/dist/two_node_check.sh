@@ -7,15 +7,8 @@
 #   scripts/dist/two_node_check.sh [--colossal BIN] [--python PY]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-COLOSSAL=build/colossal PY=.venv/bin/python
-while (($#)); do
-  case "$1" in
-    --colossal) COLOSSAL="$2"; shift 2 ;;
-    --python) PY="$2"; shift 2 ;;
-    *) echo "two_node_check: error: unknown argument '$1'" >&2; exit 2 ;;
-  esac
-done
-COLOSSAL="$(realpath "$COLOSSAL")"
+# shellcheck source=check_common.sh
+source scripts/dist/check_common.sh "$@"
 skip() { echo "skip: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "needs root for ip netns"
 command -v ip >/dev/null || skip "no ip command (iproute2)"
@@ -42,8 +35,6 @@ for ns in "$ns0" "$ns1"; do ip -n "$ns" link set lo up; done
 ip -n "$ns0" link set "$v0" up
 ip -n "$ns1" link set "$v1" up
 
-# shellcheck source=tiny_dp_args.sh
-source scripts/dist/tiny_dp_args.sh
 "$COLOSSAL" data prepare-recipe "$RECIPE" >/dev/null
 export OMP_NUM_THREADS=1
 echo "two_node_check: one process, batch 8"

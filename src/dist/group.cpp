@@ -159,24 +159,29 @@ Pending Group::all_reduce_async(const at::Tensor& t, const std::string& what) {
   return p;
 }
 
-void Group::all_reduce(at::Tensor& t, Reduce op, const std::string& what) {
+void Group::blocking(const std::string& op, const std::string& what, at::Tensor& t,
+                     const std::function<void(Pending&, std::vector<at::Tensor>&)>& start) {
   if (!backend_) return;
-  if (t.device() != comm_device_) {   // e.g. a host scalar on an NCCL group: reduce a device copy
+  if (t.device() != comm_device_) {   // e.g. a host scalar on an NCCL group: a device copy takes part
     at::Tensor staged = t.to(comm_device_);
-    all_reduce(staged, op, what);
+    blocking(op, what, staged, start);
     t.copy_(staged);
     return;
   }
-  Pending p = launch("all_reduce", what, t);
+  Pending p = launch(op, what, t);
   std::vector<at::Tensor> v{t};
-  c10d::AllreduceOptions o;
-  o.reduceOp = to_c10d(op);
   try {
-    p.state_->work = backend_->pg->allreduce(v, o);
+    start(p, v);
   } catch (const std::exception& e) {
     fail(p, e.what());
   }
   wait(p);
+}
+
+void Group::all_reduce(at::Tensor& t, Reduce op, const std::string& what) {
+  c10d::AllreduceOptions o;
+  o.reduceOp = to_c10d(op);
+  blocking("all_reduce", what, t, [&](Pending& p, std::vector<at::Tensor>& v) { p.state_->work = backend_->pg->allreduce(v, o); });
 }
 
 double Group::all_reduce(double value, Reduce op, const std::string& what) {
@@ -187,23 +192,9 @@ double Group::all_reduce(double value, Reduce op, const std::string& what) {
 }
 
 void Group::broadcast(at::Tensor& t, int64_t root_index, const std::string& what) {
-  if (!backend_) return;
-  if (t.device() != comm_device_) {
-    at::Tensor staged = t.to(comm_device_);
-    broadcast(staged, root_index, what);
-    t.copy_(staged);
-    return;
-  }
-  Pending p = launch("broadcast", what, t);
-  std::vector<at::Tensor> v{t};
   c10d::BroadcastOptions o;
   o.rootRank = root_index;
-  try {
-    p.state_->work = backend_->pg->broadcast(v, o);
-  } catch (const std::exception& e) {
-    fail(p, e.what());
-  }
-  wait(p);
+  blocking("broadcast", what, t, [&](Pending& p, std::vector<at::Tensor>& v) { p.state_->work = backend_->pg->broadcast(v, o); });
 }
 
 void Group::barrier(const std::string& what) {

@@ -11,6 +11,7 @@
 #include <c10/core/Device.h>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,6 +76,9 @@ class Group {
 
  private:
   Pending launch(const std::string& op, const std::string& what, const at::Tensor& t);
+  // A collective the caller waits for: `start` hands the backend the tensor list and records its work.
+  void blocking(const std::string& op, const std::string& what, at::Tensor& t,
+                const std::function<void(Pending&, std::vector<at::Tensor>&)>& start);
   void started(Pending& p);   // records completion time when the backend reports it
   [[noreturn]] void fail(const Pending& p, const std::string& cause);
 

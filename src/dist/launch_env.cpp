@@ -242,6 +242,8 @@ WorkerEnv worker_env(const EnvLookup& env) {
     if (auto a = env("MASTER_ADDR")) w.master_addr = checked_addr("MASTER_ADDR", *a);
     else if (w.world > 1) throw Error("environment: RANK and WORLD_SIZE are set but MASTER_ADDR is not (torchrun sets all three)");
     w.master_port = static_cast<int>(env_number_or(env, "MASTER_PORT", 29500, "a TCP port, 1..65535", 1, 65535));
+    w.agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+    w.restart_count = env_number_or(env, "TORCHELASTIC_RESTART_COUNT", 0, "torchrun counts restarts from 0", 0, kMaxNumber);
     return w;
   }
   if (env("SLURM_PROCID") && env("SLURM_NTASKS") && (env("SLURM_STEP_ID") || env("SLURM_STEPID"))) {

@@ -31,6 +31,10 @@ struct WorkerEnv {
   int64_t rank = 0, world = 1, local_rank = 0, local_world = 1, node_rank = 0, nnodes = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // torchrun's agent may host the store itself (TORCHELASTIC_USE_AGENT_STORE=True): then rank 0 joins as
+  // a client too, and each restart (TORCHELASTIC_RESTART_COUNT) keeps its keys apart in the long-lived store.
+  bool agent_store = false;
+  int64_t restart_count = 0;
 };
 // torchrun's variables win whenever RANK and WORLD_SIZE are set (torchrun run inside srun sets them);
 // otherwise SLURM's inside an srun step (SLURM_PROCID, SLURM_NTASKS and SLURM_STEP_ID set: the batch

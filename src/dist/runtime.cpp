@@ -92,7 +92,7 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const WorkerEnv& env, con
 c10::intrusive_ptr<c10d::Store> open_store(const WorkerEnv& env, double timeout_s) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(env.master_port);
-  o.isServer = env.rank == 0;
+  o.isServer = env.rank == 0 && !env.agent_store;
   o.numWorkers = std::nullopt;   // joining is checked below, with an error naming who is missing
   o.waitWorkers = false;
   o.timeout = millis(timeout_s);
@@ -191,6 +191,8 @@ std::unique_ptr<Runtime> Runtime::join(const WorkerEnv& env, const MeshShape& sh
     store->store = c10::make_intrusive<c10d::HashStore>();
   } else {
     store->store = open_store(env, o.timeout_s);
+    if (env.agent_store)   // a store that outlives this attempt: this attempt's keys under their own prefix
+      store->store = c10::make_intrusive<c10d::PrefixStore>("colossal/attempt-" + std::to_string(env.restart_count), store->store);
     hosts = join_ranks(*store->store, env, o.timeout_s);
   }
   rt->roster_ = std::make_shared<Roster>(store, env.rank, hosts);
