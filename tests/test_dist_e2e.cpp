@@ -317,6 +317,22 @@ TEST(DistributedFaults, KillingTheLauncherTakesItsWorkersWithIt) {
   for (pid_t w : job.workers) EXPECT_FALSE(alive(w)) << "worker " << w << " was orphaned";
 }
 
+TEST(DistributedFaults, CtrlCAtTheLauncherSavesOnEveryRankAgreedStepAndExits130) {
+  TempDir dir;
+  const BackgroundJob job = start_job(dir, "interrupt", "");
+  ASSERT_EQ(job.workers.size(), 2u);
+  kill(job.launcher, SIGINT);   // as a terminal's Ctrl-C reaches the launcher
+  double took = 0;
+  const int code = wait_launcher(job.launcher, 60, &took);
+  const std::string out = colossal::test::read_file(job.log);
+  EXPECT_EQ(code, 130) << out;
+  EXPECT_EQ(out.find("error:"), std::string::npos) << out;
+  // The checkpoint both workers agreed on is complete and named by `latest`.
+  ASSERT_TRUE(fs::exists(dir / "interrupt/checkpoints/latest")) << out;
+  EXPECT_FALSE(final_weights(dir / "interrupt").empty());
+  for (pid_t w : job.workers) EXPECT_FALSE(alive(w)) << "worker " << w << " outlived the job";
+}
+
 TEST(DistributedFaults, MaxRestartsResumesAfterAKillAndEndsWhereAnUninterruptedRunEnds) {
   TempDir dir;
   const std::string opts = " --nproc-per-node 2 --set train.batch_size=4 --set train.max_steps=40 --set checkpoint.every=4";

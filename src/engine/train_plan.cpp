@@ -189,9 +189,11 @@ std::unique_ptr<TrainPlan> build_plan(const Recipe& effective, const std::string
   p->device = resolve_device(r.train.device, r.where("train.device"));
   if (p->device.is_cpu()) {   // refuse before allocating anything, with the dry run's estimate
     const int64_t params = count_parameters(r.model);
-    require_host_memory(estimate_training_memory(r, params).total(),
+    const int64_t local = dist::worker_env(dist::process_env()).local_world;   // every worker on this node holds a copy
+    require_host_memory(estimate_training_memory(r, params).total() * static_cast<double>(local),
                         "training this " + human_count(static_cast<double>(params)) +
-                            "-parameter model (weights, gradients, AdamW state and one micro-batch's activations)");
+                            "-parameter model (weights, gradients, AdamW state and one micro-batch's activations" +
+                            (local > 1 ? ", for each of the " + std::to_string(local) + " workers on this node)" : ")"));
   }
 
   p->runtime = join_job(r, opt, p->device);                       // 1. the job and its mesh
