@@ -97,7 +97,9 @@ void add(CLI::App& app, const std::string& name, bool finetune) {
     check_parallel_recipe(recipe, lo.nnodes * lo.nproc_per_node);   // before any worker starts
     lo.iface = args->options.iface;
     lo.state_dir = (fs::path(recipe.output.dir) / ".launcher" / ("node-" + std::to_string(lo.node_rank))).string();
-    lo.worker_args = [args, name, recipe](int64_t attempt) { return worker_args(name, *args, recipe, attempt); };
+    // A copy of the arguments, not the shared pointer: `args` owns this function, and holding `args` in it
+    // would be a reference cycle that never frees (LeakSanitizer found it).
+    lo.worker_args = [a = *args, name, recipe](int64_t attempt) { return worker_args(name, a, recipe, attempt); };
     set_exit_code(dist::run_launcher(lo));
   });
 }
