@@ -76,6 +76,7 @@ void add(CLI::App& app, const std::string& name, bool finetune) {
     setup_logging(recipe.output.log_level, "", args->options.quiet);
     const bool launcher_flags = cmd->count("--nnodes") || cmd->count("--node-rank") || cmd->count("--master-addr") ||
                                 cmd->count("--master-port") || cmd->count("--max-restarts");
+    if (args->options.dry_run) args->options.launch_world = args->nproc_per_node * args->launch.nnodes;
     if (args->nproc_per_node == 0 || args->options.dry_run) {
       if (launcher_flags && !args->options.dry_run)
         throw Error("--nnodes, --node-rank, --master-addr, --master-port and --max-restarts belong to the launcher: add "

@@ -74,7 +74,7 @@ double evaluate(TrainPlan& p) {
 }
 
 // `r` with its [model] as training will build it (from the checkpoint when finetuning).
-void print_dry_run(const Recipe& r, const c10::Device& device) {
+void print_dry_run(const Recipe& r, const c10::Device& device, int64_t launch_world) {
   const ModelConfig& m = r.model;
   const int64_t params = count_parameters(m);
   auto mem = estimate_training_memory(r, params);
@@ -82,7 +82,12 @@ void print_dry_run(const Recipe& r, const c10::Device& device) {
   std::printf("model:       %s, %s parameters (%lld)\n", m.family.c_str(), human_count(static_cast<double>(params)).c_str(),
               static_cast<long long>(params));
   std::printf("device:      %s\n", describe_device(device).c_str());
-  const dist::WorkerEnv env = dist::worker_env(dist::process_env());
+  dist::WorkerEnv env = dist::worker_env(dist::process_env());
+  if (launch_world > 0) {
+    env.world = launch_world;
+    env.source = "launcher";
+  }
+  check_parallel_recipe(r, env.world);
   const dist::MeshShape mesh = dist::resolve_mesh(r, env.world);
   std::printf("parallel:    %lld rank(s) (%s), mesh %s, %s backend\n", static_cast<long long>(env.world), env.source.c_str(),
               mesh.describe().c_str(), r.parallel.backend.c_str());
@@ -293,7 +298,7 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
   std::string tokenizer_path;
   const Recipe effective = effective_recipe(recipe, opt, &tokenizer_path);
   if (opt.dry_run) {
-    print_dry_run(effective, resolve_device(effective.train.device, effective.where("train.device")));
+    print_dry_run(effective, resolve_device(effective.train.device, effective.where("train.device")), opt.launch_world);
     return 0;
   }
   auto plan = build_plan(effective, tokenizer_path, opt);

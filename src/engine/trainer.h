@@ -17,6 +17,7 @@ struct TrainOptions {
   std::string resume_from;     // explicit checkpoint path for resume
   bool dry_run = false;        // print the resolved recipe, parameter count and memory estimate
   bool quiet = false;          // console: warnings and the final summary only
+  int64_t launch_world = 0;    // --dry-run under --nproc-per-node: the world the launcher would start
   std::string iface;           // network interface for Gloo between nodes ("" = GLOO_SOCKET_IFNAME or the route to the master)
 };
 
