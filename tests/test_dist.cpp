@@ -19,28 +19,20 @@
 #include "src/core/error.h"
 #include "src/core/recipe.h"
 #include "src/dist/mesh.h"
+#include "src/dist/launcher.h"
 #include "src/dist/runtime.h"
+#include "src/engine/train_plan.h"
 #include "src/engine/model_registry.h"
 #include "src/nn/kernel_choice.h"
 #include "src/optim/flat_params.h"
 #include "src/parallel/data_parallel.h"
+#include "tests/support/test_support.h"
 
 using namespace colossal;
 using namespace colossal::dist;
+using colossal::test::error_of;
 
 namespace {
-
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 WorkerEnv env_for(int64_t rank, int64_t world, int port) {
   WorkerEnv e;
@@ -64,7 +56,7 @@ MeshShape dp_mesh(int64_t world) {
 std::vector<std::string> run_ranks(int64_t world, const std::function<void(int64_t, Runtime&)>& fn, double timeout_s = 20,
                                    MeshShape shape = {}) {
   if (shape.world() == 1) shape = dp_mesh(world);
-  const int port = free_port();
+  const int port = free_local_port();
   std::vector<std::string> errors(static_cast<size_t>(world));
   std::vector<std::thread> threads;
   for (int64_t r = 0; r < world; ++r)
@@ -86,14 +78,6 @@ Recipe recipe_with(const std::string& parallel) {
   return parse_recipe("[model]\nn_layer = 1\n[parallel]\n" + parallel, "r.toml");
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 }  // namespace
 
@@ -187,7 +171,7 @@ TEST(Group, AHungRankIsNamedByTheRanksThatTimedOutWaitingForIt) {
 }
 
 TEST(Rendezvous, ARankThatNeverJoinsIsNamedWithinTheTimeout) {
-  const int port = free_port();
+  const int port = free_local_port();
   const auto t0 = std::chrono::steady_clock::now();
   JoinOptions o;
   o.timeout_s = 1.5;
@@ -215,7 +199,7 @@ TEST(Rendezvous, ABusyPortIsRejectedWithItsNumber) {
 }
 
 TEST(Rendezvous, AnUnreachableMasterIsReportedWithinTheTimeout) {
-  const int port = free_port();   // nobody listens there
+  const int port = free_local_port();   // nobody listens there
   JoinOptions o;
   o.timeout_s = 2;
   const auto t0 = std::chrono::steady_clock::now();
@@ -252,17 +236,7 @@ ModelConfig tiny_model() {
 struct Replica {
   std::shared_ptr<nn::CausalLM> model;
   std::unique_ptr<optim::FlatParams> flat;
-  std::vector<parallel::GradBuffer> buffers() {
-    std::map<std::string, at::Tensor> by_name;
-    for (const auto& item : model->named_parameters()) by_name[item.key()] = item.value();
-    std::vector<parallel::GradBuffer> out;
-    for (const auto& g : flat->groups()) {
-      parallel::GradBuffer b{g.grads, {}};
-      for (const auto& s : g.segments) b.slices.push_back({by_name.at(s.name), s.offset, s.numel});
-      out.push_back(std::move(b));
-    }
-    return out;
-  }
+  std::vector<parallel::GradBuffer> buffers() { return grad_buffers(*flat, *model); }
 };
 
 Replica make_replica() {

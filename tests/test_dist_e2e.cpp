@@ -16,6 +16,7 @@
 #include <fstream>
 #include <thread>
 
+#include "src/dist/launcher.h"
 #include "src/io/safetensors.h"
 #include "tests/support/test_support.h"
 
@@ -221,11 +222,8 @@ std::vector<pid_t> children_of(pid_t parent) {
 
 // Running or stopped; a zombie (dead, not yet reaped by whoever inherited it) does not count.
 bool alive(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  const size_t close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z' && line[close + 2] != 'X';
+  const char state = dist::process_state(pid);
+  return state != '\0' && state != 'Z' && state != 'X';
 }
 
 // Waits until the run's metrics reach `step` (or `limit_s` passes).
@@ -271,6 +269,26 @@ BackgroundJob start_job(const TempDir& dir, const std::string& name, const std::
   return job;
 }
 
+// How a background job's launcher ended: exit code (-1: still running after `limit_s`, then killed),
+// seconds it took, and its output.
+struct Ended {
+  int code = -1;
+  double took = 0;
+  std::string out;
+};
+Ended wait_for_end(const BackgroundJob& job, double limit_s) {
+  Ended e;
+  e.code = wait_launcher(job.launcher, limit_s, &e.took);
+  e.out = colossal::test::read_file(job.log);
+  return e;
+}
+
+// After the launcher ended: none of its workers is left (given a moment to be reaped).
+void expect_workers_gone(const BackgroundJob& job, const char* what, int settle_ms = 200) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
+  for (pid_t w : job.workers) EXPECT_FALSE(alive(w)) << "worker " << w << " " << what;
+}
+
 }  // namespace
 
 TEST(DistributedFaults, AKilledRankEndsTheWholeJobNamingItWithNoProcessLeft) {
@@ -278,15 +296,12 @@ TEST(DistributedFaults, AKilledRankEndsTheWholeJobNamingItWithNoProcessLeft) {
   const BackgroundJob job = start_job(dir, "kill", "--set parallel.timeout_s=20");
   ASSERT_EQ(job.workers.size(), 2u);
   kill(worker_pid(job.launcher, 1), SIGKILL);
-  double took = 0;
-  const int code = wait_launcher(job.launcher, 30, &took);
-  const std::string out = colossal::test::read_file(job.log);
-  EXPECT_NE(code, 0) << out;
-  EXPECT_NE(code, -1) << "launcher did not end: " << out;
-  EXPECT_NE(out.find("error: rank 1 (node "), std::string::npos) << out;
-  EXPECT_NE(out.find("was killed by SIGKILL"), std::string::npos) << out;
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  for (pid_t w : job.workers) EXPECT_FALSE(alive(w)) << "worker " << w << " outlived the job";
+  const Ended end = wait_for_end(job, 30);
+  EXPECT_NE(end.code, 0) << end.out;
+  EXPECT_NE(end.code, -1) << "launcher did not end: " << end.out;
+  EXPECT_NE(end.out.find("error: rank 1 (node "), std::string::npos) << end.out;
+  EXPECT_NE(end.out.find("was killed by SIGKILL"), std::string::npos) << end.out;
+  expect_workers_gone(job, "outlived the job");
 }
 
 TEST(DistributedFaults, AHungRankEndsTheJobWithinTheTimeoutNamingIt) {
@@ -294,16 +309,13 @@ TEST(DistributedFaults, AHungRankEndsTheJobWithinTheTimeoutNamingIt) {
   const BackgroundJob job = start_job(dir, "hang", "--set parallel.timeout_s=3");
   ASSERT_EQ(job.workers.size(), 2u);
   kill(worker_pid(job.launcher, 1), SIGSTOP);
-  double took = 0;
-  const int code = wait_launcher(job.launcher, 40, &took);
-  const std::string out = colossal::test::read_file(job.log);
-  EXPECT_NE(code, 0) << out;
-  EXPECT_NE(code, -1) << "launcher did not end: " << out;
-  EXPECT_LT(took, 3 + 5 + 10) << "timeout 3 s + grace 5 s, with room for a loaded machine";
-  EXPECT_NE(out.find("rank 1 (node "), std::string::npos) << out;
-  EXPECT_NE(out.find("stopped"), std::string::npos) << out;
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  for (pid_t w : job.workers) EXPECT_FALSE(alive(w)) << "worker " << w << " outlived the job";
+  const Ended end = wait_for_end(job, 40);
+  EXPECT_NE(end.code, 0) << end.out;
+  EXPECT_NE(end.code, -1) << "launcher did not end: " << end.out;
+  EXPECT_LT(end.took, 3 + 5 + 10) << "timeout 3 s + grace 5 s, with room for a loaded machine";
+  EXPECT_NE(end.out.find("rank 1 (node "), std::string::npos) << end.out;
+  EXPECT_NE(end.out.find("stopped"), std::string::npos) << end.out;
+  expect_workers_gone(job, "outlived the job");
 }
 
 TEST(DistributedFaults, KillingTheLauncherTakesItsWorkersWithIt) {
@@ -313,8 +325,7 @@ TEST(DistributedFaults, KillingTheLauncherTakesItsWorkersWithIt) {
   kill(job.launcher, SIGKILL);
   int status = 0;
   waitpid(job.launcher, &status, 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  for (pid_t w : job.workers) EXPECT_FALSE(alive(w)) << "worker " << w << " was orphaned";
+  expect_workers_gone(job, "was orphaned", 500);
 }
 
 TEST(DistributedFaults, CtrlCAtTheLauncherSavesOnEveryRankAgreedStepAndExits130) {
@@ -322,15 +333,13 @@ TEST(DistributedFaults, CtrlCAtTheLauncherSavesOnEveryRankAgreedStepAndExits130)
   const BackgroundJob job = start_job(dir, "interrupt", "");
   ASSERT_EQ(job.workers.size(), 2u);
   kill(job.launcher, SIGINT);   // as a terminal's Ctrl-C reaches the launcher
-  double took = 0;
-  const int code = wait_launcher(job.launcher, 60, &took);
-  const std::string out = colossal::test::read_file(job.log);
-  EXPECT_EQ(code, 130) << out;
-  EXPECT_EQ(out.find("error:"), std::string::npos) << out;
+  const Ended end = wait_for_end(job, 60);
+  EXPECT_EQ(end.code, 130) << end.out;
+  EXPECT_EQ(end.out.find("error:"), std::string::npos) << end.out;
   // The checkpoint both workers agreed on is complete and named by `latest`.
-  ASSERT_TRUE(fs::exists(dir / "interrupt/checkpoints/latest")) << out;
+  ASSERT_TRUE(fs::exists(dir / "interrupt/checkpoints/latest")) << end.out;
   EXPECT_FALSE(final_weights(dir / "interrupt").empty());
-  for (pid_t w : job.workers) EXPECT_FALSE(alive(w)) << "worker " << w << " outlived the job";
+  expect_workers_gone(job, "outlived the job", 0);
 }
 
 TEST(DistributedFaults, MaxRestartsResumesAfterAKillAndEndsWhereAnUninterruptedRunEnds) {

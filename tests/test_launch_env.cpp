@@ -4,20 +4,13 @@
 
 #include "src/core/error.h"
 #include "src/dist/launch_env.h"
+#include "tests/support/test_support.h"
 
 using namespace colossal;
 using namespace colossal::dist;
+using colossal::test::error_of;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 using Hosts = std::vector<std::string>;
 

@@ -14,6 +14,7 @@
 #include "tests/support/test_support.h"
 
 using namespace colossal;
+using colossal::test::error_of;
 using colossal::test::small_corpus;
 using colossal::test::TempDir;
 
@@ -22,15 +23,6 @@ namespace {
 std::shared_ptr<const std::vector<int32_t>> train_tokens() {
   static auto tokens = std::make_shared<const std::vector<int32_t>>(read_token_split(small_corpus().dataset, "train").tokens);
   return tokens;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "apps/colossal/commands.h"
 #include "kernels/cpu/isa.h"
+#include "src/core/device.h"
 #include "src/core/error.h"
 #include "src/dist/launcher.h"
 
@@ -20,11 +21,8 @@ int fail(const std::string& message) {
   std::string line = message;
   const char* rank = std::getenv("RANK");
   const char* world = std::getenv("WORLD_SIZE");
-  if (rank && world && std::string(world) != "1" && line.rfind("rank ", 0) != 0) {
-    char host[256] = {};
-    gethostname(host, sizeof host - 1);
-    line = "rank " + std::string(rank) + " (node " + host + "): " + line;
-  }
+  if (rank && world && std::string(world) != "1" && line.rfind("rank ", 0) != 0)
+    line = "rank " + std::string(rank) + " (node " + colossal::host_name() + "): " + line;
   std::fprintf(stderr, "error: %s\n", line.c_str());
   colossal::dist::write_failure_report(line);
   return 1;

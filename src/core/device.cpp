@@ -29,6 +29,11 @@ c10::Device resolve_device(const std::string& spec, const std::string& where) {
   throw RecipeError(where, "device = \"" + spec + "\" is not one of auto | cpu | cuda");
 }
 
+std::string host_name() {
+  char name[256] = {};
+  return gethostname(name, sizeof name - 1) == 0 ? name : "unknown";
+}
+
 int64_t cuda_device_count() { return torch::cuda::is_available() ? static_cast<int64_t>(torch::cuda::device_count()) : 0; }
 
 std::string describe_device(const c10::Device& device) {

@@ -14,6 +14,9 @@ c10::Device resolve_device(const std::string& spec, const std::string& where);
 std::string describe_device(const c10::Device& device);
 int64_t cuda_device_count();   // GPUs visible to this process (0 without CUDA)   // "cpu (2 threads)" or "cuda:0 (NVIDIA H100 ...)"
 
+// This machine's name as the system reports it ("unknown" if it cannot), for messages naming a node.
+std::string host_name();
+
 size_t current_rss_bytes();
 size_t peak_rss_bytes();
 // The machine's physical memory (what a CPU run can hold at most).

@@ -5,8 +5,10 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <mutex>
+#include <utility>
 
 #include "src/core/error.h"
 #include "src/core/text.h"
@@ -54,11 +56,6 @@ CommCounters& CommCounters::operator+=(const CommCounters& o) {
   return *this;
 }
 
-struct CounterBox {
-  std::mutex mu;
-  CommCounters c;
-};
-
 struct Pending::State {
   c10::intrusive_ptr<c10d::Work> work;
   std::string op, what;
@@ -67,12 +64,12 @@ struct Pending::State {
   std::atomic<int64_t> done_ns{0};   // steady-clock time the backend finished, 0 = not yet known
 };
 
-Group::Group(std::string name) : name_(std::move(name)), ranks_{0}, counters_(std::make_shared<CounterBox>()) {}
+Group::Group(std::string name) : name_(std::move(name)), ranks_{0} {}
 
 Group::Group(std::string name, std::vector<int64_t> ranks, int64_t index, std::unique_ptr<BackendHandle> backend,
-             std::shared_ptr<Roster> roster, std::chrono::milliseconds timeout, c10::Device comm_device)
+             std::shared_ptr<Roster> roster, c10::Device comm_device)
     : name_(std::move(name)), ranks_(std::move(ranks)), index_(index), backend_(std::move(backend)),
-      roster_(std::move(roster)), timeout_(timeout), comm_device_(comm_device), counters_(std::make_shared<CounterBox>()) {
+      roster_(std::move(roster)), comm_device_(comm_device) {
   if (ranks_.size() != static_cast<size_t>(backend_->pg->getSize()))
     throw Error("group " + name_ + ": backend has " + std::to_string(backend_->pg->getSize()) + " ranks, expected " +
                 std::to_string(ranks_.size()));
@@ -80,19 +77,35 @@ Group::Group(std::string name, std::vector<int64_t> ranks, int64_t index, std::u
 
 Group::~Group() = default;
 
-Pending Group::launch(const std::string& op, const std::string& what, const at::Tensor& t) {
+Pending Group::launch(const std::string& op, const std::string& what, const at::Tensor& t, const Start& start) {
   Pending p;
   p.state_ = std::make_shared<Pending::State>();
   auto& s = *p.state_;
   s.op = op;
   s.what = what;
-  s.bytes = t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+  s.bytes = static_cast<int64_t>(t.nbytes());
   s.seq = roster_ ? roster_->enter(name_) : 0;
   s.launched = Clock::now();
   {
-    std::lock_guard<std::mutex> lock(counters_->mu);
-    ++counters_->c.calls;
-    counters_->c.bytes += s.bytes;
+    std::lock_guard<std::mutex> lock(counters_mu_);
+    ++counters_.calls;
+    counters_.bytes += s.bytes;
+  }
+  std::vector<at::Tensor> v{t};
+  try {
+    start(p, v);
+  } catch (const std::exception& e) {
+    fail(p, e.what());
+  }
+  // Completion time from the backend's future, so busy time is the collective's own duration even
+  // when the caller waits for it much later (the overlap figure depends on it).
+  try {
+    std::weak_ptr<Pending::State> weak = p.state_;
+    s.work->getFuture()->addCallback([weak](c10::ivalue::Future&) {
+      if (auto state = weak.lock()) state->done_ns = Clock::now().time_since_epoch().count();
+    });
+  } catch (const std::exception&) {
+    // A backend without futures: busy time falls back to launch-to-wait.
   }
   return p;
 }
@@ -116,19 +129,6 @@ Pending Group::launch(const std::string& op, const std::string& what, const at::
               "; ending the job");
 }
 
-void Group::started(Pending& p) {
-  // Completion time from the backend's future, so busy time is the collective's own duration even
-  // when the caller waits for it much later (the overlap figure depends on it).
-  try {
-    std::weak_ptr<Pending::State> weak = p.state_;
-    p.state_->work->getFuture()->addCallback([weak](c10::ivalue::Future&) {
-      if (auto s = weak.lock()) s->done_ns = Clock::now().time_since_epoch().count();
-    });
-  } catch (const std::exception&) {
-    // A backend without futures: busy time falls back to launch-to-wait.
-  }
-}
-
 void Group::wait(Pending& p) {
   if (!p.state_) return;
   auto& s = *p.state_;
@@ -138,29 +138,22 @@ void Group::wait(Pending& p) {
   } catch (const std::exception& e) {
     fail(p, e.what());
   }
-  std::lock_guard<std::mutex> lock(counters_->mu);
-  counters_->c.wait_s += since(t0);
+  std::lock_guard<std::mutex> lock(counters_mu_);
+  counters_.wait_s += since(t0);
   const int64_t done = s.done_ns.load();
-  counters_->c.busy_s += done > 0 ? std::chrono::duration<double>(Clock::duration(done) - s.launched.time_since_epoch()).count()
+  counters_.busy_s += done > 0 ? std::chrono::duration<double>(Clock::duration(done) - s.launched.time_since_epoch()).count()
                                   : since(s.launched);
   p.state_.reset();
 }
 
 Pending Group::all_reduce_async(const at::Tensor& t, const std::string& what) {
   if (!backend_) return {};
-  Pending p = launch("all_reduce", what, t);
-  std::vector<at::Tensor> v{t};
-  try {
+  return launch("all_reduce", what, t, [&](Pending& p, std::vector<at::Tensor>& v) {
     p.state_->work = backend_->pg->allreduce(v, c10d::AllreduceOptions{});
-    started(p);
-  } catch (const std::exception& e) {
-    fail(p, e.what());
-  }
-  return p;
+  });
 }
 
-void Group::blocking(const std::string& op, const std::string& what, at::Tensor& t,
-                     const std::function<void(Pending&, std::vector<at::Tensor>&)>& start) {
+void Group::blocking(const std::string& op, const std::string& what, at::Tensor& t, const Start& start) {
   if (!backend_) return;
   if (t.device() != comm_device_) {   // e.g. a host scalar on an NCCL group: a device copy takes part
     at::Tensor staged = t.to(comm_device_);
@@ -168,13 +161,7 @@ void Group::blocking(const std::string& op, const std::string& what, at::Tensor&
     t.copy_(staged);
     return;
   }
-  Pending p = launch(op, what, t);
-  std::vector<at::Tensor> v{t};
-  try {
-    start(p, v);
-  } catch (const std::exception& e) {
-    fail(p, e.what());
-  }
+  Pending p = launch(op, what, t, start);
   wait(p);
 }
 
@@ -182,13 +169,6 @@ void Group::all_reduce(at::Tensor& t, Reduce op, const std::string& what) {
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
   blocking("all_reduce", what, t, [&](Pending& p, std::vector<at::Tensor>& v) { p.state_->work = backend_->pg->allreduce(v, o); });
-}
-
-double Group::all_reduce(double value, Reduce op, const std::string& what) {
-  if (!backend_) return value;
-  at::Tensor t = at::full({1}, value, at::kDouble);
-  all_reduce(t, op, what);
-  return t.item<double>();
 }
 
 void Group::broadcast(at::Tensor& t, int64_t root_index, const std::string& what) {
@@ -206,10 +186,8 @@ void Group::barrier(const std::string& what) {
 }
 
 CommCounters Group::take_counters() {
-  std::lock_guard<std::mutex> lock(counters_->mu);
-  CommCounters out = counters_->c;
-  counters_->c = {};
-  return out;
+  std::lock_guard<std::mutex> lock(counters_mu_);
+  return std::exchange(counters_, CommCounters{});
 }
 
 }  // namespace colossal::dist

@@ -1,18 +1,18 @@
 // Group: the one door every collective goes through (ARCHITECTURE.md: "all communication goes through
 // dist's group wrapper"). It owns a c10d backend (Gloo on CPU, NCCL for CUDA tensors) and adds what
 // c10d leaves to the caller:
-//  - a timeout on every collective, and errors that name this rank, the operation, the group and the
-//    rank(s) that never arrived (from the roster's progress counters), as one line;
+//  - errors that name this rank, the operation, the group and the rank(s) that never arrived (from the
+//    roster's progress counters), as one line, when the backend's timeout (set by the runtime) fires;
 //  - per-step counters (calls, bytes, time busy, time the caller waited) for metrics.jsonl;
 //  - a group without a backend (one process, or a mesh dimension of size 1) that does nothing, so
 //    callers never branch on "is this distributed".
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -33,10 +33,6 @@ enum class Reduce { sum, max, min };
 
 // An asynchronous collective in flight; Group::wait finishes it (and reports its failure).
 class Pending {
- public:
-  Pending() = default;
-  bool valid() const { return state_ != nullptr; }
-
  private:
   friend class Group;
   struct State;
@@ -50,7 +46,7 @@ class Group {
   // `ranks` are world ranks in group order; this process is ranks[index]. Tensors of blocking
   // collectives that live elsewhere are staged through `comm_device` (NCCL reduces GPU memory only).
   Group(std::string name, std::vector<int64_t> ranks, int64_t index, std::unique_ptr<BackendHandle> backend,
-        std::shared_ptr<Roster> roster, std::chrono::milliseconds timeout, c10::Device comm_device = c10::kCPU);
+        std::shared_ptr<Roster> roster, c10::Device comm_device = c10::kCPU);
   ~Group();
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
@@ -58,14 +54,12 @@ class Group {
   const std::string& name() const { return name_; }
   int64_t size() const { return static_cast<int64_t>(ranks_.size()); }
   int64_t rank() const { return index_; }               // within the group
-  const std::vector<int64_t>& ranks() const { return ranks_; }
   bool active() const { return backend_ != nullptr; }   // false: every collective is a no-op
 
   // Blocking collectives. `what` names the purpose in errors ("gradient bucket 3").
   void all_reduce(at::Tensor& t, Reduce op = Reduce::sum, const std::string& what = "");
   void broadcast(at::Tensor& t, int64_t root_index, const std::string& what = "");
   void barrier(const std::string& what);
-  double all_reduce(double value, Reduce op, const std::string& what);
 
   // Asynchronous all-reduce of a contiguous tensor, in place.
   Pending all_reduce_async(const at::Tensor& t, const std::string& what);
@@ -75,11 +69,12 @@ class Group {
   CommCounters take_counters();
 
  private:
-  Pending launch(const std::string& op, const std::string& what, const at::Tensor& t);
-  // A collective the caller waits for: `start` hands the backend the tensor list and records its work.
-  void blocking(const std::string& op, const std::string& what, at::Tensor& t,
-                const std::function<void(Pending&, std::vector<at::Tensor>&)>& start);
-  void started(Pending& p);   // records completion time when the backend reports it
+  // Counts the collective, hands `start` the tensor list to give the backend, and records when the
+  // backend finishes it. `t` must live on the communication device.
+  using Start = std::function<void(Pending&, std::vector<at::Tensor>&)>;
+  Pending launch(const std::string& op, const std::string& what, const at::Tensor& t, const Start& start);
+  // launch + wait, staging `t` through the communication device when it lives elsewhere.
+  void blocking(const std::string& op, const std::string& what, at::Tensor& t, const Start& start);
   [[noreturn]] void fail(const Pending& p, const std::string& cause);
 
   std::string name_;
@@ -87,9 +82,9 @@ class Group {
   int64_t index_ = 0;
   std::unique_ptr<BackendHandle> backend_;
   std::shared_ptr<Roster> roster_;
-  std::chrono::milliseconds timeout_{0};
   c10::Device comm_device_{c10::kCPU};
-  std::shared_ptr<struct CounterBox> counters_;
+  std::mutex counters_mu_;   // buckets launch on the autograd thread
+  CommCounters counters_;
 };
 
 }  // namespace colossal::dist

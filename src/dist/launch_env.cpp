@@ -5,24 +5,18 @@
 #include <limits>
 
 #include "src/core/error.h"
+#include "src/core/text.h"
 
 namespace colossal::dist {
 namespace {
 
 constexpr int64_t kMaxNumber = int64_t{1} << 40;   // far above any rank, port or node index
 
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
-
-// A non-negative decimal number without sign, spaces or junk, at most kMaxNumber.
+// A non-negative decimal number without sign, spaces or junk (core's parse_whole), at most kMaxNumber.
 std::optional<int64_t> parse_count(std::string_view s) {
-  if (s.empty() || s.size() > 15) return std::nullopt;
-  int64_t v = 0;
-  for (char c : s) {
-    if (!is_digit(c)) return std::nullopt;
-    v = v * 10 + (c - '0');
-  }
-  if (v > kMaxNumber) return std::nullopt;
-  return v;
+  const auto v = parse_whole(std::string(s));
+  if (!v || *v > static_cast<uint64_t>(kMaxNumber)) return std::nullopt;
+  return static_cast<int64_t>(*v);
 }
 
 // `s` in double quotes for an error message, control characters shown as '?', long text cut. Built by
@@ -94,6 +88,7 @@ std::vector<std::pair<size_t, std::string_view>> split_hosts(std::string_view li
       depth = 0;
     } else if (c == ',' && !depth) {
       if (i == start) nodelist_error(list, i, "empty host name");
+      if (list[start] == '[') nodelist_error(list, start, "a host name cannot start with '['");
       out.push_back({start, list.substr(start, i - start)});
       start = i + 1;
     } else if (static_cast<unsigned char>(c) <= ' ' || c == 0x7f) {
@@ -102,6 +97,7 @@ std::vector<std::pair<size_t, std::string_view>> split_hosts(std::string_view li
   }
   if (depth) nodelist_error(list, list.size() - 1, "'[' without ']'");
   if (start >= list.size()) nodelist_error(list, list.size() - 1, "empty host name");
+  if (list[start] == '[') nodelist_error(list, start, "a host name cannot start with '['");
   out.push_back({start, list.substr(start)});
   return out;
 }
@@ -160,7 +156,6 @@ std::vector<std::string> expand_nodelist(std::string_view list, size_t limit) {
   if (limit == 0) limit = 1;
   std::vector<std::string> out;
   for (const auto& [offset, host] : split_hosts(list)) {
-    if (host.front() == '[') nodelist_error(list, offset, "a host name cannot start with '['");
     auto names = expand_host(list, offset, host, limit - out.size(), false);
     if (names.size() > limit - out.size()) nodelist_error(list, offset, "expands to more than " + std::to_string(limit) + " hosts");
     for (auto& n : names) out.push_back(std::move(n));
@@ -171,7 +166,6 @@ std::vector<std::string> expand_nodelist(std::string_view list, size_t limit) {
 std::string first_host(std::string_view list) {
   const auto hosts = split_hosts(list);
   const auto& [offset, host] = hosts.front();
-  if (host.front() == '[') nodelist_error(list, offset, "a host name cannot start with '['");
   return expand_host(list, offset, host, 1, true).front();
 }
 

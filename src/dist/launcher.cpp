@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 #include <thread>
 
+#include "src/core/device.h"
 #include "src/core/error.h"
 
 namespace fs = std::filesystem;
@@ -33,12 +34,9 @@ extern "C" void on_launcher_signal(int sig) {
   ++g_signal_count;
 }
 
-std::string hostname() {
-  char name[256] = {};
-  return gethostname(name, sizeof name - 1) == 0 ? name : "unknown";
-}
+}  // namespace
 
-int free_port() {
+int free_local_port() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw Error("launcher: cannot open a socket to find a free port: " + std::string(std::strerror(errno)));
   sockaddr_in a{};
@@ -54,6 +52,21 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
+char process_state(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t close = stat.rfind(')');   // the name in parentheses may itself hold spaces
+  return close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : '\0';
+}
+
+namespace {
+
+std::string failure_report_path() {
+  const char* p = std::getenv("COLOSSAL_FAILURE_FILE");
+  return p ? p : "";
+}
+
 std::string signal_name(int sig) {
   const char* abbrev = sigabbrev_np(sig);
   return abbrev ? "SIG" + std::string(abbrev) : "signal " + std::to_string(sig);
@@ -65,7 +78,6 @@ struct Worker {
   bool running = false;
   int status = 0;          // waitpid status once ended
   std::string report;      // the failure report file
-  Clock::time_point ended;
 };
 
 pid_t spawn(const Worker& w, const LaunchOptions& o, int port, const std::vector<std::string>& args) {
@@ -109,11 +121,8 @@ std::string read_report(const std::string& path) {
 
 // A worker the kernel reports as stopped (SIGSTOP, a debugger): it cannot answer, so the others time out.
 bool is_stopped(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat;
-  std::getline(in, stat);
-  const size_t close = stat.rfind(')');
-  return close != std::string::npos && close + 2 < stat.size() && (stat[close + 2] == 'T' || stat[close + 2] == 't');
+  const char state = process_state(pid);
+  return state == 'T' || state == 't';
 }
 
 bool bad(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
@@ -129,8 +138,8 @@ std::string how_it_ended(const Worker& w, const std::string& host) {
 
 // One attempt of the job: spawn, supervise, stop. Returns the exit code and fills `failure`.
 int run_attempt(const LaunchOptions& o, int64_t attempt, std::string& failure) {
-  const int port = o.master_port > 0 ? o.master_port : free_port();
-  const std::string host = hostname();
+  const int port = o.master_port > 0 ? o.master_port : free_local_port();
+  const std::string host = host_name();
   std::vector<Worker> workers(static_cast<size_t>(o.nproc_per_node));
   fs::create_directories(o.state_dir);
   const auto args = o.worker_args(attempt);
@@ -169,7 +178,6 @@ int run_attempt(const LaunchOptions& o, int64_t attempt, std::string& failure) {
         if (w.pid == pid && w.running) {
           w.running = false;
           w.status = status;
-          w.ended = Clock::now();
           if (bad(status) && !first_bad && !stopping) first_bad = &w;
         }
       continue;
@@ -226,11 +234,6 @@ int run_launcher(const LaunchOptions& o) {
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
   return code;
-}
-
-std::string failure_report_path() {
-  const char* p = std::getenv("COLOSSAL_FAILURE_FILE");
-  return p ? p : "";
 }
 
 void write_failure_report(const std::string& line) {

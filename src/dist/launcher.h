@@ -12,6 +12,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <sys/types.h>
 #include <string>
 #include <vector>
 
@@ -35,8 +36,13 @@ struct LaunchOptions {
 // Runs the job to the end; returns the exit code (0 when every worker succeeded).
 int run_launcher(const LaunchOptions& options);
 
-// In a worker: where to leave the one-line report of why it is ending ("" outside a launcher).
-std::string failure_report_path();
+// In a worker: leaves the one-line report of why it is ending where its launcher reads it (nothing
+// outside a launcher).
 void write_failure_report(const std::string& line);
+
+// A TCP port on 127.0.0.1 that was free a moment ago (the rendezvous of a one-node job).
+int free_local_port();
+// The process's state letter from /proc/<pid>/stat ('R', 'S', 'T' stopped, 'Z' zombie...), '\0' if gone.
+char process_state(pid_t pid);
 
 }  // namespace colossal::dist

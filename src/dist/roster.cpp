@@ -38,7 +38,6 @@ int64_t count_in(const std::string& encoded, const std::string& group) {
 }  // namespace
 
 struct Roster::Impl {
-  std::shared_ptr<StoreHandle> store;        // for queries after a failure
   c10::intrusive_ptr<c10d::Store> publisher;  // the heartbeat's own connection
   c10::intrusive_ptr<c10d::Store> query;      // for laggards(): its own connection with a short timeout,
                                               // so a frozen store host cannot hold an error back
@@ -49,17 +48,16 @@ struct Roster::Impl {
   std::thread thread;
 };
 
-Roster::Roster(std::shared_ptr<StoreHandle> store, int64_t rank, std::vector<std::string> hosts)
+Roster::Roster(const StoreHandle* store, int64_t rank, std::vector<std::string> hosts)
     : impl_(std::make_unique<Impl>()), rank_(rank), hosts_(std::move(hosts)) {
-  impl_->store = std::move(store);
-  if (!impl_->store) return;
+  if (!store) return;
   try {
-    impl_->publisher = impl_->store->store->clone();
-    impl_->query = impl_->store->store->clone();
+    impl_->publisher = store->store->clone();
+    impl_->query = store->store->clone();
     impl_->query->setTimeout(std::chrono::seconds(3));
   } catch (const std::exception&) {
-    impl_->publisher = impl_->store->store;   // a store that cannot clone shares its connection
-    impl_->query = impl_->store->store;
+    impl_->publisher = store->store;   // a store that cannot clone shares its connection
+    impl_->query = store->store;
   }
   impl_->thread = std::thread([this] { heartbeat(); });
 }
@@ -92,7 +90,7 @@ void Roster::heartbeat() {
       impl_->changed = false;
       lock.unlock();
       try {
-        impl_->publisher->set(progress_key(rank_), std::vector<uint8_t>(value.begin(), value.end()));
+        impl_->publisher->set(progress_key(rank_), store_bytes(value));
       } catch (const std::exception&) {
         // The store's host (rank 0 or the launcher) is gone; the collectives report that themselves.
       }
@@ -105,7 +103,7 @@ void Roster::heartbeat() {
 std::vector<int64_t> Roster::laggards(const std::string& group, const std::vector<int64_t>& ranks, int64_t n,
                                       std::string* detail) {
   std::vector<int64_t> behind;
-  if (!impl_->store) return behind;
+  if (!impl_->query) return behind;
   std::string text;
   for (int64_t r : ranks) {
     if (r == rank_) continue;
@@ -113,8 +111,7 @@ std::vector<int64_t> Roster::laggards(const std::string& group, const std::vecto
     try {
       const std::string key = progress_key(r);
       if (impl_->query->check({key})) {
-        auto bytes = impl_->query->get(key);
-        reached = count_in(std::string(bytes.begin(), bytes.end()), group);
+        reached = count_in(store_text(impl_->query->get(key)), group);
       }
     } catch (const std::exception&) {
       return {};   // the store is unreachable: nothing can be said about the others

@@ -16,8 +16,9 @@ struct StoreHandle;
 
 class Roster {
  public:
-  // `store` may be null (one process): nothing is published and no laggard is ever named.
-  Roster(std::shared_ptr<StoreHandle> store, int64_t rank, std::vector<std::string> hosts);
+  // `store` may be null (one process): nothing is published and no laggard is ever named. The roster
+  // opens its own connections to it (clones) and keeps no reference to `store` itself.
+  Roster(const StoreHandle* store, int64_t rank, std::vector<std::string> hosts);
   ~Roster();
   Roster(const Roster&) = delete;
   Roster& operator=(const Roster&) = delete;

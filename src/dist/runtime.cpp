@@ -17,6 +17,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "src/core/device.h"
 #include "src/core/error.h"
 #include "src/core/text.h"
 #include "src/dist/backend.h"
@@ -27,15 +28,6 @@ namespace colossal::dist {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string this_host() {
-  char name[256] = {};
-  if (gethostname(name, sizeof name - 1) != 0) return "unknown";
-  return name;
-}
-
-std::string bytes_text(const std::vector<uint8_t>& b) { return std::string(b.begin(), b.end()); }
-std::vector<uint8_t> text_bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
 std::chrono::milliseconds millis(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
@@ -67,7 +59,7 @@ std::string route_to(const std::string& master, int port) {
   if (fd >= 0) close(fd);
   freeaddrinfo(res);
   if (out.empty())
-    throw Error("rendezvous: no network route from " + this_host() + " to the master " + master +
+    throw Error("rendezvous: no network route from " + host_name() + " to the master " + master +
                 " (pick the interface that reaches it with --iface or GLOO_SOCKET_IFNAME)");
   return out;
 }
@@ -102,13 +94,13 @@ c10::intrusive_ptr<c10d::Store> open_store(const WorkerEnv& env, double timeout_
   } catch (const std::exception& e) {
     const std::string m = e.what();
     if (env.rank == 0 && (m.find("EADDRINUSE") != std::string::npos || m.find("in use") != std::string::npos))
-      throw Error("rendezvous: port " + std::to_string(env.master_port) + " on " + this_host() +
+      throw Error("rendezvous: port " + std::to_string(env.master_port) + " on " + host_name() +
                   " is already in use (another job, or a previous run still closing); pick a free one with "
                   "--master-port or MASTER_PORT");
     if (env.rank == 0)
-      throw Error("rendezvous: rank 0 on " + this_host() + " cannot host the store at " + where + ": " +
+      throw Error("rendezvous: rank 0 on " + host_name() + " cannot host the store at " + where + ": " +
                   m.substr(0, m.find('\n')));
-    throw Error("rendezvous: rank " + std::to_string(env.rank) + " on " + this_host() + " cannot reach the master at " +
+    throw Error("rendezvous: rank " + std::to_string(env.rank) + " on " + host_name() + " cannot reach the master at " +
                 where + " within " + format_number(timeout_s) +
                 " s (is rank 0 running, and is --master-addr / MASTER_ADDR an address of its node that this node reaches?)");
   }
@@ -121,8 +113,8 @@ std::vector<std::string> join_ranks(c10d::Store& store, const WorkerEnv& env, do
   if (claims > 1)
     throw Error("rendezvous: rank " + std::to_string(env.rank) + " joined twice (two workers were given RANK=" +
                 std::to_string(env.rank) + "; each needs its own)");
-  store.set("colossal/host/" + std::to_string(env.rank), text_bytes(this_host()));
-  store.set("colossal/world/" + std::to_string(env.rank), text_bytes(std::to_string(env.world)));
+  store.set("colossal/host/" + std::to_string(env.rank), store_bytes(host_name()));
+  store.set("colossal/world/" + std::to_string(env.rank), store_bytes(std::to_string(env.world)));
   const auto deadline = Clock::now() + millis(timeout_s);
   if (env.rank == 0) {
     std::vector<std::string> missing;
@@ -139,24 +131,24 @@ std::vector<std::string> join_ranks(c10d::Store& store, const WorkerEnv& env, do
                   env.master_addr + ":" + std::to_string(env.master_port) + "; were they started with the same world size and master?)");
     std::string hosts;
     for (int64_t r = 0; r < env.world; ++r) {
-      const std::string w = bytes_text(store.get("colossal/world/" + std::to_string(r)));
+      const std::string w = store_text(store.get("colossal/world/" + std::to_string(r)));
       if (w != std::to_string(env.world))
         throw Error("rendezvous: rank " + std::to_string(r) + " was started with world size " + w + ", rank 0 with " +
                     std::to_string(env.world) + " (every worker needs the same WORLD_SIZE / --nnodes x --nproc-per-node)");
-      hosts += (r ? "\n" : "") + bytes_text(store.get("colossal/host/" + std::to_string(r)));
+      hosts += (r ? "\n" : "") + store_text(store.get("colossal/host/" + std::to_string(r)));
     }
-    store.set("colossal/roster", text_bytes(hosts));
+    store.set("colossal/roster", store_bytes(hosts));
   } else {
     try {
       store.wait({"colossal/roster"}, millis(timeout_s));
     } catch (const std::exception&) {
-      throw Error("rendezvous: rank " + std::to_string(env.rank) + " on " + this_host() + " waited " +
+      throw Error("rendezvous: rank " + std::to_string(env.rank) + " on " + host_name() + " waited " +
                   format_number(timeout_s) + " s for the other ranks to join (rank 0 at " + env.master_addr + ":" +
                   std::to_string(env.master_port) + " did not see all " + std::to_string(env.world) + ")");
     }
   }
   std::vector<std::string> hosts;
-  const std::string all = bytes_text(store.get("colossal/roster"));
+  const std::string all = store_text(store.get("colossal/roster"));
   size_t at = 0;
   while (at <= all.size()) {
     size_t nl = all.find('\n', at);
@@ -176,7 +168,7 @@ std::unique_ptr<Runtime> Runtime::join(const WorkerEnv& env, const MeshShape& sh
   std::unique_ptr<Runtime> rt(new Runtime(env, shape));
   rt->groups_.resize(kDims.size());
   if (env.world == 1 && o.backend == "auto") {   // one process: no store, no sockets, no-op groups
-    rt->roster_ = std::make_shared<Roster>(nullptr, 0, std::vector<std::string>{this_host()});
+    rt->roster_ = std::make_shared<Roster>(nullptr, 0, std::vector<std::string>{host_name()});
     rt->world_ = std::make_shared<Group>("world");
     for (Dim d : kDims) rt->groups_[static_cast<size_t>(d)] = std::make_shared<Group>(dim_name(d));
     return rt;
@@ -185,24 +177,24 @@ std::unique_ptr<Runtime> Runtime::join(const WorkerEnv& env, const MeshShape& sh
   // c10d logs every connection retry and timeout with a stack trace; each of those ends here in one
   // line that names the rank and what to check, so its own chatter is kept for TORCH_CPP_LOG_LEVEL users.
   if (!std::getenv("TORCH_CPP_LOG_LEVEL")) FLAGS_caffe2_log_level = 3;
-  auto store = std::make_shared<StoreHandle>();
-  std::vector<std::string> hosts{this_host()};
+  StoreHandle store;
+  std::vector<std::string> hosts{host_name()};
   if (env.world == 1) {   // a backend named explicitly runs even alone (how NCCL is checked on one GPU)
-    store->store = c10::make_intrusive<c10d::HashStore>();
+    store.store = c10::make_intrusive<c10d::HashStore>();
   } else {
-    store->store = open_store(env, o.timeout_s);
+    store.store = open_store(env, o.timeout_s);
     if (env.agent_store)   // a store that outlives this attempt: this attempt's keys under their own prefix
-      store->store = c10::make_intrusive<c10d::PrefixStore>("colossal/attempt-" + std::to_string(env.restart_count), store->store);
-    hosts = join_ranks(*store->store, env, o.timeout_s);
+      store.store = c10::make_intrusive<c10d::PrefixStore>("colossal/attempt-" + std::to_string(env.restart_count), store.store);
+    hosts = join_ranks(*store.store, env, o.timeout_s);
   }
-  rt->roster_ = std::make_shared<Roster>(store, env.rank, hosts);
+  rt->roster_ = std::make_shared<Roster>(&store, env.rank, hosts);
 
   const bool nccl = o.backend == "nccl" || (o.backend == "auto" && o.cuda);
   rt->backend_name_ = nccl ? "nccl" : "gloo";
   const auto timeout = millis(o.timeout_s);
   std::shared_ptr<::gloo::transport::Device> device = nccl ? nullptr : gloo_device(env, o);
   auto make = [&](const std::string& prefix, int64_t rank, int64_t size) {
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("colossal/pg/" + prefix, store->store);
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("colossal/pg/" + prefix, store.store);
     auto h = std::make_unique<BackendHandle>();
     try {
       if (nccl) {
@@ -216,7 +208,7 @@ std::unique_ptr<Runtime> Runtime::join(const WorkerEnv& env, const MeshShape& sh
       throw;
     } catch (const std::exception& e) {
       std::string m = e.what();
-      throw Error("rank " + std::to_string(env.rank) + " (node " + this_host() + "): connecting group " + prefix + " (" +
+      throw Error("rank " + std::to_string(env.rank) + " (node " + host_name() + "): connecting group " + prefix + " (" +
                   std::to_string(size) + " ranks) failed: " + m.substr(0, m.find('\n')) +
                   (nccl ? "" : " (on several nodes, check --iface / GLOO_SOCKET_IFNAME names an interface that reaches the others)"));
     }
@@ -228,7 +220,7 @@ std::unique_ptr<Runtime> Runtime::join(const WorkerEnv& env, const MeshShape& sh
   auto world_backend = make("world", env.rank, env.world);
   auto world_pg = world_backend->pg;
   const c10::Device comm_device = nccl ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(o.cuda_index)) : c10::Device(c10::kCPU);
-  rt->world_ = std::make_shared<Group>("world", all, env.rank, std::move(world_backend), rt->roster_, timeout, comm_device);
+  rt->world_ = std::make_shared<Group>("world", all, env.rank, std::move(world_backend), rt->roster_, comm_device);
   for (Dim d : kDims) {   // the same order on every rank
     const std::string name = dim_name(d);
     auto ranks = rt->mesh_.group_ranks(env.rank, d);
@@ -245,15 +237,9 @@ std::unique_ptr<Runtime> Runtime::join(const WorkerEnv& env, const MeshShape& sh
     } else {
       h = make(name + "/" + std::to_string(rt->mesh_.group_index(env.rank, d)), index, static_cast<int64_t>(ranks.size()));
     }
-    slot = std::make_shared<Group>(name, ranks, index, std::move(h), rt->roster_, timeout, comm_device);
+    slot = std::make_shared<Group>(name, ranks, index, std::move(h), rt->roster_, comm_device);
   }
   return rt;
-}
-
-Runtime::~Runtime() {
-  groups_.clear();
-  world_.reset();
-  roster_.reset();
 }
 
 const std::string& Runtime::host() const { return roster_->host(env_.rank); }

@@ -29,7 +29,6 @@ class Runtime {
   // Throws Error naming the rank, the master and what to check when the rendezvous fails (busy port,
   // unreachable master, a rank that never joins, a world size or rank given twice).
   static std::unique_ptr<Runtime> join(const WorkerEnv& env, const MeshShape& shape, const JoinOptions& options);
-  ~Runtime();
 
   int64_t rank() const { return env_.rank; }
   int64_t world() const { return env_.world; }
@@ -52,6 +51,7 @@ class Runtime {
   WorkerEnv env_;
   MeshLayout mesh_;
   std::string backend_name_ = "none";
+  // Declared before the groups, so destroyed after them: a group's failure message asks the roster.
   std::shared_ptr<Roster> roster_;
   std::shared_ptr<Group> world_;
   std::vector<std::shared_ptr<Group>> groups_;   // indexed by Dim

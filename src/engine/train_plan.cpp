@@ -46,24 +46,36 @@ ModelConfig finetune_model_config(const Recipe& r, const ModelConfig& from_ckpt,
 }  // namespace
 
 // Dimensions whose layers are not built yet are refused here, by name, rather than run as something else.
-void check_parallel_recipe(const Recipe& r, int64_t world) {
-  dist::resolve_mesh(r, world);
+dist::MeshShape check_parallel_recipe(const Recipe& r, int64_t world) {
+  const dist::MeshShape shape = dist::resolve_mesh(r, world);
   for (const auto& [key, size] : {std::pair<const char*, int64_t>{"tensor", r.parallel.tensor}, {"pipeline", r.parallel.pipeline},
                                   {"sequence", r.parallel.sequence}})
     if (size > 1)
       throw Error(r.where(std::string("parallel.") + key) + " = " + std::to_string(size) + ": " + key + " parallelism is not built yet (valid today: 1; data "
                         "parallelism uses every rank with data = \"auto\")");
+  return shape;
+}
+
+std::vector<parallel::GradBuffer> grad_buffers(const optim::FlatParams& flat, torch::nn::Module& model) {
+  std::map<std::string, at::Tensor> by_name;
+  for (const auto& item : model.named_parameters()) by_name[item.key()] = item.value();
+  std::vector<parallel::GradBuffer> buffers;
+  for (const auto& g : flat.groups()) {
+    parallel::GradBuffer b{g.grads, {}};
+    for (const auto& s : g.segments) b.slices.push_back({by_name.at(s.name), s.offset, s.numel});
+    buffers.push_back(std::move(b));
+  }
+  return buffers;
 }
 
 namespace {
 
 // Step 1: the job. Threads first (before any ATen work starts its pool), then the rendezvous.
-std::unique_ptr<dist::Runtime> join_job(const Recipe& r, const TrainOptions& opt, c10::Device& device) {
-  const dist::WorkerEnv env = dist::worker_env(dist::process_env());
+std::unique_ptr<dist::Runtime> join_job(const Recipe& r, const TrainOptions& opt, const dist::WorkerEnv& env,
+                                        c10::Device& device) {
   if (device.is_cuda() && env.local_world > 1)   // one GPU per local rank
     device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % std::max<int64_t>(1, cuda_device_count())));
-  check_parallel_recipe(r, env.world);
-  const dist::MeshShape shape = dist::resolve_mesh(r, env.world);
+  const dist::MeshShape shape = check_parallel_recipe(r, env.world);
   if (!std::getenv("OMP_NUM_THREADS") && device.is_cpu()) at::set_num_threads(static_cast<int>(dist::threads_for_worker(env)));
   set_log_rank(env.rank, env.world);
   dist::JoinOptions jo;
@@ -118,18 +130,11 @@ void build_model_weights(TrainPlan& p, const std::string& init_ckpt) {
 // over the flat gradient buffers.
 void apply_data_parallel(TrainPlan& p) {
   p.flat = std::make_unique<optim::FlatParams>(*p.model, p.recipe.optim.weight_decay);
-  std::map<std::string, at::Tensor> by_name;
-  for (const auto& item : p.model->named_parameters()) by_name[item.key()] = item.value();
-  std::vector<parallel::GradBuffer> buffers;
   std::vector<at::Tensor> params;
-  for (const auto& g : p.flat->groups()) {
-    parallel::GradBuffer b{g.grads, {}};
-    for (const auto& s : g.segments) b.slices.push_back({by_name.at(s.name), s.offset, s.numel});
-    buffers.push_back(std::move(b));
-    params.push_back(g.params);
-  }
+  for (const auto& g : p.flat->groups()) params.push_back(g.params);
   const auto bucket_bytes = static_cast<int64_t>(p.recipe.parallel.bucket_mb * 1024 * 1024);
-  p.data_parallel = std::make_unique<parallel::DataParallel>(std::move(buffers), p.runtime->group(dist::Dim::dp), bucket_bytes);
+  p.data_parallel = std::make_unique<parallel::DataParallel>(grad_buffers(*p.flat, *p.model), p.runtime->group(dist::Dim::dp),
+                                                             bucket_bytes);
   p.data_parallel->broadcast_from_root(params);
   if (p.dp_size > 1)
     spdlog::info("data parallel over {} ranks: {} gradient bucket(s) of up to {} MB", p.dp_size,
@@ -164,39 +169,39 @@ void resume(TrainPlan& p) {
 
 }  // namespace
 
-Recipe effective_recipe(const Recipe& r, const TrainOptions& opt, std::string* tokenizer_path) {
-  Recipe effective = r;
-  *tokenizer_path = r.data.tokenizer;
+EffectiveRecipe effective_recipe(const Recipe& r, const TrainOptions& opt) {
+  EffectiveRecipe e{r, r.data.tokenizer, ""};
   if (opt.finetune) {
     if (r.finetune.from.empty())
       throw RecipeError(r.where("finetune.from"), "is required by `colossal finetune` (the checkpoint to start from)");
-    const std::string init = resolve_checkpoint(r.finetune.from);
-    effective.model = finetune_model_config(r, read_checkpoint_info(init).model, init);
-    *tokenizer_path = (fs::path(init) / "tokenizer.model").string();
+    e.init_checkpoint = resolve_checkpoint(r.finetune.from);
+    e.recipe.model = finetune_model_config(r, read_checkpoint_info(e.init_checkpoint).model, e.init_checkpoint);
+    e.tokenizer_path = (fs::path(e.init_checkpoint) / "tokenizer.model").string();
   }
   if (!opt.finetune && !r.sections.count("model"))
     throw RecipeError(r.path, "has no [model] section (training from scratch needs one; see recipes/gpt-mini.toml)");
-  check_data_sources(effective, opt.finetune ? *tokenizer_path : "");
-  return effective;
+  check_data_sources(e.recipe, opt.finetune ? e.tokenizer_path : "");
+  return e;
 }
 
-std::unique_ptr<TrainPlan> build_plan(const Recipe& effective, const std::string& tokenizer_path, const TrainOptions& opt) {
+std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const TrainOptions& opt) {
   auto p = std::make_unique<TrainPlan>();
-  p->recipe = effective;
+  p->recipe = effective.recipe;
   p->options = opt;
-  p->tokenizer_path = tokenizer_path;
+  p->tokenizer_path = effective.tokenizer_path;
+  const dist::WorkerEnv env = dist::worker_env(dist::process_env());
   const Recipe& r = p->recipe;
   p->device = resolve_device(r.train.device, r.where("train.device"));
   if (p->device.is_cpu()) {   // refuse before allocating anything, with the dry run's estimate
     const int64_t params = count_parameters(r.model);
-    const int64_t local = dist::worker_env(dist::process_env()).local_world;   // every worker on this node holds a copy
+    const int64_t local = env.local_world;   // every worker on this node holds a copy
     require_host_memory(estimate_training_memory(r, params).total() * static_cast<double>(local),
                         "training this " + human_count(static_cast<double>(params)) +
                             "-parameter model (weights, gradients, AdamW state and one micro-batch's activations" +
                             (local > 1 ? ", for each of the " + std::to_string(local) + " workers on this node)" : ")"));
   }
 
-  p->runtime = join_job(r, opt, p->device);                       // 1. the job and its mesh
+  p->runtime = join_job(r, opt, env, p->device);                       // 1. the job and its mesh
   p->dp_rank = p->runtime->mesh().coordinate(p->runtime->rank(), dist::Dim::dp);
   p->dp_size = p->runtime->mesh().shape().of(dist::Dim::dp);
   if (p->is_root()) {
@@ -205,7 +210,7 @@ std::unique_ptr<TrainPlan> build_plan(const Recipe& effective, const std::string
     spdlog::info("colossal {} {} -> {}", opt.finetune ? "finetune" : "train", r.path, r.output.dir);
   }
   load_data(*p);                                                  // 2. data
-  build_model_weights(*p, opt.finetune ? resolve_checkpoint(r.finetune.from) : "");   // 3. model
+  build_model_weights(*p, effective.init_checkpoint);   // 3. model
   apply_data_parallel(*p);                                        // 4. memory layout + data parallelism
   p->optimizer = std::make_unique<optim::AdamW>(*p->flat, optim::AdamWOptions{r.optim.betas[0], r.optim.betas[1], r.optim.eps});
   if (opt.resume) resume(*p);                                     // 5. state

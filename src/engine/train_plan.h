@@ -47,16 +47,25 @@ struct TrainPlan {
   }
 };
 
-// The recipe as training will run it (finetuning takes [model] from the checkpoint) and validated
-// against the data; no rank joins, nothing is allocated. Also used by --dry-run.
-Recipe effective_recipe(const Recipe& recipe, const TrainOptions& options, std::string* tokenizer_path);
+// The recipe as training will run it, validated against the data; no rank joins, nothing is
+// allocated. Also used by --dry-run.
+struct EffectiveRecipe {
+  Recipe recipe;                 // finetuning takes [model] from the checkpoint
+  std::string tokenizer_path;    // the recipe's, or the checkpoint's when finetuning
+  std::string init_checkpoint;   // the resolved [finetune] from ("" when training from scratch)
+};
+EffectiveRecipe effective_recipe(const Recipe& recipe, const TrainOptions& options);
 
 // The recipe's [parallel] against a world of `world` ranks: mesh sizes, and no dimension whose layers
 // are not built yet. The launcher calls it before starting any worker. Throws Error at the recipe key.
-void check_parallel_recipe(const Recipe& recipe, int64_t world);
+dist::MeshShape check_parallel_recipe(const Recipe& recipe, int64_t world);
 
 // Builds the plan: joins the job, prepares data (rank 0 first), builds and places the model, applies
 // data parallelism, the optimizer and the resumed state. Throws Error with a one-line message.
-std::unique_ptr<TrainPlan> build_plan(const Recipe& effective, const std::string& tokenizer_path, const TrainOptions& options);
+std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const TrainOptions& options);
+
+// The flat gradient buffers of `flat` with the parameters of `model` whose .grad are views into them:
+// what data parallelism reduces.
+std::vector<parallel::GradBuffer> grad_buffers(const optim::FlatParams& flat, torch::nn::Module& model);
 
 }  // namespace colossal

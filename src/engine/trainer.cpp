@@ -87,8 +87,7 @@ void print_dry_run(const Recipe& r, const c10::Device& device, int64_t launch_wo
     env.world = launch_world;
     env.source = "launcher";
   }
-  check_parallel_recipe(r, env.world);
-  const dist::MeshShape mesh = dist::resolve_mesh(r, env.world);
+  const dist::MeshShape mesh = check_parallel_recipe(r, env.world);
   std::printf("parallel:    %lld rank(s) (%s), mesh %s, %s backend\n", static_cast<long long>(env.world), env.source.c_str(),
               mesh.describe().c_str(), r.parallel.backend.c_str());
   const int64_t dp = mesh.of(dist::Dim::dp);
@@ -261,8 +260,7 @@ int run_loop(TrainPlan& p) {
   const double wall = seconds_since(start);
   const double steady_tps = static_cast<double>(counted_steps * tokens_per_step) / counted_s;
   const auto peak_rss = static_cast<double>(peak_rss_bytes()), peak_device = static_cast<double>(device_peak_allocated_bytes(p.device));
-  const bool stopped_early = g_interrupted || state.step < r.train.max_steps;
-  if (!root) return stopped_early && g_interrupted ? 130 : 0;
+  if (!root) return g_interrupted ? 130 : 0;
   nlohmann::json summary = {{"steps", state.step},
                             {"steps_this_run", steps_this_run},
                             {"tokens_per_s", steady_tps},
@@ -295,13 +293,13 @@ int run_loop(TrainPlan& p) {
 }  // namespace
 
 int run_training(const Recipe& recipe, const TrainOptions& opt) {
-  std::string tokenizer_path;
-  const Recipe effective = effective_recipe(recipe, opt, &tokenizer_path);
+  const EffectiveRecipe effective = effective_recipe(recipe, opt);
   if (opt.dry_run) {
-    print_dry_run(effective, resolve_device(effective.train.device, effective.where("train.device")), opt.launch_world);
+    const Recipe& r = effective.recipe;
+    print_dry_run(r, resolve_device(r.train.device, r.where("train.device")), opt.launch_world);
     return 0;
   }
-  auto plan = build_plan(effective, tokenizer_path, opt);
+  auto plan = build_plan(effective, opt);
   return run_loop(*plan);
 }
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "src/core/error.h"
 #include "src/data/prepare.h"
 #include "src/data/tokenizer.h"
 
@@ -25,6 +26,15 @@ TempDir::TempDir() {
 TempDir::~TempDir() {
   std::error_code ec;
   fs::remove_all(path_, ec);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 std::string source_dir() { return COLOSSAL_SOURCE_DIR; }

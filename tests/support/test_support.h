@@ -1,6 +1,7 @@
 // Test support: temporary directories, a small corpus with its tokenizer and dataset built once per
 // test binary, and running the colossal binary as a user would.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,9 @@ const SmallCorpus& small_corpus();
 // A 2-layer, width-32 GPT recipe over small_corpus() writing into `out`: dropout 0.1, grad_accum 2,
 // eval and checkpoint every 3 steps (keep 2), warmup 2, cosine over 12. `overrides` as with --set.
 Recipe tiny_training_recipe(const std::string& out, int64_t max_steps, const std::vector<std::string>& overrides = {});
+
+// The one-line message of the colossal::Error `f` throws, or "(no error)".
+std::string error_of(const std::function<void()>& f);
 
 std::string source_dir();                       // the repository root
 std::string binary_path();                      // the colossal binary under test
