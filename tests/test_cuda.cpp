@@ -11,7 +11,7 @@
 #include "src/core/recipe.h"
 #include "src/data/tokenizer.h"
 #include "src/engine/checkpoint.h"
-#include "src/engine/model_registry.h"
+#include "models/registry.h"
 #include "src/engine/generator.h"
 #include "src/engine/trainer.h"
 #include "src/nn/lm_head_loss.h"
@@ -153,7 +153,7 @@ TEST(Cuda, GreedyGenerationOnTheGpuMatchesTheCpu) {
     const c10::Device device = d == 0 ? c10::Device(c10::kCPU) : kGpu;
     nn::LayerFactory factory;
     auto model = build_model(info.model, factory);
-    load_model_state(*model, load_safetensors(dir + "/model.safetensors"), dir);
+    load_model_state(*model, HfWeights::open(dir));
     model->to(device);
     Generator gen(model, Tokenizer::from_bytes(info.tokenizer_bytes, dir), device);
     for (auto& r : gen.generate(prompts, greedy)) texts[d].push_back(r.text);

@@ -22,7 +22,7 @@
 #include "src/dist/launcher.h"
 #include "src/dist/runtime.h"
 #include "src/engine/train_plan.h"
-#include "src/engine/model_registry.h"
+#include "models/registry.h"
 #include "src/nn/kernel_choice.h"
 #include "src/optim/flat_params.h"
 #include "src/parallel/data_parallel.h"

@@ -8,7 +8,7 @@
 #include "models/gpt/gpt.h"
 #include "src/core/error.h"
 #include "src/engine/checkpoint.h"
-#include "src/engine/model_registry.h"
+#include "models/registry.h"
 #include "src/nn/activation.h"
 #include "src/nn/kernel_choice.h"
 #include "src/nn/lm_head_loss.h"
@@ -70,7 +70,7 @@ TEST(Gpt, ExportedStateLoadsIntoAFreshModelAndGivesTheSameLogits) {
   SafetensorsFile file;
   file.tensors = export_model_state(*a);
   file.tensors.push_back({"lm_head.weight", at::zeros({40, 16})});   // HF may include the tied head
-  load_model_state(*b, file, "mem");
+  load_model_state(*b, HfWeights::from_file(file, "mem"));
   EXPECT_TRUE(at::allclose(a->forward(ids), b->forward(ids)));
 }
 
@@ -80,13 +80,13 @@ TEST(Gpt, LoadingRejectsMissingUnexpectedAndMisshapenTensors) {
   file.tensors = export_model_state(*m);
   auto drop = file;
   drop.tensors.pop_back();
-  EXPECT_THROW(load_model_state(*m, drop, "x"), Error);
+  EXPECT_THROW(load_model_state(*m, HfWeights::from_file(drop, "x")), Error);
   auto extra = file;
   extra.tensors.push_back({"transformer.h.9.ln_1.weight", at::ones({16})});
-  EXPECT_THROW(load_model_state(*m, extra, "x"), Error);
+  EXPECT_THROW(load_model_state(*m, HfWeights::from_file(extra, "x")), Error);
   auto bad = file;
   bad.tensors[0].tensor = at::zeros({41, 16});
-  EXPECT_THROW(load_model_state(*m, bad, "x"), Error);
+  EXPECT_THROW(load_model_state(*m, HfWeights::from_file(bad, "x")), Error);
 }
 
 TEST(Gpt, KvCacheDecodingMatchesFullForward) {
@@ -162,7 +162,7 @@ TEST(ModelRegistry, UnknownFamilyNamesTheRecipeKey) {
     build_model(r, f);
     FAIL();
   } catch (const RecipeError& e) {
-    EXPECT_EQ(std::string(e.what()), "r.toml:2: [model] family: = \"gtp\" is not a known model family (valid: gpt) (did you mean \"gpt\"?)");
+    EXPECT_EQ(std::string(e.what()), "r.toml:2: [model] family: = \"gtp\" is not a known model family (valid: gpt, opt) (did you mean \"gpt\"?)");
   }
 }
 

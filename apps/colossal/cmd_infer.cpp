@@ -16,7 +16,7 @@
 #include "src/core/text.h"
 #include "src/engine/checkpoint.h"
 #include "src/engine/generator.h"
-#include "src/engine/model_registry.h"
+#include "models/registry.h"
 #include "src/nn/kernel_choice.h"
 
 namespace fs = std::filesystem;
@@ -84,7 +84,7 @@ void run(InferArgs& a) {
     require_host_memory(4.0 * static_cast<double>(count_parameters(info.model)), "the model in " + dir + " (fp32 weights)");
   nn::LayerFactory factory;
   auto model = build_model(info.model, factory);
-  load_model_state(*model, load_safetensors((fs::path(dir) / "model.safetensors").string()), dir);
+  load_model_state(*model, HfWeights::open(dir));
   model->to(device);
   spdlog::info("loaded {} ({} parameters) on {}", dir, model->parameter_count(), describe_device(device));
 

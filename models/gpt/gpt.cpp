@@ -7,26 +7,23 @@
 
 namespace colossal::gpt {
 
-Block::Block(const GptConfig& c, nn::LayerFactory& f)
-    : ln_1(register_module("ln_1", f.layer_norm(c.n_embd, c.layer_norm_eps))),
-      ln_2(register_module("ln_2", f.layer_norm(c.n_embd, c.layer_norm_eps))) {
-  attn = register_module("attn", f.attention({.width = c.n_embd, .heads = c.n_head, .causal = true,
-                                               .bias = c.bias, .dropout = c.dropout}));
-  mlp = register_module("mlp", f.mlp({.width = c.n_embd, .hidden = 4 * c.n_embd, .act = nn::Act::GeluTanh,
-                                      .bias = c.bias, .dropout = c.dropout}));
+namespace {
+
+nn::BlockSpec block_spec(const GptConfig& c) {
+  return {.attn = {.width = c.n_embd, .heads = c.n_head, .causal = true, .bias = c.bias, .dropout = c.dropout},
+          .mlp = {.width = c.n_embd, .hidden = 4 * c.n_embd, .act = nn::Act::GeluTanh, .bias = c.bias, .dropout = c.dropout},
+          .norm_eps = c.layer_norm_eps,
+          .pre_norm = true};
 }
 
-at::Tensor Block::forward(const at::Tensor& x, nn::LayerKv* kv, int64_t offset, const at::Tensor& mask) {
-  auto h = x + attn->forward(ln_1->forward(x), kv, offset, mask);   // [B, T, C]
-  return h + mlp->forward(ln_2->forward(h));
-}
+}  // namespace
 
 Gpt::Gpt(const GptConfig& c, nn::LayerFactory& f) : cfg_(c) {
   wte = register_module("wte", f.embedding(c.vocab_size, c.n_embd, nn::Split::Vocab));
   wpe = register_module("wpe", f.embedding(c.block_size, c.n_embd));
   blocks_list = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.n_layer; ++i) {
-    blocks_.push_back(std::make_shared<Block>(c, f));
+    blocks_.push_back(std::make_shared<nn::TransformerBlock>(block_spec(c), f));
     blocks_list->push_back(blocks_.back());
   }
   ln_f = register_module("ln_f", f.layer_norm(c.n_embd, c.layer_norm_eps));
@@ -74,12 +71,8 @@ at::Tensor Gpt::features(const at::Tensor& ids, const nn::ForwardOptions& o) {
 }
 
 nn::KvCache Gpt::make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const {
-  nn::KvCache cache;
-  cache.capacity = capacity;
-  const int64_t h = cfg_.n_head, d = cfg_.n_embd / cfg_.n_head;
   auto opts = at::TensorOptions().device(device).dtype(wte->parameters()[0].scalar_type());
-  for (int64_t i = 0; i < cfg_.n_layer; ++i) cache.layers.push_back({at::empty({batch, h, capacity, d}, opts), at::empty({batch, h, capacity, d}, opts)});
-  return cache;
+  return nn::make_kv_cache(cfg_.n_layer, batch, cfg_.n_head, capacity, cfg_.n_embd / cfg_.n_head, opts);
 }
 
 const nn::HfNameMap& Gpt::hf_names() const {

@@ -6,23 +6,12 @@
 #include <torch/nn/modules/container/modulelist.h>
 
 #include "models/gpt/gpt_config.h"
+#include "src/nn/block.h"
 #include "src/nn/causal_lm.h"
 #include "src/nn/factory.h"
 #include "src/nn/layer_norm.h"
-#include "src/nn/mlp.h"
 
 namespace colossal::gpt {
-
-class Block : public torch::nn::Module {
- public:
-  Block(const GptConfig& c, nn::LayerFactory& f);
-  at::Tensor forward(const at::Tensor& x, nn::LayerKv* kv, int64_t offset, const at::Tensor& mask);
-
- private:
-  std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
-  std::shared_ptr<nn::Attention> attn;
-  std::shared_ptr<nn::Mlp> mlp;
-};
 
 class Gpt : public nn::CausalLM {
  public:
@@ -41,13 +30,13 @@ class Gpt : public nn::CausalLM {
   // The stages every model exposes (pipeline and memory managers wrap them); the head is
   // CausalLM's, over features() and head_weight().
   at::Tensor embed(const at::Tensor& ids, const at::Tensor& positions);   // [B, T] -> [B, T, C]
-  std::vector<std::shared_ptr<Block>>& blocks() { return blocks_; }
+  std::vector<std::shared_ptr<nn::TransformerBlock>>& blocks() { return blocks_; }
 
  private:
   GptConfig cfg_;
   std::shared_ptr<nn::Embedding> wte, wpe;
   torch::nn::ModuleList blocks_list{nullptr};
-  std::vector<std::shared_ptr<Block>> blocks_;
+  std::vector<std::shared_ptr<nn::TransformerBlock>> blocks_;
   std::shared_ptr<nn::LayerNorm> ln_f;
 };
 

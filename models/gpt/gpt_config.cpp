@@ -1,15 +1,23 @@
 // GPT-2 configuration conversions: see gpt_config.h.
 #include "models/gpt/gpt_config.h"
 
-#include <limits>
-
 #include "src/core/error.h"
-#include "src/core/json_value.h"
 #include "src/core/text.h"
+#include "src/io/hf_config.h"
 
 namespace colossal::gpt {
 
 GptConfig from_recipe(const ModelConfig& m) {
+  // GPT-2's one shape of block: keys other families use must hold GPT-2's values.
+  if (m.n_inner != 0 && m.n_inner != 4 * m.n_embd)
+    throw ModelKeyError("n_inner", "= " + std::to_string(m.n_inner) + ": a GPT-2 MLP is 4 x n_embd = " + std::to_string(4 * m.n_embd) + " wide (valid: 0 or that)");
+  if (m.activation != "auto" && m.activation != "gelu_tanh")
+    throw ModelKeyError("activation", "= \"" + m.activation + "\": GPT-2 uses the tanh GELU (valid: auto, gelu_tanh)");
+  if (!m.pre_norm) throw ModelKeyError("pre_norm", "= false: GPT-2 blocks normalise before each sublayer (valid: true)");
+  if (m.embed_dim != 0 && m.embed_dim != m.n_embd)
+    throw ModelKeyError("embed_dim", "= " + std::to_string(m.embed_dim) + ": GPT-2 embeds at the model width (valid: 0 or n_embd)");
+  if (m.attn_dropout >= 0 && m.attn_dropout != m.dropout)
+    throw ModelKeyError("attn_dropout", "= " + format_number(m.attn_dropout) + ": GPT-2 here uses one dropout rate (valid: -1 or dropout)");
   return {m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, m.dropout, m.bias, m.layer_norm_eps, m.init_std};
 }
 
@@ -47,58 +55,27 @@ nlohmann::json to_hf_config(const GptConfig& c) {
 }
 
 GptConfig from_hf_config(const nlohmann::json& j, const std::string& path) {
-  if (!j.is_object()) throw Error(path + ": holds " + std::string(j.type_name()) + ", not a JSON object");
+  const HfConfigReader r(j, path, "gpt2", "GPT-2");
   GptConfig c;
-  auto present = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
-  // A size: a whole number in [1, max] (the bounds keep a corrupted file from asking for exabytes).
-  auto size = [&](const char* key, int64_t& out, int64_t max) {
-    if (!present(key)) throw Error(path + ": missing \"" + key + "\" (not a GPT-2 config.json?)");
-    const auto n = whole_number(j[key]);
-    if (!n || *n < 1 || *n > static_cast<uint64_t>(max))
-      throw Error(path + ": \"" + key + "\" = " + j[key].dump() + " (expected a whole number in [1, " + std::to_string(max) + "])");
-    out = static_cast<int64_t>(*n);
-  };
-  // A real number in [lo, hi) (or (lo, hi) when open_lo), optional.
-  auto real = [&](const char* key, double& out, double lo, double hi, bool open_lo) {
-    if (!present(key)) return;
-    const auto& v = j[key];
-    const double x = v.is_number() ? v.get<double>() : std::numeric_limits<double>::quiet_NaN();
-    if (!(open_lo ? x > lo : x >= lo) || !(x < hi))
-      throw Error(path + ": \"" + key + "\" = " + v.dump() + " (expected a number in " + (open_lo ? "(" : "[") +
-                  format_number(lo) + ", " + format_number(hi) + "))");
-    out = x;
-  };
-  // A field this model has one setting of: absent, null, or that setting; anything else is refused,
-  // since building the model without it would silently compute something else.
-  auto fixed = [&](const char* key, const std::vector<nlohmann::json>& accepted, const std::string& supported) {
-    if (!present(key)) return;
-    for (const auto& a : accepted)
-      if (j[key] == a) return;
-    throw Error(path + ": \"" + key + "\" = " + j[key].dump() + " is not supported (" + supported + ")");
-  };
-  if (j.contains("model_type") && !j["model_type"].is_string())
-    throw Error(path + ": \"model_type\" = " + j["model_type"].dump() + " is not a name");
-  const std::string type = j.value("model_type", "gpt2");
-  if (type != "gpt2") throw Error(path + ": model_type \"" + type + "\" is not gpt2");
-  size("n_layer", c.n_layer, 1024);
-  size("n_head", c.n_head, 1024);
-  size("n_embd", c.n_embd, 1 << 16);
-  size("n_positions", c.block_size, 1 << 20);
-  size("vocab_size", c.vocab_size, 1 << 24);
-  real("resid_pdrop", c.dropout, 0.0, 1.0, false);
-  real("layer_norm_epsilon", c.layer_norm_eps, 0.0, 1.0, true);
-  real("initializer_range", c.init_std, 0.0, 1.0, true);
+  c.n_layer = r.size("n_layer", 1024);
+  c.n_head = r.size("n_head", 1024);
+  c.n_embd = r.size("n_embd", 1 << 16);
+  c.block_size = r.size("n_positions", 1 << 20);
+  c.vocab_size = r.size("vocab_size", 1 << 24);
+  c.dropout = r.real("resid_pdrop", c.dropout, 0.0, 1.0);
+  c.layer_norm_eps = r.real("layer_norm_epsilon", c.layer_norm_eps, 0.0, 1.0, true);
+  c.init_std = r.real("initializer_range", c.init_std, 0.0, 1.0, true);
   if (c.n_embd % c.n_head != 0)
-    throw Error(path + ": n_head = " + std::to_string(c.n_head) + " does not divide n_embd = " + std::to_string(c.n_embd));
-  fixed("activation_function", {"gelu_new", "gelu_pytorch_tanh"}, "this GPT-2 uses the tanh GELU: gelu_new or gelu_pytorch_tanh");
-  fixed("tie_word_embeddings", {true}, "the LM head shares the token embedding: true");
-  fixed("n_inner", {4 * c.n_embd}, "the MLP is 4 x n_embd = " + std::to_string(4 * c.n_embd) + " wide, or null");
-  fixed("scale_attn_weights", {true}, "scores are scaled by 1/sqrt(head size): true");
-  fixed("scale_attn_by_inverse_layer_idx", {false}, "false");
-  fixed("reorder_and_upcast_attn", {false}, "false");
-  fixed("add_cross_attention", {false}, "a decoder-only model: false");
-  if (present("n_ctx") && j["n_ctx"] != j["n_positions"])
-    throw Error(path + ": \"n_ctx\" = " + j["n_ctx"].dump() + " differs from n_positions = " + std::to_string(c.block_size));
+    r.fail("n_head = " + std::to_string(c.n_head) + " does not divide n_embd = " + std::to_string(c.n_embd));
+  r.fixed("activation_function", {"gelu_new", "gelu_pytorch_tanh"}, "this GPT-2 uses the tanh GELU: gelu_new or gelu_pytorch_tanh");
+  r.fixed("tie_word_embeddings", {true}, "the LM head shares the token embedding: true");
+  r.fixed("n_inner", {4 * c.n_embd}, "the MLP is 4 x n_embd = " + std::to_string(4 * c.n_embd) + " wide, or null");
+  r.fixed("scale_attn_weights", {true}, "scores are scaled by 1/sqrt(head size): true");
+  r.fixed("scale_attn_by_inverse_layer_idx", {false}, "false");
+  r.fixed("reorder_and_upcast_attn", {false}, "false");
+  r.fixed("add_cross_attention", {false}, "a decoder-only model: false");
+  if (r.present("n_ctx") && j["n_ctx"] != j["n_positions"])
+    r.fail("\"n_ctx\" = " + j["n_ctx"].dump() + " differs from n_positions = " + std::to_string(c.block_size));
   return c;
 }
 

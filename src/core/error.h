@@ -23,4 +23,17 @@ class RecipeError : public Error {
   std::string where_;
 };
 
+// A [model] value a family cannot build, raised where only the values are known; whoever holds the
+// recipe turns it into a RecipeError at the key's location (models/registry.cpp).
+class ModelKeyError : public Error {
+ public:
+  ModelKeyError(const std::string& key, const std::string& message)
+      : Error("[model] " + key + " " + message), key_(key), message_(message) {}
+  const std::string& key() const { return key_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  std::string key_, message_;
+};
+
 }  // namespace colossal

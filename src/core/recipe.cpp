@@ -161,9 +161,16 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   mc.block_size = m.integer("block_size", mc.block_size, 1, 1 << 20);
   mc.vocab_size = m.integer("vocab_size", mc.vocab_size, 8, 1 << 24);
   mc.dropout = m.real("dropout", mc.dropout, 0.0, 0.99);
+  mc.attn_dropout = m.real("attn_dropout", mc.attn_dropout, -1, 0.99);
+  if (mc.attn_dropout < 0 && mc.attn_dropout != -1)
+    m.fail("attn_dropout", "= " + format_number(mc.attn_dropout) + " is out of range (valid: 0 to 0.99, or -1 for the dropout rate)");
   mc.bias = m.boolean("bias", mc.bias);
   mc.layer_norm_eps = m.real("layer_norm_eps", mc.layer_norm_eps, 1e-12, 1e-1);
   mc.init_std = m.real("init_std", mc.init_std, 1e-6, 1.0);
+  mc.n_inner = m.integer("n_inner", mc.n_inner, 0, 1 << 22);
+  mc.activation = m.string("activation", mc.activation, {"auto", "gelu_tanh", "gelu", "relu"});
+  mc.pre_norm = m.boolean("pre_norm", mc.pre_norm);
+  mc.embed_dim = m.integer("embed_dim", mc.embed_dim, 0, 1 << 20);
   if (mc.n_embd % mc.n_head != 0)
     m.fail("n_head", "= " + std::to_string(mc.n_head) + " does not divide n_embd = " + std::to_string(mc.n_embd) +
                          " (try " + divisors_near(mc.n_embd, mc.n_head) + ")");
@@ -282,8 +289,11 @@ std::string Recipe::to_toml() const {
       {"name", name},
       {"model", toml::table{{"family", model.family}, {"n_layer", model.n_layer}, {"n_head", model.n_head},
                             {"n_embd", model.n_embd}, {"block_size", model.block_size},
-                            {"vocab_size", model.vocab_size}, {"dropout", model.dropout}, {"bias", model.bias},
-                            {"layer_norm_eps", model.layer_norm_eps}, {"init_std", model.init_std}}},
+                            {"vocab_size", model.vocab_size}, {"dropout", model.dropout},
+                            {"attn_dropout", model.attn_dropout}, {"bias", model.bias},
+                            {"layer_norm_eps", model.layer_norm_eps}, {"init_std", model.init_std},
+                            {"n_inner", model.n_inner}, {"activation", model.activation},
+                            {"pre_norm", model.pre_norm}, {"embed_dim", model.embed_dim}}},
       {"data", toml::table{{"text", data.text}, {"tokenizer", data.tokenizer}, {"dataset", data.dataset},
                            {"tokenizer_vocab", data.tokenizer_vocab}, {"val_fraction", data.val_fraction},
                            {"prefetch", data.prefetch}}},

@@ -12,16 +12,22 @@
 namespace colossal {
 
 struct ModelConfig {                 // [model]
-  std::string family = "gpt";        // gpt (more families register in models/)
+  std::string family = "gpt";        // a family registered in models/registry.cpp (gpt, opt)
   int64_t n_layer = 12;
   int64_t n_head = 12;
   int64_t n_embd = 768;
   int64_t block_size = 1024;         // context length (learned positions)
   int64_t vocab_size = 50304;        // may exceed the tokenizer's vocabulary (padding for fast matmuls)
   double dropout = 0.0;              // embeddings, attention probabilities, residual branches
+  double attn_dropout = -1;          // attention probabilities alone; -1 = dropout
   bool bias = true;
   double layer_norm_eps = 1e-5;
   double init_std = 0.02;
+  int64_t n_inner = 0;               // MLP hidden width; 0 = 4 * n_embd
+  std::string activation = "auto";   // auto (the family's own) | gelu_tanh | gelu | relu
+  bool pre_norm = true;              // LayerNorm before each sublayer (false: after the residual add)
+  int64_t embed_dim = 0;             // token-embedding width when narrower than n_embd (projected in
+                                     // and out, as OPT-350m's word_embed_proj_dim); 0 = n_embd
 };
 
 struct DataConfig {                  // [data]

@@ -12,7 +12,7 @@
 #include "src/core/error.h"
 #include "src/core/json_value.h"
 #include "src/core/text.h"
-#include "src/engine/model_registry.h"
+#include "models/registry.h"
 #include "src/io/atomic_dir.h"
 
 namespace fs = std::filesystem;
@@ -42,6 +42,18 @@ std::map<std::string, at::Tensor> named_parameters_map(nn::CausalLM& model) {
 }
 
 at::Tensor to_hf_layout(const at::Tensor& t, bool transpose) { return transpose ? t.t().contiguous() : t; }
+
+// One of our tensors as the HF tensors that store it: split into its parts along dim 0 and
+// transposed where the name map says, each named with `suffix` appended.
+std::vector<NamedTensor> hf_pieces(const nn::HfTarget& target, const at::Tensor& t, const std::string& suffix) {
+  std::vector<NamedTensor> out;
+  const int64_t parts = static_cast<int64_t>(target.names.size());
+  for (int64_t i = 0; i < parts; ++i) {
+    at::Tensor piece = parts == 1 ? t : t.narrow(0, i * (t.size(0) / parts), t.size(0) / parts);
+    out.push_back({target.names[i] + suffix, to_hf_layout(piece, target.transpose).contiguous()});
+  }
+  return out;
+}
 
 void rotate(const std::string& dir, int64_t keep_last, const std::string& keep) {
   static const std::regex pattern("step-[0-9]+");
@@ -102,37 +114,53 @@ TrainerState parse_trainer_state(const nlohmann::json& s, const std::string& pat
 
 std::vector<NamedTensor> export_model_state(nn::CausalLM& model) {
   std::vector<NamedTensor> out;
-  const auto& names = model.hf_names();
-  for (auto& item : model.named_parameters()) {
-    auto hf = names.to_hf(item.key());
-    out.push_back({hf.name, to_hf_layout(item.value().detach(), hf.transpose)});
-  }
+  for (auto& item : model.named_parameters())
+    for (auto& piece : hf_pieces(model.hf_names().to_hf(item.key()), item.value().detach(), "")) out.push_back(std::move(piece));
   return out;
 }
 
-void load_model_state(nn::CausalLM& model, const SafetensorsFile& file, const std::string& path) {
+void load_model_state(nn::CausalLM& model, const HfWeights& weights) {
+  const auto& names = model.hf_names();
   auto params = named_parameters_map(model);
-  std::set<std::string> loaded;
-  at::NoGradGuard no_grad;
-  for (const auto& [hf_name, tensor] : file.tensors) {
-    auto ours = model.hf_names().from_hf(hf_name);
-    if (!ours) {
-      if (model.hf_names().ignored(hf_name)) continue;
-      throw Error("checkpoint " + path + ": unexpected tensor \"" + hf_name + "\" (a different model family?)");
-    }
-    auto it = params.find(ours->name);
-    if (it == params.end())
-      throw Error("checkpoint " + path + ": tensor \"" + hf_name + "\" has no place in this model (more layers than the config says?)");
-    at::Tensor src = ours->transpose ? tensor.t() : tensor;
-    if (src.sizes() != it->second.sizes())
-      throw Error("checkpoint " + path + ": tensor \"" + hf_name + "\" has shape " + c10::str(tensor.sizes()) +
-                  " but the model expects " + c10::str(to_hf_layout(it->second, ours->transpose).sizes()));
-    it->second.copy_(src);
-    loaded.insert(ours->name);
+  std::map<std::string, std::string> stored;   // canonical HF name -> the name in the files
+  for (const auto& name : weights.names()) {
+    const std::string canonical = names.canonical(name);
+    if (names.ignored(canonical)) continue;
+    auto ours = names.from_hf(name);
+    if (!ours)
+      throw Error("checkpoint " + weights.file_of(name) + ": unexpected tensor \"" + name + "\" (a different model family?)");
+    if (!params.count(ours->ours))
+      throw Error("checkpoint " + weights.file_of(name) + ": tensor \"" + name +
+                  "\" has no place in this model (more layers than the config says?)");
+    stored[canonical] = name;
   }
-  for (const auto& [name, p] : params)
-    if (!loaded.count(name))
-      throw Error("checkpoint " + path + ": tensor \"" + model.hf_names().to_hf(name).name + "\" is missing");
+  at::NoGradGuard no_grad;
+  for (auto& [ours, param] : params) {
+    const auto target = names.to_hf(ours);
+    const int64_t parts = static_cast<int64_t>(target.names.size());
+    for (int64_t i = 0; i < parts; ++i) {
+      auto it = stored.find(target.names[i]);
+      if (it == stored.end()) throw Error("checkpoint " + weights.describe() + ": tensor \"" + target.names[i] + "\" is missing");
+      const at::Tensor& t = weights.get(it->second);
+      at::Tensor dst = parts == 1 ? param : param.narrow(0, i * (param.size(0) / parts), param.size(0) / parts);
+      at::Tensor src = target.transpose && t.dim() == 2 ? t.t() : t;
+      if (src.sizes() != dst.sizes() || (target.transpose && t.dim() != 2))
+        throw Error("checkpoint " + weights.file_of(it->second) + ": tensor \"" + it->second + "\" has shape " +
+                    c10::str(t.sizes()) + " but the model expects " + c10::str(to_hf_layout(dst, target.transpose).sizes()));
+      if (!at::isFloatingType(t.scalar_type()))
+        throw Error("checkpoint " + weights.file_of(it->second) + ": tensor \"" + it->second + "\" holds " +
+                    c10::toString(t.scalar_type()) + " values (expected floating point)");
+      dst.copy_(src);
+    }
+  }
+}
+
+std::shared_ptr<nn::CausalLM> load_pretrained(const std::string& dir, nn::LayerFactory& factory) {
+  const fs::path config = fs::path(dir) / "config.json";
+  if (!fs::is_regular_file(config)) throw Error("model directory " + dir + ": config.json is missing");
+  auto model = build_model(model_config_from_hf(read_json(config.string()), config.string()), factory);
+  load_model_state(*model, HfWeights::open(dir));
+  return model;
 }
 
 std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int64_t keep_last) {
@@ -160,12 +188,10 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
     auto& groups = s.flat->groups();
     for (size_t g = 0; g < groups.size(); ++g) {
       for (const auto& seg : groups[g].segments) {
-        auto hf = names.to_hf(seg.name);
-        auto slice = [&](const at::Tensor& flat) {
-          return to_hf_layout(flat.narrow(0, seg.offset, seg.numel).view(seg.shape), hf.transpose);
-        };
-        moments.push_back({hf.name + ".exp_avg", slice(s.optimizer->exp_avg()[g])});
-        moments.push_back({hf.name + ".exp_avg_sq", slice(s.optimizer->exp_avg_sq()[g])});
+        const auto hf = names.to_hf(seg.name);
+        for (auto [suffix, flat] : {std::pair{".exp_avg", &s.optimizer->exp_avg()[g]}, std::pair{".exp_avg_sq", &s.optimizer->exp_avg_sq()[g]}})
+          for (auto& piece : hf_pieces(hf, flat->narrow(0, seg.offset, seg.numel).view(seg.shape), suffix))
+            moments.push_back(std::move(piece));
       }
     }
     auto gen = at::detail::getDefaultCPUGenerator();
@@ -243,15 +269,20 @@ void load_optimizer_state(nn::CausalLM& model, optim::FlatParams& flat, optim::A
   at::NoGradGuard no_grad;
   for (size_t g = 0; g < groups.size(); ++g) {
     for (const auto& seg : groups[g].segments) {
-      auto hf = names.to_hf(seg.name);
+      const auto hf = names.to_hf(seg.name);
+      const int64_t parts = static_cast<int64_t>(hf.names.size());
       for (auto [suffix, buffer] : {std::pair{".exp_avg", &optimizer.exp_avg()[g]}, std::pair{".exp_avg_sq", &optimizer.exp_avg_sq()[g]}}) {
-        const at::Tensor& t = file.at(hf.name + suffix, path);
-        at::Tensor src = hf.transpose ? t.t() : t;
-        auto dst = buffer->narrow(0, seg.offset, seg.numel).view(seg.shape);
-        if (src.sizes() != dst.sizes())
-          throw Error("checkpoint " + path + ": \"" + hf.name + suffix + "\" has shape " + c10::str(t.sizes()) +
-                      ", expected " + c10::str(to_hf_layout(dst, hf.transpose).sizes()));
-        dst.copy_(src);
+        auto whole = buffer->narrow(0, seg.offset, seg.numel).view(seg.shape);
+        for (int64_t i = 0; i < parts; ++i) {
+          const std::string name = hf.names[i] + suffix;
+          const at::Tensor& t = file.at(name, path);
+          at::Tensor src = hf.transpose && t.dim() == 2 ? t.t() : t;
+          auto dst = parts == 1 ? whole : whole.narrow(0, i * (whole.size(0) / parts), whole.size(0) / parts);
+          if (src.sizes() != dst.sizes())
+            throw Error("checkpoint " + path + ": \"" + name + "\" has shape " + c10::str(t.sizes()) +
+                        ", expected " + c10::str(to_hf_layout(dst, hf.transpose).sizes()));
+          dst.copy_(src);
+        }
       }
     }
   }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "src/core/recipe.h"
+#include "src/io/hf_weights.h"
 #include "src/io/safetensors.h"
 #include "src/nn/causal_lm.h"
 #include "src/optim/adamw.h"
@@ -65,7 +66,13 @@ CheckpointInfo read_checkpoint_info(const std::string& dir);
 
 // Model weights <-> HF-named tensors (transposing where the family's name map says so).
 std::vector<NamedTensor> export_model_state(nn::CausalLM& model);
-void load_model_state(nn::CausalLM& model, const SafetensorsFile& file, const std::string& path);
+// Every parameter must be there with its shape (any floating dtype: fp16 and bf16 checkpoints are
+// converted); a tensor that is neither ours nor one HF saves redundantly is an error.
+void load_model_state(nn::CausalLM& model, const HfWeights& weights);
+// A model directory as transformers' save_pretrained writes it (our checkpoints are such directories):
+// the family and sizes from config.json, the weights in any format HfWeights reads.
+std::shared_ptr<nn::CausalLM> load_pretrained(const std::string& dir, nn::LayerFactory& factory);
+
 // Restores moments, step count and the RNG state saved with them.
 void load_optimizer_state(nn::CausalLM& model, optim::FlatParams& flat, optim::AdamW& optimizer, const std::string& dir);
 

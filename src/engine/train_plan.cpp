@@ -16,7 +16,7 @@
 #include "src/data/prepare.h"
 #include "src/data/token_dataset.h"
 #include "src/dist/launch_env.h"
-#include "src/engine/model_registry.h"
+#include "models/registry.h"
 #include "src/io/atomic_dir.h"
 #include "src/nn/kernel_choice.h"
 
@@ -120,7 +120,7 @@ void build_model_weights(TrainPlan& p, const std::string& init_ckpt) {
   p.model = build_model(r.model, factory);
   p.model->to(p.device);
   if (!init_ckpt.empty()) {
-    load_model_state(*p.model, load_safetensors((fs::path(init_ckpt) / "model.safetensors").string()), init_ckpt);
+    load_model_state(*p.model, HfWeights::open(init_ckpt));
     spdlog::info("initialised from {}", init_ckpt);
   }
   p.model->train();
@@ -156,7 +156,7 @@ void resume(TrainPlan& p) {
     throw Error("checkpoint " + from + " holds a different model than the recipe (resume needs the same [model])");
   if (info.tokenizer_bytes != p.tokenizer->model_bytes())
     throw Error("checkpoint " + from + " was trained with a different tokenizer than " + p.tokenizer_path);
-  load_model_state(*p.model, load_safetensors((fs::path(from) / "model.safetensors").string()), from);
+  load_model_state(*p.model, HfWeights::open(from));
   load_optimizer_state(*p.model, *p.flat, *p.optimizer, from);   // also restores the RNG state
   p.state = info.state;
   if (p.state.legacy_batches >= 0) p.state.samples_seen = p.state.legacy_batches * r.train.batch_size;   // one process then
@@ -180,6 +180,7 @@ EffectiveRecipe effective_recipe(const Recipe& r, const TrainOptions& opt) {
   }
   if (!opt.finetune && !r.sections.count("model"))
     throw RecipeError(r.path, "has no [model] section (training from scratch needs one; see recipes/gpt-mini.toml)");
+  if (!opt.finetune) check_model_recipe(r);
   check_data_sources(e.recipe, opt.finetune ? e.tokenizer_path : "");
   return e;
 }

@@ -23,7 +23,7 @@
 #include "src/data/tokenizer.h"
 #include "src/engine/checkpoint.h"
 #include "src/engine/metrics.h"
-#include "src/engine/model_registry.h"
+#include "models/registry.h"
 #include "src/engine/train_plan.h"
 #include "src/dist/launch_env.h"
 #include "src/dist/mesh.h"

@@ -19,6 +19,15 @@ at::Tensor CausalLM::loss(const at::Tensor& ids, const at::Tensor& targets) {
   return lm_head_cross_entropy(x.reshape({-1, x.size(-1)}), head_weight(), targets.reshape({-1}));
 }
 
+KvCache make_kv_cache(int64_t layers, int64_t batch, int64_t heads, int64_t capacity, int64_t head_dim,
+                      const at::TensorOptions& options) {
+  KvCache cache;
+  cache.capacity = capacity;
+  for (int64_t i = 0; i < layers; ++i)
+    cache.layers.push_back({at::empty({batch, heads, capacity, head_dim}, options), at::empty({batch, heads, capacity, head_dim}, options)});
+  return cache;
+}
+
 int64_t CausalLM::parameter_count() const {
   int64_t n = 0;
   for (const auto& p : parameters()) n += p.numel();

@@ -27,6 +27,10 @@ struct ForwardOptions {
   bool last_only = false;     // compute logits for the last position only (generation)
 };
 
+// An empty cache of `layers` layers of [batch, heads, capacity, head_dim] keys and values.
+KvCache make_kv_cache(int64_t layers, int64_t batch, int64_t heads, int64_t capacity, int64_t head_dim,
+                      const at::TensorOptions& options);
+
 class CausalLM : public torch::nn::Module {
  public:
   // ids [B, T] int64 -> final hidden states [B, T, C] (after the last norm), ready for the head.

@@ -43,7 +43,8 @@ struct AttentionSpec {
   int64_t width = 0, heads = 0;
   bool causal = true;
   bool bias = true;
-  double dropout = 0.0;   // on attention probabilities and on the output projection
+  double dropout = 0.0;        // on the output projection (and the probabilities unless attn_dropout)
+  double attn_dropout = -1;    // on the attention probabilities; -1 = dropout
 };
 
 struct MlpSpec {

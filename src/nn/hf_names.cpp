@@ -44,23 +44,46 @@ bool glob(const std::string& pattern, const std::string& name) {
 
 }  // namespace
 
-HfNameMap::HfNameMap(std::vector<HfNameRule> rules, std::vector<std::string> ignored_on_import)
-    : rules_(std::move(rules)), ignored_(std::move(ignored_on_import)) {}
+HfNameMap::HfNameMap(std::vector<HfNameRule> rules, std::vector<std::string> ignored_on_import, std::string base_prefix)
+    : rules_(std::move(rules)), ignored_(std::move(ignored_on_import)), base_prefix_(std::move(base_prefix)) {}
 
-HfName HfNameMap::to_hf(const std::string& ours) const {
+HfTarget HfNameMap::to_hf(const std::string& ours) const {
   std::string index, rest;
-  for (const auto& r : rules_)
-    if (match_prefix(r.ours, ours, index, rest))
-      return {fill(r.hf, index) + rest, r.transpose && rest == ".weight"};
+  for (const auto& r : rules_) {
+    if (!match_prefix(r.ours, ours, index, rest)) continue;
+    HfTarget t{{}, r.transpose && rest == ".weight"};
+    const std::string base = fill(r.hf, index);
+    if (r.parts.empty()) t.names.push_back(base + rest);
+    for (const auto& part : r.parts) t.names.push_back(base + "." + part + rest);
+    return t;
+  }
   throw Error("no Hugging Face name for parameter \"" + ours + "\"");
 }
 
-std::optional<HfName> HfNameMap::from_hf(const std::string& hf) const {
-  if (ignored(hf)) return std::nullopt;
+std::string HfNameMap::canonical(const std::string& hf) const {
+  if (base_prefix_.empty() || hf.rfind(base_prefix_, 0) == 0 || match(hf)) return hf;
+  return match(base_prefix_ + hf) || ignored(base_prefix_ + hf) ? base_prefix_ + hf : hf;
+}
+
+std::optional<HfSource> HfNameMap::match(const std::string& hf) const {
   std::string index, rest;
-  for (const auto& r : rules_)
-    if (match_prefix(r.hf, hf, index, rest)) return HfName{fill(r.ours, index) + rest, r.transpose && rest == ".weight"};
+  for (const auto& r : rules_) {
+    if (r.parts.empty()) {
+      if (match_prefix(r.hf, hf, index, rest)) return HfSource{fill(r.ours, index) + rest, r.transpose && rest == ".weight"};
+      continue;
+    }
+    for (size_t i = 0; i < r.parts.size(); ++i)
+      if (match_prefix(r.hf + "." + r.parts[i], hf, index, rest))
+        return HfSource{fill(r.ours, index) + rest, r.transpose && rest == ".weight", static_cast<int>(i),
+                        static_cast<int>(r.parts.size())};
+  }
   return std::nullopt;
+}
+
+std::optional<HfSource> HfNameMap::from_hf(const std::string& hf) const {
+  const std::string name = canonical(hf);
+  if (ignored(name)) return std::nullopt;
+  return match(name);
 }
 
 bool HfNameMap::ignored(const std::string& hf) const {

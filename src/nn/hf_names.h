@@ -1,6 +1,7 @@
-// HfNameMap: how a family's internal parameter names map to Hugging Face names, and which weights
-// HF stores transposed (GPT-2's Conv1D keeps [in, out]). Rules are prefix rewrites in which "*"
-// stands for a block index: {"blocks.*.attn.qkv", "transformer.h.*.attn.c_attn", transpose}.
+// HfNameMap: how a family's internal parameter names map to Hugging Face names. Rules are prefix
+// rewrites in which "*" stands for a block index: {"blocks.*.attn.qkv", "transformer.h.*.attn.c_attn"}.
+// A rule may also say that HF stores the tensor transposed (GPT-2's Conv1D keeps [in, out]) or split
+// into parts along dim 0 (OPT keeps q_proj, k_proj and v_proj where we keep one fused qkv).
 #pragma once
 #include <optional>
 #include <string>
@@ -10,24 +11,41 @@ namespace colossal::nn {
 
 struct HfNameRule {
   std::string ours, hf;
-  bool transpose = false;   // 2-D ".weight" tensors are stored transposed under the HF name
+  bool transpose = false;           // 2-D ".weight" tensors are stored transposed under the HF name
+  std::vector<std::string> parts;   // non-empty: ours = cat(dim 0) of hf + "." + part, for each part
 };
 
-struct HfName {
-  std::string name;
+// Where one of our tensors lives in an HF checkpoint: one name, or one per part (concatenated along
+// dim 0 in our layout, each `transpose`d on disk when set).
+struct HfTarget {
+  std::vector<std::string> names;
   bool transpose = false;
+};
+
+// Which of our tensors an HF tensor belongs to, and which part of it.
+struct HfSource {
+  std::string ours;
+  bool transpose = false;
+  int part = 0, parts = 1;
 };
 
 class HfNameMap {
  public:
-  HfNameMap(std::vector<HfNameRule> rules, std::vector<std::string> ignored_on_import);
-  HfName to_hf(const std::string& ours) const;                        // Error if no rule matches
-  std::optional<HfName> from_hf(const std::string& hf) const;         // nullopt: ignored or unknown
+  // `base_prefix` ("model." for OPT) is the prefix transformers drops when a checkpoint was saved from
+  // the bare model rather than the LM wrapper (facebook/opt-125m's "decoder.layers.0..."); names
+  // without it are read as if they had it.
+  HfNameMap(std::vector<HfNameRule> rules, std::vector<std::string> ignored_on_import, std::string base_prefix = "");
+  HfTarget to_hf(const std::string& ours) const;                      // Error if no rule matches
+  std::optional<HfSource> from_hf(const std::string& hf) const;       // nullopt: ignored or unknown
   bool ignored(const std::string& hf) const;                          // tied heads, buffers HF saves
+  // `hf` with the base prefix added where the checkpoint left it out.
+  std::string canonical(const std::string& hf) const;
 
  private:
+  std::optional<HfSource> match(const std::string& hf) const;
   std::vector<HfNameRule> rules_;
   std::vector<std::string> ignored_;
+  std::string base_prefix_;
 };
 
 }  // namespace colossal::nn

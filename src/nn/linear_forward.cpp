@@ -37,8 +37,9 @@ struct DenseLinearFunction : public torch::autograd::Function<DenseLinearFunctio
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias) {
     ctx->save_for_backward({x, weight});
-    ctx->saved_data["bias"] = bias.defined();
-    return gemm_linear(x, weight, bias);
+    const bool has_bias = bias.numel() > 0;   // no bias arrives as an empty tensor (see linear_forward)
+    ctx->saved_data["bias"] = has_bias;
+    return gemm_linear(x, weight, has_bias ? bias : at::Tensor());
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -75,7 +76,9 @@ at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& weight, const a
     auto sizes = x.sizes().vec();
     sizes.back() = weight.size(0);
     auto x2 = x.reshape({-1, x.size(-1)}).contiguous();
-    return DenseLinearFunction::apply(x2, weight, bias).view(sizes);
+    // Function::apply records every input's device, so an absent bias travels as an empty tensor.
+    const at::Tensor b = bias.defined() ? bias : at::empty({0}, weight.options());
+    return DenseLinearFunction::apply(x2, weight, b).view(sizes);
   }
   return at::linear(x, weight, bias);
 }

@@ -3,7 +3,7 @@
 #include <filesystem>
 
 #include "src/engine/checkpoint.h"
-#include "src/engine/model_registry.h"
+#include "models/registry.h"
 #include "tests/fuzz/fuzz_target.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,5 +1,6 @@
 // Model registry: family name -> how to build the model from a recipe's [model] section, and how to
-// read a family's config.json back. One explicit table (model_registry.cpp), no static initialisers.
+// read a family's config.json back. One explicit table (registry.cpp), no static initialisers; the
+// engine and the apps know families only through these functions.
 #pragma once
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,8 @@
 namespace colossal {
 
 std::shared_ptr<nn::CausalLM> build_model(const Recipe& recipe, nn::LayerFactory& factory);
+// The recipe's [model] section is one its family can build: RecipeError at the offending key if not.
+void check_model_recipe(const Recipe& recipe);
 std::shared_ptr<nn::CausalLM> build_model(const ModelConfig& config, nn::LayerFactory& factory);
 // Reads a config.json written by save (or by transformers) into a [model] section.
 ModelConfig model_config_from_hf(const nlohmann::json& config, const std::string& path);

@@ -1,7 +1,8 @@
-// Model registry: see model_registry.h.
-#include "src/engine/model_registry.h"
+// Model registry: see registry.h.
+#include "models/registry.h"
 
 #include "models/gpt/gpt.h"
+#include "models/opt/opt.h"
 #include "src/core/error.h"
 #include "src/core/text.h"
 
@@ -25,8 +26,21 @@ const std::vector<Family>& families() {
        [](const nlohmann::json& j, const std::string& path) { return gpt::to_model_config(gpt::from_hf_config(j, path)); },
        [](const ModelConfig& m) { return gpt::parameter_count(gpt::from_recipe(m)); },
        {"gpt2"}},
+      {"opt",
+       [](const ModelConfig& m, nn::LayerFactory& f) -> std::shared_ptr<nn::CausalLM> {
+         return std::make_shared<opt::Opt>(opt::from_recipe(m), f);
+       },
+       [](const nlohmann::json& j, const std::string& path) { return opt::to_model_config(opt::from_hf_config(j, path)); },
+       [](const ModelConfig& m) { return opt::parameter_count(opt::from_recipe(m)); },
+       {"opt"}},
   };
   return table;
+}
+
+std::vector<std::string> hf_model_types() {
+  std::vector<std::string> types;
+  for (const auto& f : families()) types.insert(types.end(), f.hf_model_types.begin(), f.hf_model_types.end());
+  return types;
 }
 
 }  // namespace
@@ -43,13 +57,27 @@ std::shared_ptr<nn::CausalLM> build_model(const ModelConfig& config, nn::LayerFa
   throw Error("unknown model family \"" + config.family + "\" (valid: " + join(model_families(), ", ") + ")");
 }
 
-std::shared_ptr<nn::CausalLM> build_model(const Recipe& recipe, nn::LayerFactory& factory) {
+static const Family& family_of(const Recipe& recipe) {
   for (const auto& f : families())
-    if (f.name == recipe.model.family) return f.build(recipe.model, factory);
+    if (f.name == recipe.model.family) return f;
   std::string hint = nearest_name(recipe.model.family, model_families());
   throw RecipeError(recipe.where("model.family"),
                     "= \"" + recipe.model.family + "\" is not a known model family (valid: " + join(model_families(), ", ") +
                         ")" + (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
+}
+
+void check_model_recipe(const Recipe& recipe) {
+  const Family& f = family_of(recipe);
+  try {
+    (void)f.count(recipe.model);   // parses the family's own config from [model], which validates it
+  } catch (const ModelKeyError& e) {
+    throw RecipeError(recipe.where("model." + e.key()), e.message());
+  }
+}
+
+std::shared_ptr<nn::CausalLM> build_model(const Recipe& recipe, nn::LayerFactory& factory) {
+  check_model_recipe(recipe);
+  return family_of(recipe).build(recipe.model, factory);
 }
 
 int64_t count_parameters(const ModelConfig& config) {
@@ -61,12 +89,12 @@ int64_t count_parameters(const ModelConfig& config) {
 ModelConfig model_config_from_hf(const nlohmann::json& config, const std::string& path) {
   if (!config.is_object()) throw Error(path + ": holds " + std::string(config.type_name()) + ", not a JSON object");
   if (config.contains("model_type") && !config["model_type"].is_string())   // found by tests/fuzz
-    throw Error(path + ": \"model_type\" = " + config["model_type"].dump() + " is not a name (valid: gpt2)");
+    throw Error(path + ": \"model_type\" = " + config["model_type"].dump() + " is not a name (valid: " + join(hf_model_types(), ", ") + ")");
   std::string type = config.value("model_type", "");
   for (const auto& f : families())
     for (const auto& t : f.hf_model_types)
       if (t == type) return f.from_hf(config, path);
-  throw Error(path + ": model_type \"" + type + "\" is not supported (valid: gpt2)");
+  throw Error(path + ": model_type \"" + type + "\" is not supported (valid: " + join(hf_model_types(), ", ") + ")");
 }
 
 MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters) {

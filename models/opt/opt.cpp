@@ -1,0 +1,91 @@
+// OPT model: see opt.h.
+#include "models/opt/opt.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/init.h>
+
+namespace colossal::opt {
+
+Opt::Opt(const OptConfig& c, nn::LayerFactory& f) : cfg_(c) {
+  const int64_t e = c.n_embd;
+  embed_tokens = register_module("embed_tokens", f.embedding(c.vocab_size, c.embed_dim, nn::Split::Vocab));
+  embed_positions = register_module("embed_positions", f.embedding(c.max_positions + kPositionOffset, e));
+  if (c.embed_dim != e) {
+    project_in = register_module("project_in", f.linear({.in = c.embed_dim, .out = e, .bias = false}));
+    project_out = register_module("project_out", f.linear({.in = e, .out = c.embed_dim, .bias = false}));
+  }
+  const nn::BlockSpec spec{
+      .attn = {.width = e, .heads = c.n_head, .causal = true, .bias = c.bias, .dropout = c.dropout, .attn_dropout = c.attn_dropout},
+      .mlp = {.width = e, .hidden = c.ffn_dim, .act = activation_of(c), .bias = c.bias, .dropout = c.dropout},
+      .norm_eps = 1e-5,
+      .pre_norm = c.pre_norm};
+  blocks_list = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    blocks_.push_back(std::make_shared<nn::TransformerBlock>(spec, f));
+    blocks_list->push_back(blocks_.back());
+  }
+  if (c.pre_norm) ln_f = register_module("ln_f", f.layer_norm(e, 1e-5));
+  init_weights();
+}
+
+void Opt::init_weights() {
+  torch::NoGradGuard no_grad;
+  // OPT's scheme (as transformers initialises it): N(0, init_std) for every matrix and embedding,
+  // zero biases, unit LayerNorm scales.
+  for (auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    at::Tensor& p = item.value();
+    const bool is_norm = name.find("ln_") != std::string::npos;
+    const bool is_bias = name.size() > 5 && name.substr(name.size() - 5) == ".bias";
+    if (is_norm && !is_bias) p.fill_(1.0);
+    else if (is_bias) p.zero_();
+    else torch::nn::init::normal_(p, 0.0, cfg_.init_std);
+  }
+}
+
+at::Tensor Opt::embed(const at::Tensor& ids, const at::Tensor& positions) {
+  auto x = embed_tokens->forward(ids);             // [B, T, embed_dim]
+  if (project_in) x = project_in->forward(x);      // [B, T, C]
+  return x + embed_positions->forward(positions + kPositionOffset);
+}
+
+at::Tensor Opt::features(const at::Tensor& ids, const nn::ForwardOptions& o) {
+  const int64_t t = ids.size(1);
+  const int64_t offset = o.cache ? o.cache->length : 0;
+  TORCH_CHECK(offset + t <= cfg_.max_positions, "sequence of ", offset + t, " positions exceeds the context of ",
+              cfg_.max_positions);
+  at::Tensor positions = o.positions.defined() ? o.positions
+                                               : at::arange(offset, offset + t, ids.options().dtype(at::kLong));
+  auto x = embed(ids, positions);
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    x = blocks_[i]->forward(x, o.cache ? &o.cache->layers[i] : nullptr, offset, o.mask);
+  if (o.cache) o.cache->length += t;
+  if (ln_f) x = ln_f->forward(x);
+  return project_out ? project_out->forward(x) : x;   // [B, T, embed_dim]
+}
+
+nn::KvCache Opt::make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const {
+  auto opts = at::TensorOptions().device(device).dtype(embed_tokens->parameters()[0].scalar_type());
+  return nn::make_kv_cache(cfg_.n_layer, batch, cfg_.n_head, capacity, cfg_.n_embd / cfg_.n_head, opts);
+}
+
+const nn::HfNameMap& Opt::hf_names() const {
+  static const nn::HfNameMap map(
+      {
+          {"embed_tokens", "model.decoder.embed_tokens"},
+          {"embed_positions", "model.decoder.embed_positions"},
+          {"project_in", "model.decoder.project_in"},
+          {"project_out", "model.decoder.project_out"},
+          {"blocks.*.ln_1", "model.decoder.layers.*.self_attn_layer_norm"},
+          {"blocks.*.ln_2", "model.decoder.layers.*.final_layer_norm"},
+          {"blocks.*.attn.qkv", "model.decoder.layers.*.self_attn", false, {"q_proj", "k_proj", "v_proj"}},
+          {"blocks.*.attn.proj", "model.decoder.layers.*.self_attn.out_proj"},
+          {"blocks.*.mlp.fc", "model.decoder.layers.*.fc1"},
+          {"blocks.*.mlp.proj", "model.decoder.layers.*.fc2"},
+          {"ln_f", "model.decoder.final_layer_norm"},
+      },
+      {"lm_head.weight"}, "model.");
+  return map;
+}
+
+}  // namespace colossal::opt

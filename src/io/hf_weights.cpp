@@ -1,0 +1,137 @@
+// Reading HF weight directories: see hf_weights.h.
+#include "src/io/hf_weights.h"
+
+#include <ATen/ATen.h>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include "src/core/error.h"
+#include "src/core/json_value.h"
+#include "src/io/atomic_dir.h"
+
+namespace fs = std::filesystem;
+
+namespace colossal {
+namespace {
+
+constexpr const char* kFormats[] = {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                                    "pytorch_model.bin.index.json"};
+
+std::vector<NamedTensor> load_weight_file(const std::string& path) {
+  if (path.size() > 4 && path.substr(path.size() - 4) == ".bin") return load_torch_state_dict(path);
+  return load_safetensors(path).tensors;
+}
+
+// The shard files an index names, in first-mention order; each must sit beside the index.
+std::vector<std::string> shard_files(const std::string& index_path, std::map<std::string, std::string>& owner) {
+  const nlohmann::json j = parse_json(read_text_file(index_path), "weights index " + index_path);
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    throw Error("weights index " + index_path + ": has no \"weight_map\" object (expected {\"weight_map\": {tensor: file}})");
+  std::vector<std::string> files;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string() || file.get<std::string>().empty() || file.get<std::string>().find('/') != std::string::npos)
+      throw Error("weights index " + index_path + ": tensor \"" + name + "\" maps to " + file.dump() +
+                  " (expected the name of a file beside the index)");
+    const std::string f = file.get<std::string>();
+    owner[name] = f;
+    if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
+  }
+  return files;
+}
+
+}  // namespace
+
+std::vector<NamedTensor> load_torch_state_dict(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("weights file " + path + ": cannot be read");
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  c10::IValue value;
+  try {
+    value = torch::jit::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    why = why.substr(0, why.find('\n'));
+    throw Error("weights file " + path + ": not a readable torch.save archive (" + why + ")");
+  }
+  if (!value.isGenericDict()) throw Error("weights file " + path + ": holds a " + value.tagKind() + ", not a state dict");
+  std::vector<NamedTensor> out;
+  for (const auto& item : value.toGenericDict()) {
+    if (!item.key().isString() || !item.value().isTensor())
+      throw Error("weights file " + path + ": entry " + (item.key().isString() ? "\"" + item.key().toStringRef() + "\"" : "?") +
+                  " is not a named tensor");
+    out.push_back({item.key().toStringRef(), item.value().toTensor().contiguous()});
+  }
+  return out;
+}
+
+bool HfWeights::present(const std::string& dir) {
+  for (const char* f : kFormats)
+    if (fs::is_regular_file(fs::path(dir) / f)) return true;
+  return false;
+}
+
+void HfWeights::add(const std::string& name, at::Tensor t, const std::string& file) {
+  auto [it, fresh] = tensors_.emplace(name, Entry{std::move(t), file});
+  if (!fresh) throw Error("weights " + file + ": tensor \"" + name + "\" is also in " + it->second.file);
+  order_.push_back(name);
+}
+
+HfWeights HfWeights::from_file(SafetensorsFile file, const std::string& path) {
+  HfWeights w;
+  w.description_ = path;
+  for (auto& [name, t] : file.tensors) w.add(name, std::move(t), path);
+  return w;
+}
+
+HfWeights HfWeights::open(const std::string& dir) {
+  const fs::path d(dir);
+  HfWeights w;
+  for (const char* single : {"model.safetensors", "pytorch_model.bin"}) {
+    const std::string path = (d / single).string();
+    if (!fs::is_regular_file(path)) continue;
+    w.description_ = path;
+    for (auto& [name, t] : load_weight_file(path)) w.add(name, std::move(t), path);
+    return w;
+  }
+  for (const char* index : {"model.safetensors.index.json", "pytorch_model.bin.index.json"}) {
+    const std::string path = (d / index).string();
+    if (!fs::is_regular_file(path)) continue;
+    std::map<std::string, std::string> owner;
+    const auto files = shard_files(path, owner);
+    w.description_ = path + " (" + std::to_string(files.size()) + " shard" + (files.size() == 1 ? ")" : "s)");
+    for (const auto& f : files) {
+      const std::string shard = (d / f).string();
+      if (!fs::is_regular_file(shard)) throw Error("weights index " + path + ": shard " + f + " is missing");
+      for (auto& [name, t] : load_weight_file(shard)) {
+        auto it = owner.find(name);
+        if (it == owner.end() || it->second != f)
+          throw Error("weights " + shard + ": tensor \"" + name + "\" is not listed for this shard in " + path);
+        w.add(name, std::move(t), shard);
+      }
+    }
+    for (const auto& [name, f] : owner)
+      if (!w.contains(name)) throw Error("weights " + (d / f).string() + ": tensor \"" + name + "\" listed in " + path + " is missing");
+    return w;
+  }
+  throw Error("model directory " + dir + ": no weights (expected model.safetensors, model.safetensors.index.json, "
+              "pytorch_model.bin or pytorch_model.bin.index.json)");
+}
+
+std::vector<std::string> HfWeights::names() const { return order_; }
+
+bool HfWeights::contains(const std::string& name) const { return tensors_.count(name) > 0; }
+
+const at::Tensor& HfWeights::get(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) throw Error("weights " + description_ + ": tensor \"" + name + "\" is missing");
+  return it->second.tensor;
+}
+
+const std::string& HfWeights::file_of(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? description_ : it->second.file;
+}
+
+}  // namespace colossal

@@ -1,0 +1,45 @@
+// HfWeights: the tensors of a Hugging Face model directory, however save_pretrained stored them:
+// model.safetensors, a sharded model.safetensors.index.json, or the older pytorch_model.bin (a
+// torch.save zip archive, read with LibTorch's pickle loader) and its sharded index. Every tensor
+// remembers the file it came from, so errors name the file and the tensor.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "src/io/safetensors.h"
+
+namespace colossal {
+
+class HfWeights {
+ public:
+  // Error naming `dir` and the files looked for when none is there, or the file and tensor at fault.
+  static HfWeights open(const std::string& dir);
+  // One safetensors file already read (our checkpoints, tests).
+  static HfWeights from_file(SafetensorsFile file, const std::string& path);
+  // True when `dir` holds weights in one of the formats open() reads.
+  static bool present(const std::string& dir);
+
+  std::vector<std::string> names() const;   // in file order, shard by shard
+  bool contains(const std::string& name) const;
+  const at::Tensor& get(const std::string& name) const;   // Error naming the files when missing
+  const std::string& file_of(const std::string& name) const;
+  const std::string& describe() const { return description_; }   // "<dir>/model.safetensors" or "<index> (3 shards)"
+
+ private:
+  void add(const std::string& name, at::Tensor t, const std::string& file);
+  struct Entry {
+    at::Tensor tensor;
+    std::string file;
+  };
+  std::map<std::string, Entry> tensors_;
+  std::vector<std::string> order_;
+  std::string description_;
+};
+
+// A pytorch_model.bin state dict (name -> tensor), CPU and contiguous. Error naming `path` if the
+// file is not a torch.save archive of a dict of tensors.
+std::vector<NamedTensor> load_torch_state_dict(const std::string& path);
+
+}  // namespace colossal

@@ -1,0 +1,37 @@
+// TransformerBlock: the residual block every family here is made of: self-attention and an MLP, each
+// with a LayerNorm, placed before the sublayer (pre-LN: GPT-2, OPT, BLOOM, ViT) or after the residual
+// add (post-LN: BERT, OPT-350m). Children are ln_1, attn, ln_2, mlp; families map those names onto
+// their HF names, so no family carries its own copy of the block.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <memory>
+#include <torch/nn/module.h>
+
+#include "src/nn/attention.h"
+#include "src/nn/factory.h"
+#include "src/nn/layer_norm.h"
+#include "src/nn/mlp.h"
+
+namespace colossal::nn {
+
+struct BlockSpec {
+  AttentionSpec attn;
+  MlpSpec mlp;
+  double norm_eps = 1e-5;
+  bool pre_norm = true;
+};
+
+class TransformerBlock : public torch::nn::Module {
+ public:
+  TransformerBlock(const BlockSpec& spec, LayerFactory& f);
+  // x [B, T, C] -> [B, T, C]; kv, offset and mask as Attention::forward takes them.
+  at::Tensor forward(const at::Tensor& x, LayerKv* kv = nullptr, int64_t offset = 0, const at::Tensor& mask = {});
+
+ private:
+  bool pre_norm_;
+  std::shared_ptr<LayerNorm> ln_1, ln_2;
+  std::shared_ptr<Attention> attn;
+  std::shared_ptr<Mlp> mlp;
+};
+
+}  // namespace colossal::nn
