@@ -50,16 +50,7 @@ at::Tensor Opt::embed(const at::Tensor& ids, const at::Tensor& positions) {
 }
 
 at::Tensor Opt::features(const at::Tensor& ids, const nn::ForwardOptions& o) {
-  const int64_t t = ids.size(1);
-  const int64_t offset = o.cache ? o.cache->length : 0;
-  TORCH_CHECK(offset + t <= cfg_.max_positions, "sequence of ", offset + t, " positions exceeds the context of ",
-              cfg_.max_positions);
-  at::Tensor positions = o.positions.defined() ? o.positions
-                                               : at::arange(offset, offset + t, ids.options().dtype(at::kLong));
-  auto x = embed(ids, positions);
-  for (size_t i = 0; i < blocks_.size(); ++i)
-    x = blocks_[i]->forward(x, o.cache ? &o.cache->layers[i] : nullptr, offset, o.mask);
-  if (o.cache) o.cache->length += t;
+  auto x = nn::run_blocks(blocks_, embed(ids, nn::positions_of(ids, o, cfg_.max_positions)), o);   // [B, T, C]
   if (ln_f) x = ln_f->forward(x);
   return project_out ? project_out->forward(x) : x;   // [B, T, embed_dim]
 }

@@ -28,6 +28,20 @@ KvCache make_kv_cache(int64_t layers, int64_t batch, int64_t heads, int64_t capa
   return cache;
 }
 
+at::Tensor positions_of(const at::Tensor& ids, const ForwardOptions& o, int64_t context) {
+  const int64_t t = ids.size(1), offset = o.cache ? o.cache->length : 0;
+  TORCH_CHECK(offset + t <= context, "sequence of ", offset + t, " positions exceeds the context of ", context);
+  return o.positions.defined() ? o.positions : at::arange(offset, offset + t, ids.options().dtype(at::kLong));
+}
+
+at::Tensor run_blocks(const std::vector<std::shared_ptr<TransformerBlock>>& blocks, at::Tensor x, const ForwardOptions& o) {
+  const int64_t offset = o.cache ? o.cache->length : 0;
+  for (size_t i = 0; i < blocks.size(); ++i)
+    x = blocks[i]->forward(x, o.cache ? &o.cache->layers[i] : nullptr, offset, o.mask);
+  if (o.cache) o.cache->length += x.size(1);
+  return x;
+}
+
 int64_t CausalLM::parameter_count() const {
   int64_t n = 0;
   for (const auto& p : parameters()) n += p.numel();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "src/nn/attention.h"
+#include "src/nn/block.h"
 #include "src/nn/hf_names.h"
 
 namespace colossal::nn {
@@ -30,6 +31,14 @@ struct ForwardOptions {
 // An empty cache of `layers` layers of [batch, heads, capacity, head_dim] keys and values.
 KvCache make_kv_cache(int64_t layers, int64_t batch, int64_t heads, int64_t capacity, int64_t head_dim,
                       const at::TensorOptions& options);
+
+// Position ids of the ids [B, T] a forward receives: options.positions, or cache length + arange(T);
+// a sequence reaching past `context` positions is refused.
+at::Tensor positions_of(const at::Tensor& ids, const ForwardOptions& options, int64_t context);
+// x [B, T, C] through `blocks`, reading and extending options.cache (one layer per block) and applying
+// options.mask.
+at::Tensor run_blocks(const std::vector<std::shared_ptr<TransformerBlock>>& blocks, at::Tensor x,
+                      const ForwardOptions& options);
 
 class CausalLM : public torch::nn::Module {
  public:
