@@ -37,6 +37,12 @@ const std::vector<Family>& families() {
   return table;
 }
 
+const Family* family_named(const std::string& name) {
+  for (const auto& f : families())
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
 std::vector<std::string> hf_model_types() {
   std::vector<std::string> types;
   for (const auto& f : families()) types.insert(types.end(), f.hf_model_types.begin(), f.hf_model_types.end());
@@ -51,19 +57,26 @@ std::vector<std::string> model_families() {
   return names;
 }
 
-std::shared_ptr<nn::CausalLM> build_model(const ModelConfig& config, nn::LayerFactory& factory) {
-  for (const auto& f : families())
-    if (f.name == config.family) return f.build(config, factory);
+namespace {
+
+// The family a bare [model] section names (no recipe to point into).
+const Family& family_of(const ModelConfig& config) {
+  if (const Family* f = family_named(config.family)) return *f;
   throw Error("unknown model family \"" + config.family + "\" (valid: " + join(model_families(), ", ") + ")");
 }
 
-static const Family& family_of(const Recipe& recipe) {
-  for (const auto& f : families())
-    if (f.name == recipe.model.family) return f;
+const Family& family_of(const Recipe& recipe) {
+  if (const Family* f = family_named(recipe.model.family)) return *f;
   std::string hint = nearest_name(recipe.model.family, model_families());
   throw RecipeError(recipe.where("model.family"),
                     "= \"" + recipe.model.family + "\" is not a known model family (valid: " + join(model_families(), ", ") +
                         ")" + (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
+}
+
+}  // namespace
+
+std::shared_ptr<nn::CausalLM> build_model(const ModelConfig& config, nn::LayerFactory& factory) {
+  return family_of(config).build(config, factory);
 }
 
 void check_model_recipe(const Recipe& recipe) {
@@ -80,11 +93,7 @@ std::shared_ptr<nn::CausalLM> build_model(const Recipe& recipe, nn::LayerFactory
   return family_of(recipe).build(recipe.model, factory);
 }
 
-int64_t count_parameters(const ModelConfig& config) {
-  for (const auto& f : families())
-    if (f.name == config.family) return f.count(config);
-  throw Error("unknown model family \"" + config.family + "\" (valid: " + join(model_families(), ", ") + ")");
-}
+int64_t count_parameters(const ModelConfig& config) { return family_of(config).count(config); }
 
 ModelConfig model_config_from_hf(const nlohmann::json& config, const std::string& path) {
   if (!config.is_object()) throw Error(path + ": holds " + std::string(config.type_name()) + ", not a JSON object");

@@ -43,15 +43,19 @@ std::map<std::string, at::Tensor> named_parameters_map(nn::CausalLM& model) {
 
 at::Tensor to_hf_layout(const at::Tensor& t, bool transpose) { return transpose ? t.t().contiguous() : t; }
 
+// Part i of the `parts` equal slices along dim 0 that HF stores separately (the whole when one).
+at::Tensor part_of(const at::Tensor& whole, size_t i, size_t parts) {
+  if (parts == 1) return whole;
+  const int64_t rows = whole.size(0) / static_cast<int64_t>(parts);
+  return whole.narrow(0, static_cast<int64_t>(i) * rows, rows);
+}
+
 // One of our tensors as the HF tensors that store it: split into its parts along dim 0 and
 // transposed where the name map says, each named with `suffix` appended.
 std::vector<NamedTensor> hf_pieces(const nn::HfTarget& target, const at::Tensor& t, const std::string& suffix) {
   std::vector<NamedTensor> out;
-  const int64_t parts = static_cast<int64_t>(target.names.size());
-  for (int64_t i = 0; i < parts; ++i) {
-    at::Tensor piece = parts == 1 ? t : t.narrow(0, i * (t.size(0) / parts), t.size(0) / parts);
-    out.push_back({target.names[i] + suffix, to_hf_layout(piece, target.transpose).contiguous()});
-  }
+  for (size_t i = 0; i < target.names.size(); ++i)
+    out.push_back({target.names[i] + suffix, to_hf_layout(part_of(t, i, target.names.size()), target.transpose).contiguous()});
   return out;
 }
 
@@ -124,27 +128,26 @@ void load_model_state(nn::CausalLM& model, const HfWeights& weights) {
   auto params = named_parameters_map(model);
   std::map<std::string, std::string> stored;   // canonical HF name -> the name in the files
   for (const auto& name : weights.names()) {
-    const std::string canonical = names.canonical(name);
-    if (names.ignored(canonical)) continue;
-    auto ours = names.from_hf(name);
-    if (!ours)
+    const auto source = names.from_hf(name);
+    if (!source) {
+      if (names.ignored(names.canonical(name))) continue;
       throw Error("checkpoint " + weights.file_of(name) + ": unexpected tensor \"" + name + "\" (a different model family?)");
-    if (!params.count(ours->ours))
+    }
+    if (!params.count(source->ours))
       throw Error("checkpoint " + weights.file_of(name) + ": tensor \"" + name +
                   "\" has no place in this model (more layers than the config says?)");
-    stored[canonical] = name;
+    stored[source->hf] = name;
   }
   at::NoGradGuard no_grad;
   for (auto& [ours, param] : params) {
     const auto target = names.to_hf(ours);
-    const int64_t parts = static_cast<int64_t>(target.names.size());
-    for (int64_t i = 0; i < parts; ++i) {
+    for (size_t i = 0; i < target.names.size(); ++i) {
       auto it = stored.find(target.names[i]);
       if (it == stored.end()) throw Error("checkpoint " + weights.describe() + ": tensor \"" + target.names[i] + "\" is missing");
       const at::Tensor& t = weights.get(it->second);
-      at::Tensor dst = parts == 1 ? param : param.narrow(0, i * (param.size(0) / parts), param.size(0) / parts);
-      at::Tensor src = target.transpose && t.dim() == 2 ? t.t() : t;
-      if (src.sizes() != dst.sizes() || (target.transpose && t.dim() != 2))
+      at::Tensor dst = part_of(param, i, target.names.size());
+      at::Tensor src = target.transpose && t.dim() == 2 ? t.t() : t;   // any other rank fails the shape check
+      if (src.sizes() != dst.sizes())
         throw Error("checkpoint " + weights.file_of(it->second) + ": tensor \"" + it->second + "\" has shape " +
                     c10::str(t.sizes()) + " but the model expects " + c10::str(to_hf_layout(dst, target.transpose).sizes()));
       if (!at::isFloatingType(t.scalar_type()))
@@ -270,14 +273,13 @@ void load_optimizer_state(nn::CausalLM& model, optim::FlatParams& flat, optim::A
   for (size_t g = 0; g < groups.size(); ++g) {
     for (const auto& seg : groups[g].segments) {
       const auto hf = names.to_hf(seg.name);
-      const int64_t parts = static_cast<int64_t>(hf.names.size());
       for (auto [suffix, buffer] : {std::pair{".exp_avg", &optimizer.exp_avg()[g]}, std::pair{".exp_avg_sq", &optimizer.exp_avg_sq()[g]}}) {
         auto whole = buffer->narrow(0, seg.offset, seg.numel).view(seg.shape);
-        for (int64_t i = 0; i < parts; ++i) {
+        for (size_t i = 0; i < hf.names.size(); ++i) {
           const std::string name = hf.names[i] + suffix;
           const at::Tensor& t = file.at(name, path);
           at::Tensor src = hf.transpose && t.dim() == 2 ? t.t() : t;
-          auto dst = parts == 1 ? whole : whole.narrow(0, i * (whole.size(0) / parts), whole.size(0) / parts);
+          auto dst = part_of(whole, i, hf.names.size());
           if (src.sizes() != dst.sizes())
             throw Error("checkpoint " + path + ": \"" + name + "\" has shape " + c10::str(t.sizes()) +
                         ", expected " + c10::str(to_hf_layout(dst, hf.transpose).sizes()));

@@ -2,9 +2,8 @@
 #include "src/io/hf_weights.h"
 
 #include <ATen/ATen.h>
+#include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <set>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include "src/core/error.h"
@@ -15,9 +14,6 @@ namespace fs = std::filesystem;
 
 namespace colossal {
 namespace {
-
-constexpr const char* kFormats[] = {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                                    "pytorch_model.bin.index.json"};
 
 std::vector<NamedTensor> load_weight_file(const std::string& path) {
   if (path.size() > 4 && path.substr(path.size() - 4) == ".bin") return load_torch_state_dict(path);
@@ -44,9 +40,8 @@ std::vector<std::string> shard_files(const std::string& index_path, std::map<std
 }  // namespace
 
 std::vector<NamedTensor> load_torch_state_dict(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("weights file " + path + ": cannot be read");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = read_text_file(path);
+  const std::vector<char> bytes(text.begin(), text.end());   // the form pickle_load takes
   c10::IValue value;
   try {
     value = torch::jit::pickle_load(bytes);
@@ -64,12 +59,6 @@ std::vector<NamedTensor> load_torch_state_dict(const std::string& path) {
     out.push_back({item.key().toStringRef(), item.value().toTensor().contiguous()});
   }
   return out;
-}
-
-bool HfWeights::present(const std::string& dir) {
-  for (const char* f : kFormats)
-    if (fs::is_regular_file(fs::path(dir) / f)) return true;
-  return false;
 }
 
 void HfWeights::add(const std::string& name, at::Tensor t, const std::string& file) {
@@ -118,8 +107,6 @@ HfWeights HfWeights::open(const std::string& dir) {
   throw Error("model directory " + dir + ": no weights (expected model.safetensors, model.safetensors.index.json, "
               "pytorch_model.bin or pytorch_model.bin.index.json)");
 }
-
-std::vector<std::string> HfWeights::names() const { return order_; }
 
 bool HfWeights::contains(const std::string& name) const { return tensors_.count(name) > 0; }
 

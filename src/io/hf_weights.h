@@ -18,10 +18,8 @@ class HfWeights {
   static HfWeights open(const std::string& dir);
   // One safetensors file already read (our checkpoints, tests).
   static HfWeights from_file(SafetensorsFile file, const std::string& path);
-  // True when `dir` holds weights in one of the formats open() reads.
-  static bool present(const std::string& dir);
 
-  std::vector<std::string> names() const;   // in file order, shard by shard
+  const std::vector<std::string>& names() const { return order_; }   // in file order, shard by shard
   bool contains(const std::string& name) const;
   const at::Tensor& get(const std::string& name) const;   // Error naming the files when missing
   const std::string& file_of(const std::string& name) const;

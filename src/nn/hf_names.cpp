@@ -68,14 +68,9 @@ std::string HfNameMap::canonical(const std::string& hf) const {
 std::optional<HfSource> HfNameMap::match(const std::string& hf) const {
   std::string index, rest;
   for (const auto& r : rules_) {
-    if (r.parts.empty()) {
-      if (match_prefix(r.hf, hf, index, rest)) return HfSource{fill(r.ours, index) + rest, r.transpose && rest == ".weight"};
-      continue;
-    }
-    for (size_t i = 0; i < r.parts.size(); ++i)
-      if (match_prefix(r.hf + "." + r.parts[i], hf, index, rest))
-        return HfSource{fill(r.ours, index) + rest, r.transpose && rest == ".weight", static_cast<int>(i),
-                        static_cast<int>(r.parts.size())};
+    if (r.parts.empty() && match_prefix(r.hf, hf, index, rest)) return HfSource{fill(r.ours, index) + rest, hf};
+    for (const auto& part : r.parts)
+      if (match_prefix(r.hf + "." + part, hf, index, rest)) return HfSource{fill(r.ours, index) + rest, hf};
   }
   return std::nullopt;
 }

@@ -22,11 +22,10 @@ struct HfTarget {
   bool transpose = false;
 };
 
-// Which of our tensors an HF tensor belongs to, and which part of it.
+// Which of our tensors an HF tensor belongs to (`hf` is its name with the base prefix restored; the
+// layout comes from to_hf(ours)).
 struct HfSource {
-  std::string ours;
-  bool transpose = false;
-  int part = 0, parts = 1;
+  std::string ours, hf;
 };
 
 class HfNameMap {
