@@ -155,7 +155,7 @@ TEST(Cuda, GreedyGenerationOnTheGpuMatchesTheCpu) {
     auto model = build_model(info.model, factory);
     load_model_state(*model, HfWeights::open(dir));
     model->to(device);
-    Generator gen(model, Tokenizer::from_bytes(info.tokenizer_bytes, dir), device);
+    Generator gen(model, Tokenizer::from_files(info.tokenizer_files, dir), device);
     for (auto& r : gen.generate(prompts, greedy)) texts[d].push_back(r.text);
   }
   EXPECT_EQ(texts[1], texts[0]);

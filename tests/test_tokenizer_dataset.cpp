@@ -62,7 +62,7 @@ TEST(Dataset, HoldsEveryDocumentEndedByEosWithMatchingOffsets) {
   for (const auto* split : {&train, &val}) {
     for (int64_t d = 0; d < split->documents(); ++d) {
       int64_t end = split->doc_offsets[d + 1];
-      EXPECT_EQ(split->tokens[end - 1], Tokenizer::kEos);
+      EXPECT_EQ(split->tokens[end - 1], *tok.end_of_text());
     }
   }
   // The first training document decodes back to the first chapter.

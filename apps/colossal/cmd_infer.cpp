@@ -75,7 +75,7 @@ void run(InferArgs& a) {
 
   const std::string dir = resolve_checkpoint(a.checkpoint);
   auto info = read_checkpoint_info(dir);
-  auto tokenizer = Tokenizer::from_bytes(info.tokenizer_bytes, (fs::path(dir) / "tokenizer.model").string());
+  auto tokenizer = Tokenizer::from_files(info.tokenizer_files, dir);
   if (tokenizer.vocab_size() > info.model.vocab_size)
     throw Error("checkpoint " + dir + ": tokenizer has " + std::to_string(tokenizer.vocab_size()) +
                 " pieces but the model only " + std::to_string(info.model.vocab_size) + " rows (mismatched files?)");

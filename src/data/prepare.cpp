@@ -64,6 +64,9 @@ std::vector<std::string> read_documents(const std::string& text_path) {
 
 PrepareStats prepare_dataset(const std::string& text_path, const Tokenizer& tokenizer, const std::string& out_path,
                              double val_fraction) {
+  const auto end_of_text = tokenizer.end_of_text();
+  if (!end_of_text)
+    throw Error("tokenizer (" + tokenizer.kind() + ") names no end-of-text token (eos_token or sep_token) to separate documents with");
   auto docs = read_documents(text_path);
   TokenSplit train, val;
   PrepareStats st;
@@ -72,7 +75,7 @@ PrepareStats prepare_dataset(const std::string& text_path, const Tokenizer& toke
   for (size_t i = 0; i < docs.size(); ++i) {
     uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ULL;   // Fibonacci hashing: spreads held-out docs evenly
     bool held_out = docs.size() > 1 && (h >> 32) % 1000000 < threshold;
-    (held_out ? val : train).append_document(tokenizer.encode(docs[i]), Tokenizer::kEos);
+    (held_out ? val : train).append_document(tokenizer.encode(docs[i]), *end_of_text);
   }
   if (val_fraction > 0 && val.documents() == 0 && train.documents() > 1) {
     // Tiny corpora: hold out the last document so eval loss still exists.
@@ -93,7 +96,7 @@ PrepareStats prepare_dataset(const std::string& text_path, const Tokenizer& toke
 
 void check_data_sources(const Recipe& r, const std::string& tokenizer_override) {
   const std::string tok_path = tokenizer_override.empty() ? r.data.tokenizer : tokenizer_override;
-  if (tok_path.empty()) throw RecipeError(r.where("data.tokenizer"), "is required (path of a SentencePiece model)");
+  if (tok_path.empty()) throw RecipeError(r.where("data.tokenizer"), "is required (a SentencePiece model, or a model directory with tokenizer files)");
   if (r.data.dataset.empty()) throw RecipeError(r.where("data.dataset"), "is required (path of a tokenized HDF5 dataset)");
   auto need_text = [&](const std::string& what) {
     if (r.data.text.empty())

@@ -1,113 +1,97 @@
-// SentencePiece wrapper: see tokenizer.h.
+// The Tokenizer facade: see tokenizer.h.
 #include "src/data/tokenizer.h"
 
-#include <unistd.h>
-
+#include <cstdio>
 #include <filesystem>
-#include <regex>
-#include <sentencepiece_processor.h>
-#include <sentencepiece_trainer.h>
-#include <unordered_map>
 
 #include "src/core/error.h"
-#include "src/data/prepare.h"
+#include "src/core/text.h"
+#include "src/data/sentencepiece_tokenizer.h"
 #include "src/io/atomic_dir.h"
+#include "src/data/tokenizer_impl.h"
+
+namespace fs = std::filesystem;
 
 namespace colossal {
 namespace {
 
-// SentencePiece's trainer reports with its source position ("./src/trainer_interface.cc(580) [...]
-// Vocabulary size is smaller than required_chars. 300 vs 341."): say what it means for --vocab
-// instead, and keep only the sentence otherwise.
-std::string explain_trainer_error(std::string message, int64_t vocab_size) {
-  static const std::regex kPrefix(R"(^[^ ]*\.cc\(\d+\) \[[^\]]*\] *)");
-  message = std::regex_replace(message, kPrefix, "");
-  std::smatch m;
-  static const std::regex kTooSmall(R"(smaller than required_chars\. *(\d+) vs (\d+))");
-  if (std::regex_search(message, m, kTooSmall))
-    return "a vocabulary of " + std::to_string(vocab_size) + " is below the " + m[2].str() +
-           " pieces this text needs (256 byte pieces, 3 special ones and one per distinct character); use at least " + m[2].str();
-  static const std::regex kTooLarge(R"(Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+))");
-  if (std::regex_search(message, m, kTooLarge))
-    return "a vocabulary of " + std::to_string(vocab_size) + " is more than this text supports (at most " + m[2].str() + ")";
-  return message;
+// Every file a model directory's tokenizer can consist of; what checkpoints copy.
+const char* const kTokenizerFiles[] = {"tokenizer.json",  "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                                       "vocab.json",      "merges.txt",            "vocab.txt",               "tokenizer.model"};
+
+uint64_t fnv1a(uint64_t h, const std::string& bytes) {
+  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ULL;
+  return h;
 }
 
 }  // namespace
 
+TokenizerFiles Tokenizer::read_files(const std::string& dir) {
+  TokenizerFiles files;
+  for (const char* name : kTokenizerFiles)
+    if (const fs::path p = fs::path(dir) / name; fs::is_regular_file(p)) files[name] = read_text_file(p.string());
+  return files;
+}
+
+Tokenizer Tokenizer::from_files(const TokenizerFiles& files, const std::string& label) {
+  Tokenizer t;
+  t.files_ = files;
+  t.impl_ = hf_tokenizer_from_files(files, label);
+  if (!t.impl_ && files.count("tokenizer.model")) {
+    bool add_bos = false;   // SentencePiece models of HF directories (Llama's) say whether text starts with BOS
+    if (auto it = files.find("tokenizer_config.json"); it != files.end()) {
+      const auto config = nlohmann::json::parse(it->second, nullptr, false);
+      add_bos = config.is_object() && config.value("add_bos_token", nlohmann::json(false)).is_boolean() && config.value("add_bos_token", false);
+    }
+    t.impl_ = sentencepiece_tokenizer(files.at("tokenizer.model"), label + "/tokenizer.model", add_bos);
+  }
+  if (!t.impl_)
+    throw Error("tokenizer " + label + ": no tokenizer files (expected tokenizer.json, vocab.json + merges.txt, vocab.txt or tokenizer.model)");
+  return t;
+}
+
 Tokenizer Tokenizer::from_bytes(const std::string& model_bytes, const std::string& label) {
   Tokenizer t;
-  t.sp_ = std::make_shared<sentencepiece::SentencePieceProcessor>();
-  auto status = t.sp_->LoadFromSerializedProto(model_bytes);
-  if (!status.ok()) throw Error("tokenizer " + label + ": not a SentencePiece model (" + status.ToString() + ")");
-  t.bytes_ = model_bytes;
+  t.impl_ = sentencepiece_tokenizer(model_bytes, label, false);
+  t.files_ = {{"tokenizer.model", model_bytes}};
   return t;
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
-  if (!std::filesystem::is_regular_file(path))
-    throw Error("tokenizer " + path + ": no such file (build one with `colossal data tokenizer`)");
+  if (fs::is_directory(path)) return from_files(read_files(path), path);
+  if (!fs::is_regular_file(path))
+    throw Error("tokenizer " + path + ": no such file or directory (build one with `colossal data tokenizer`, or name a model directory)");
   return from_bytes(read_text_file(path), path);
 }
 
 void Tokenizer::train(const std::string& text_path, int64_t vocab_size, const std::string& out_path) {
-  require_corpus(text_path);   // SentencePiece's own message for these is an internal assertion
-  prepare_output_file(out_path, "tokenizer output");
-  std::string prefix = out_path + ".training-" + std::to_string(::getpid());
-  // Identity normalisation and no whitespace folding keep the text exactly as written; the newline
-  // piece lets documents keep their line structure; byte fallback makes every input encodable.
-  std::unordered_map<std::string, std::string> args{
-      {"input", text_path},
-      {"model_prefix", prefix},
-      {"model_type", "bpe"},
-      {"vocab_size", std::to_string(vocab_size)},
-      {"character_coverage", "1.0"},
-      {"byte_fallback", "true"},
-      {"normalization_rule_name", "identity"},
-      {"remove_extra_whitespaces", "false"},
-      {"add_dummy_prefix", "false"},
-      {"split_digits", "true"},
-      {"user_defined_symbols", "\n"},
-      {"unk_id", std::to_string(kUnk)},
-      {"bos_id", std::to_string(kBos)},
-      {"eos_id", std::to_string(kEos)},
-      {"pad_id", "-1"},
-      {"input_sentence_size", "2000000"},
-      {"shuffle_input_sentence", "true"},
-      {"num_threads", "2"},
-      {"minloglevel", "2"},
-  };
-  auto status = sentencepiece::SentencePieceTrainer::Train(args);
-  std::error_code ec;
-  std::filesystem::remove(prefix + ".vocab", ec);
-  if (!status.ok()) {
-    std::filesystem::remove(prefix + ".model", ec);
-    throw Error("tokenizer training on " + text_path + " failed: " + explain_trainer_error(status.message(), vocab_size));
-  }
-  if (const std::string reason = move_into_place(prefix + ".model", out_path); !reason.empty())
-    throw Error("cannot move tokenizer to " + out_path + ": " + reason);
+  train_sentencepiece(text_path, vocab_size, out_path);
 }
 
-std::vector<int> Tokenizer::encode(const std::string& text) const {
-  std::vector<int> ids;
-  auto status = sp_->Encode(text, &ids);
-  if (!status.ok()) throw Error("tokenizer: cannot encode text: " + status.ToString());
-  return ids;
+std::vector<int> Tokenizer::encode(const std::string& text, bool add_special) const { return impl_->encode(text, add_special); }
+
+std::string Tokenizer::decode(const std::vector<int>& ids, bool skip_special) const { return impl_->decode(ids, skip_special); }
+
+int64_t Tokenizer::vocab_size() const { return impl_->vocab_size(); }
+
+std::optional<int> Tokenizer::end_of_text() const {
+  if (auto eos = impl_->role_id("eos")) return eos;
+  return impl_->role_id("sep");
 }
 
-std::string Tokenizer::decode(const std::vector<int>& ids) const {
-  std::string text;
-  auto status = sp_->Decode(ids, &text);
-  if (!status.ok()) throw Error("tokenizer: cannot decode ids: " + status.ToString());
-  return text;
-}
+std::optional<int> Tokenizer::role_id(const std::string& role) const { return impl_->role_id(role); }
 
-int64_t Tokenizer::vocab_size() const { return sp_->GetPieceSize(); }
+std::string Tokenizer::kind() const { return impl_->kind(); }
 
 std::string Tokenizer::fingerprint() const {
-  // FNV-1a over the model bytes: stable across runs and machines (std::hash is not).
+  // FNV-1a: stable across runs and machines (std::hash is not). A lone SentencePiece model hashes
+  // its bytes alone, as datasets built before model directories were read recorded it.
   uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : bytes_) h = (h ^ c) * 1099511628211ULL;
+  if (files_.size() == 1 && files_.count("tokenizer.model")) {
+    h = fnv1a(h, files_.begin()->second);
+  } else {
+    for (const auto& [name, bytes] : files_) h = fnv1a(fnv1a(h, name + '\0'), bytes + '\0');
+  }
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;

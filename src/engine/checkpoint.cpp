@@ -12,6 +12,7 @@
 #include "src/core/error.h"
 #include "src/core/json_value.h"
 #include "src/core/text.h"
+#include "src/data/tokenizer.h"
 #include "models/registry.h"
 #include "src/io/atomic_dir.h"
 
@@ -177,9 +178,9 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
     std::ofstream f(tmp / "config.json");
     f << s.model->hf_config().dump(2) << "\n";
   }
-  {
-    std::ofstream f(tmp / "tokenizer.model", std::ios::binary);
-    f << s.tokenizer_bytes;
+  for (const auto& [name, bytes] : s.tokenizer_files) {
+    std::ofstream f(tmp / name, std::ios::binary);
+    f << bytes;
   }
   {
     std::ofstream f(tmp / "recipe.toml");
@@ -253,9 +254,9 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
   const fs::path d(dir);
   info.config = read_json((d / "config.json").string());
   info.model = model_config_from_hf(info.config, (d / "config.json").string());
-  if (!fs::is_regular_file(d / "tokenizer.model"))
-    throw Error("checkpoint " + dir + ": tokenizer.model is missing");
-  info.tokenizer_bytes = read_text_file((d / "tokenizer.model").string());
+  info.tokenizer_files = Tokenizer::read_files(dir);
+  if (info.tokenizer_files.empty())
+    throw Error("checkpoint " + dir + ": no tokenizer files (expected tokenizer.model, tokenizer.json, vocab.json + merges.txt or vocab.txt)");
   if (fs::is_regular_file(d / "trainer_state.json")) {
     const std::string path = (d / "trainer_state.json").string();
     info.state = parse_trainer_state(read_json(path), path);

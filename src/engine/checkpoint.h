@@ -4,7 +4,8 @@
 //   step-000400/model.safetensors      weights under Hugging Face names and layouts (loadable by
 //                                      transformers with config.json)
 //   step-000400/config.json            the model's HF config
-//   step-000400/tokenizer.model        the SentencePiece model it was trained with
+//   step-000400/tokenizer.model        the tokenizer's files as it was read (a SentencePiece model,
+//                                      or tokenizer.json, tokenizer_config.json, vocab.txt, ...)
 //   step-000400/optimizer.safetensors  AdamW moments under the same names + the RNG state
 //   step-000400/trainer_state.json     step, data-loader position, tokens seen, losses
 //   step-000400/recipe.toml            the resolved recipe
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "src/core/recipe.h"
+#include "src/data/hf_tokenizer_files.h"
 #include "src/io/hf_weights.h"
 #include "src/io/safetensors.h"
 #include "src/nn/causal_lm.h"
@@ -41,7 +43,7 @@ struct CheckpointSave {
   nn::CausalLM* model = nullptr;
   optim::FlatParams* flat = nullptr;    // with `optimizer`: moments are saved (null: weights only)
   optim::AdamW* optimizer = nullptr;
-  std::string tokenizer_bytes;
+  TokenizerFiles tokenizer_files;   // written unchanged, so transformers reads the same tokenizer
   std::string recipe_toml;
   TrainerState state;
 };
@@ -58,7 +60,7 @@ struct CheckpointInfo {
   std::string dir;
   nlohmann::json config;         // config.json
   ModelConfig model;             // decoded from config.json
-  std::string tokenizer_bytes;   // tokenizer.model
+  TokenizerFiles tokenizer_files;   // the directory's tokenizer files (Tokenizer::from_files reads them)
   TrainerState state;
   bool has_state = false;        // trainer_state.json was there (resume requires it)
 };

@@ -20,12 +20,20 @@ struct Sequence {
   GenerationResult result;
 };
 
-// Text of `ids` minus a trailing incomplete UTF-8 character (byte-fallback pieces arrive one byte
-// at a time; the replacement character marks an unfinished one).
+// Text of `ids` minus a trailing incomplete UTF-8 character: byte-fallback pieces arrive one byte at
+// a time (SentencePiece marks an unfinished character with U+FFFD), byte-level BPE tokens can end
+// inside a character (their decode is raw bytes).
 std::string stable_text(const Tokenizer& tok, const std::vector<int>& ids) {
-  std::string text = tok.decode(ids);
+  std::string text = tok.decode(ids, /*skip_special=*/true);
   static const std::string replacement = "\xEF\xBF\xBD";
   while (text.size() >= 3 && text.compare(text.size() - 3, 3, replacement) == 0) text.resize(text.size() - 3);
+  size_t lead = text.size();
+  while (lead > 0 && text.size() - lead < 3 && (static_cast<unsigned char>(text[lead - 1]) & 0xC0) == 0x80) --lead;
+  if (lead > 0) {
+    const auto b = static_cast<unsigned char>(text[lead - 1]);
+    const size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+    if (text.size() - (lead - 1) < need) text.resize(lead - 1);
+  }
   return text;
 }
 
@@ -40,9 +48,12 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::string>
   const int64_t b = static_cast<int64_t>(prompts.size()), context = model_->context_length();
   std::vector<std::vector<int>> encoded;
   int64_t longest = 0;
+  const std::optional<int> eos = tokenizer_.end_of_text();
   for (size_t i = 0; i < prompts.size(); ++i) {
-    auto ids = tokenizer_.encode(prompts[i]);
-    if (ids.empty()) ids.push_back(Tokenizer::kEos);   // an empty prompt starts a fresh document
+    auto ids = tokenizer_.encode(prompts[i], /*add_special=*/true);   // as transformers' tokenizer(prompt)
+    if (ids.empty() && !eos)
+      throw Error("prompt " + std::to_string(i + 1) + " is empty and the tokenizer has no end-of-text token to start from");
+    if (ids.empty()) ids.push_back(*eos);   // an empty prompt starts a fresh document
     if (static_cast<int64_t>(ids.size()) >= context)
       throw Error("prompt " + std::to_string(i + 1) + " has " + std::to_string(ids.size()) +
                   " tokens but the model's context is " + std::to_string(context) +
@@ -63,7 +74,7 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::string>
 
   // Left padding: sequence i's real tokens occupy [pad_i, longest).
   std::vector<int64_t> pad(b);
-  at::Tensor ids = at::full({b, longest}, Tokenizer::kEos, long_opts);
+  at::Tensor ids = at::full({b, longest}, eos.value_or(0), long_opts);   // padding: masked out, any id
   bool ragged = false;
   for (int64_t i = 0; i < b; ++i) {
     pad[i] = longest - static_cast<int64_t>(encoded[i].size());
@@ -121,7 +132,7 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::string>
     for (int64_t i = 0; i < b; ++i) {
       auto& s = seqs[i];
       if (s.done) continue;
-      if (nx[i] == Tokenizer::kEos) {
+      if (eos && nx[i] == *eos) {
         s.done = true;
         s.result.finish_reason = "eos";
         release(i, stable_text(tokenizer_, s.ids), true);
@@ -141,7 +152,7 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::string>
       if (step + 1 == max_new) {
         s.done = true;
         s.result.finish_reason = "length";
-        release(i, tokenizer_.decode(s.ids), true);
+        release(i, tokenizer_.decode(s.ids, /*skip_special=*/true), true);
         continue;
       }
       release(i, text, false);

@@ -154,7 +154,7 @@ void resume(TrainPlan& p) {
   if (info.model.n_layer != m.n_layer || info.model.n_head != m.n_head || info.model.n_embd != m.n_embd ||
       info.model.vocab_size != m.vocab_size || info.model.block_size != m.block_size)
     throw Error("checkpoint " + from + " holds a different model than the recipe (resume needs the same [model])");
-  if (info.tokenizer_bytes != p.tokenizer->model_bytes())
+  if (info.tokenizer_files != p.tokenizer->files())
     throw Error("checkpoint " + from + " was trained with a different tokenizer than " + p.tokenizer_path);
   load_model_state(*p.model, HfWeights::open(from));
   load_optimizer_state(*p.model, *p.flat, *p.optimizer, from);   // also restores the RNG state
@@ -176,7 +176,7 @@ EffectiveRecipe effective_recipe(const Recipe& r, const TrainOptions& opt) {
       throw RecipeError(r.where("finetune.from"), "is required by `colossal finetune` (the checkpoint to start from)");
     e.init_checkpoint = resolve_checkpoint(r.finetune.from);
     e.recipe.model = finetune_model_config(r, read_checkpoint_info(e.init_checkpoint).model, e.init_checkpoint);
-    e.tokenizer_path = (fs::path(e.init_checkpoint) / "tokenizer.model").string();
+    e.tokenizer_path = e.init_checkpoint;   // the directory: its tokenizer files, whatever their kind
   }
   if (!opt.finetune && !r.sections.count("model"))
     throw RecipeError(r.path, "has no [model] section (training from scratch needs one; see recipes/gpt-mini.toml)");
