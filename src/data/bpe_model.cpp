@@ -17,45 +17,19 @@ constexpr size_t kCacheLimit = 1 << 16;   // words; cleared when full (a corpus'
 
 BpeModel::BpeModel(std::unordered_map<std::string, int> vocab, const std::vector<std::pair<std::string, std::string>>& merges,
                    BpeOptions options, const std::string& where)
-    : vocab_(std::move(vocab)), options_(std::move(options)) {
-  int64_t end = 0;
-  for (const auto& [token, id] : vocab_) {
-    if (id < 0) throw Error(where + ": token \"" + token + "\" has the negative id " + std::to_string(id));
-    end = std::max<int64_t>(end, int64_t{id} + 1);
-  }
-  tokens_.assign(static_cast<size_t>(end), std::string());
-  has_token_.assign(static_cast<size_t>(end), false);
-  for (const auto& [token, id] : vocab_) {
-    if (has_token_[static_cast<size_t>(id)])
-      throw Error(where + ": tokens \"" + tokens_[static_cast<size_t>(id)] + "\" and \"" + token + "\" share the id " + std::to_string(id));
-    tokens_[static_cast<size_t>(id)] = token;
-    has_token_[static_cast<size_t>(id)] = true;
-  }
+    : vocab_(std::move(vocab), where), options_(std::move(options)) {
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& [a, b] = merges[rank];
     auto need = [&](const std::string& token) {
-      auto it = vocab_.find(token);
-      if (it == vocab_.end())
-        throw Error(where + ": merge " + std::to_string(rank + 1) + " (\"" + a + " " + b + "\") needs the token \"" + token +
-                    "\", which is not in the vocabulary");
-      return it->second;
+      if (auto id = vocab_.id_of(token)) return *id;
+      throw Error(where + ": merge " + std::to_string(rank + 1) + " (\"" + a + " " + b + "\") needs the token \"" + token +
+                  "\", which is not in the vocabulary");
     };
     const int left = need(a), right = need(b), merged = need(a + b);
     merges_.emplace(pair_key(left, right), Merge{static_cast<int>(rank), merged});   // a repeated pair keeps its first rank
   }
-  if (options_.unk_token && !vocab_.count(*options_.unk_token))
+  if (options_.unk_token && !vocab_.id_of(*options_.unk_token))
     throw Error(where + ": the unknown token \"" + *options_.unk_token + "\" is not in the vocabulary");
-}
-
-std::optional<int> BpeModel::id_of(std::string_view token) const {
-  auto it = vocab_.find(std::string(token));
-  if (it == vocab_.end()) return std::nullopt;
-  return it->second;
-}
-
-const std::string* BpeModel::token_of(int id) const {
-  if (id < 0 || id >= end_id() || !has_token_[static_cast<size_t>(id)]) return nullptr;
-  return &tokens_[static_cast<size_t>(id)];
 }
 
 std::vector<int> BpeModel::merge(std::string_view word) const {
@@ -65,13 +39,13 @@ std::vector<int> BpeModel::merge(std::string_view word) const {
     bool alive;
   };
   std::vector<Symbol> syms;
-  const int unk = options_.unk_token ? vocab_.at(*options_.unk_token) : -1;
+  const int unk = options_.unk_token ? *vocab_.id_of(*options_.unk_token) : -1;
   for (size_t i = 0; i < word.size();) {
     const auto d = unicode::decode_at(word, i);
-    auto it = vocab_.find(std::string(word.substr(i, static_cast<size_t>(d.len))));
+    const auto known = vocab_.id_of(word.substr(i, static_cast<size_t>(d.len)));
     i += static_cast<size_t>(d.len);
     int id;
-    if (it != vocab_.end()) id = it->second;
+    if (known) id = *known;
     else if (unk < 0) continue;   // no unknown token: the character is dropped, as HF does
     else if (options_.fuse_unk && !syms.empty() && syms.back().id == unk) continue;
     else id = unk;
@@ -116,7 +90,7 @@ std::vector<int> BpeModel::merge(std::string_view word) const {
 
 void BpeModel::encode_word(std::string_view word, std::vector<int>& out) const {
   if (options_.ignore_merges)
-    if (auto id = id_of(word)) {
+    if (auto id = vocab_.id_of(word)) {
       out.push_back(*id);
       return;
     }

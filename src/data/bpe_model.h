@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "src/data/vocab.h"
+
 namespace colossal {
 
 struct BpeOptions {
@@ -29,16 +31,12 @@ class BpeModel {
 
   // Token ids of one word (characters are UTF-8 code points of `word`).
   void encode_word(std::string_view word, std::vector<int>& out) const;
-  std::optional<int> id_of(std::string_view token) const;
-  const std::string* token_of(int id) const;   // null outside the vocabulary
-  int64_t end_id() const { return static_cast<int64_t>(tokens_.size()); }   // one past the largest id
+  const Vocab& vocab() const { return vocab_; }
 
  private:
   std::vector<int> merge(std::string_view word) const;
 
-  std::unordered_map<std::string, int> vocab_;
-  std::vector<std::string> tokens_;   // by id ("" where the vocabulary has a hole)
-  std::vector<bool> has_token_;
+  Vocab vocab_;
   struct Merge {
     int rank, merged;
   };

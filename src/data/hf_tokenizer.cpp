@@ -91,7 +91,7 @@ std::vector<int> HfTokenizer::encode(std::string_view text, bool add_special) co
 
 const std::string* HfTokenizer::token_of(int id) const {
   if (auto it = added_by_id_.find(id); it != added_by_id_.end()) return &it->second->content;
-  return spec_.bpe ? spec_.bpe->token_of(id) : spec_.wordpiece->token_of(id);
+  return vocab().token_of(id);
 }
 
 std::string HfTokenizer::decode(const std::vector<int>& ids, bool skip_special) const {
@@ -111,7 +111,7 @@ std::string HfTokenizer::decode(const std::vector<int>& ids, bool skip_special) 
 }
 
 int64_t HfTokenizer::vocab_size() const {
-  int64_t n = spec_.bpe ? spec_.bpe->end_id() : spec_.wordpiece->end_id();
+  int64_t n = vocab().end_id();
   for (const auto& t : spec_.added) n = std::max<int64_t>(n, int64_t{t.id} + 1);
   return n;
 }
@@ -119,7 +119,7 @@ int64_t HfTokenizer::vocab_size() const {
 std::optional<int> HfTokenizer::id_of(std::string_view token) const {
   for (const auto& t : spec_.added)
     if (t.content == token) return t.id;
-  return spec_.bpe ? spec_.bpe->id_of(token) : spec_.wordpiece->id_of(token);
+  return vocab().id_of(token);
 }
 
 std::optional<int> HfTokenizer::role_id(const std::string& role) const {

@@ -55,6 +55,7 @@ class HfTokenizer : public TokenizerImpl {
  private:
   void encode_plain(std::string_view text, std::vector<int>& out) const;   // text holding no added token
   const std::string* token_of(int id) const;
+  const Vocab& vocab() const { return spec_.bpe ? spec_.bpe->vocab() : spec_.wordpiece->vocab(); }
 
   HfTokenizerSpec spec_;
   std::map<int, const AddedToken*> added_by_id_;

@@ -149,7 +149,7 @@ void default_roles(HfTokenizerSpec& spec) {
 int template_id(const HfTokenizerSpec& spec, const std::string& token, const Reader& r, const std::string& at) {
   for (const auto& t : spec.added)
     if (t.content == token) return t.id;
-  if (auto id = spec.bpe ? spec.bpe->id_of(token) : spec.wordpiece->id_of(token)) return *id;
+  if (auto id = (spec.bpe ? spec.bpe->vocab() : spec.wordpiece->vocab()).id_of(token)) return *id;
   r.fail(at, "names \"" + token + "\", which is not in the vocabulary");
 }
 
@@ -306,7 +306,7 @@ HfTokenizerSpec from_vocab_and_merges(const std::string& vocab_text, const std::
   spec.add_prefix_space = rc.flag(cfg.config, "add_prefix_space", false, "");
   // The roles' tokens are special: typed into a text they are single ids, as the slow GPT-2 tokenizer does.
   for (const auto& [role, token] : cfg.roles)
-    if (auto id = spec.bpe->id_of(token)) spec.added.push_back({token, *id, true});
+    if (auto id = spec.bpe->vocab().id_of(token)) spec.added.push_back({token, *id, true});
   if (rc.flag(cfg.config, "add_bos_token", false, "") && cfg.roles.count("bos"))
     spec.template_before = {template_id(spec, cfg.roles.at("bos"), rc, "bos_token")};
   if (rc.flag(cfg.config, "add_eos_token", false, "") && cfg.roles.count("eos"))
@@ -338,7 +338,7 @@ HfTokenizerSpec from_vocab_txt(const std::string& vocab_text, const TokenizerCon
   for (const auto& [role, fallback] : std::map<std::string, std::string>{
            {"pad", "[PAD]"}, {"unk", "[UNK]"}, {"cls", "[CLS]"}, {"sep", "[SEP]"}, {"mask", "[MASK]"}}) {   // BertTokenizer's defaults
     const std::string& token = spec.roles[role] = cfg.roles.count(role) ? cfg.roles.at(role) : fallback;
-    if (auto tid = spec.wordpiece->id_of(token)) spec.added.push_back({token, *tid, true});
+    if (auto tid = spec.wordpiece->vocab().id_of(token)) spec.added.push_back({token, *tid, true});
   }
   spec.template_before = {template_id(spec, spec.roles["cls"], rc, "cls_token")};
   spec.template_after = {template_id(spec, spec.roles["sep"], rc, "sep_token")};

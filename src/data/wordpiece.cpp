@@ -63,32 +63,10 @@ std::vector<std::string_view> bert_words(std::string_view text) {
 
 WordPieceModel::WordPieceModel(std::unordered_map<std::string, int> vocab, std::string unk_token, std::string prefix,
                                int64_t max_input_chars_per_word, const std::string& where)
-    : vocab_(std::move(vocab)), prefix_(std::move(prefix)), max_chars_(max_input_chars_per_word) {
-  int64_t end = 0;
-  for (const auto& [token, id] : vocab_) {
-    if (id < 0) throw Error(where + ": token \"" + token + "\" has the negative id " + std::to_string(id));
-    end = std::max<int64_t>(end, int64_t{id} + 1);
-  }
-  tokens_.assign(static_cast<size_t>(end), std::string());
-  has_token_.assign(static_cast<size_t>(end), false);
-  for (const auto& [token, id] : vocab_) {
-    tokens_[static_cast<size_t>(id)] = token;
-    has_token_[static_cast<size_t>(id)] = true;
-  }
-  auto it = vocab_.find(unk_token);
-  if (it == vocab_.end()) throw Error(where + ": the unknown token \"" + unk_token + "\" is not in the vocabulary");
-  unk_ = it->second;
-}
-
-std::optional<int> WordPieceModel::id_of(std::string_view token) const {
-  auto it = vocab_.find(std::string(token));
-  if (it == vocab_.end()) return std::nullopt;
-  return it->second;
-}
-
-const std::string* WordPieceModel::token_of(int id) const {
-  if (id < 0 || id >= end_id() || !has_token_[static_cast<size_t>(id)]) return nullptr;
-  return &tokens_[static_cast<size_t>(id)];
+    : vocab_(std::move(vocab), where), prefix_(std::move(prefix)), max_chars_(max_input_chars_per_word) {
+  auto unk = vocab_.id_of(unk_token);
+  if (!unk) throw Error(where + ": the unknown token \"" + unk_token + "\" is not in the vocabulary");
+  unk_ = *unk;
 }
 
 void WordPieceModel::encode_word(std::string_view word, std::vector<int>& out) const {
@@ -104,8 +82,8 @@ void WordPieceModel::encode_word(std::string_view word, std::vector<int>& out) c
     for (; end > start; --end) {
       key.assign(start > 0 ? prefix_ : std::string());
       key.append(word.substr(bounds[start], bounds[end] - bounds[start]));
-      if (auto it = vocab_.find(key); it != vocab_.end()) {
-        found = it->second;
+      if (auto id = vocab_.id_of(key)) {
+        found = *id;
         break;
       }
     }

@@ -11,6 +11,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "src/data/vocab.h"
+
 namespace colossal {
 
 struct BertNormalizer {
@@ -29,15 +31,11 @@ class WordPieceModel {
   WordPieceModel(std::unordered_map<std::string, int> vocab, std::string unk_token, std::string prefix,
                  int64_t max_input_chars_per_word, const std::string& where);
   void encode_word(std::string_view word, std::vector<int>& out) const;
-  std::optional<int> id_of(std::string_view token) const;
-  const std::string* token_of(int id) const;
-  int64_t end_id() const { return static_cast<int64_t>(tokens_.size()); }
+  const Vocab& vocab() const { return vocab_; }
   const std::string& prefix() const { return prefix_; }
 
  private:
-  std::unordered_map<std::string, int> vocab_;
-  std::vector<std::string> tokens_;
-  std::vector<bool> has_token_;
+  Vocab vocab_;
   std::string prefix_;
   int64_t max_chars_;
   int unk_;
