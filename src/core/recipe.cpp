@@ -154,6 +154,7 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
 
   auto m = section("model");
   ModelConfig& mc = r.model;
+  mc.from = m.string("from", mc.from);
   mc.family = m.string("family", mc.family);
   mc.n_layer = m.integer("n_layer", mc.n_layer, 1, 1024);
   mc.n_head = m.integer("n_head", mc.n_head, 1, 1024);
@@ -287,7 +288,7 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
 std::string Recipe::to_toml() const {
   toml::table root{
       {"name", name},
-      {"model", toml::table{{"family", model.family}, {"n_layer", model.n_layer}, {"n_head", model.n_head},
+      {"model", toml::table{{"from", model.from}, {"family", model.family}, {"n_layer", model.n_layer}, {"n_head", model.n_head},
                             {"n_embd", model.n_embd}, {"block_size", model.block_size},
                             {"vocab_size", model.vocab_size}, {"dropout", model.dropout},
                             {"attn_dropout", model.attn_dropout}, {"bias", model.bias},

@@ -12,6 +12,8 @@
 namespace colossal {
 
 struct ModelConfig {                 // [model]
+  std::string from;                  // a model directory (save_pretrained's layout, or a checkpoint of
+                                     // ours): family, sizes, weights and tokenizer come from it
   std::string family = "gpt";        // a family registered in models/registry.cpp (gpt, opt)
   int64_t n_layer = 12;
   int64_t n_head = 12;
@@ -33,7 +35,8 @@ struct ModelConfig {                 // [model]
 struct DataConfig {                  // [data]
   std::string text;                  // source text (documents separated by blank lines); used to build
                                      // the tokenizer and dataset when they do not exist yet
-  std::string tokenizer;             // SentencePiece model path
+  std::string tokenizer;             // SentencePiece model, or a directory with HF tokenizer files
+                                     // (unused with [model] from, which brings its own)
   std::string dataset;               // tokenized HDF5 dataset path
   int64_t tokenizer_vocab = 0;       // vocabulary to train the tokenizer with; 0 = model.vocab_size
   double val_fraction = 0.02;        // documents held out for eval loss
@@ -73,7 +76,7 @@ struct CheckpointConfig {            // [checkpoint]
 };
 
 struct FinetuneConfig {              // [finetune]
-  std::string from;                  // checkpoint directory to start from (weights and tokenizer)
+  std::string from;                  // checkpoint or model directory to start from (as [model] from)
 };
 
 struct KernelsConfig {               // [kernels]: our CPU kernel or ATen's, for those that have both

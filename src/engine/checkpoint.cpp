@@ -115,6 +115,26 @@ TrainerState parse_trainer_state(const nlohmann::json& s, const std::string& pat
   return st;
 }
 
+bool has_weights(const fs::path& dir) {
+  for (const char* name : {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"})
+    if (fs::is_regular_file(dir / name)) return true;
+  return false;
+}
+
+// Our config.json over the one the run started from: fields we do not write stay, and so do the
+// special token ids (the family's defaults must not replace a model's own). The weights are saved
+// in fp32, which the dtype fields say.
+nlohmann::json config_for_save(nlohmann::json ours, const nlohmann::json& base) {
+  if (!base.is_object()) return ours;
+  for (const auto& [key, value] : base.items()) {
+    const bool token_id = key == "bos_token_id" || key == "eos_token_id" || key == "pad_token_id" || key == "decoder_start_token_id";
+    if (!ours.contains(key) || token_id) ours[key] = value;
+  }
+  for (const char* dtype : {"dtype", "torch_dtype"})
+    if (ours.contains(dtype)) ours[dtype] = "float32";
+  return ours;
+}
+
 }  // namespace
 
 std::vector<NamedTensor> export_model_state(nn::CausalLM& model) {
@@ -176,7 +196,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
   save_safetensors((tmp / "model.safetensors").string(), export_model_state(*s.model), {{"format", "pt"}});
   {
     std::ofstream f(tmp / "config.json");
-    f << s.model->hf_config().dump(2) << "\n";
+    f << config_for_save(s.model->hf_config(), s.base_config).dump(2) << "\n";
   }
   for (const auto& [name, bytes] : s.tokenizer_files) {
     std::ofstream f(tmp / name, std::ios::binary);
@@ -242,10 +262,11 @@ std::string resolve_checkpoint(const std::string& path) {
     return target.string();
   };
   if (fs::is_regular_file(p) && p.filename() == "latest") return follow_latest(p.parent_path());
-  if (fs::is_regular_file(p / "model.safetensors")) return p.string();
+  if (fs::is_regular_file(p / "config.json") && has_weights(p)) return p.string();
   if (fs::is_regular_file(p / "latest")) return follow_latest(p);
   if (fs::is_regular_file(p / "checkpoints" / "latest")) return follow_latest(p / "checkpoints");
-  throw Error("checkpoint " + path + ": not a checkpoint (expected model.safetensors, a `latest` file, or checkpoints/latest inside)");
+  throw Error("checkpoint " + path + ": not a checkpoint or model directory (expected config.json with model.safetensors, "
+              "model.safetensors.index.json, pytorch_model.bin or pytorch_model.bin.index.json; a `latest` file; or checkpoints/latest)");
 }
 
 CheckpointInfo read_checkpoint_info(const std::string& dir) {

@@ -46,13 +46,17 @@ struct CheckpointSave {
   TokenizerFiles tokenizer_files;   // written unchanged, so transformers reads the same tokenizer
   std::string recipe_toml;
   TrainerState state;
+  // config.json of the model the run started from: its fields our config does not write (and its
+  // token ids) are kept, so a finetuned Hugging Face model saves with the config it came with.
+  nlohmann::json base_config;
 };
 
 // Writes <dir>/step-NNNNNN atomically, updates <dir>/latest, deletes the oldest beyond keep_last.
 // Returns the new checkpoint's path.
 std::string save_checkpoint(const std::string& dir, const CheckpointSave& save, int64_t keep_last);
 
-// Accepts a checkpoint directory, a checkpoints directory with `latest`, or a run directory with
+// Accepts a checkpoint or Hugging Face model directory (config.json and weights in any format
+// HfWeights reads), a checkpoints directory with `latest`, or a run directory with
 // checkpoints/latest. Error naming the path and what was expected otherwise.
 std::string resolve_checkpoint(const std::string& path);
 

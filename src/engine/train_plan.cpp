@@ -25,15 +25,17 @@ namespace fs = std::filesystem;
 namespace colossal {
 namespace {
 
-// Finetuning keeps the checkpoint's architecture; a recipe that names a different shape is an error.
+// Starting from a directory keeps its architecture; a recipe that names a different shape is an error.
 ModelConfig finetune_model_config(const Recipe& r, const ModelConfig& from_ckpt, const std::string& ckpt) {
   ModelConfig m = from_ckpt;
-  auto check = [&](const char* key, int64_t recipe_value, int64_t ckpt_value) {
+  m.from = r.model.from;
+  auto check = [&](const char* key, const auto& recipe_value, const auto& ckpt_value) {
     if (r.locations.count(std::string("model.") + key) && recipe_value != ckpt_value)
       throw RecipeError(r.where(std::string("model.") + key),
-                        "= " + std::to_string(recipe_value) + " but checkpoint " + ckpt + " has " + std::to_string(ckpt_value) +
-                            " (finetuning keeps the checkpoint's architecture; remove the key)");
+                        "= " + fmt::format("{}", recipe_value) + " but checkpoint " + ckpt + " has " + fmt::format("{}", ckpt_value) +
+                            " (starting from a model keeps its architecture; remove the key)");
   };
+  check("family", r.model.family, m.family);
   check("n_layer", r.model.n_layer, m.n_layer);
   check("n_head", r.model.n_head, m.n_head);
   check("n_embd", r.model.n_embd, m.n_embd);
@@ -94,10 +96,10 @@ std::unique_ptr<dist::Runtime> join_job(const Recipe& r, const TrainOptions& opt
 }
 
 // Step 2: data. Rank 0 builds a missing tokenizer or dataset while the others wait, then all read it.
-void load_data(TrainPlan& p) {
+// A run starting from a directory tokenizes with that directory's tokenizer.
+void load_data(TrainPlan& p, bool tokenizer_from_directory) {
   const Recipe& r = p.recipe;
-  const bool finetune = p.options.finetune;
-  if (p.is_root()) ensure_data(r, finetune ? p.tokenizer_path : "");
+  if (p.is_root()) ensure_data(r, tokenizer_from_directory ? p.tokenizer_path : "");
   p.runtime->world_group().barrier("waiting for rank 0 to prepare the data");
   p.tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(p.tokenizer_path));
   p.train_tokens = std::make_shared<const std::vector<int32_t>>(read_token_split(r.data.dataset, "train").tokens);
@@ -158,6 +160,7 @@ void resume(TrainPlan& p) {
     throw Error("checkpoint " + from + " was trained with a different tokenizer than " + p.tokenizer_path);
   load_model_state(*p.model, HfWeights::open(from));
   load_optimizer_state(*p.model, *p.flat, *p.optimizer, from);   // also restores the RNG state
+  p.base_config = info.config;   // what the run started from keeps its fields in every save
   p.state = info.state;
   if (p.state.legacy_batches >= 0) p.state.samples_seen = p.state.legacy_batches * r.train.batch_size;   // one process then
   nn::restore_kernel_choices(p.state.kernel_choices);
@@ -170,18 +173,31 @@ void resume(TrainPlan& p) {
 }  // namespace
 
 EffectiveRecipe effective_recipe(const Recipe& r, const TrainOptions& opt) {
-  EffectiveRecipe e{r, r.data.tokenizer, ""};
-  if (opt.finetune) {
-    if (r.finetune.from.empty())
-      throw RecipeError(r.where("finetune.from"), "is required by `colossal finetune` (the checkpoint to start from)");
-    e.init_checkpoint = resolve_checkpoint(r.finetune.from);
-    e.recipe.model = finetune_model_config(r, read_checkpoint_info(e.init_checkpoint).model, e.init_checkpoint);
+  EffectiveRecipe e{r, r.data.tokenizer, "", nullptr};
+  // Where the weights start: [model] from (train or finetune), else [finetune] from (finetune only).
+  if (!r.model.from.empty() && !r.finetune.from.empty())
+    throw RecipeError(r.where("finetune.from"), "and " + r.where("model.from") + " both name a starting point (keep one)");
+  const std::string from_key = r.model.from.empty() ? "finetune.from" : "model.from";
+  const std::string from = r.model.from.empty() ? r.finetune.from : r.model.from;
+  if (opt.finetune && from.empty())
+    throw RecipeError(r.where("finetune.from"), "is required by `colossal finetune` (the checkpoint or model directory to start "
+                                                "from; [model] from does the same)");
+  if (!from.empty()) {
+    try {
+      e.init_checkpoint = resolve_checkpoint(from);
+    } catch (const Error& err) {
+      throw RecipeError(r.where(from_key), err.what());
+    }
+    const auto info = read_checkpoint_info(e.init_checkpoint);
+    e.recipe.model = finetune_model_config(r, info.model, e.init_checkpoint);
+    e.base_config = info.config;
     e.tokenizer_path = e.init_checkpoint;   // the directory: its tokenizer files, whatever their kind
-  }
-  if (!opt.finetune && !r.sections.count("model"))
+  } else if (!r.sections.count("model")) {
     throw RecipeError(r.path, "has no [model] section (training from scratch needs one; see recipes/gpt-mini.toml)");
-  if (!opt.finetune) check_model_recipe(r);
-  check_data_sources(e.recipe, opt.finetune ? e.tokenizer_path : "");
+  } else {
+    check_model_recipe(r);
+  }
+  check_data_sources(e.recipe, e.init_checkpoint.empty() ? "" : e.tokenizer_path);
   return e;
 }
 
@@ -190,6 +206,7 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
   p->recipe = effective.recipe;
   p->options = opt;
   p->tokenizer_path = effective.tokenizer_path;
+  p->base_config = effective.base_config;
   const dist::WorkerEnv env = dist::worker_env(dist::process_env());
   const Recipe& r = p->recipe;
   p->device = resolve_device(r.train.device, r.where("train.device"));
@@ -210,7 +227,7 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
     set_log_file((fs::path(r.output.dir) / "train.log").string());
     spdlog::info("colossal {} {} -> {}", opt.finetune ? "finetune" : "train", r.path, r.output.dir);
   }
-  load_data(*p);                                                  // 2. data
+  load_data(*p, !effective.init_checkpoint.empty());                                                  // 2. data
   build_model_weights(*p, effective.init_checkpoint);   // 3. model
   apply_data_parallel(*p);                                        // 4. memory layout + data parallelism
   p->optimizer = std::make_unique<optim::AdamW>(*p->flat, optim::AdamWOptions{r.optim.betas[0], r.optim.betas[1], r.optim.eps});

@@ -31,6 +31,7 @@ struct TrainPlan {
 
   std::string tokenizer_path;
   std::unique_ptr<Tokenizer> tokenizer;
+  nlohmann::json base_config;     // config.json of the directory the run started from (null: none)
   std::shared_ptr<const std::vector<int32_t>> train_tokens;
   std::vector<at::Tensor> eval_set;   // this rank's share of the held-out batches
   int64_t val_tokens = 0;
@@ -50,9 +51,10 @@ struct TrainPlan {
 // The recipe as training will run it, validated against the data; no rank joins, nothing is
 // allocated. Also used by --dry-run.
 struct EffectiveRecipe {
-  Recipe recipe;                 // finetuning takes [model] from the checkpoint
-  std::string tokenizer_path;    // the recipe's, or the checkpoint's when finetuning
-  std::string init_checkpoint;   // the resolved [finetune] from ("" when training from scratch)
+  Recipe recipe;                 // a starting directory gives [model] its architecture
+  std::string tokenizer_path;    // the recipe's, or the starting directory (its tokenizer files)
+  std::string init_checkpoint;   // the resolved [model] or [finetune] from ("" when training from scratch)
+  nlohmann::json base_config;    // its config.json: fields our config does not write are kept on save
 };
 EffectiveRecipe effective_recipe(const Recipe& recipe, const TrainOptions& options);
 

@@ -151,7 +151,7 @@ int run_loop(TrainPlan& p) {
     if (root) {
       state.kernel_choices = nn::kernel_choices();
       state.world_size = p.dp_size;
-      CheckpointSave s{p.model.get(), p.flat.get(), p.optimizer.get(), p.tokenizer->files(), r.to_toml(), state};
+      CheckpointSave s{p.model.get(), p.flat.get(), p.optimizer.get(), p.tokenizer->files(), r.to_toml(), state, p.base_config};
       path = save_checkpoint(r.checkpoint.dir, s, r.checkpoint.keep_last);
       spdlog::info("saved checkpoint {}", path);
     }
