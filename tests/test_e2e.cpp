@@ -17,6 +17,7 @@ using colossal::test::read_file;
 using colossal::test::run_colossal;
 using colossal::test::TempDir;
 using colossal::test::write_file;
+using colossal::test::expect_one_line_error;
 
 namespace {
 
@@ -24,16 +25,6 @@ namespace {
 std::string into(const TempDir& dir) {
   return " --set output.dir=" + (dir / "run") + " --set data.tokenizer=" + (dir / "tok.model") +
          " --set data.dataset=" + (dir / "data.h5");
-}
-
-// A user-facing failure: non-zero exit and exactly one line, starting with "error: ".
-void expect_one_line_error(const colossal::test::Run& r, const std::string& fragment) {
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  std::string last = r.output;
-  while (!last.empty() && last.back() == '\n') last.pop_back();
-  last = last.substr(last.rfind('\n') == std::string::npos ? 0 : last.rfind('\n') + 1);
-  EXPECT_EQ(last.rfind("error: ", 0), 0u) << r.output;
-  EXPECT_NE(last.find(fragment), std::string::npos) << "expected \"" << fragment << "\" in: " << last;
 }
 
 }  // namespace

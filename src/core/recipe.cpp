@@ -185,7 +185,9 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   dc.tokenizer_vocab = d.integer("tokenizer_vocab", dc.tokenizer_vocab, 0, 1 << 24);
   dc.val_fraction = d.real("val_fraction", dc.val_fraction, 0.0, 0.5);
   dc.prefetch = d.integer("prefetch", dc.prefetch, 1, 64);
-  if (dc.tokenizer_vocab > mc.vocab_size)
+  // With [model] from, the model's sizes are known only once the directory is read (the trainer
+  // checks these there).
+  if (mc.from.empty() && dc.tokenizer_vocab > mc.vocab_size)
     d.fail("tokenizer_vocab", "= " + std::to_string(dc.tokenizer_vocab) + " exceeds model.vocab_size = " +
                                   std::to_string(mc.vocab_size) + " (the model must have a row for every token)");
   if (dc.tokenizer_vocab == 0) dc.tokenizer_vocab = mc.vocab_size;
@@ -204,8 +206,8 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   tc.seed = t.integer("seed", tc.seed, 0, kBig);
   tc.device = t.string("device", tc.device, {"auto", "cpu", "cuda"});
   tc.grad_clip = t.real("grad_clip", tc.grad_clip, 0, 1e9);
-  if (tc.seq_len == 0) tc.seq_len = mc.block_size;
-  if (tc.seq_len > mc.block_size)
+  if (tc.seq_len == 0 && mc.from.empty()) tc.seq_len = mc.block_size;
+  if (mc.from.empty() && tc.seq_len > mc.block_size)
     t.fail("seq_len", "= " + std::to_string(tc.seq_len) + " exceeds model.block_size = " +
                           std::to_string(mc.block_size) + " (the model has no position beyond its context)");
   t.finish();

@@ -41,7 +41,7 @@ ModelConfig finetune_model_config(const Recipe& r, const ModelConfig& from_ckpt,
   check("n_embd", r.model.n_embd, m.n_embd);
   check("block_size", r.model.block_size, m.block_size);
   check("vocab_size", r.model.vocab_size, m.vocab_size);
-  m.dropout = r.model.dropout;
+  if (r.locations.count("model.dropout")) m.dropout = r.model.dropout;   // else the directory's own
   return m;
 }
 
@@ -190,6 +190,13 @@ EffectiveRecipe effective_recipe(const Recipe& r, const TrainOptions& opt) {
     }
     const auto info = read_checkpoint_info(e.init_checkpoint);
     e.recipe.model = finetune_model_config(r, info.model, e.init_checkpoint);
+    // The sequence length against the directory's context: its whole context unless the recipe says.
+    int64_t& seq_len = e.recipe.train.seq_len;
+    const int64_t context = e.recipe.model.block_size;
+    if (seq_len == 0 || (seq_len > context && !r.locations.count("train.seq_len"))) seq_len = context;
+    if (seq_len > context)
+      throw RecipeError(r.where("train.seq_len"), "= " + std::to_string(seq_len) + " exceeds the context of " + e.init_checkpoint +
+                                                      " (" + std::to_string(context) + " positions)");
     e.base_config = info.config;
     e.tokenizer_path = e.init_checkpoint;   // the directory: its tokenizer files, whatever their kind
   } else if (!r.sections.count("model")) {

@@ -1,6 +1,8 @@
 // Test support: see test_support.h.
 #include "tests/support/test_support.h"
 
+#include <gtest/gtest.h>
+
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -117,6 +119,15 @@ Run run_colossal(const std::string& args) {
   int status = pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+void expect_one_line_error(const Run& r, const std::string& fragment) {
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  std::string last = r.output;
+  while (!last.empty() && last.back() == '\n') last.pop_back();
+  last = last.substr(last.rfind('\n') == std::string::npos ? 0 : last.rfind('\n') + 1);
+  EXPECT_EQ(last.rfind("error: ", 0), 0u) << r.output;
+  EXPECT_NE(last.find(fragment), std::string::npos) << "expected \"" << fragment << "\" in: " << last;
 }
 
 }  // namespace colossal::test

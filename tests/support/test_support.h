@@ -49,5 +49,7 @@ struct Run {
 };
 // Runs the colossal binary with `args` (a shell-quoted string) from the repository root.
 Run run_colossal(const std::string& args);
+// A user-facing failure: non-zero exit and a last line starting with "error: " holding `fragment`.
+void expect_one_line_error(const Run& r, const std::string& fragment);
 
 }  // namespace colossal::test

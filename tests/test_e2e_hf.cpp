@@ -1,0 +1,96 @@
+// End to end with Hugging Face model directories: `colossal infer DIR` generates as transformers'
+// generate does from the same directory, `colossal finetune` with [model] from trains a directory
+// in any weight format and saves a checkpoint that carries the directory's tokenizer files and
+// config fields, and a bad starting point ends in one error line at the recipe key.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "src/data/tokenizer.h"
+#include "src/io/safetensors.h"
+#include "tests/support/test_support.h"
+
+namespace fs = std::filesystem;
+using namespace colossal;
+using test::read_file;
+using test::run_colossal;
+using test::TempDir;
+
+namespace {
+
+std::string fixture(const std::string& name) { return test::source_dir() + "/tests/fixtures/" + name; }
+
+// opt-125m-finetune.toml shrunk to a few steps on the tiny fixture, every output inside `dir`.
+std::string finetune_args(const TempDir& dir, const std::string& from, int steps) {
+  return "finetune recipes/opt-125m-finetune.toml --set model.from=" + from + " --set train.max_steps=" + std::to_string(steps) +
+         " --set optim.warmup_steps=1 --set train.batch_size=2 --set train.seq_len=32 --set train.eval_batches=2" +
+         " --set train.eval_every=" + std::to_string(steps) + " --set checkpoint.every=" + std::to_string(steps) +
+         " --set output.dir=" + (dir / "run") + " --set data.dataset=" + (dir / "data.h5");
+}
+
+// JSON text as --jsonl prints it (bytes that are not UTF-8 become U+FFFD).
+std::string as_json(const std::string& s) { return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
+}  // namespace
+
+TEST(EndToEndHf, InferFromAModelDirectoryGeneratesWhatTransformersGenerates) {
+  // make_opt.py: tokenizer("In the beginning God created") (OPT prepends </s>), then generate()
+  // greedily for 10 tokens.
+  const auto ref = load_safetensors(fixture("opt-tiny/reference.safetensors"));
+  const at::Tensor prompt = ref.at("greedy.prompt", "ref"), output = ref.at("greedy.output", "ref");
+  std::vector<int> fresh;
+  for (int64_t i = prompt.size(1); i < output.size(1); ++i) fresh.push_back(static_cast<int>(output[0][i].item<int64_t>()));
+  const auto tok = Tokenizer::load(fixture("opt-tiny"));
+  ASSERT_EQ(std::count(fresh.begin(), fresh.end(), *tok.end_of_text()), 0) << "the reference stops early; regenerate it";
+
+  auto r = run_colossal("infer " + fixture("opt-tiny") + " -p 'In the beginning God created' --greedy -n 10 --jsonl -q");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["prompt_tokens"], prompt.size(1));
+  EXPECT_EQ(j["completion_tokens"], 10);
+  EXPECT_EQ(j["completion"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), as_json(tok.decode(fresh, true)));
+}
+
+TEST(EndToEndHf, FinetuningAModelDirectorySavesItsTokenizerAndConfigWithTheWeights) {
+  TempDir dir;
+  auto ft = run_colossal(finetune_args(dir, fixture("opt-tiny"), 3));
+  ASSERT_EQ(ft.exit_code, 0) << ft.output;
+  EXPECT_NE(ft.output.find("initialised from " + fixture("opt-tiny")), std::string::npos) << ft.output;
+  const std::string ckpt = dir / "run/checkpoints/step-000003";
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"})
+    EXPECT_EQ(read_file(ckpt + "/" + file), read_file(fixture("opt-tiny/") + file)) << file;
+  const auto config = nlohmann::json::parse(read_file(ckpt + "/config.json"));
+  const auto source = nlohmann::json::parse(read_file(fixture("opt-tiny/config.json")));
+  EXPECT_EQ(config["transformers_version"], source["transformers_version"]);   // a field only the source had
+  EXPECT_EQ(config["init_std"], source["init_std"]);
+  EXPECT_EQ(config["dtype"], "float32");
+  EXPECT_EQ(config["num_hidden_layers"], source["num_hidden_layers"]);
+  // The checkpoint is a model directory again: it generates with the same tokenizer.
+  auto infer = run_colossal("infer " + (dir / "run") + " -p 'And God said' -n 4 --jsonl -q");
+  ASSERT_EQ(infer.exit_code, 0) << infer.output;
+  EXPECT_EQ(nlohmann::json::parse(infer.output)["prompt_tokens"], Tokenizer::load(fixture("opt-tiny")).encode("And God said", true).size());
+}
+
+TEST(EndToEndHf, AnyWeightFormatStartsAFinetune) {
+  TempDir dir;
+  const std::string model = dir / "opt-bin";   // pytorch_model.bin and the fixture's tokenizer
+  fs::copy(fixture("opt-tiny-formats/bin"), model);
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) fs::copy(fixture("opt-tiny/") + file, model + "/" + file);
+  auto ft = run_colossal(finetune_args(dir, model, 1));
+  ASSERT_EQ(ft.exit_code, 0) << ft.output;
+  EXPECT_TRUE(fs::is_regular_file(dir / "run/checkpoints/step-000001/model.safetensors"));
+}
+
+TEST(EndToEndHf, ABadStartingPointIsOneErrorLineAtTheRecipeKey) {
+  TempDir dir;
+  test::expect_one_line_error(run_colossal(finetune_args(dir, dir / "absent", 1)), "--set model.from: checkpoint " + (dir / "absent") +
+                                                                                         ": no such file or directory");
+  test::expect_one_line_error(run_colossal(finetune_args(dir, fixture("opt-tiny-formats/bin"), 1)), "no tokenizer files");
+  test::expect_one_line_error(run_colossal(finetune_args(dir, fixture("opt-tiny"), 1) + " --set model.n_layer=5"),
+                              "--set model.n_layer: = 5 but checkpoint " + fixture("opt-tiny") + " has 2");
+  test::expect_one_line_error(run_colossal(finetune_args(dir, fixture("opt-tiny"), 1) + " --set train.seq_len=100"),
+                              "--set train.seq_len: = 100 exceeds the context of " + fixture("opt-tiny") + " (64 positions)");
+  test::expect_one_line_error(run_colossal(finetune_args(dir, fixture("opt-tiny"), 1) + " --set finetune.from=" + fixture("opt-tiny")),
+                              "both name a starting point");
+}
