@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string fixture(const std::string& name) {
-  return test::source_dir() + "/tests/fixtures/" + (name == "opt-tiny" ? name : "tokenizers/" + name);
+  return test::source_dir() + "/tests/fixtures/" + (name == "opt-tiny" || name == "bloom-tiny" ? name : "tokenizers/" + name);
 }
 
 nlohmann::json expected(const std::string& name) { return nlohmann::json::parse(test::read_file(fixture(name) + "/expected.json")); }
@@ -51,7 +51,7 @@ TEST_P(HfTokenizerFixture, DecodesAsTransformersDoes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfTokenizerFixture,
-                         ::testing::Values("gpt2-bpe", "gpt2-bpe-files", "roberta-bpe", "opt-tiny", "bert-uncased",
+                         ::testing::Values("gpt2-bpe", "gpt2-bpe-files", "roberta-bpe", "opt-tiny", "bloom-tiny", "bert-uncased",
                                            "bert-uncased-vocab", "bert-cased"),
                          [](const auto& info) {
                            std::string n = info.param;
@@ -61,7 +61,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfTokenizerFixture,
                          });
 
 TEST(ByteLevelBpe, EveryFixtureStringDecodesBackExactly) {
-  for (const char* name : {"gpt2-bpe", "gpt2-bpe-files", "opt-tiny"}) {
+  for (const char* name : {"gpt2-bpe", "gpt2-bpe-files", "opt-tiny", "bloom-tiny"}) {
     const auto tok = Tokenizer::load(fixture(name));
     for (const auto& c : expected(name)["cases"]) EXPECT_EQ(tok.decode(tok.encode(c["text"])), c["text"].get<std::string>()) << name;
   }

@@ -112,4 +112,38 @@ std::vector<std::string_view> split_words(std::string_view text) {
   return words;
 }
 
+std::vector<std::string_view> split_bloom_words(std::string_view text) {
+  auto word_char = [](char32_t c) {
+    switch (c) {
+      case '(': case ')': case '|': case '.': case ',': case '!': case '?':
+      case U'…': case U'。': case U'，': case U'、': case U'।': case U'۔': case U'،':
+        return false;
+      default:
+        return !unicode::is_whitespace(c);
+    }
+  };
+  std::vector<std::string_view> words;
+  size_t gap = 0;   // start of the unmatched text before the next match
+  for (size_t i = 0; i < text.size();) {
+    const auto d = unicode::decode_at(text, i);
+    const size_t next = i + static_cast<size_t>(d.len);
+    const bool starts = word_char(d.cp) || (d.cp == ' ' && next < text.size() && word_char(unicode::decode_at(text, next).cp));
+    if (!starts) {
+      i = next;
+      continue;
+    }
+    if (i > gap) words.push_back(text.substr(gap, i - gap));
+    size_t end = d.cp == ' ' ? next : i;
+    while (end < text.size()) {
+      const auto e = unicode::decode_at(text, end);
+      if (!word_char(e.cp)) break;
+      end += static_cast<size_t>(e.len);
+    }
+    words.push_back(text.substr(i, end - i));
+    gap = i = end;
+  }
+  if (gap < text.size()) words.push_back(text.substr(gap));
+  return words;
+}
+
 }  // namespace colossal::byte_level

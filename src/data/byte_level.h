@@ -22,4 +22,11 @@ std::string decode_token(std::string_view token);
 // are words' characters like any symbol, so the words always cover the text exactly.
 std::vector<std::string_view> split_words(std::string_view text);
 
+// BLOOM's word pattern, the Split pre-tokenizer its tokenizer.json runs before ByteLevel:
+//   " ?[^(\s|[.,!?…。，、।۔،])]+" with behaviour Isolated
+// (Oniguruma's nested class: anything but whitespace, "(", ")", "|" and those eleven marks). Each
+// match is a word, and so is each run of text between matches.
+inline constexpr const char* kBloomSplitPattern = " ?[^(\\s|[.,!?…。，、।۔،])]+";
+std::vector<std::string_view> split_bloom_words(std::string_view text);
+
 }  // namespace colossal::byte_level

@@ -50,8 +50,10 @@ void HfTokenizer::encode_plain(std::string_view text, std::vector<int>& out) con
     prefixed.append(text);
     text = prefixed;
   }
-  if (!spec_.use_regex) return spec_.bpe->encode_word(byte_level::encode(text), out);
-  for (auto word : byte_level::split_words(text)) spec_.bpe->encode_word(byte_level::encode(word), out);
+  const auto words = spec_.bloom_split ? byte_level::split_bloom_words(text)
+                     : spec_.use_regex  ? byte_level::split_words(text)
+                                        : std::vector<std::string_view>{text};
+  for (auto word : words) spec_.bpe->encode_word(byte_level::encode(word), out);
 }
 
 std::vector<int> HfTokenizer::encode(std::string_view text, bool add_special) const {

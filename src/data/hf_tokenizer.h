@@ -34,6 +34,7 @@ struct HfTokenizerSpec {
   enum class Split { byte_level, bert } split = Split::byte_level;
   bool add_prefix_space = false;   // byte-level: a space before text that lacks one
   bool use_regex = true;           // byte-level: cut words with GPT-2's pattern (else one word)
+  bool bloom_split = false;        // byte-level: cut words with BLOOM's Split pattern first
   std::shared_ptr<const BpeModel> bpe;             // exactly one of these two
   std::shared_ptr<const WordPieceModel> wordpiece;
   std::vector<int> template_before, template_after;   // post-processor, single sequence

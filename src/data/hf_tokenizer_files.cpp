@@ -6,6 +6,7 @@
 #include "src/core/error.h"
 #include "src/core/json_value.h"
 #include "src/core/text.h"
+#include "src/data/byte_level.h"
 #include "src/data/hf_tokenizer.h"
 
 namespace colossal {
@@ -234,7 +235,22 @@ HfTokenizerSpec from_tokenizer_json(const std::string& text, const std::string& 
   const json& model = r.object(j, "model", "");
   const std::string model_type = r.find(model, "type") ? r.type_of(model, "model.") : (model.contains("merges") ? "BPE" : "WordPiece");
   const json* pre = r.find(j, "pre_tokenizer");
-  const std::string pre_type = pre ? r.type_of(*pre, "pre_tokenizer.") : "none";
+  std::string pre_type = pre ? r.type_of(*pre, "pre_tokenizer.") : "none";
+  // BLOOM's: Sequence [Split (its pattern, Isolated), ByteLevel without the GPT-2 pattern].
+  if (pre_type == "Sequence") {
+    const json& list = r.array(*pre, "pretokenizers", "pre_tokenizer.");
+    const bool bloom = list.size() == 2 && r.type_of(list[0], "pre_tokenizer.pretokenizers[0].") == "Split" &&
+                       r.type_of(list[1], "pre_tokenizer.pretokenizers[1].") == "ByteLevel";
+    const json* pattern = bloom ? r.find(list[0], "pattern") : nullptr;
+    const json* regex = pattern && pattern->is_object() ? r.find(*pattern, "Regex") : nullptr;
+    if (!regex || *regex != byte_level::kBloomSplitPattern || list[0].value("behavior", json()) != "Isolated" ||
+        list[0].value("invert", json(false)) != false || r.flag(list[1], "use_regex", true, "pre_tokenizer.pretokenizers[1]."))
+      r.fail("pre_tokenizer", "is a Sequence other than BLOOM's (Split on its pattern, Isolated, then ByteLevel with use_regex "
+                              "false), which is the only one supported");
+    spec.bloom_split = true;
+    pre = &list[1];
+    pre_type = "ByteLevel";
+  }
   if (model_type == "BPE") {
     if (pre_type != "ByteLevel")
       r.fail("pre_tokenizer", "is " + pre_type + ", but a BPE model is supported only byte-level (pre_tokenizer ByteLevel, as GPT-2, OPT and RoBERTa)");
