@@ -1,6 +1,7 @@
 // Model registry: see registry.h.
 #include "models/registry.h"
 
+#include "models/bloom/bloom.h"
 #include "models/gpt/gpt.h"
 #include "models/opt/opt.h"
 #include "src/core/error.h"
@@ -33,6 +34,13 @@ const std::vector<Family>& families() {
        [](const nlohmann::json& j, const std::string& path) { return opt::to_model_config(opt::from_hf_config(j, path)); },
        [](const ModelConfig& m) { return opt::parameter_count(opt::from_recipe(m)); },
        {"opt"}},
+      {"bloom",
+       [](const ModelConfig& m, nn::LayerFactory& f) -> std::shared_ptr<nn::CausalLM> {
+         return std::make_shared<bloom::Bloom>(bloom::from_recipe(m), f);
+       },
+       [](const nlohmann::json& j, const std::string& path) { return bloom::to_model_config(bloom::from_hf_config(j, path)); },
+       [](const ModelConfig& m) { return bloom::parameter_count(bloom::from_recipe(m)); },
+       {"bloom"}},
   };
   return table;
 }

@@ -225,18 +225,31 @@ TEST(EndToEnd, ASecondInterruptStopsAtOnceAndLeavesTheLastCheckpointIntact) {
 
 // A second family through the same engine and commands: nothing in train, checkpointing or infer
 // knows which family it runs.
-TEST(EndToEnd, OptRecipeTrainsResumesAndGeneratesFromItsHfCheckpoint) {
+// Each family's tiny recipe through the same engine: train, resume, save under transformers' names, generate.
+struct FamilyRecipe {
+  const char* family;
+  const char* model_type;
+  const char* architecture;
+};
+class FamilyEndToEnd : public ::testing::TestWithParam<FamilyRecipe> {};
+
+TEST_P(FamilyEndToEnd, TinyRecipeTrainsResumesAndGeneratesFromItsHfCheckpoint) {
   TempDir dir;
+  const std::string recipe = std::string("recipes/") + GetParam().family + "-tiny.toml";
   const std::string steps = " --set optim.warmup_steps=2 --set train.eval_every=4 --set checkpoint.every=4";
-  auto train = run_colossal("train recipes/opt-tiny.toml --set train.max_steps=4" + steps + into(dir));
+  auto train = run_colossal("train " + recipe + " --set train.max_steps=4" + steps + into(dir));
   ASSERT_EQ(train.exit_code, 0) << train.output;
-  auto resume = run_colossal("train recipes/opt-tiny.toml --resume --set train.max_steps=8" + steps + into(dir));
+  auto resume = run_colossal("train " + recipe + " --resume --set train.max_steps=8" + steps + into(dir));
   ASSERT_EQ(resume.exit_code, 0) << resume.output;
   EXPECT_NE(resume.output.find("resumed from"), std::string::npos) << resume.output;
   const auto config = nlohmann::json::parse(read_file(dir / "run/checkpoints/step-000008/config.json"));
-  EXPECT_EQ(config["model_type"], "opt");
-  EXPECT_EQ(config["architectures"][0], "OPTForCausalLM");
+  EXPECT_EQ(config["model_type"], GetParam().model_type);
+  EXPECT_EQ(config["architectures"][0], GetParam().architecture);
   auto infer = run_colossal("infer " + (dir / "run") + " -p 'And God said' -n 12 --seed 1 -q");
   ASSERT_EQ(infer.exit_code, 0) << infer.output;
   EXPECT_EQ(infer.output.rfind("And God said", 0), 0u) << infer.output;
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, FamilyEndToEnd,
+                         ::testing::Values(FamilyRecipe{"opt", "opt", "OPTForCausalLM"}, FamilyRecipe{"bloom", "bloom", "BloomForCausalLM"}),
+                         [](const auto& info) { return std::string(info.param.family); });

@@ -34,23 +34,30 @@ std::string as_json(const std::string& s) { return nlohmann::json(s).dump(-1, ' 
 
 }  // namespace
 
-TEST(EndToEndHf, InferFromAModelDirectoryGeneratesWhatTransformersGenerates) {
-  // make_opt.py: tokenizer("In the beginning God created") (OPT prepends </s>), then generate()
-  // greedily for 10 tokens.
-  const auto ref = load_safetensors(fixture("opt-tiny/reference.safetensors"));
+class InferFromDirectory : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(InferFromDirectory, GeneratesWhatTransformersGenerates) {
+  // make_opt.py / make_bloom.py: tokenizer("In the beginning God created") (OPT's prepends </s>),
+  // then generate() greedily for 10 tokens.
+  const std::string dir = fixture(GetParam());
+  const auto ref = load_safetensors(dir + "/reference.safetensors");
   const at::Tensor prompt = ref.at("greedy.prompt", "ref"), output = ref.at("greedy.output", "ref");
   std::vector<int> fresh;
   for (int64_t i = prompt.size(1); i < output.size(1); ++i) fresh.push_back(static_cast<int>(output[0][i].item<int64_t>()));
-  const auto tok = Tokenizer::load(fixture("opt-tiny"));
+  const auto tok = Tokenizer::load(dir);
   ASSERT_EQ(std::count(fresh.begin(), fresh.end(), *tok.end_of_text()), 0) << "the reference stops early; regenerate it";
 
-  auto r = run_colossal("infer " + fixture("opt-tiny") + " -p 'In the beginning God created' --greedy -n 10 --jsonl -q");
+  auto r = run_colossal("infer " + dir + " -p 'In the beginning God created' --greedy -n 10 --jsonl -q");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = nlohmann::json::parse(r.output);
   EXPECT_EQ(j["prompt_tokens"], prompt.size(1));
   EXPECT_EQ(j["completion_tokens"], 10);
   EXPECT_EQ(j["completion"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), as_json(tok.decode(fresh, true)));
 }
+
+INSTANTIATE_TEST_SUITE_P(Decoders, InferFromDirectory, ::testing::Values("opt-tiny", "bloom-tiny"), [](const auto& info) {
+  return info.param == "opt-tiny" ? std::string("opt") : std::string("bloom");
+});
 
 TEST(EndToEndHf, FinetuningAModelDirectorySavesItsTokenizerAndConfigWithTheWeights) {
   TempDir dir;

@@ -1,6 +1,6 @@
-// OPT against Hugging Face transformers: logits, one step's gradients and greedy generation of the
-// tiny random fixtures (scripts/fixtures/make_opt.py), HF directories in every weight format, and the
-// errors a broken directory gives.
+// OPT against Hugging Face transformers: HF directories in every weight format, weights saved without
+// the model prefix, the errors a broken directory gives and OPT's config (logits, gradients, greedy
+// generation and the saved layout of its fixtures are checked with every family's in test_hf_families).
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -30,87 +30,6 @@ std::shared_ptr<nn::CausalLM> load(const std::string& dir) {
 
 // The largest elementwise difference, for messages.
 double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
-
-class OptFixture : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(OptFixture, LogitsMatchTransformers) {
-  auto ref = load_safetensors(fixture(GetParam()) + "/reference.safetensors");
-  auto model = load(fixture(GetParam()));
-  at::NoGradGuard no_grad;
-  auto logits = model->forward(ref.at("input_ids", "ref"));
-  const auto& expected = ref.at("logits", "ref");
-  ASSERT_EQ(logits.sizes(), expected.sizes());
-  EXPECT_LT(max_diff(logits, expected), 1e-4);
-}
-
-TEST_P(OptFixture, OneStepGradientsMatchTransformersUnderHfNames) {
-  auto ref = load_safetensors(fixture(GetParam()) + "/reference.safetensors");
-  auto model = load(fixture(GetParam()));
-  const auto ids = ref.at("input_ids", "ref");
-  const int64_t t = ids.size(1);
-  // transformers shifts inside: positions 0..T-2 predict tokens 1..T-1 (causal, so the last input
-  // position changes nothing before it).
-  auto loss = model->loss(ids.narrow(1, 0, t - 1), ids.narrow(1, 1, t - 1));
-  EXPECT_NEAR(loss.item<double>(), ref.at("loss", "ref").item<double>(), 1e-5);
-  loss.backward();
-  int compared = 0;
-  for (auto& item : model->named_parameters()) {
-    const auto target = model->hf_names().to_hf(item.key());
-    const at::Tensor g = item.value().grad();
-    ASSERT_TRUE(g.defined()) << item.key() << " has no gradient";
-    const int64_t parts = static_cast<int64_t>(target.names.size());
-    for (int64_t i = 0; i < parts; ++i) {
-      at::Tensor piece = g.narrow(0, i * (g.size(0) / parts), g.size(0) / parts);
-      if (target.transpose) piece = piece.t();
-      const auto& expected = ref.at("grad." + target.names[i], "ref");
-      ASSERT_EQ(piece.sizes(), expected.sizes()) << target.names[i];
-      EXPECT_LT(max_diff(piece, expected), 1e-4) << target.names[i];
-      ++compared;
-    }
-  }
-  EXPECT_EQ(compared + 0u, ref.tensors.size() - 5);   // every HF parameter: all but inputs, logits, loss, greedy x2
-}
-
-TEST_P(OptFixture, GreedyDecodingWithTheKvCacheMatchesTransformersGenerate) {
-  auto ref = load_safetensors(fixture(GetParam()) + "/reference.safetensors");
-  auto model = load(fixture(GetParam()));
-  at::NoGradGuard no_grad;
-  const auto prompt = ref.at("greedy.prompt", "ref");
-  const auto expected = ref.at("greedy.output", "ref");
-  const int64_t steps = expected.size(1) - prompt.size(1);
-  auto cache = model->make_cache(1, expected.size(1), at::kCPU);
-  nn::ForwardOptions o{.cache = &cache, .last_only = true};
-  at::Tensor out = prompt, next = prompt;
-  for (int64_t i = 0; i < steps; ++i) {
-    next = model->forward(next, o).argmax(-1);   // [1, 1]
-    out = at::cat({out, next}, 1);
-  }
-  EXPECT_TRUE(at::equal(out, expected)) << out << "\nexpected\n" << expected;
-}
-
-TEST_P(OptFixture, SavedStateHasTheFixturesNamesShapesAndDtypesAndReloadsBitExactly) {
-  auto model = load(fixture(GetParam()));
-  auto theirs = load_safetensors(fixture(GetParam()) + "/model.safetensors");
-  auto ours = export_model_state(*model);
-  std::map<std::string, at::Tensor> by_name;
-  for (const auto& [n, t] : ours) by_name[n] = t;
-  ASSERT_EQ(by_name.size(), theirs.tensors.size());
-  for (const auto& [n, t] : theirs.tensors) {
-    ASSERT_TRUE(by_name.count(n)) << n;
-    EXPECT_EQ(by_name[n].sizes(), t.sizes()) << n;
-    EXPECT_EQ(by_name[n].scalar_type(), t.scalar_type()) << n;
-    EXPECT_TRUE(at::equal(by_name[n], t)) << n;   // loading then saving changes no bit
-  }
-  test::TempDir tmp;
-  save_safetensors(tmp / "model.safetensors", ours);
-  test::write_file(tmp / "config.json", model->hf_config().dump(2));
-  auto again = load(tmp.path());
-  auto a = model->named_parameters(), b = again->named_parameters();
-  for (const auto& item : a) EXPECT_TRUE(at::equal(item.value(), b[item.key()])) << item.key();
-}
-
-INSTANTIATE_TEST_SUITE_P(Tiny, OptFixture, ::testing::Values("opt-tiny", "opt-tiny-postln"),
-                         [](const auto& info) { return info.param == "opt-tiny" ? std::string("PreLn") : std::string("PostLnProjected"); });
 
 TEST(OptFormats, ShardedSafetensorsOldBinAndShardedBinGiveTheSameLogits) {
   auto ref = load_safetensors(fixture("opt-tiny") + "/reference.safetensors");

@@ -42,7 +42,29 @@ std::map<std::string, at::Tensor> named_parameters_map(nn::CausalLM& model) {
   return out;
 }
 
-at::Tensor to_hf_layout(const at::Tensor& t, bool transpose) { return transpose ? t.t().contiguous() : t; }
+// Rows [a, b, rest...] viewed as [b, a, rest...]: BLOOM's per-head qkv interleave (a = 3, b = H) and
+// its inverse (a = H, b = 3).
+at::Tensor swap_row_groups(const at::Tensor& t, int64_t a, int64_t b) {
+  std::vector<int64_t> shape{a, b, t.size(0) / (a * b)};
+  for (int64_t d = 1; d < t.dim(); ++d) shape.push_back(t.size(d));
+  return t.reshape(shape).transpose(0, 1).reshape(t.sizes());
+}
+
+// One of our tensors (or a part of one) as HF stores it, and the shape that makes.
+at::Tensor to_hf_layout(const at::Tensor& t, const nn::HfTarget& target) {
+  at::Tensor out = target.interleave_heads ? swap_row_groups(t, 3, target.interleave_heads) : t;
+  return target.transpose ? out.t().contiguous() : out;
+}
+std::vector<int64_t> hf_shape(const at::Tensor& t, const nn::HfTarget& target) {
+  auto shape = t.sizes().vec();
+  if (target.transpose && shape.size() == 2) std::swap(shape[0], shape[1]);
+  return shape;
+}
+// An HF tensor already checked to have hf_shape(ours) -> our layout.
+at::Tensor from_hf_layout(const at::Tensor& t, const nn::HfTarget& target) {
+  at::Tensor out = target.transpose && t.dim() == 2 ? t.t() : t;
+  return target.interleave_heads ? swap_row_groups(out, target.interleave_heads, 3) : out;
+}
 
 // Part i of the `parts` equal slices along dim 0 that HF stores separately (the whole when one).
 at::Tensor part_of(const at::Tensor& whole, size_t i, size_t parts) {
@@ -51,14 +73,6 @@ at::Tensor part_of(const at::Tensor& whole, size_t i, size_t parts) {
   return whole.narrow(0, static_cast<int64_t>(i) * rows, rows);
 }
 
-// One of our tensors as the HF tensors that store it: split into its parts along dim 0 and
-// transposed where the name map says, each named with `suffix` appended.
-std::vector<NamedTensor> hf_pieces(const nn::HfTarget& target, const at::Tensor& t, const std::string& suffix) {
-  std::vector<NamedTensor> out;
-  for (size_t i = 0; i < target.names.size(); ++i)
-    out.push_back({target.names[i] + suffix, to_hf_layout(part_of(t, i, target.names.size()), target.transpose).contiguous()});
-  return out;
-}
 
 void rotate(const std::string& dir, int64_t keep_last, const std::string& keep) {
   static const std::regex pattern("step-[0-9]+");
@@ -137,6 +151,15 @@ nlohmann::json config_for_save(nlohmann::json ours, const nlohmann::json& base) 
 
 }  // namespace
 
+// One of our tensors as the HF tensors that store it: split into its parts along dim 0 and
+// transposed where the name map says, each named with `suffix` appended.
+std::vector<NamedTensor> hf_pieces(const nn::HfTarget& target, const at::Tensor& t, const std::string& suffix) {
+  std::vector<NamedTensor> out;
+  for (size_t i = 0; i < target.names.size(); ++i)
+    out.push_back({target.names[i] + suffix, to_hf_layout(part_of(t, i, target.names.size()), target).contiguous()});
+  return out;
+}
+
 std::vector<NamedTensor> export_model_state(nn::CausalLM& model) {
   std::vector<NamedTensor> out;
   for (auto& item : model.named_parameters())
@@ -167,14 +190,13 @@ void load_model_state(nn::CausalLM& model, const HfWeights& weights) {
       if (it == stored.end()) throw Error("checkpoint " + weights.describe() + ": tensor \"" + target.names[i] + "\" is missing");
       const at::Tensor& t = weights.get(it->second);
       at::Tensor dst = part_of(param, i, target.names.size());
-      at::Tensor src = target.transpose && t.dim() == 2 ? t.t() : t;   // any other rank fails the shape check
-      if (src.sizes() != dst.sizes())
+      if (t.sizes() != hf_shape(dst, target))
         throw Error("checkpoint " + weights.file_of(it->second) + ": tensor \"" + it->second + "\" has shape " +
-                    c10::str(t.sizes()) + " but the model expects " + c10::str(to_hf_layout(dst, target.transpose).sizes()));
+                    c10::str(t.sizes()) + " but the model expects " + c10::str(c10::IntArrayRef(hf_shape(dst, target))));
       if (!at::isFloatingType(t.scalar_type()))
         throw Error("checkpoint " + weights.file_of(it->second) + ": tensor \"" + it->second + "\" holds " +
                     c10::toString(t.scalar_type()) + " values (expected floating point)");
-      dst.copy_(src);
+      dst.copy_(from_hf_layout(t, target));
     }
   }
 }
@@ -300,12 +322,11 @@ void load_optimizer_state(nn::CausalLM& model, optim::FlatParams& flat, optim::A
         for (size_t i = 0; i < hf.names.size(); ++i) {
           const std::string name = hf.names[i] + suffix;
           const at::Tensor& t = file.at(name, path);
-          at::Tensor src = hf.transpose && t.dim() == 2 ? t.t() : t;
           auto dst = part_of(whole, i, hf.names.size());
-          if (src.sizes() != dst.sizes())
-            throw Error("checkpoint " + path + ": \"" + name + "\" has shape " + c10::str(t.sizes()) +
-                        ", expected " + c10::str(to_hf_layout(dst, hf.transpose).sizes()));
-          dst.copy_(src);
+          if (t.sizes() != hf_shape(dst, hf))
+            throw Error("checkpoint " + path + ": \"" + name + "\" has shape " + c10::str(t.sizes()) + ", expected " +
+                        c10::str(c10::IntArrayRef(hf_shape(dst, hf))));
+          dst.copy_(from_hf_layout(t, hf));
         }
       }
     }

@@ -3,12 +3,14 @@
 
 #include <ATen/ATen.h>
 
+#include "src/nn/alibi.h"
 #include "src/nn/cached_attention.h"
 #include "src/nn/fused_attention.h"
 
 namespace colossal::nn {
 
 Attention::Attention(const AttentionSpec& spec, LayerFactory& factory) : spec_(spec) {
+  if (spec.alibi) alibi_slopes_ = alibi_slopes(spec.heads);
   qkv_ = register_module("qkv", factory.linear({.in = spec.width, .out = 3 * spec.width, .bias = spec.bias, .split = Split::Column}));
   proj_ = register_module("proj", factory.linear({.in = spec.width, .out = spec.width, .bias = spec.bias, .split = Split::Row}));
 }
@@ -18,6 +20,10 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
   const double p = is_training() ? spec_.dropout : 0.0;
   const double p_attn = is_training() ? (spec_.attn_dropout < 0 ? spec_.dropout : spec_.attn_dropout) : 0.0;
   auto packed = qkv_->forward(x);                                                 // [B, T, 3C]
+  if (spec_.alibi) {
+    auto y = proj_->forward(alibi_forward(packed, kv, offset, mask, p_attn));
+    return p > 0 ? at::dropout(y, p, true) : y;
+  }
   if (!kv && !mask.defined() && spec_.causal && p == 0 && p_attn == 0 && fused_attention_applies(packed) &&
       fused_attention_chosen(packed, h))
     return proj_->forward(fused_causal_attention(packed, h));   // short causal sequences on CPU
@@ -32,6 +38,24 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
   y = y.transpose(1, 2).reshape({b, t, c});                                 // [B, T, C]
   y = proj_->forward(y);
   return p > 0 ? at::dropout(y, p, true) : y;
+}
+
+at::Tensor Attention::alibi_forward(const at::Tensor& packed, LayerKv* kv, int64_t offset, const at::Tensor& mask, double p_attn) {
+  const int64_t b = packed.size(0), t = packed.size(1), c = packed.size(2) / 3, h = spec_.heads, d = c / h;
+  auto parts = packed.view({b, t, 3, h, d}).permute({2, 0, 3, 1, 4});   // [3, B, H, T, D]
+  at::Tensor k = parts[1], v = parts[2];
+  if (kv) {
+    kv->k.narrow(2, offset, t).copy_(k);
+    kv->v.narrow(2, offset, t).copy_(v);
+    k = kv->k.narrow(2, 0, offset + t);
+    v = kv->v.narrow(2, 0, offset + t);
+  } else {
+    offset = 0;
+  }
+  const at::Tensor slopes = alibi_slopes_.to(packed.device(), packed.scalar_type());
+  const at::Tensor bias = alibi_bias(slopes, t, offset, offset + t, mask, spec_.causal);   // [1 or B, H, T, S]
+  auto y = at::scaled_dot_product_attention(parts[0], k, v, bias, p_attn, false);        // [B, H, T, D]
+  return y.transpose(1, 2).reshape({b, t, c});                                          // [B, T, C]
 }
 
 }  // namespace colossal::nn

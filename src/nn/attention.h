@@ -28,8 +28,12 @@ class Attention : public torch::nn::Module {
   int64_t head_dim() const { return spec_.width / spec_.heads; }
 
  private:
+  // ALiBi's path: ATen's attention with the distance bias as its float mask, with or without a cache.
+  at::Tensor alibi_forward(const at::Tensor& packed, LayerKv* kv, int64_t offset, const at::Tensor& mask, double p_attn);
+
   AttentionSpec spec_;
   std::shared_ptr<Linear> qkv_, proj_;
+  at::Tensor alibi_slopes_;   // [H] on the CPU, when spec_.alibi
 };
 
 }  // namespace colossal::nn

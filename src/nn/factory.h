@@ -45,6 +45,7 @@ struct AttentionSpec {
   bool bias = true;
   double dropout = 0.0;        // on the output projection (and the probabilities unless attn_dropout)
   double attn_dropout = -1;    // on the attention probabilities; -1 = dropout
+  bool alibi = false;          // ALiBi distance bias instead of position embeddings (BLOOM)
 };
 
 struct MlpSpec {

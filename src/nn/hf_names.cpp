@@ -51,7 +51,7 @@ HfTarget HfNameMap::to_hf(const std::string& ours) const {
   std::string index, rest;
   for (const auto& r : rules_) {
     if (!match_prefix(r.ours, ours, index, rest)) continue;
-    HfTarget t{{}, r.transpose && rest == ".weight"};
+    HfTarget t{{}, r.transpose && rest == ".weight", r.interleave_heads};
     const std::string base = fill(r.hf, index);
     if (r.parts.empty()) t.names.push_back(base + rest);
     for (const auto& part : r.parts) t.names.push_back(base + "." + part + rest);

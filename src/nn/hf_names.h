@@ -1,8 +1,11 @@
 // HfNameMap: how a family's internal parameter names map to Hugging Face names. Rules are prefix
 // rewrites in which "*" stands for a block index: {"blocks.*.attn.qkv", "transformer.h.*.attn.c_attn"}.
 // A rule may also say that HF stores the tensor transposed (GPT-2's Conv1D keeps [in, out]) or split
-// into parts along dim 0 (OPT keeps q_proj, k_proj and v_proj where we keep one fused qkv).
+// into parts along dim 0 (OPT keeps q_proj, k_proj and v_proj where we keep one fused qkv), or with
+// its rows interleaved per head (BLOOM's query_key_value holds [q_h | k_h | v_h] for each head h
+// where our qkv holds all queries, then all keys, then all values).
 #pragma once
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,6 +16,7 @@ struct HfNameRule {
   std::string ours, hf;
   bool transpose = false;           // 2-D ".weight" tensors are stored transposed under the HF name
   std::vector<std::string> parts;   // non-empty: ours = cat(dim 0) of hf + "." + part, for each part
+  int64_t interleave_heads = 0;     // > 0: rows [3, H, D] in ours are [H, 3, D] in HF
 };
 
 // Where one of our tensors lives in an HF checkpoint: one name, or one per part (concatenated along
@@ -20,6 +24,7 @@ struct HfNameRule {
 struct HfTarget {
   std::vector<std::string> names;
   bool transpose = false;
+  int64_t interleave_heads = 0;
 };
 
 // Which of our tensors an HF tensor belongs to (`hf` is its name with the base prefix restored; the
