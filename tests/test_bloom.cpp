@@ -14,10 +14,9 @@
 #include "tests/support/test_support.h"
 
 using namespace colossal;
+using test::fixture;
 
 namespace {
-
-std::string fixture(const std::string& name) { return test::source_dir() + "/tests/fixtures/" + name; }
 
 TEST(Alibi, SlopesMatchTransformersForEveryHeadCount) {
   const auto ref = load_safetensors(fixture("bloom-tiny/reference.safetensors"));

@@ -13,13 +13,12 @@
 
 namespace fs = std::filesystem;
 using namespace colossal;
+using test::fixture;
 using test::read_file;
 using test::run_colossal;
 using test::TempDir;
 
 namespace {
-
-std::string fixture(const std::string& name) { return test::source_dir() + "/tests/fixtures/" + name; }
 
 // opt-125m-finetune.toml shrunk to a few steps on the tiny fixture, every output inside `dir`.
 std::string finetune_args(const TempDir& dir, const std::string& from, int steps) {

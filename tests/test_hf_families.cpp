@@ -11,17 +11,10 @@
 #include "tests/support/test_support.h"
 
 using namespace colossal;
+using test::fixture;
+constexpr auto load = test::load_model;
 
 namespace {
-
-std::string fixture(const std::string& name) { return test::source_dir() + "/tests/fixtures/" + name; }
-
-std::shared_ptr<nn::CausalLM> load(const std::string& dir) {
-  nn::LayerFactory f;
-  auto m = load_pretrained(dir, f);
-  m->eval();
-  return m;
-}
 
 double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 

@@ -15,18 +15,11 @@
 #include "tests/support/test_support.h"
 
 using namespace colossal;
+using test::fixture;
+constexpr auto load = test::load_model;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string fixture(const std::string& name) { return test::source_dir() + "/tests/fixtures/" + name; }
-
-std::shared_ptr<nn::CausalLM> load(const std::string& dir) {
-  nn::LayerFactory f;
-  auto m = load_pretrained(dir, f);
-  m->eval();
-  return m;
-}
 
 // The largest elementwise difference, for messages.
 double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }

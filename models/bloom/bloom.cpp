@@ -35,29 +35,12 @@ Bloom::Bloom(const BloomConfig& c, nn::LayerFactory& f) : cfg_(c), names_(name_m
       .mlp = {.width = e, .hidden = 4 * e, .act = nn::Act::GeluTanh, .bias = true, .dropout = c.dropout},
       .norm_eps = c.layer_norm_eps,
       .pre_norm = true};
-  blocks_list = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.n_layer; ++i) {
-    blocks_.push_back(std::make_shared<nn::TransformerBlock>(spec, f));
-    blocks_list->push_back(blocks_.back());
-  }
+  blocks_ = nn::add_blocks(*this, spec, c.n_layer, f);
   ln_f = register_module("ln_f", f.layer_norm(e, c.layer_norm_eps));
   init_weights();
 }
 
-void Bloom::init_weights() {
-  torch::NoGradGuard no_grad;
-  // As transformers initialises BLOOM: N(0, initializer_range) for matrices and the embedding, zero
-  // biases, unit LayerNorm scales.
-  for (auto& item : named_parameters()) {
-    const std::string& name = item.key();
-    at::Tensor& p = item.value();
-    const bool is_norm = name.find("ln_") != std::string::npos;
-    const bool is_bias = name.size() > 5 && name.substr(name.size() - 5) == ".bias";
-    if (is_norm && !is_bias) p.fill_(1.0);
-    else if (is_bias) p.zero_();
-    else torch::nn::init::normal_(p, 0.0, cfg_.init_std);
-  }
-}
+void Bloom::init_weights() { nn::init_normal_weights(*this, cfg_.init_std); }
 
 at::Tensor Bloom::features(const at::Tensor& ids, const nn::ForwardOptions& o) {
   (void)nn::positions_of(ids, o, cfg_.max_positions);   // refuses a sequence past the context; ALiBi needs no ids

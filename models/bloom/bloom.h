@@ -4,7 +4,6 @@
 // query_key_value interleaves q, k and v per head, which the name map converts.
 #pragma once
 #include <memory>
-#include <torch/nn/modules/container/modulelist.h>
 
 #include "models/bloom/bloom_config.h"
 #include "src/nn/block.h"
@@ -34,7 +33,6 @@ class Bloom : public nn::CausalLM {
   nn::HfNameMap names_;   // depends on the head count (the qkv interleave)
   std::shared_ptr<nn::Embedding> wte;
   std::shared_ptr<nn::LayerNorm> ln_emb, ln_f;
-  torch::nn::ModuleList blocks_list{nullptr};
   std::vector<std::shared_ptr<nn::TransformerBlock>> blocks_;
 };
 

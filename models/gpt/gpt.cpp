@@ -21,11 +21,7 @@ nn::BlockSpec block_spec(const GptConfig& c) {
 Gpt::Gpt(const GptConfig& c, nn::LayerFactory& f) : cfg_(c) {
   wte = register_module("wte", f.embedding(c.vocab_size, c.n_embd, nn::Split::Vocab));
   wpe = register_module("wpe", f.embedding(c.block_size, c.n_embd));
-  blocks_list = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.n_layer; ++i) {
-    blocks_.push_back(std::make_shared<nn::TransformerBlock>(block_spec(c), f));
-    blocks_list->push_back(blocks_.back());
-  }
+  blocks_ = nn::add_blocks(*this, block_spec(c), c.n_layer, f);
   ln_f = register_module("ln_f", f.layer_norm(c.n_embd, c.layer_norm_eps));
   init_weights();
 }

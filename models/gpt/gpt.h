@@ -3,7 +3,6 @@
 // src/nn blocks through the layer factory; parameter names map 1:1 onto Hugging Face GPT-2's.
 #pragma once
 #include <memory>
-#include <torch/nn/modules/container/modulelist.h>
 
 #include "models/gpt/gpt_config.h"
 #include "src/nn/block.h"
@@ -35,7 +34,6 @@ class Gpt : public nn::CausalLM {
  private:
   GptConfig cfg_;
   std::shared_ptr<nn::Embedding> wte, wpe;
-  torch::nn::ModuleList blocks_list{nullptr};
   std::vector<std::shared_ptr<nn::TransformerBlock>> blocks_;
   std::shared_ptr<nn::LayerNorm> ln_f;
 };

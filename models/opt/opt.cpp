@@ -19,29 +19,12 @@ Opt::Opt(const OptConfig& c, nn::LayerFactory& f) : cfg_(c) {
       .mlp = {.width = e, .hidden = c.ffn_dim, .act = activation_of(c), .bias = c.bias, .dropout = c.dropout},
       .norm_eps = 1e-5,
       .pre_norm = c.pre_norm};
-  blocks_list = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.n_layer; ++i) {
-    blocks_.push_back(std::make_shared<nn::TransformerBlock>(spec, f));
-    blocks_list->push_back(blocks_.back());
-  }
+  blocks_ = nn::add_blocks(*this, spec, c.n_layer, f);
   if (c.pre_norm) ln_f = register_module("ln_f", f.layer_norm(e, 1e-5));
   init_weights();
 }
 
-void Opt::init_weights() {
-  torch::NoGradGuard no_grad;
-  // OPT's scheme (as transformers initialises it): N(0, init_std) for every matrix and embedding,
-  // zero biases, unit LayerNorm scales.
-  for (auto& item : named_parameters()) {
-    const std::string& name = item.key();
-    at::Tensor& p = item.value();
-    const bool is_norm = name.find("ln_") != std::string::npos;
-    const bool is_bias = name.size() > 5 && name.substr(name.size() - 5) == ".bias";
-    if (is_norm && !is_bias) p.fill_(1.0);
-    else if (is_bias) p.zero_();
-    else torch::nn::init::normal_(p, 0.0, cfg_.init_std);
-  }
-}
+void Opt::init_weights() { nn::init_normal_weights(*this, cfg_.init_std); }
 
 at::Tensor Opt::embed(const at::Tensor& ids, const at::Tensor& positions) {
   auto x = embed_tokens->forward(ids);             // [B, T, embed_dim]

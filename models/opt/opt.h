@@ -4,7 +4,6 @@
 // Built from src/nn blocks; HF keeps q/k/v as three tensors, which the name map joins into our qkv.
 #pragma once
 #include <memory>
-#include <torch/nn/modules/container/modulelist.h>
 
 #include "models/opt/opt_config.h"
 #include "src/nn/block.h"
@@ -35,7 +34,6 @@ class Opt : public nn::CausalLM {
   OptConfig cfg_;
   std::shared_ptr<nn::Embedding> embed_tokens, embed_positions;
   std::shared_ptr<nn::Linear> project_in, project_out;   // null when embed_dim == n_embd
-  torch::nn::ModuleList blocks_list{nullptr};
   std::vector<std::shared_ptr<nn::TransformerBlock>> blocks_;
   std::shared_ptr<nn::LayerNorm> ln_f;                   // null for post-LN models
 };

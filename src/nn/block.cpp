@@ -1,6 +1,9 @@
 // Residual transformer block: see block.h.
 #include "src/nn/block.h"
 
+#include <torch/nn/init.h>
+#include <torch/nn/modules/container/modulelist.h>
+
 namespace colossal::nn {
 
 // Registration order (norms first) fixes the parameter order, hence the initial draws and the flat
@@ -19,6 +22,29 @@ at::Tensor TransformerBlock::forward(const at::Tensor& x, LayerKv* kv, int64_t o
   }
   auto h = ln_1->forward(x + attn->forward(x, kv, offset, mask));
   return ln_2->forward(h + mlp->forward(h));
+}
+
+std::vector<std::shared_ptr<TransformerBlock>> add_blocks(torch::nn::Module& owner, const BlockSpec& spec, int64_t n, LayerFactory& f) {
+  auto list = owner.register_module("blocks", torch::nn::ModuleList());
+  std::vector<std::shared_ptr<TransformerBlock>> blocks;
+  for (int64_t i = 0; i < n; ++i) {
+    blocks.push_back(std::make_shared<TransformerBlock>(spec, f));
+    list->push_back(blocks.back());
+  }
+  return blocks;
+}
+
+void init_normal_weights(torch::nn::Module& model, double std) {
+  torch::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters()) {
+    const std::string& name = item.key();
+    at::Tensor& p = item.value();
+    const bool is_norm = name.find("ln_") != std::string::npos;
+    const bool is_bias = name.size() > 5 && name.substr(name.size() - 5) == ".bias";
+    if (is_norm && !is_bias) p.fill_(1.0);
+    else if (is_bias) p.zero_();
+    else torch::nn::init::normal_(p, 0.0, std);
+  }
 }
 
 }  // namespace colossal::nn

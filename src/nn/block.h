@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <memory>
 #include <torch/nn/module.h>
+#include <vector>
 
 #include "src/nn/attention.h"
 #include "src/nn/factory.h"
@@ -33,5 +34,13 @@ class TransformerBlock : public torch::nn::Module {
   std::shared_ptr<Attention> attn;
   std::shared_ptr<Mlp> mlp;
 };
+
+// `n` blocks of `spec`, registered in `owner` as the module list "blocks" (parameters "blocks.i.*")
+// and returned in order, as run_blocks takes them.
+std::vector<std::shared_ptr<TransformerBlock>> add_blocks(torch::nn::Module& owner, const BlockSpec& spec, int64_t n, LayerFactory& f);
+
+// OPT's and BLOOM's initialisation, as transformers does it: N(0, std) for every matrix and
+// embedding, zero biases, unit LayerNorm scales (parameters under a module named "ln_*").
+void init_normal_weights(torch::nn::Module& model, double std);
 
 }  // namespace colossal::nn

@@ -15,6 +15,7 @@
 #include "src/core/error.h"
 #include "src/data/prepare.h"
 #include "src/data/tokenizer.h"
+#include "src/engine/checkpoint.h"
 
 namespace fs = std::filesystem;
 
@@ -119,6 +120,15 @@ Run run_colossal(const std::string& args) {
   int status = pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+std::string fixture(const std::string& name) { return source_dir() + "/tests/fixtures/" + name; }
+
+std::shared_ptr<nn::CausalLM> load_model(const std::string& dir) {
+  nn::LayerFactory f;
+  auto m = load_pretrained(dir, f);
+  m->eval();
+  return m;
 }
 
 void expect_one_line_error(const Run& r, const std::string& fragment) {

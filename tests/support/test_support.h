@@ -2,10 +2,15 @@
 // test binary, and running the colossal binary as a user would.
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "src/core/recipe.h"
+
+namespace colossal::nn {
+class CausalLM;
+}
 
 namespace colossal::test {
 
@@ -36,6 +41,9 @@ Recipe tiny_training_recipe(const std::string& out, int64_t max_steps, const std
 std::string error_of(const std::function<void()>& f);
 
 std::string source_dir();                       // the repository root
+std::string fixture(const std::string& name);   // tests/fixtures/<name>
+// A model directory (a checkpoint or a Hugging Face one) loaded as infer loads it, in eval mode.
+std::shared_ptr<nn::CausalLM> load_model(const std::string& dir);
 std::string binary_path();                      // the colossal binary under test
 void write_file(const std::string& path, const std::string& content);
 std::string read_file(const std::string& path);
