@@ -2,9 +2,11 @@
 """hf_generate.py: the transformers side of scripts/bench/infer_vs_transformers.sh.
 
 Greedy-decodes a colossal checkpoint (HF layout: model.safetensors, config.json as GPT2Config, tokenizer.model)
-with GPT2LMHeadModel.generate, on the prompts colossal infer reads from the same file and tokenised as colossal
-tokenises them (SentencePiece, no BOS or EOS added, an empty prompt becomes [EOS]), left-padded with an attention
-mask as colossal pads. Exactly --tokens new tokens per prompt: min_new_tokens = max_new_tokens, so EOS never ends
+with GPT2LMHeadModel.generate, or a Hugging Face model directory with its tokenizer files (OPT, BLOOM, ...) with
+AutoModelForCausalLM.generate, on the prompts colossal infer reads from the same file and tokenised as colossal
+tokenises them (SentencePiece: no BOS or EOS added, an empty prompt becomes [EOS]; a Hugging Face tokenizer: with
+its special tokens, as tokenizer(prompt) and colossal infer add them), left-padded with an attention mask as
+colossal pads (with the end-of-text id). Exactly --tokens new tokens per prompt: min_new_tokens = max_new_tokens, so EOS never ends
 a row early. Prints one JSON object: generate()'s wall time split, as colossal infer's timing line splits it, into
 the prefill (to its logits) and the decode (the n - 1 one-token forwards that follow, with token selection), model
 loading excluded; the new-token count of each row; and the new token ids and text of each row.
@@ -49,11 +51,13 @@ def main():
     from transformers import GPT2LMHeadModel, LogitsProcessor, LogitsProcessorList
 
     ckpt = Path(args.checkpoint)
+    prompts = read_prompts(args.prompts)
+    if not (ckpt / "tokenizer.model").is_file():
+        return generate_hf_directory(ckpt, prompts, args.tokens, transformers, LogitsProcessor, LogitsProcessorList)
     for name in ("model.safetensors", "config.json", "tokenizer.model"):
         if not (ckpt / name).is_file():
             fail(f"checkpoint {ckpt}: no {name}")
     sp = spm.SentencePieceProcessor(model_file=str(ckpt / "tokenizer.model"))
-    prompts = read_prompts(args.prompts)
     encoded = [sp.encode(p, out_type=int) or [EOS] for p in prompts]
 
     model, info = GPT2LMHeadModel.from_pretrained(str(ckpt), dtype=torch.float32, output_loading_info=True)
@@ -68,8 +72,30 @@ def main():
         fail(f"checkpoint {ckpt}: transformers did not tie lm_head to wte (colossal's head is tied)")
     model.eval()
 
-    b, n, longest = len(encoded), args.tokens, max(len(ids) for ids in encoded)
-    context = model.config.n_positions
+    report(model, encoded, args.tokens, model.config.n_positions, EOS, lambda row: sp.decode(row), transformers,
+           LogitsProcessor, LogitsProcessorList)
+
+
+def generate_hf_directory(ckpt, prompts, n, transformers, LogitsProcessor, LogitsProcessorList):
+    """A Hugging Face directory: AutoTokenizer with special tokens, AutoModelForCausalLM, padding with EOS."""
+    import torch
+    tok = transformers.AutoTokenizer.from_pretrained(str(ckpt))
+    eos = tok.eos_token_id
+    if eos is None:
+        fail(f"{ckpt}: the tokenizer names no eos_token")
+    encoded = [tok(p).input_ids or [eos] for p in prompts]
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32)
+    cfg = model.config
+    context = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or \
+        getattr(cfg, "seq_length", None) or 2048
+    report(model.eval(), encoded, n, context, eos, lambda row: tok.decode(row, skip_special_tokens=True), transformers,
+           LogitsProcessor, LogitsProcessorList)
+
+
+def report(model, encoded, n, context, EOS, decode, transformers, LogitsProcessor, LogitsProcessorList):
+    """Generates exactly n new tokens per prompt, left-padded with EOS, and prints the timing JSON."""
+    import torch
+    b, longest = len(encoded), max(len(ids) for ids in encoded)
     if longest + n > context:
         fail(f"the longest prompt has {longest} tokens; with --tokens {n} that passes the context of {context} "
              f"(use at most {context - longest} tokens)")
@@ -107,7 +133,7 @@ def main():
         "prompt_tokens": [len(ids) for ids in encoded],
         "completion_tokens": counts,
         "ids": rows,
-        "texts": [sp.decode(row[:c]) for row, c in zip(rows, counts)],
+        "texts": [decode(row[:c]) for row, c in zip(rows, counts)],
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
         "threads": torch.get_num_threads(),
         "transformers": transformers.__version__,

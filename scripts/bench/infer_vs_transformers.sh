@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # infer_vs_transformers.sh: greedy decoding speed and peak memory of `colossal infer` against Hugging Face
-# transformers' GPT2LMHeadModel.generate (scripts/bench/hf_generate.py) on the same checkpoint directory, the same
-# prompts (the same token ids: both sides tokenise with the checkpoint's tokenizer.model, no BOS/EOS added), the
+# transformers' generate (scripts/bench/hf_generate.py: GPT2LMHeadModel for our checkpoints, AutoModelForCausalLM for a
+# Hugging Face directory such as OPT's or BLOOM's) on the same directory, the same
+# prompts (the same token ids: both sides tokenise with the directory's tokenizer: tokenizer.model without BOS/EOS,
+# or Hugging Face tokenizer files with their special tokens), the
 # same number of new tokens (exactly N on both sides) and the same thread count, at batch 1 and batch 4 (left
 # padding with an attention mask on both sides). The commands alternate in rounds (colossal, transformers, ...) so
 # drift on a shared machine hits them alike; each row shows medians over the rounds.
@@ -29,7 +31,8 @@ usage: scripts/bench/infer_vs_transformers.sh [--batch 1|4|all] [--tokens N] [--
   --tokens     new tokens per prompt, exactly, on both sides; default 256
   --threads    threads for both sides (OMP_NUM_THREADS, torch.set_num_threads); default nproc ($(nproc))
   --repeat     alternating rounds, medians taken over them; default 3
-  --checkpoint a colossal checkpoint (or its run or checkpoints directory); default: a GPT-2 124M shape with an
+  --checkpoint a colossal checkpoint (or its run or checkpoints directory) or a Hugging Face model directory with
+               its tokenizer files (scripts/bench/make_hf_dir.py makes opt-125m's); default: a GPT-2 124M shape with an
                8192-piece KJV tokenizer, trained 2 steps into $DEFAULT_CKPT_RUN if missing
   --python     Python for transformers (pip-installed into it with sentencepiece if missing); default .venv/bin/python
   --colossal   the binary; default build/colossal
@@ -80,7 +83,7 @@ fi
 # resolve DIR: one checkpoint directory (as colossal infer resolves a run, checkpoints or checkpoint directory).
 resolve() {
   local d="${1%/}"
-  if [ -f "$d/model.safetensors" ]; then echo "$d"
+  if [ -f "$d/model.safetensors" ] && [ -f "$d/config.json" ]; then echo "$d"
   elif [ -f "$d/latest" ]; then echo "$d/$(cat "$d/latest")"
   elif [ -f "$d/checkpoints/latest" ]; then echo "$d/checkpoints/$(cat "$d/checkpoints/latest")"
   else return 1
@@ -106,9 +109,11 @@ else
   ckpt="$(resolve "$checkpoint")" ||
     { echo "infer_vs_transformers: error: --checkpoint $checkpoint: no model.safetensors, latest or checkpoints/latest in it" >&2; exit 1; }
 fi
-for f in model.safetensors config.json tokenizer.model; do
+for f in model.safetensors config.json; do
   [ -f "$ckpt/$f" ] || { echo "infer_vs_transformers: error: checkpoint $ckpt has no $f" >&2; exit 1; }
 done
+[ -f "$ckpt/tokenizer.model" ] || [ -f "$ckpt/tokenizer.json" ] || [ -f "$ckpt/vocab.json" ] ||
+  { echo "infer_vs_transformers: error: checkpoint $ckpt has no tokenizer files" >&2; exit 1; }
 
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/infer_vs_transformers.XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT
@@ -126,27 +131,38 @@ head -n 1 "$TMP/prompts-4.txt" >"$TMP/prompts-1.txt"
 info="$("$PY" - "$ckpt" "$TMP/prompts-${batches[-1]}.txt" "$tokens" <<'EOF'
 import json, struct, sys
 from pathlib import Path
-import sentencepiece as spm
 d, prompts, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 try:
     cfg = json.loads((d / "config.json").read_text())
     with open(d / "model.safetensors", "rb") as f:
         header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-    shape, vocab, context = (cfg["n_layer"], cfg["n_head"], cfg["n_embd"]), cfg["vocab_size"], cfg["n_positions"]
+    get = lambda *keys: next((cfg[k] for k in keys if k in cfg), None)
+    shape = (get("n_layer", "num_hidden_layers"), get("n_head", "num_attention_heads"), get("n_embd", "hidden_size"))
+    vocab = cfg["vocab_size"]
+    context = get("n_positions", "max_position_embeddings", "seq_length") or 2048
     tied = cfg.get("tie_word_embeddings", True)
     total = sum(t["data_offsets"][1] - t["data_offsets"][0] for name, t in header.items()
                 if name != "__metadata__" and not name.endswith((".attn.bias", ".attn.masked_bias"))
                 and not (tied and name == "lm_head.weight"))
-    sp = spm.SentencePieceProcessor(model_file=str(d / "tokenizer.model"))
+    if (d / "tokenizer.model").is_file():
+        import sentencepiece as spm
+        sp = spm.SentencePieceProcessor(model_file=str(d / "tokenizer.model"))
+        count = lambda p: len(sp.encode(p))
+    else:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(str(d))
+        count = lambda p: len(tok(p).input_ids)
 except (OSError, ValueError, KeyError, TypeError, RuntimeError, struct.error) as e:
     sys.exit(f"infer_vs_transformers: error: checkpoint {d}: cannot read config.json, model.safetensors and "
-             f"tokenizer.model ({type(e).__name__}: {e})")
-longest = max(len(sp.encode(p)) for p in Path(prompts).read_text().splitlines() if p)
+             f"its tokenizer ({type(e).__name__}: {e})")
+longest = max(count(p) for p in Path(prompts).read_text().splitlines() if p)
 if longest + n > context:
     sys.exit(f"infer_vs_transformers: error: --tokens {n} and the longest prompt's {longest} tokens pass the model's "
              f"context of {context} (use --tokens {context - longest} or fewer)")
 known = {(12, 12, 768): "gpt2-124m", (24, 16, 1024): "gpt2-350m", (36, 20, 1280): "gpt2-774m", (48, 25, 1600): "gpt2-1.5b"}
-print(f"{known.get(shape, 'gpt-L{}-H{}-C{}'.format(*shape))}/v{vocab}", total)
+family = cfg.get("model_type", "gpt2")
+label = known.get(shape, "gpt-L{}-H{}-C{}".format(*shape)) if family == "gpt2" else "{}-L{}-H{}-C{}".format(family, *shape)
+print(f"{label}/v{vocab}", total)
 EOF
 )" || exit 1
 read -r label param_bytes <<<"$info"
@@ -200,11 +216,16 @@ done
 "$PY" - "$TMP" "$ckpt" "$label" "$param_bytes" "$tokens" "$repeat" "$threads" "${batches[@]}" <<'EOF'
 import json, re, statistics, sys
 from pathlib import Path
-import sentencepiece as spm
 d, ckpt, label = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 param_bytes, n, repeat, threads = (int(v) for v in sys.argv[4:8])
 batches = [int(b) for b in sys.argv[8:]]
-sp = spm.SentencePieceProcessor(model_file=str(Path(ckpt) / "tokenizer.model"))
+if (Path(ckpt) / "tokenizer.model").is_file():
+    import sentencepiece as spm
+    decode_ids = spm.SentencePieceProcessor(model_file=str(Path(ckpt) / "tokenizer.model")).decode
+else:   # a Hugging Face directory: its own tokenizer, special tokens left out as colossal prints completions
+    from transformers import AutoTokenizer
+    hf_tok = AutoTokenizer.from_pretrained(ckpt)
+    decode_ids = lambda ids: hf_tok.decode(ids, skip_special_tokens=True)
 total_line = re.compile(r"generated (\d+) tokens for (\d+) prompt\(s\) in ([0-9.]+) s")
 split_line = re.compile(r"timing: prefill (\d+) tokens in ([0-9.]+) ms \| decode (\d+) steps x (\d+) sequences in ([0-9.]+) s")
 
@@ -252,7 +273,7 @@ def transformers(B, r):
 def agreement(ids, text):
     """How many of transformers' greedy tokens colossal's completion text starts with."""
     for k in range(1, len(ids) + 1):
-        if not text.startswith(sp.decode(ids[:k]).rstrip("\ufffd")):
+        if not text.startswith(decode_ids(ids[:k]).rstrip("\ufffd")):
             return k - 1
     return len(ids)
 
