@@ -19,7 +19,8 @@ BpeModel::BpeModel(std::unordered_map<std::string, int> vocab, const std::vector
                    BpeOptions options, const std::string& where)
     : vocab_(std::move(vocab), where), options_(std::move(options)) {
   for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const auto& [a, b] = merges[rank];
+    const std::string& a = merges[rank].first;   // not a structured binding: clang 14 cannot capture those
+    const std::string& b = merges[rank].second;
     auto need = [&](const std::string& token) {
       if (auto id = vocab_.id_of(token)) return *id;
       throw Error(where + ": merge " + std::to_string(rank + 1) + " (\"" + a + " " + b + "\") needs the token \"" + token +
