@@ -1,6 +1,7 @@
 // Model registry: see registry.h.
 #include "models/registry.h"
 
+#include "models/bert/bert.h"
 #include "models/bloom/bloom.h"
 #include "models/gpt/gpt.h"
 #include "models/opt/opt.h"
@@ -10,37 +11,49 @@
 namespace colossal {
 namespace {
 
+std::string causal_lm(const ModelConfig&) { return "causal_lm"; }
+
 struct Family {
   std::string name;
-  std::shared_ptr<nn::CausalLM> (*build)(const ModelConfig&, nn::LayerFactory&);
+  std::shared_ptr<nn::Model> (*build)(const ModelConfig&, nn::LayerFactory&);
   ModelConfig (*from_hf)(const nlohmann::json&, const std::string&);
   int64_t (*count)(const ModelConfig&);
   std::vector<std::string> hf_model_types;
+  std::string (*task)(const ModelConfig&);
 };
 
 const std::vector<Family>& families() {
   static const std::vector<Family> table = {
       {"gpt",
-       [](const ModelConfig& m, nn::LayerFactory& f) -> std::shared_ptr<nn::CausalLM> {
+       [](const ModelConfig& m, nn::LayerFactory& f) -> std::shared_ptr<nn::Model> {
          return std::make_shared<gpt::Gpt>(gpt::from_recipe(m), f);
        },
        [](const nlohmann::json& j, const std::string& path) { return gpt::to_model_config(gpt::from_hf_config(j, path)); },
        [](const ModelConfig& m) { return gpt::parameter_count(gpt::from_recipe(m)); },
-       {"gpt2"}},
+       {"gpt2"},
+       causal_lm},
       {"opt",
-       [](const ModelConfig& m, nn::LayerFactory& f) -> std::shared_ptr<nn::CausalLM> {
+       [](const ModelConfig& m, nn::LayerFactory& f) -> std::shared_ptr<nn::Model> {
          return std::make_shared<opt::Opt>(opt::from_recipe(m), f);
        },
        [](const nlohmann::json& j, const std::string& path) { return opt::to_model_config(opt::from_hf_config(j, path)); },
        [](const ModelConfig& m) { return opt::parameter_count(opt::from_recipe(m)); },
-       {"opt"}},
+       {"opt"},
+       causal_lm},
       {"bloom",
-       [](const ModelConfig& m, nn::LayerFactory& f) -> std::shared_ptr<nn::CausalLM> {
+       [](const ModelConfig& m, nn::LayerFactory& f) -> std::shared_ptr<nn::Model> {
          return std::make_shared<bloom::Bloom>(bloom::from_recipe(m), f);
        },
        [](const nlohmann::json& j, const std::string& path) { return bloom::to_model_config(bloom::from_hf_config(j, path)); },
        [](const ModelConfig& m) { return bloom::parameter_count(bloom::from_recipe(m)); },
-       {"bloom"}},
+       {"bloom"},
+       causal_lm},
+      {"bert",
+       [](const ModelConfig& m, nn::LayerFactory& f) { return bert::build(bert::from_recipe(m), f); },
+       [](const nlohmann::json& j, const std::string& path) { return bert::to_model_config(bert::from_hf_config(j, path)); },
+       [](const ModelConfig& m) { return bert::parameter_count(bert::from_recipe(m)); },
+       {"bert"},
+       [](const ModelConfig& m) -> std::string { return m.head == "classifier" ? "sequence_classification" : "masked_lm"; }},
   };
   return table;
 }
@@ -83,7 +96,7 @@ const Family& family_of(const Recipe& recipe) {
 
 }  // namespace
 
-std::shared_ptr<nn::CausalLM> build_model(const ModelConfig& config, nn::LayerFactory& factory) {
+std::shared_ptr<nn::Model> build_model(const ModelConfig& config, nn::LayerFactory& factory) {
   return family_of(config).build(config, factory);
 }
 
@@ -96,10 +109,12 @@ void check_model_recipe(const Recipe& recipe) {
   }
 }
 
-std::shared_ptr<nn::CausalLM> build_model(const Recipe& recipe, nn::LayerFactory& factory) {
+std::shared_ptr<nn::Model> build_model(const Recipe& recipe, nn::LayerFactory& factory) {
   check_model_recipe(recipe);
   return family_of(recipe).build(recipe.model, factory);
 }
+
+std::string model_task(const ModelConfig& config) { return family_of(config).task(config); }
 
 int64_t count_parameters(const ModelConfig& config) { return family_of(config).count(config); }
 

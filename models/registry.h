@@ -8,15 +8,17 @@
 #include <vector>
 
 #include "src/core/recipe.h"
-#include "src/nn/causal_lm.h"
 #include "src/nn/factory.h"
+#include "src/nn/model.h"
 
 namespace colossal {
 
-std::shared_ptr<nn::CausalLM> build_model(const Recipe& recipe, nn::LayerFactory& factory);
+std::shared_ptr<nn::Model> build_model(const Recipe& recipe, nn::LayerFactory& factory);
 // The recipe's [model] section is one its family can build: RecipeError at the offending key if not.
 void check_model_recipe(const Recipe& recipe);
-std::shared_ptr<nn::CausalLM> build_model(const ModelConfig& config, nn::LayerFactory& factory);
+std::shared_ptr<nn::Model> build_model(const ModelConfig& config, nn::LayerFactory& factory);
+// The task (src/tasks) the trainer trains this model for: "causal_lm", "masked_lm", ...
+std::string model_task(const ModelConfig& config);
 // Reads a config.json written by save (or by transformers) into a [model] section.
 ModelConfig model_config_from_hf(const nlohmann::json& config, const std::string& path);
 std::vector<std::string> model_families();

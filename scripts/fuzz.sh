@@ -3,7 +3,8 @@
 # UndefinedBehaviorSanitizer: builds them with clang into build-fuzz/, runs each target for
 # --seconds (default 60) starting from its seed corpus and regression inputs, and fails on any finding
 # (a crash, a sanitizer report, or an exception other than colossal::Error escaping a parser).
-#   scripts/fuzz.sh [--seconds N] [--target recipe|safetensors|hf_config|trainer_state]...
+#   scripts/fuzz.sh [--seconds N] [--target NAME]...
+# NAME is a directory of tests/fuzz/corpus (every one of them when no --target is given).
 # New inputs libFuzzer finds go to build-fuzz/corpus/<target>/ (not the tree); a crashing input is
 # left as build-fuzz/crash-<target>-*, to be added to tests/fuzz/regressions/<target>/ once fixed.
 set -euo pipefail
@@ -13,14 +14,15 @@ while (($#)); do
   case "$1" in
     --seconds) seconds="${2:?--seconds needs a number}"; shift 2 ;;
     --target) targets+=("${2:?--target needs a name}"); shift 2 ;;
-    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "fuzz: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz: error: --seconds '$seconds' is not a positive integer" >&2; exit 2; }
-((${#targets[@]})) || targets=(recipe safetensors hf_config trainer_state)
+all=$(ls tests/fuzz/corpus)
+((${#targets[@]})) || mapfile -t targets <<<"$all"
 for t in "${targets[@]}"; do
-  [ -d "tests/fuzz/corpus/$t" ] || { echo "fuzz: error: --target '$t' is not one of recipe, safetensors, hf_config, trainer_state" >&2; exit 2; }
+  [ -d "tests/fuzz/corpus/$t" ] || { echo "fuzz: error: --target '$t' is not one of: $(echo $all)" >&2; exit 2; }
 done
 
 source scripts/sanitizers.sh

@@ -43,7 +43,7 @@ TEST(Alibi, BiasIsTheSlopeTimesTheDistanceAndMasksTheFuture) {
 
 TEST(BloomGeneration, ABatchWithLeftPaddingGeneratesWhatEachPromptDoesAlone) {
   nn::LayerFactory f;
-  auto model = load_pretrained(fixture("bloom-tiny"), f);
+  auto model = nn::model_as<nn::CausalLM>(load_pretrained(fixture("bloom-tiny"), f), "the test");
   const auto tok = Tokenizer::load(fixture("bloom-tiny"));
   Generator gen(model, tok, at::kCPU);
   SamplingConfig greedy;

@@ -152,7 +152,7 @@ TEST(Cuda, GreedyGenerationOnTheGpuMatchesTheCpu) {
   for (int d = 0; d < 2; ++d) {
     const c10::Device device = d == 0 ? c10::Device(c10::kCPU) : kGpu;
     nn::LayerFactory factory;
-    auto model = build_model(info.model, factory);
+    auto model = nn::model_as<nn::CausalLM>(build_model(info.model, factory), "the test");
     load_model_state(*model, HfWeights::open(dir));
     model->to(device);
     Generator gen(model, Tokenizer::from_files(info.tokenizer_files, dir), device);

@@ -243,7 +243,7 @@ Replica make_replica() {
   at::manual_seed(5);
   nn::LayerFactory f;
   Replica r;
-  r.model = build_model(tiny_model(), f);
+  r.model = nn::model_as<nn::CausalLM>(build_model(tiny_model(), f), "make_replica");
   r.model->train();
   r.flat = std::make_unique<optim::FlatParams>(*r.model, 0.1);
   return r;

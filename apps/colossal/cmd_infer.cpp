@@ -83,7 +83,7 @@ void run(InferArgs& a) {
   if (device.is_cpu())
     require_host_memory(4.0 * static_cast<double>(count_parameters(info.model)), "the model in " + dir + " (fp32 weights)");
   nn::LayerFactory factory;
-  auto model = build_model(info.model, factory);
+  auto model = nn::model_as<nn::CausalLM>(build_model(info.model, factory), "colossal infer (text generation)");
   load_model_state(*model, HfWeights::open(dir));
   model->to(device);
   spdlog::info("loaded {} ({} parameters) on {}", dir, model->parameter_count(), describe_device(device));

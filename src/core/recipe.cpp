@@ -172,6 +172,9 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   mc.activation = m.string("activation", mc.activation, {"auto", "gelu_tanh", "gelu", "relu"});
   mc.pre_norm = m.boolean("pre_norm", mc.pre_norm);
   mc.embed_dim = m.integer("embed_dim", mc.embed_dim, 0, 1 << 20);
+  mc.head = m.string("head", mc.head, {"auto", "mlm", "classifier"});
+  mc.num_labels = m.integer("num_labels", mc.num_labels, 1, 1 << 20);
+  mc.type_vocab_size = m.integer("type_vocab_size", mc.type_vocab_size, 1, 1 << 10);
   if (mc.n_embd % mc.n_head != 0)
     m.fail("n_head", "= " + std::to_string(mc.n_head) + " does not divide n_embd = " + std::to_string(mc.n_embd) +
                          " (try " + divisors_near(mc.n_embd, mc.n_head) + ")");
@@ -296,7 +299,9 @@ std::string Recipe::to_toml() const {
                             {"attn_dropout", model.attn_dropout}, {"bias", model.bias},
                             {"layer_norm_eps", model.layer_norm_eps}, {"init_std", model.init_std},
                             {"n_inner", model.n_inner}, {"activation", model.activation},
-                            {"pre_norm", model.pre_norm}, {"embed_dim", model.embed_dim}}},
+                            {"pre_norm", model.pre_norm}, {"embed_dim", model.embed_dim},
+                            {"head", model.head}, {"num_labels", model.num_labels},
+                            {"type_vocab_size", model.type_vocab_size}}},
       {"data", toml::table{{"text", data.text}, {"tokenizer", data.tokenizer}, {"dataset", data.dataset},
                            {"tokenizer_vocab", data.tokenizer_vocab}, {"val_fraction", data.val_fraction},
                            {"prefetch", data.prefetch}}},

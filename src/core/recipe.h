@@ -30,6 +30,9 @@ struct ModelConfig {                 // [model]
   bool pre_norm = true;              // LayerNorm before each sublayer (false: after the residual add)
   int64_t embed_dim = 0;             // token-embedding width when narrower than n_embd (projected in
                                      // and out, as OPT-350m's word_embed_proj_dim); 0 = n_embd
+  std::string head = "auto";         // auto (the family's own) | mlm | classifier (encoder families)
+  int64_t num_labels = 2;            // classes of a classifier head
+  int64_t type_vocab_size = 2;       // segment (token type) embeddings of encoder families
 };
 
 struct DataConfig {                  // [data]

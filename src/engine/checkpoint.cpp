@@ -36,7 +36,7 @@ std::string step_dir_name(int64_t step) {
   return buf;
 }
 
-std::map<std::string, at::Tensor> named_parameters_map(nn::CausalLM& model) {
+std::map<std::string, at::Tensor> named_parameters_map(nn::Model& model) {
   std::map<std::string, at::Tensor> out;
   for (auto& item : model.named_parameters()) out.emplace(item.key(), item.value());
   return out;
@@ -118,6 +118,7 @@ TrainerState parse_trainer_state(const nlohmann::json& s, const std::string& pat
   st.tokens_seen = count("tokens_seen");
   st.train_loss = number("train_loss", 0.0);
   st.eval_loss = number("eval_loss", -1.0);
+  st.eval_accuracy = number("eval_accuracy", -1.0);
   if (auto k = s.find("kernel_choices"); k != s.end()) {
     if (!k->is_object()) throw Error("checkpoint file " + path + ": kernel_choices must be an object");
     for (const auto& [key, v] : k->items()) {
@@ -136,13 +137,14 @@ bool has_weights(const fs::path& dir) {
 }
 
 // Our config.json over the one the run started from: fields we do not write stay, and so do the
-// special token ids (the family's defaults must not replace a model's own). The weights are saved
+// special token ids and class names (the family's defaults must not replace a model's own). The weights are saved
 // in fp32, which the dtype fields say.
 nlohmann::json config_for_save(nlohmann::json ours, const nlohmann::json& base) {
   if (!base.is_object()) return ours;
   for (const auto& [key, value] : base.items()) {
-    const bool token_id = key == "bos_token_id" || key == "eos_token_id" || key == "pad_token_id" || key == "decoder_start_token_id";
-    if (!ours.contains(key) || token_id) ours[key] = value;
+    const bool own = key == "bos_token_id" || key == "eos_token_id" || key == "pad_token_id" || key == "decoder_start_token_id" ||
+                     ((key == "id2label" || key == "label2id") && value.size() == ours.value(key, nlohmann::json::object()).size());
+    if (!ours.contains(key) || own) ours[key] = value;
   }
   for (const char* dtype : {"dtype", "torch_dtype"})
     if (ours.contains(dtype)) ours[dtype] = "float32";
@@ -160,14 +162,14 @@ std::vector<NamedTensor> hf_pieces(const nn::HfTarget& target, const at::Tensor&
   return out;
 }
 
-std::vector<NamedTensor> export_model_state(nn::CausalLM& model) {
+std::vector<NamedTensor> export_model_state(nn::Model& model) {
   std::vector<NamedTensor> out;
   for (auto& item : model.named_parameters())
     for (auto& piece : hf_pieces(model.hf_names().to_hf(item.key()), item.value().detach(), "")) out.push_back(std::move(piece));
   return out;
 }
 
-void load_model_state(nn::CausalLM& model, const HfWeights& weights) {
+void load_model_state(nn::Model& model, const HfWeights& weights) {
   const auto& names = model.hf_names();
   auto params = named_parameters_map(model);
   std::map<std::string, std::string> stored;   // canonical HF name -> the name in the files
@@ -201,7 +203,7 @@ void load_model_state(nn::CausalLM& model, const HfWeights& weights) {
   }
 }
 
-std::shared_ptr<nn::CausalLM> load_pretrained(const std::string& dir, nn::LayerFactory& factory) {
+std::shared_ptr<nn::Model> load_pretrained(const std::string& dir, nn::LayerFactory& factory) {
   const fs::path config = fs::path(dir) / "config.json";
   if (!fs::is_regular_file(config)) throw Error("model directory " + dir + ": config.json is missing");
   auto model = build_model(model_config_from_hf(read_json(config.string()), config.string()), factory);
@@ -260,6 +262,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
                           {"tokens_seen", s.state.tokens_seen},
                           {"train_loss", s.state.train_loss},
                           {"eval_loss", s.state.eval_loss},
+                          {"eval_accuracy", s.state.eval_accuracy},
                           {"has_optimizer", s.optimizer != nullptr},
                           {"kernel_choices", s.state.kernel_choices}};
   {
@@ -308,7 +311,7 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
   return info;
 }
 
-void load_optimizer_state(nn::CausalLM& model, optim::FlatParams& flat, optim::AdamW& optimizer, const std::string& dir) {
+void load_optimizer_state(nn::Model& model, optim::FlatParams& flat, optim::AdamW& optimizer, const std::string& dir) {
   const std::string path = (fs::path(dir) / "optimizer.safetensors").string();
   auto file = load_safetensors(path);
   const auto& names = model.hf_names();

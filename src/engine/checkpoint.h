@@ -21,7 +21,8 @@
 #include "src/data/hf_tokenizer_files.h"
 #include "src/io/hf_weights.h"
 #include "src/io/safetensors.h"
-#include "src/nn/causal_lm.h"
+#include "src/nn/factory.h"
+#include "src/nn/model.h"
 #include "src/optim/adamw.h"
 
 namespace colossal {
@@ -34,13 +35,14 @@ struct TrainerState {
   int64_t tokens_seen = 0;
   double train_loss = 0.0;
   double eval_loss = -1.0;       // -1: not evaluated yet
+  double eval_accuracy = -1.0;   // -1: not evaluated yet, or a task without an accuracy
   // CPU kernel choices timed so far ("attention B=16 T=128 H=4 D=32 fwd+bwd" -> "fused" | "aten"), so
   // a resumed run computes with the same kernels and stays identical to an uninterrupted one.
   std::map<std::string, std::string> kernel_choices;
 };
 
 struct CheckpointSave {
-  nn::CausalLM* model = nullptr;
+  nn::Model* model = nullptr;
   optim::FlatParams* flat = nullptr;    // with `optimizer`: moments are saved (null: weights only)
   optim::AdamW* optimizer = nullptr;
   TokenizerFiles tokenizer_files;   // written unchanged, so transformers reads the same tokenizer
@@ -74,15 +76,15 @@ CheckpointInfo read_checkpoint_info(const std::string& dir);
 // per head as the name map's target says, each named with `suffix` appended.
 std::vector<NamedTensor> hf_pieces(const nn::HfTarget& target, const at::Tensor& t, const std::string& suffix = "");
 // Model weights <-> HF-named tensors (transposing where the family's name map says so).
-std::vector<NamedTensor> export_model_state(nn::CausalLM& model);
+std::vector<NamedTensor> export_model_state(nn::Model& model);
 // Every parameter must be there with its shape (any floating dtype: fp16 and bf16 checkpoints are
 // converted); a tensor that is neither ours nor one HF saves redundantly is an error.
-void load_model_state(nn::CausalLM& model, const HfWeights& weights);
+void load_model_state(nn::Model& model, const HfWeights& weights);
 // A model directory as transformers' save_pretrained writes it (our checkpoints are such directories):
 // the family and sizes from config.json, the weights in any format HfWeights reads.
-std::shared_ptr<nn::CausalLM> load_pretrained(const std::string& dir, nn::LayerFactory& factory);
+std::shared_ptr<nn::Model> load_pretrained(const std::string& dir, nn::LayerFactory& factory);
 
 // Restores moments, step count and the RNG state saved with them.
-void load_optimizer_state(nn::CausalLM& model, optim::FlatParams& flat, optim::AdamW& optimizer, const std::string& dir);
+void load_optimizer_state(nn::Model& model, optim::FlatParams& flat, optim::AdamW& optimizer, const std::string& dir);
 
 }  // namespace colossal

@@ -12,9 +12,6 @@
 #include "src/core/error.h"
 #include "src/core/log.h"
 #include "src/core/text.h"
-#include "src/data/loader.h"
-#include "src/data/prepare.h"
-#include "src/data/token_dataset.h"
 #include "src/dist/launch_env.h"
 #include "models/registry.h"
 #include "src/io/atomic_dir.h"
@@ -95,19 +92,11 @@ std::unique_ptr<dist::Runtime> join_job(const Recipe& r, const TrainOptions& opt
   return rt;
 }
 
-// Step 2: data. Rank 0 builds a missing tokenizer or dataset while the others wait, then all read it.
-// A run starting from a directory tokenizes with that directory's tokenizer.
-void load_data(TrainPlan& p, bool tokenizer_from_directory) {
-  const Recipe& r = p.recipe;
-  if (p.is_root()) ensure_data(r, tokenizer_from_directory ? p.tokenizer_path : "");
+// Step 2: data. Rank 0 builds what the task's data is missing while the others wait, then all read it.
+void load_data(TrainPlan& p) {
+  if (p.is_root()) p.task->prepare_data();
   p.runtime->world_group().barrier("waiting for rank 0 to prepare the data");
-  p.tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(p.tokenizer_path));
-  p.train_tokens = std::make_shared<const std::vector<int32_t>>(read_token_split(r.data.dataset, "train").tokens);
-  const auto val = read_token_split(r.data.dataset, "val");
-  p.val_tokens = static_cast<int64_t>(val.tokens.size());
-  p.eval_set = eval_batches(val.tokens, r.train.batch_size, r.train.seq_len, r.train.eval_batches, p.dp_rank, p.dp_size);
-  if (p.eval_set.empty() && p.is_root())
-    spdlog::warn("held-out split ({} tokens) is too small for one eval batch per rank; eval loss is skipped", val.tokens.size());
+  p.task->load_data();
 }
 
 // Step 3: the model, built from the seed on every rank (so every rank holds the same initial weights)
@@ -120,6 +109,7 @@ void build_model_weights(TrainPlan& p, const std::string& init_ckpt) {
   at::manual_seed(static_cast<uint64_t>(r.train.seed));
   nn::LayerFactory factory;   // parallel layout: tensor-parallel layers come from the factory here
   p.model = build_model(r.model, factory);
+  p.task->check_model(*p.model);
   p.model->to(p.device);
   if (!init_ckpt.empty()) {
     load_model_state(*p.model, HfWeights::open(init_ckpt));
@@ -156,7 +146,7 @@ void resume(TrainPlan& p) {
   if (info.model.n_layer != m.n_layer || info.model.n_head != m.n_head || info.model.n_embd != m.n_embd ||
       info.model.vocab_size != m.vocab_size || info.model.block_size != m.block_size)
     throw Error("checkpoint " + from + " holds a different model than the recipe (resume needs the same [model])");
-  if (info.tokenizer_files != p.tokenizer->files())
+  if (info.tokenizer_files != p.task->tokenizer_files())
     throw Error("checkpoint " + from + " was trained with a different tokenizer than " + p.tokenizer_path);
   load_model_state(*p.model, HfWeights::open(from));
   load_optimizer_state(*p.model, *p.flat, *p.optimizer, from);   // also restores the RNG state
@@ -170,10 +160,14 @@ void resume(TrainPlan& p) {
                                                : std::string());
 }
 
+TaskData task_data(const EffectiveRecipe& e, int64_t dp_rank, int64_t dp_size) {
+  return TaskData{e.recipe, e.tokenizer_path, !e.init_checkpoint.empty(), dp_rank, dp_size};
+}
+
 }  // namespace
 
 EffectiveRecipe effective_recipe(const Recipe& r, const TrainOptions& opt) {
-  EffectiveRecipe e{r, r.data.tokenizer, "", nullptr};
+  EffectiveRecipe e{r, r.data.tokenizer, "", nullptr, ""};
   // Where the weights start: [model] from (train or finetune), else [finetune] from (finetune only).
   if (!r.model.from.empty() && !r.finetune.from.empty())
     throw RecipeError(r.where("finetune.from"), "and " + r.where("model.from") + " both name a starting point (keep one)");
@@ -204,7 +198,8 @@ EffectiveRecipe effective_recipe(const Recipe& r, const TrainOptions& opt) {
   } else {
     check_model_recipe(r);
   }
-  check_data_sources(e.recipe, e.init_checkpoint.empty() ? "" : e.tokenizer_path);
+  e.task = model_task(e.recipe.model);
+  make_task(e.task, task_data(e, 0, 1))->check_data();
   return e;
 }
 
@@ -234,7 +229,8 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
     set_log_file((fs::path(r.output.dir) / "train.log").string());
     spdlog::info("colossal {} {} -> {}", opt.finetune ? "finetune" : "train", r.path, r.output.dir);
   }
-  load_data(*p, !effective.init_checkpoint.empty());                                                  // 2. data
+  p->task = make_task(effective.task, task_data(effective, p->dp_rank, p->dp_size));
+  load_data(*p);                                                  // 2. data
   build_model_weights(*p, effective.init_checkpoint);   // 3. model
   apply_data_parallel(*p);                                        // 4. memory layout + data parallelism
   p->optimizer = std::make_unique<optim::AdamW>(*p->flat, optim::AdamWOptions{r.optim.betas[0], r.optim.betas[1], r.optim.eps});

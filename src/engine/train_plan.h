@@ -11,14 +11,14 @@
 #include <vector>
 
 #include "src/core/recipe.h"
-#include "src/data/tokenizer.h"
 #include "src/dist/runtime.h"
 #include "src/engine/checkpoint.h"
 #include "src/engine/trainer.h"
-#include "src/nn/causal_lm.h"
+#include "src/nn/model.h"
 #include "src/optim/adamw.h"
 #include "src/optim/flat_params.h"
 #include "src/parallel/data_parallel.h"
+#include "src/tasks/task.h"
 
 namespace colossal {
 
@@ -29,14 +29,11 @@ struct TrainPlan {
   std::unique_ptr<dist::Runtime> runtime;
   int64_t dp_rank = 0, dp_size = 1;
 
-  std::string tokenizer_path;
-  std::unique_ptr<Tokenizer> tokenizer;
+  std::string tokenizer_path;     // the recipe's, or the starting directory's tokenizer files
   nlohmann::json base_config;     // config.json of the directory the run started from (null: none)
-  std::shared_ptr<const std::vector<int32_t>> train_tokens;
-  std::vector<at::Tensor> eval_set;   // this rank's share of the held-out batches
-  int64_t val_tokens = 0;
+  std::unique_ptr<Task> task;     // the data, batches, loss and eval metric the model trains on
 
-  std::shared_ptr<nn::CausalLM> model;
+  std::shared_ptr<nn::Model> model;
   std::unique_ptr<optim::FlatParams> flat;
   std::unique_ptr<parallel::DataParallel> data_parallel;
   std::unique_ptr<optim::AdamW> optimizer;
@@ -44,7 +41,7 @@ struct TrainPlan {
 
   bool is_root() const { return runtime->is_root(); }
   int64_t tokens_per_step() const {
-    return recipe.train.batch_size * recipe.train.seq_len * recipe.train.grad_accum * dp_size;
+    return recipe.train.batch_size * task->tokens_per_sample() * recipe.train.grad_accum * dp_size;
   }
 };
 
@@ -55,6 +52,7 @@ struct EffectiveRecipe {
   std::string tokenizer_path;    // the recipe's, or the starting directory (its tokenizer files)
   std::string init_checkpoint;   // the resolved [model] or [finetune] from ("" when training from scratch)
   nlohmann::json base_config;    // its config.json: fields our config does not write are kept on save
+  std::string task;              // what the model trains for (the registry's task of its family)
 };
 EffectiveRecipe effective_recipe(const Recipe& recipe, const TrainOptions& options);
 

@@ -17,10 +17,6 @@
 #include "src/core/log.h"
 #include "src/core/progress.h"
 #include "src/core/text.h"
-#include "src/data/loader.h"
-#include "src/data/prepare.h"
-#include "src/data/token_dataset.h"
-#include "src/data/tokenizer.h"
 #include "src/engine/checkpoint.h"
 #include "src/engine/metrics.h"
 #include "models/registry.h"
@@ -56,21 +52,26 @@ extern "C" void on_interrupt(int) {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Mean loss over every rank's share of the held-out batches (-1 when there are none).
-double evaluate(TrainPlan& p) {
+// The task's eval metric over every rank's share of the held-out batches.
+EvalResult evaluate(TrainPlan& p) {
   at::NoGradGuard no_grad;
   p.model->eval();
-  double total = 0;
-  for (const auto& b : p.eval_set) {
-    const int64_t t = b.size(1) - 1;
-    auto d = b.to(p.device);
-    total += p.model->loss(d.narrow(1, 0, t), d.narrow(1, 1, t)).item<double>();
+  EvalSums local;
+  for (const auto& b : p.task->eval_set()) {
+    const EvalSums s = p.task->eval(*p.model, b.to(p.device));
+    local.loss += s.loss;
+    local.batches += s.batches;
+    local.correct += s.correct;
+    local.scored += s.scored;
   }
   p.model->train();
-  at::Tensor sums = at::tensor({total, static_cast<double>(p.eval_set.size())}, at::kDouble);
-  p.runtime->group(dist::Dim::dp).all_reduce(sums, dist::Reduce::sum, "eval loss");
-  const double batches = sums[1].item<double>();
-  return batches > 0 ? sums[0].item<double>() / batches : -1.0;
+  at::Tensor sums = at::tensor({local.loss, local.batches, local.correct, local.scored}, at::kDouble);
+  p.runtime->group(dist::Dim::dp).all_reduce(sums, dist::Reduce::sum, "eval metrics");
+  const auto v = [&](int i) { return sums[i].item<double>(); };
+  EvalResult r;
+  if (v(1) > 0) r.loss = v(0) / v(1);
+  if (p.task->has_accuracy() && v(3) > 0) r.accuracy = v(2) / v(3);
+  return r;
 }
 
 // `r` with its [model] as training will build it (from the checkpoint when finetuning).
@@ -127,8 +128,8 @@ int run_loop(TrainPlan& p) {
     spdlog::info("nothing to do: the checkpoint is at step {} and max_steps = {}", state.step, r.train.max_steps);
     return 0;
   }
-  LoaderConfig lc{r.train.batch_size, r.train.seq_len, static_cast<uint64_t>(r.train.seed), p.dp_rank, p.dp_size, r.data.prefetch};
-  WindowLoader loader(p.train_tokens, lc, state.samples_seen);
+  Task& task = *p.task;
+  task.start(state.samples_seen);
   std::unique_ptr<MetricsWriter> metrics;
   if (root) metrics = std::make_unique<MetricsWriter>((fs::path(r.output.dir) / "metrics.jsonl").string(), opt.resume);
   auto write_metrics = [&](const nlohmann::json& j) {
@@ -136,9 +137,8 @@ int run_loop(TrainPlan& p) {
   };
   const int64_t params = p.model->parameter_count();
   const int64_t tokens_per_step = p.tokens_per_step();
-  spdlog::info("model {}: {} parameters | device {} | {} train tokens, {} held out | {} tokens/step{}", r.model.family,
-               human_count(static_cast<double>(params)), describe_device(p.device),
-               human_count(static_cast<double>(p.train_tokens->size())), human_count(static_cast<double>(p.val_tokens)),
+  spdlog::info("model {}: {} parameters | device {} | {}: {} | {} tokens/step{}", r.model.family,
+               human_count(static_cast<double>(params)), describe_device(p.device), task.name(), task.describe_data(),
                tokens_per_step, rt.world() > 1 ? fmt::format(" | {} ranks", rt.world()) : std::string());
   write_metrics({{"event", opt.resume ? "resume" : "start"}, {"step", state.step}, {"params", params},
                  {"tokens_per_step", tokens_per_step}, {"device", p.device.str()}, {"world_size", rt.world()}});
@@ -151,7 +151,7 @@ int run_loop(TrainPlan& p) {
     if (root) {
       state.kernel_choices = nn::kernel_choices();
       state.world_size = p.dp_size;
-      CheckpointSave s{p.model.get(), p.flat.get(), p.optimizer.get(), p.tokenizer->files(), r.to_toml(), state, p.base_config};
+      CheckpointSave s{p.model.get(), p.flat.get(), p.optimizer.get(), task.tokenizer_files(), r.to_toml(), state, p.base_config};
       path = save_checkpoint(r.checkpoint.dir, s, r.checkpoint.keep_last);
       spdlog::info("saved checkpoint {}", path);
     }
@@ -159,11 +159,15 @@ int run_loop(TrainPlan& p) {
     return path;
   };
   auto run_eval = [&] {
-    state.eval_loss = evaluate(p);
-    if (state.eval_loss >= 0) {
-      spdlog::info("step {}: eval loss {:.4f}", state.step, state.eval_loss);
-      write_metrics({{"step", state.step}, {"eval_loss", state.eval_loss}});
-    }
+    const EvalResult e = evaluate(p);
+    state.eval_loss = e.loss;
+    state.eval_accuracy = e.accuracy;
+    if (e.loss < 0) return;
+    nlohmann::json record = {{"step", state.step}, {"eval_loss", e.loss}};
+    if (e.accuracy >= 0) record["eval_accuracy"] = e.accuracy;
+    write_metrics(record);
+    if (e.accuracy >= 0) spdlog::info("step {}: eval loss {:.4f}, accuracy {:.2f}%", state.step, e.loss, 100 * e.accuracy);
+    else spdlog::info("step {}: eval loss {:.4f}", state.step, e.loss);
   };
 
   g_interrupted = false;
@@ -185,10 +189,9 @@ int run_loop(TrainPlan& p) {
     const double lr = optim::lr_at(r.optim, state.step);
     at::Tensor step_loss;   // summed on the device: one host sync per step, not one per micro-batch
     for (int64_t micro = 0; micro < r.train.grad_accum; ++micro) {
-      auto batch = loader.next().to(p.device);   // [B, T+1]
-      const int64_t t = batch.size(1) - 1;
+      const Batch batch = task.next().to(p.device);
       p.data_parallel->prepare(micro == r.train.grad_accum - 1);   // reduce on the last micro-batch only
-      auto loss = p.model->loss(batch.narrow(1, 0, t), batch.narrow(1, 1, t));
+      auto loss = task.loss(*p.model, batch);
       if (r.train.grad_accum > 1) loss = loss / static_cast<double>(r.train.grad_accum);
       loss.backward();
       step_loss = micro == 0 ? loss.detach() : step_loss + loss.detach();
@@ -206,7 +209,7 @@ int run_loop(TrainPlan& p) {
 
     ++state.step;
     ++steps_this_run;
-    state.samples_seen = loader.position();
+    state.samples_seen = task.position();
     state.tokens_seen += tokens_per_step;
     state.train_loss = loss_sum;
     const double step_s = seconds_since(t0);
@@ -268,6 +271,7 @@ int run_loop(TrainPlan& p) {
                             {"peak_device_mb", peak_device / 1048576.0},
                             {"final_loss", state.train_loss},
                             {"final_eval_loss", state.eval_loss},
+                            {"task", task.name()},
                             {"params", params},
                             {"world_size", rt.world()},
                             {"wall_s", wall},
@@ -277,13 +281,15 @@ int run_loop(TrainPlan& p) {
     summary["dp_exposed_s"] = dp_wait_s;
     summary["dp_hidden_fraction"] = std::max(0.0, 1.0 - dp_wait_s / dp_busy_s);
   }
+  if (state.eval_accuracy >= 0) summary["final_eval_accuracy"] = state.eval_accuracy;
   write_file_atomic((fs::path(r.output.dir) / "summary.json").string(), summary.dump(2) + "\n");
   write_metrics({{"event", "end"}, {"step", state.step}, {"eval_loss", state.eval_loss}, {"tokens_per_s", steady_tps}});
   const std::string peak_mem = p.device.is_cpu() ? human_bytes(peak_rss)
                                                  : fmt::format("{} {}, {} host", human_bytes(peak_device), p.device.str(), human_bytes(peak_rss));
   const std::string ranks = rt.world() > 1 ? fmt::format(" | {} ranks", rt.world()) : std::string();
-  const std::string done = fmt::format("done: {} steps in {} | loss {:.4f} | eval loss {:.4f} | {} tok/s{} | peak mem {} | checkpoint {}",
-                                       state.step, human_duration(wall), state.train_loss, state.eval_loss,
+  const std::string accuracy = state.eval_accuracy >= 0 ? fmt::format(" | eval accuracy {:.2f}%", 100 * state.eval_accuracy) : "";
+  const std::string done = fmt::format("done: {} steps in {} | loss {:.4f} | eval loss {:.4f}{} | {} tok/s{} | peak mem {} | checkpoint {}",
+                                       state.step, human_duration(wall), state.train_loss, state.eval_loss, accuracy,
                                        human_count(steady_tps), ranks, peak_mem, last_saved);
   if (opt.quiet) std::fprintf(stderr, "%s\n", done.c_str());   // the one line a quiet run prints
   else spdlog::info("{}", done);

@@ -66,6 +66,15 @@ std::string HfConfigReader::choice(const char* key, const std::string& fallback,
   fail("\"" + std::string(key) + "\" = " + j_[key].dump() + " is not supported (valid: " + join(choices, ", ") + ")");
 }
 
+std::string HfConfigReader::first_choice(const char* key, const std::string& fallback, const std::vector<std::string>& choices) const {
+  if (!present(key)) return fallback;
+  const auto& v = j_[key];
+  if (!v.is_array() || v.empty()) fail("\"" + std::string(key) + "\" = " + v.dump() + " (expected a list of names)");
+  for (const auto& c : choices)
+    if (v[0] == c) return c;
+  fail("\"" + std::string(key) + "\" = " + v.dump() + " is not supported (valid: " + join(choices, ", ") + ")");
+}
+
 void HfConfigReader::fixed(const char* key, const std::vector<nlohmann::json>& accepted, const std::string& supported) const {
   if (!present(key)) return;
   for (const auto& a : accepted)

@@ -27,6 +27,8 @@ class HfConfigReader {
   bool flag(const char* key, bool fallback) const;
   // One of `choices`, optional.
   std::string choice(const char* key, const std::string& fallback, const std::vector<std::string>& choices) const;
+  // A list whose first name is one of `choices` (HF's "architectures"), optional.
+  std::string first_choice(const char* key, const std::string& fallback, const std::vector<std::string>& choices) const;
   // A field this model has one setting of: absent, null, or one of `accepted`; anything else is
   // refused, since building the model without it would silently compute something else.
   void fixed(const char* key, const std::vector<nlohmann::json>& accepted, const std::string& supported) const;

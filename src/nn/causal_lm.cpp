@@ -42,7 +42,12 @@ at::Tensor run_blocks(const std::vector<std::shared_ptr<TransformerBlock>>& bloc
   return x;
 }
 
-int64_t CausalLM::parameter_count() const {
+std::string Model::model_type() const {
+  const auto config = hf_config();
+  return config.contains("model_type") && config["model_type"].is_string() ? config["model_type"].get<std::string>() : "unnamed";
+}
+
+int64_t Model::parameter_count() const {
   int64_t n = 0;
   for (const auto& p : parameters()) n += p.numel();
   return n;

@@ -1,16 +1,17 @@
-// CausalLM: what the engine knows of a decoder-only language model. Every model is
-// embed -> blocks[] -> head; pipeline stages, ZeRO-3 gathering, recompute and profiling will wrap
-// the blocks from outside, so the interface exposes the parts as well as the whole forward.
+// CausalLM: the interface of a decoder-only language model (the causal_lm task and generation drive
+// it). Every model is embed -> blocks[] -> head; pipeline stages, ZeRO-3 gathering, recompute and
+// profiling will wrap the blocks from outside, so the interface exposes the parts as well as the
+// whole forward.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <nlohmann/json.hpp>
-#include <torch/nn/module.h>
 #include <vector>
 
 #include "src/nn/attention.h"
 #include "src/nn/block.h"
 #include "src/nn/hf_names.h"
+#include "src/nn/model.h"
 
 namespace colossal::nn {
 
@@ -40,8 +41,10 @@ at::Tensor positions_of(const at::Tensor& ids, const ForwardOptions& options, in
 at::Tensor run_blocks(const std::vector<std::shared_ptr<TransformerBlock>>& blocks, at::Tensor x,
                       const ForwardOptions& options);
 
-class CausalLM : public torch::nn::Module {
+class CausalLM : public Model {
  public:
+  static constexpr const char* kWhat = "a causal language model (a decoder-only family)";
+
   // ids [B, T] int64 -> final hidden states [B, T, C] (after the last norm), ready for the head.
   virtual at::Tensor features(const at::Tensor& ids, const ForwardOptions& options = {}) = 0;
   virtual at::Tensor head_weight() = 0;   // [V, C] (the token embedding when tied)
@@ -55,11 +58,6 @@ class CausalLM : public torch::nn::Module {
   virtual KvCache make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const = 0;
   virtual int64_t context_length() const = 0;
   virtual int64_t vocab_size() const = 0;
-  virtual void init_weights() = 0;                       // draws from LibTorch's default generator
-  virtual const HfNameMap& hf_names() const = 0;
-  virtual nlohmann::json hf_config() const = 0;          // config.json as transformers writes it
-
-  int64_t parameter_count() const;
 };
 
 }  // namespace colossal::nn

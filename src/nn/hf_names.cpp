@@ -60,7 +60,13 @@ HfTarget HfNameMap::to_hf(const std::string& ours) const {
   throw Error("no Hugging Face name for parameter \"" + ours + "\"");
 }
 
-std::string HfNameMap::canonical(const std::string& hf) const {
+std::string HfNameMap::canonical(const std::string& name) const {
+  // Checkpoints from TensorFlow-era conversions (bert-base-uncased among them) name LayerNorm
+  // parameters gamma and beta; transformers reads them as weight and bias, and so do we.
+  std::string hf = name;
+  for (auto [old_suffix, new_suffix] : {std::pair{".gamma", ".weight"}, {".beta", ".bias"}})
+    if (hf.size() > std::string(old_suffix).size() && hf.ends_with(old_suffix))
+      hf = hf.substr(0, hf.size() - std::string(old_suffix).size()) + new_suffix;
   if (base_prefix_.empty() || hf.rfind(base_prefix_, 0) == 0 || match(hf)) return hf;
   return match(base_prefix_ + hf) || ignored(base_prefix_ + hf) ? base_prefix_ + hf : hf;
 }

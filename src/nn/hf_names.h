@@ -42,7 +42,8 @@ class HfNameMap {
   HfTarget to_hf(const std::string& ours) const;                      // Error if no rule matches
   std::optional<HfSource> from_hf(const std::string& hf) const;       // nullopt: ignored or unknown
   bool ignored(const std::string& hf) const;                          // tied heads, buffers HF saves
-  // `hf` with the base prefix added where the checkpoint left it out.
+  // `hf` with the base prefix added where the checkpoint left it out, and LayerNorm's old gamma/beta
+  // read as weight/bias.
   std::string canonical(const std::string& hf) const;
 
  private:

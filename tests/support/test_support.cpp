@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "src/core/error.h"
+#include "src/nn/causal_lm.h"
 #include "src/data/prepare.h"
 #include "src/data/tokenizer.h"
 #include "src/engine/checkpoint.h"
@@ -126,7 +127,7 @@ std::string fixture(const std::string& name) { return source_dir() + "/tests/fix
 
 std::shared_ptr<nn::CausalLM> load_model(const std::string& dir) {
   nn::LayerFactory f;
-  auto m = load_pretrained(dir, f);
+  auto m = nn::model_as<nn::CausalLM>(load_pretrained(dir, f), "load_model");
   m->eval();
   return m;
 }

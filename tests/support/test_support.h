@@ -7,10 +7,7 @@
 #include <vector>
 
 #include "src/core/recipe.h"
-
-namespace colossal::nn {
-class CausalLM;
-}
+#include "src/nn/causal_lm.h"
 
 namespace colossal::test {
 

@@ -1,0 +1,70 @@
+// BERT: token, position and segment embeddings with a LayerNorm, post-LN blocks of bidirectional
+// self-attention (padding masked) and an exact-GELU MLP, then a head: the masked-LM head
+// (dense + GELU + LayerNorm, decoder tied to the token embedding, its own bias) or the pooler
+// (tanh of a dense layer on token 0) and a classifier. Built from src/nn blocks; HF keeps query, key
+// and value as three tensors, which the name map joins into our qkv.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "models/bert/bert_config.h"
+#include "src/nn/block.h"
+#include "src/nn/encoder.h"
+#include "src/nn/factory.h"
+#include "src/nn/layer_norm.h"
+
+namespace colossal::bert {
+
+// The shared trunk, registered as "bert" in either head's model.
+class BertEncoder : public torch::nn::Module {
+ public:
+  BertEncoder(const BertConfig& c, nn::LayerFactory& f);
+  at::Tensor forward(const nn::EncoderInputs& in);   // [B, T] -> [B, T, C]
+  at::Tensor& token_embedding() { return word_embeddings->weight(); }
+  void zero_padding_row();   // HF initialises the [PAD] row of the token embedding to zeros
+
+ private:
+  BertConfig cfg_;
+  std::shared_ptr<nn::Embedding> word_embeddings, position_embeddings, token_type_embeddings;
+  std::shared_ptr<nn::LayerNorm> ln_emb;
+  std::vector<std::shared_ptr<nn::TransformerBlock>> blocks_;
+};
+
+class BertForMaskedLM : public nn::MaskedLM {
+ public:
+  BertForMaskedLM(const BertConfig& c, nn::LayerFactory& f);
+  at::Tensor encode(const nn::EncoderInputs& in) override { return bert->forward(in); }
+  at::Tensor mlm_logits(const at::Tensor& hidden) override;
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
+  int64_t context_length() const override { return cfg_.max_positions; }
+  void init_weights() override;
+  const nn::HfNameMap& hf_names() const override;
+  nlohmann::json hf_config() const override { return to_hf_config(cfg_); }
+
+ private:
+  BertConfig cfg_;
+  std::shared_ptr<BertEncoder> bert;
+  std::shared_ptr<nn::Linear> mlm_dense;
+  std::shared_ptr<nn::LayerNorm> ln_mlm;
+  at::Tensor mlm_bias;   // [V]
+};
+
+class BertForClassification : public nn::SequenceClassifier {
+ public:
+  BertForClassification(const BertConfig& c, nn::LayerFactory& f);
+  at::Tensor classify(const nn::EncoderInputs& in) override;
+  at::Tensor pooled(const nn::EncoderInputs& in);   // [B, C]: tanh(pooler(h[:, 0]))
+  int64_t num_labels() const override { return cfg_.num_labels; }
+  void init_weights() override;
+  const nn::HfNameMap& hf_names() const override;
+  nlohmann::json hf_config() const override { return to_hf_config(cfg_); }
+
+ private:
+  BertConfig cfg_;
+  std::shared_ptr<BertEncoder> bert;
+  std::shared_ptr<nn::Linear> pooler, classifier;
+};
+
+std::shared_ptr<nn::Model> build(const BertConfig& c, nn::LayerFactory& f);
+
+}  // namespace colossal::bert

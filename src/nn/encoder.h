@@ -1,0 +1,37 @@
+// Interfaces of encoder models (bidirectional attention over padded batches): a masked language
+// model (the masked_lm task drives it) and a sequence classifier. The masked-LM head runs on the
+// scored positions only, about 15% of the tokens, so no [B, T, V] logits are made in training.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include "src/nn/model.h"
+
+namespace colossal::nn {
+
+struct EncoderInputs {
+  at::Tensor ids;             // [B, T] int64
+  at::Tensor token_types;     // [B, T] int64 segment ids (undefined: all 0)
+  at::Tensor attention_mask;  // [B, T], nonzero on real tokens (undefined: no padding)
+};
+
+class MaskedLM : public Model {
+ public:
+  static constexpr const char* kWhat = "a masked language model (an encoder family with an mlm head)";
+  virtual at::Tensor encode(const EncoderInputs& in) = 0;        // [B, T, C] final hidden states
+  virtual at::Tensor mlm_logits(const at::Tensor& hidden) = 0;   // [N, C] -> [N, V]
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t context_length() const = 0;
+};
+
+class SequenceClassifier : public Model {
+ public:
+  static constexpr const char* kWhat = "a sequence classifier (an encoder family with a classifier head)";
+  virtual at::Tensor classify(const EncoderInputs& in) = 0;   // [B, num_labels] logits
+  virtual int64_t num_labels() const = 0;
+};
+
+// A bool mask [B, 1, 1, T] letting every query see the real keys of its sequence (undefined when
+// `attention_mask` is: every key is real).
+at::Tensor padding_mask(const at::Tensor& attention_mask);
+
+}  // namespace colossal::nn

@@ -1,0 +1,39 @@
+// Model: what the engine knows of every model, whatever its task. Checkpoint IO, data parallelism,
+// the optimizer and the trainer work on this; a task (src/tasks) reaches for the narrower interface it
+// drives (CausalLM, MaskedLM, Classifier), so the engine never names a family.
+#pragma once
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <torch/nn/module.h>
+
+#include "src/core/error.h"
+
+#include "src/nn/hf_names.h"
+
+namespace colossal::nn {
+
+class Model : public torch::nn::Module {
+ public:
+  virtual void init_weights() = 0;                       // draws from LibTorch's default generator
+  virtual const HfNameMap& hf_names() const = 0;
+  virtual nlohmann::json hf_config() const = 0;          // config.json as transformers writes it
+
+  int64_t parameter_count() const;
+  std::string model_type() const;   // config.json's model_type ("gpt2", "bert", ...)
+};
+
+// `model` as the interface T a task or tool drives (T::kWhat says what that is); an Error naming
+// `user` and the model's type if it is not one.
+template <class T>
+T& model_as(Model& model, const std::string& user) {
+  if (auto* t = dynamic_cast<T*>(&model)) return *t;
+  throw Error(user + " needs " + T::kWhat + "; this " + model.model_type() + " model is not one");
+}
+template <class T>
+std::shared_ptr<T> model_as(const std::shared_ptr<Model>& model, const std::string& user) {
+  (void)model_as<T>(*model, user);
+  return std::dynamic_pointer_cast<T>(model);
+}
+
+}  // namespace colossal::nn
