@@ -5,6 +5,7 @@
 #include "models/bloom/bloom.h"
 #include "models/gpt/gpt.h"
 #include "models/opt/opt.h"
+#include "models/vit/vit.h"
 #include "src/core/error.h"
 #include "src/core/text.h"
 
@@ -20,6 +21,8 @@ struct Family {
   int64_t (*count)(const ModelConfig&);
   std::vector<std::string> hf_model_types;
   std::string (*task)(const ModelConfig&);
+  // [model] as the family builds it, with the keys it derives filled in (ViT's sequence and no vocabulary).
+  ModelConfig (*canonical)(const ModelConfig&);
 };
 
 const std::vector<Family>& families() {
@@ -31,7 +34,8 @@ const std::vector<Family>& families() {
        [](const nlohmann::json& j, const std::string& path) { return gpt::to_model_config(gpt::from_hf_config(j, path)); },
        [](const ModelConfig& m) { return gpt::parameter_count(gpt::from_recipe(m)); },
        {"gpt2"},
-       causal_lm},
+       causal_lm,
+       [](const ModelConfig& m) { return gpt::to_model_config(gpt::from_recipe(m)); }},
       {"opt",
        [](const ModelConfig& m, nn::LayerFactory& f) -> std::shared_ptr<nn::Model> {
          return std::make_shared<opt::Opt>(opt::from_recipe(m), f);
@@ -39,7 +43,8 @@ const std::vector<Family>& families() {
        [](const nlohmann::json& j, const std::string& path) { return opt::to_model_config(opt::from_hf_config(j, path)); },
        [](const ModelConfig& m) { return opt::parameter_count(opt::from_recipe(m)); },
        {"opt"},
-       causal_lm},
+       causal_lm,
+       [](const ModelConfig& m) { return opt::to_model_config(opt::from_recipe(m)); }},
       {"bloom",
        [](const ModelConfig& m, nn::LayerFactory& f) -> std::shared_ptr<nn::Model> {
          return std::make_shared<bloom::Bloom>(bloom::from_recipe(m), f);
@@ -47,13 +52,24 @@ const std::vector<Family>& families() {
        [](const nlohmann::json& j, const std::string& path) { return bloom::to_model_config(bloom::from_hf_config(j, path)); },
        [](const ModelConfig& m) { return bloom::parameter_count(bloom::from_recipe(m)); },
        {"bloom"},
-       causal_lm},
+       causal_lm,
+       [](const ModelConfig& m) { return bloom::to_model_config(bloom::from_recipe(m)); }},
       {"bert",
        [](const ModelConfig& m, nn::LayerFactory& f) { return bert::build(bert::from_recipe(m), f); },
        [](const nlohmann::json& j, const std::string& path) { return bert::to_model_config(bert::from_hf_config(j, path)); },
        [](const ModelConfig& m) { return bert::parameter_count(bert::from_recipe(m)); },
        {"bert"},
-       [](const ModelConfig& m) -> std::string { return m.head == "classifier" ? "sequence_classification" : "masked_lm"; }},
+       [](const ModelConfig& m) -> std::string { return m.head == "classifier" ? "sequence_classification" : "masked_lm"; },
+       [](const ModelConfig& m) { return bert::to_model_config(bert::from_recipe(m)); }},
+      {"vit",
+       [](const ModelConfig& m, nn::LayerFactory& f) -> std::shared_ptr<nn::Model> {
+         return std::make_shared<vit::Vit>(vit::from_recipe(m), f);
+       },
+       [](const nlohmann::json& j, const std::string& path) { return vit::to_model_config(vit::from_hf_config(j, path)); },
+       [](const ModelConfig& m) { return vit::parameter_count(vit::from_recipe(m)); },
+       {"vit"},
+       [](const ModelConfig&) -> std::string { return "image_classification"; },
+       [](const ModelConfig& m) { return vit::to_model_config(vit::from_recipe(m)); }},
   };
   return table;
 }
@@ -129,6 +145,11 @@ ModelConfig model_config_from_hf(const nlohmann::json& config, const std::string
   throw Error(path + ": model_type \"" + type + "\" is not supported (valid: " + join(hf_model_types(), ", ") + ")");
 }
 
+int64_t tokens_per_sample(const Recipe& r) {
+  const int64_t context = family_of(r.model).canonical(r.model).block_size;
+  return std::min(r.train.seq_len > 0 ? r.train.seq_len : context, context);
+}
+
 MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters) {
   MemoryEstimate e;
   e.parameters = parameters;
@@ -138,10 +159,12 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters) {
   e.optimizer = 8 * p;
   // Activations kept for backward per layer, fp32, with fused attention (no T x T scores kept):
   // about 17 values of [B, T, C] per block (inputs of norms, qkv, attention output, MLP in/out
-  // with its 4x hidden) plus the logits [B, T, V] and their gradient.
-  const double b = static_cast<double>(r.train.batch_size), t = static_cast<double>(r.train.seq_len);
-  const double c = static_cast<double>(r.model.n_embd), v = static_cast<double>(r.model.vocab_size);
-  e.activations = 4 * (b * t * c * 17 * static_cast<double>(r.model.n_layer) + 2 * b * t * v);
+  // with its 4x hidden) plus the logits [B, T, V] and their gradient. T and V as the family builds
+  // the model (a ViT sees its patches and has no vocabulary).
+  const ModelConfig m = family_of(r.model).canonical(r.model);
+  const double b = static_cast<double>(r.train.batch_size), t = static_cast<double>(tokens_per_sample(r));
+  const double c = static_cast<double>(m.n_embd), v = static_cast<double>(m.vocab_size);
+  e.activations = 4 * (b * t * c * 17 * static_cast<double>(m.n_layer) + 2 * b * t * v);
   return e;
 }
 

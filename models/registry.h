@@ -24,6 +24,10 @@ ModelConfig model_config_from_hf(const nlohmann::json& config, const std::string
 std::vector<std::string> model_families();
 int64_t count_parameters(const ModelConfig& config);   // without allocating the model
 
+// Tokens one training sample puts through the blocks: the recipe's sequence, or what the family derives
+// (a ViT's patches and class token).
+int64_t tokens_per_sample(const Recipe& recipe);
+
 // Bytes of parameters, gradients and AdamW moments (fp32), plus a per-micro-batch activation estimate.
 struct MemoryEstimate {
   int64_t parameters = 0;

@@ -18,8 +18,6 @@ using test::fixture;
 
 namespace {
 
-nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(test::read_file(path)); }
-
 double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 std::shared_ptr<nn::Model> load(const std::string& dir) {
@@ -31,24 +29,6 @@ std::shared_ptr<nn::Model> load(const std::string& dir) {
 
 nn::EncoderInputs inputs_of(const SafetensorsFile& ref) {
   return {ref.at("input_ids", "ref"), ref.at("token_type_ids", "ref"), ref.at("attention_mask", "ref")};
-}
-
-// Every gradient of `model` under HF names against the fixture's "grad.*", all of them compared.
-void expect_gradients_match(nn::Model& model, const SafetensorsFile& ref) {
-  int compared = 0;
-  for (auto& item : model.named_parameters()) {
-    const at::Tensor g = item.value().grad();
-    ASSERT_TRUE(g.defined()) << item.key() << " has no gradient";
-    for (const auto& [name, piece] : hf_pieces(model.hf_names().to_hf(item.key()), g)) {
-      const auto& expected = ref.at("grad." + name, "ref");
-      ASSERT_EQ(piece.sizes(), expected.sizes()) << name;
-      EXPECT_LT(max_diff(piece, expected), 1e-4) << name;
-      ++compared;
-    }
-  }
-  size_t grads = 0;
-  for (const auto& [name, t] : ref.tensors) grads += name.rfind("grad.", 0) == 0;
-  EXPECT_EQ(compared + 0u, grads);
 }
 
 // The masked-LM loss as the masked_lm task computes it: the head on the scored positions only.
@@ -77,7 +57,7 @@ TEST(BertMaskedLM, LossAndEveryGradientMatchTransformers) {
   auto loss = mlm_loss(nn::model_as<nn::MaskedLM>(*model, "the test"), inputs_of(ref), ref.at("labels", "ref"));
   EXPECT_NEAR(loss.item<double>(), ref.at("loss", "ref").item<double>(), 1e-5);
   loss.backward();
-  expect_gradients_match(*model, ref);
+  test::expect_hf_gradients_match(*model, ref);
 }
 
 TEST(BertMaskedLM, PaddingChangesNothingForTheRealTokens) {
@@ -106,7 +86,7 @@ TEST(BertClassifier, PoolerLogitsLossAndEveryGradientMatchTransformers) {
   auto loss = at::cross_entropy_loss(m.classify(inputs_of(ref)), ref.at("labels", "ref"));
   EXPECT_NEAR(loss.item<double>(), ref.at("loss", "ref").item<double>(), 1e-5);
   loss.backward();
-  expect_gradients_match(*model, ref);
+  test::expect_hf_gradients_match(*model, ref);
 }
 
 class BertFixture : public ::testing::TestWithParam<std::string> {};
@@ -124,7 +104,7 @@ TEST_P(BertFixture, SavedStateHasTheFixturesNamesShapesAndBitsAndReloadsBitExact
   }
   // The config we write reads back as the same model, head and labels included.
   const auto written = model->hf_config();
-  const auto original = read_json(fixture(GetParam()) + "/config.json");
+  const auto original = test::read_json_file(fixture(GetParam()) + "/config.json");
   for (const char* key : {"architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                           "max_position_embeddings", "type_vocab_size", "vocab_size", "layer_norm_eps", "hidden_act", "pad_token_id"})
     EXPECT_EQ(written[key], original[key]) << key;
@@ -140,7 +120,7 @@ TEST_P(BertFixture, SavedStateHasTheFixturesNamesShapesAndBitsAndReloadsBitExact
 
 TEST_P(BertFixture, ParameterCountFromTheConfigEqualsTheModels) {
   auto model = load(fixture(GetParam()));
-  const auto config = read_json(fixture(GetParam()) + "/config.json");
+  const auto config = test::read_json_file(fixture(GetParam()) + "/config.json");
   const int64_t in_file = [&] {
     int64_t n = 0;
     for (const auto& [name, t] : load_safetensors(fixture(GetParam()) + "/model.safetensors").tensors) n += t.numel();
@@ -176,7 +156,7 @@ TEST(BertCheckpoints, APreTrainingCheckpointWithGammaBetaAndUnusedHeadsLoadsInto
   legacy.push_back({"bert.embeddings.position_ids", at::arange(64).unsqueeze(0)});
   test::TempDir tmp;
   save_safetensors(tmp / "model.safetensors", legacy);
-  auto config = read_json(fixture("bert-tiny") + "/config.json");
+  auto config = test::read_json_file(fixture("bert-tiny") + "/config.json");
   config["architectures"] = {"BertForPreTraining"};
   test::write_file(tmp / "config.json", config.dump());
   auto a = load(fixture("bert-tiny")), b = load(tmp.path());
@@ -186,7 +166,7 @@ TEST(BertCheckpoints, APreTrainingCheckpointWithGammaBetaAndUnusedHeadsLoadsInto
 }
 
 TEST(BertCheckpoints, UnsupportedConfigsAreRefusedNamingTheKey) {
-  auto config = read_json(fixture("bert-tiny") + "/config.json");
+  auto config = test::read_json_file(fixture("bert-tiny") + "/config.json");
   auto refused = [&](const char* key, const nlohmann::json& value) {
     auto c = config;
     c[key] = value;

@@ -17,6 +17,7 @@ using test::TempDir;
 
 namespace {
 
+
 // bert-tiny.toml at a test's size (one schedule whatever max_steps says), every output inside `dir/name`.
 std::string train_args(const TempDir& dir, const std::string& name, int steps) {
   return "train recipes/bert-tiny.toml --set train.max_steps=" + std::to_string(steps) +
@@ -24,8 +25,6 @@ std::string train_args(const TempDir& dir, const std::string& name, int steps) {
          " --set train.eval_every=3 --set checkpoint.every=3 --set model.n_embd=32 --set model.n_inner=64" +
          " --set output.dir=" + (dir / name) + " --set data.dataset=" + (dir / "data.h5") + " -q";
 }
-
-nlohmann::json json_file(const std::string& path) { return nlohmann::json::parse(read_file(path)); }
 
 }  // namespace
 
@@ -39,25 +38,25 @@ TEST(EndToEndBert, MaskedLmTrainsReportsAccuracyAndSavesABertDirectory) {
   for (double a : accuracy) EXPECT_TRUE(a >= 0 && a <= 1) << a;
   const auto losses = test::metric_values(dir / "run/metrics.jsonl", "eval_loss");
   EXPECT_LT(losses.back(), losses.front());   // six steps at lr 1e-3 already move a 4096-way MLM loss
-  const auto summary = json_file(dir / "run/summary.json");
+  const auto summary = test::read_json_file(dir / "run/summary.json");
   EXPECT_EQ(summary["task"], "masked_lm");
   EXPECT_EQ(summary["final_eval_accuracy"], accuracy.back());
 
   const std::string ckpt = dir / "run/checkpoints/step-000006";
-  const auto config = json_file(ckpt + "/config.json");
+  const auto config = test::read_json_file(ckpt + "/config.json");
   EXPECT_EQ(config["architectures"][0], "BertForMaskedLM");
   EXPECT_EQ(config["model_type"], "bert");
   EXPECT_EQ(read_file(ckpt + "/vocab.txt"), read_file(test::source_dir() + "/data/kjv/bert-wordpiece-4096/vocab.txt"));
-  EXPECT_EQ(json_file(ckpt + "/trainer_state.json")["eval_accuracy"], accuracy.back());
+  EXPECT_EQ(test::read_json_file(ckpt + "/trainer_state.json")["eval_accuracy"], accuracy.back());
 }
 
 TEST(EndToEndBert, AResumedRunMasksAndTrainsExactlyAsAnUninterruptedOne) {
   TempDir dir;
-  auto whole = run_colossal(train_args(dir, "whole", 6));
+  auto whole = run_colossal(train_args(dir, "whole", 6) + test::pinned_kernels());
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
-  auto first = run_colossal(train_args(dir, "split", 3));
+  auto first = run_colossal(train_args(dir, "split", 3) + test::pinned_kernels());
   ASSERT_EQ(first.exit_code, 0) << first.output;
-  auto rest = run_colossal(train_args(dir, "split", 6) + " --resume");
+  auto rest = run_colossal(train_args(dir, "split", 6) + test::pinned_kernels() + " --resume");
   ASSERT_EQ(rest.exit_code, 0) << rest.output;
   const auto a = test::metric_values(dir / "whole/metrics.jsonl", "loss");
   const auto b = test::metric_values(dir / "split/metrics.jsonl", "loss");

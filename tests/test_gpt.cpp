@@ -162,7 +162,7 @@ TEST(ModelRegistry, UnknownFamilyNamesTheRecipeKey) {
     build_model(r, f);
     FAIL();
   } catch (const RecipeError& e) {
-    EXPECT_EQ(std::string(e.what()), "r.toml:2: [model] family: = \"gtp\" is not a known model family (valid: gpt, opt, bloom, bert) (did you mean \"gpt\"?)");
+    EXPECT_EQ(std::string(e.what()), "r.toml:2: [model] family: = \"gtp\" is not a known model family (valid: gpt, opt, bloom, bert, vit) (did you mean \"gpt\"?)");
   }
 }
 

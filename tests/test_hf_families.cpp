@@ -7,11 +7,14 @@
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+
 #include "src/engine/checkpoint.h"
 #include "tests/support/test_support.h"
 
 using namespace colossal;
 using test::fixture;
+namespace fs = std::filesystem;
 constexpr auto load = test::load_model;
 
 namespace {
@@ -40,21 +43,7 @@ TEST_P(FamilyFixture, OneStepGradientsMatchTransformersUnderHfNames) {
   auto loss = model->loss(ids.narrow(1, 0, t - 1), ids.narrow(1, 1, t - 1));
   EXPECT_NEAR(loss.item<double>(), ref.at("loss", "ref").item<double>(), 1e-5);
   loss.backward();
-  int compared = 0;
-  for (auto& item : model->named_parameters()) {
-    const auto target = model->hf_names().to_hf(item.key());
-    const at::Tensor g = item.value().grad();
-    ASSERT_TRUE(g.defined()) << item.key() << " has no gradient";
-    for (const auto& [name, piece] : hf_pieces(target, g)) {   // HF's layout: parts, transposes, interleaves
-      const auto& expected = ref.at("grad." + name, "ref");
-      ASSERT_EQ(piece.sizes(), expected.sizes()) << name;
-      EXPECT_LT(max_diff(piece, expected), 1e-4) << name;
-      ++compared;
-    }
-  }
-  size_t grads = 0;
-  for (const auto& [name, t] : ref.tensors) grads += name.rfind("grad.", 0) == 0;
-  EXPECT_EQ(compared + 0u, grads);   // every HF parameter's gradient
+  test::expect_hf_gradients_match(*model, ref);
 }
 
 TEST_P(FamilyFixture, GreedyDecodingWithTheKvCacheMatchesTransformersGenerate) {
@@ -102,5 +91,61 @@ INSTANTIATE_TEST_SUITE_P(Tiny, FamilyFixture, ::testing::Values("opt-tiny", "opt
   return name;
 });
 
+// The loading errors every family gives the same way: a malformed config.json, a missing tensor, a
+// shape mismatch and a truncated weights file each name the file and the tensor.
+class FamilyErrors : public ::testing::TestWithParam<std::string> {
+ protected:
+  // A copy of the fixture to break; the error loading it.
+  std::string error_loading() {
+    return test::error_of([&] {
+      nn::LayerFactory f;
+      (void)load_pretrained(tmp.path(), f);
+    });
+  }
+  void SetUp() override {
+    for (const char* file : {"config.json", "model.safetensors"})
+      fs::copy_file(fixture(GetParam()) + "/" + file, tmp / file);
+    auto st = load_safetensors(fixture(GetParam()) + "/model.safetensors");
+    for (const auto& [n, t] : st.tensors) tensors.push_back({n, t});
+  }
+  test::TempDir tmp;
+  std::vector<NamedTensor> tensors;
+};
+
+TEST_P(FamilyErrors, MalformedConfigMissingOrMisshapenTensorAndTruncationAreNamed) {
+  const std::string weights = tmp / "model.safetensors";
+  const NamedTensor victim = tensors[tensors.size() / 2];
+  std::vector<NamedTensor> fewer;
+  for (const auto& t : tensors)
+    if (t.name != victim.name) fewer.push_back(t);
+  save_safetensors(weights, fewer);
+  std::string e = error_loading();
+  EXPECT_NE(e.find("tensor \"" + victim.name + "\" is missing"), std::string::npos) << e;
+
+  std::vector<NamedTensor> misshapen = tensors;
+  for (auto& t : misshapen)
+    if (t.name == victim.name) t.tensor = at::zeros({t.tensor.numel() + 1});
+  save_safetensors(weights, misshapen);
+  e = error_loading();
+  EXPECT_NE(e.find(weights + ": tensor \"" + victim.name + "\" has shape [" + std::to_string(victim.tensor.numel() + 1) + "]"),
+            std::string::npos) << e;
+
+  save_safetensors(weights, tensors);
+  fs::resize_file(weights, fs::file_size(weights) - 100);
+  e = error_loading();
+  EXPECT_NE(e.find(weights), std::string::npos) << e;
+
+  test::write_file(tmp / "config.json", "{\"model_type\": ");
+  e = error_loading();
+  EXPECT_NE(e.find(tmp / "config.json"), std::string::npos) << e;
+}
+
+INSTANTIATE_TEST_SUITE_P(Every, FamilyErrors, ::testing::Values("opt-tiny", "bloom-tiny", "bert-tiny", "bert-tiny-cls", "vit-tiny"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& ch : name)
+                             if (ch == '-') ch = '_';
+                           return name;
+                         });
 
 }  // namespace

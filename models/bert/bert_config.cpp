@@ -1,23 +1,13 @@
 // BERT configuration conversions: see bert_config.h.
 #include "models/bert/bert_config.h"
 
+#include "models/hf_activation.h"
 #include "src/core/error.h"
 #include "src/core/text.h"
 #include "src/io/hf_config.h"
 
 namespace colossal::bert {
 namespace {
-
-// HF's hidden_act names and ours.
-struct ActName {
-  const char* hf;
-  const char* ours;
-  nn::Act act;
-};
-constexpr ActName kActs[] = {{"gelu", "gelu", nn::Act::Gelu},
-                             {"relu", "relu", nn::Act::Relu},
-                             {"gelu_new", "gelu_tanh", nn::Act::GeluTanh},
-                             {"gelu_pytorch_tanh", "gelu_tanh", nn::Act::GeluTanh}};
 
 const char* architecture_of(Head head) { return head == Head::Classifier ? "BertForSequenceClassification" : "BertForMaskedLM"; }
 
@@ -32,9 +22,7 @@ BertConfig from_recipe(const ModelConfig& m) {
   c.dropout = m.dropout;
   c.attn_dropout = m.attn_dropout < 0 ? m.dropout : m.attn_dropout;
   c.layer_norm_eps = m.layer_norm_eps, c.init_std = m.init_std;
-  c.activation = "gelu";
-  for (const auto& a : kActs)
-    if (m.activation == a.ours) c.activation = a.hf;
+  c.activation = hf_activation_of_recipe(m.activation, "gelu");
   c.head = m.head == "classifier" ? Head::Classifier : Head::MaskedLM;
   c.num_labels = m.num_labels;
   // pre_norm is not read: BERT normalises after each residual add whatever the key says.
@@ -52,18 +40,13 @@ ModelConfig to_model_config(const BertConfig& c) {
   m.dropout = c.dropout, m.attn_dropout = c.attn_dropout;
   m.layer_norm_eps = c.layer_norm_eps, m.init_std = c.init_std;
   m.pre_norm = false;
-  for (const auto& a : kActs)
-    if (c.activation == a.hf) m.activation = a.ours;
+  m.activation = recipe_activation_of_hf(c.activation);
   m.head = c.head == Head::Classifier ? "classifier" : "mlm";
   m.num_labels = c.num_labels;
   return m;
 }
 
-nn::Act activation_of(const BertConfig& c) {
-  for (const auto& a : kActs)
-    if (c.activation == a.hf) return a.act;
-  throw Error("BERT: unknown activation \"" + c.activation + "\"");
-}
+nn::Act activation_of(const BertConfig& c) { return activation_of_hf(c.activation, "BERT"); }
 
 nlohmann::json to_hf_config(const BertConfig& c) {
   nlohmann::json j = {
@@ -88,14 +71,7 @@ nlohmann::json to_hf_config(const BertConfig& c) {
       {"torch_dtype", "float32"},
   };
   if (c.head == Head::Classifier) {
-    nlohmann::json id2label = c.id2label, label2id = nlohmann::json::object();
-    if (!id2label.is_object() || static_cast<int64_t>(id2label.size()) != c.num_labels) {
-      id2label = nlohmann::json::object();
-      for (int64_t i = 0; i < c.num_labels; ++i) id2label[std::to_string(i)] = "LABEL_" + std::to_string(i);
-    }
-    for (const auto& [id, label] : id2label.items()) label2id[label.get<std::string>()] = std::stoll(id);
-    j["id2label"] = id2label;
-    j["label2id"] = label2id;
+    write_labels(j, c.id2label, c.num_labels);
     j["problem_type"] = "single_label_classification";
   }
   return j;
@@ -115,7 +91,7 @@ BertConfig from_hf_config(const nlohmann::json& j, const std::string& path) {
   c.attn_dropout = r.real("attention_probs_dropout_prob", c.attn_dropout, 0.0, 1.0);
   c.layer_norm_eps = r.real("layer_norm_eps", c.layer_norm_eps, 0.0, 1.0, true);
   c.init_std = r.real("initializer_range", c.init_std, 0.0, 1.0, true);
-  c.activation = r.choice("hidden_act", "gelu", {"gelu", "relu", "gelu_new", "gelu_pytorch_tanh"});
+  c.activation = r.choice("hidden_act", "gelu", hf_activation_names());
   c.pad_token_id = r.index("pad_token_id", c.pad_token_id, c.vocab_size - 1);
   if (c.n_embd % c.n_head != 0)
     r.fail("num_attention_heads = " + std::to_string(c.n_head) + " does not divide hidden_size = " + std::to_string(c.n_embd));
@@ -126,12 +102,8 @@ BertConfig from_hf_config(const nlohmann::json& j, const std::string& path) {
                                           {"BertForMaskedLM", "BertForPreTraining", "BertForSequenceClassification"});
   if (arch == "BertForSequenceClassification") {
     c.head = Head::Classifier;
-    if (j.contains("id2label") && j["id2label"].is_object() && !j["id2label"].empty()) {
-      c.id2label = j["id2label"];
-      c.num_labels = static_cast<int64_t>(c.id2label.size());
-    } else {
-      c.num_labels = r.size("num_labels", c.num_labels, 1 << 20);
-    }
+    c.id2label = r.id2label();
+    c.num_labels = c.id2label.is_null() ? r.size("num_labels", c.num_labels, 1 << 20) : static_cast<int64_t>(c.id2label.size());
     r.fixed("problem_type", {"single_label_classification"}, "one label per sequence: \"single_label_classification\"");
   }
   return c;

@@ -1,6 +1,7 @@
 // OPT configuration conversions: see opt_config.h.
 #include "models/opt/opt_config.h"
 
+#include "models/hf_activation.h"
 #include "src/core/error.h"
 #include "src/core/text.h"
 #include "src/io/hf_config.h"
@@ -8,16 +9,6 @@
 namespace colossal::opt {
 namespace {
 
-// HF activation names and ours, both ways.
-struct ActName {
-  const char* hf;
-  const char* ours;
-  nn::Act act;
-};
-constexpr ActName kActs[] = {{"relu", "relu", nn::Act::Relu},
-                             {"gelu", "gelu", nn::Act::Gelu},
-                             {"gelu_new", "gelu_tanh", nn::Act::GeluTanh},
-                             {"gelu_pytorch_tanh", "gelu_tanh", nn::Act::GeluTanh}};
 
 }  // namespace
 
@@ -31,9 +22,7 @@ OptConfig from_recipe(const ModelConfig& m) {
   c.dropout = m.dropout;
   c.attn_dropout = m.attn_dropout < 0 ? m.dropout : m.attn_dropout;
   c.bias = m.bias, c.init_std = m.init_std;
-  c.activation = "relu";
-  for (const auto& a : kActs)
-    if (m.activation == a.ours) c.activation = a.hf;
+  c.activation = hf_activation_of_recipe(m.activation, "relu");
   if (m.layer_norm_eps != 1e-5)
     throw ModelKeyError("layer_norm_eps", "= " + format_number(m.layer_norm_eps) + ": OPT's LayerNorms use 1e-5 (valid: 1e-5)");
   return c;
@@ -49,16 +38,11 @@ ModelConfig to_model_config(const OptConfig& c) {
   m.pre_norm = c.pre_norm;
   m.dropout = c.dropout, m.attn_dropout = c.attn_dropout;
   m.bias = c.bias, m.init_std = c.init_std;
-  for (const auto& a : kActs)
-    if (c.activation == a.hf) m.activation = a.ours;
+  m.activation = recipe_activation_of_hf(c.activation);
   return m;
 }
 
-nn::Act activation_of(const OptConfig& c) {
-  for (const auto& a : kActs)
-    if (c.activation == a.hf) return a.act;
-  throw Error("OPT: unknown activation \"" + c.activation + "\"");
-}
+nn::Act activation_of(const OptConfig& c) { return activation_of_hf(c.activation, "OPT"); }
 
 nlohmann::json to_hf_config(const OptConfig& c) {
   return {
@@ -104,7 +88,7 @@ OptConfig from_hf_config(const nlohmann::json& j, const std::string& path) {
   c.attn_dropout = r.real("attention_dropout", c.attn_dropout, 0.0, 1.0);
   c.bias = r.flag("enable_bias", true);
   c.init_std = r.real("init_std", c.init_std, 0.0, 1.0, true);
-  c.activation = r.choice("activation_function", "relu", {"relu", "gelu", "gelu_new", "gelu_pytorch_tanh"});
+  c.activation = r.choice("activation_function", "relu", hf_activation_names());
   for (auto [key, out] : {std::pair{"bos_token_id", &c.bos_token_id}, {"eos_token_id", &c.eos_token_id}, {"pad_token_id", &c.pad_token_id}})
     *out = r.index(key, *out, c.vocab_size - 1);
   if (c.n_embd % c.n_head != 0)

@@ -175,6 +175,9 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   mc.head = m.string("head", mc.head, {"auto", "mlm", "classifier"});
   mc.num_labels = m.integer("num_labels", mc.num_labels, 1, 1 << 20);
   mc.type_vocab_size = m.integer("type_vocab_size", mc.type_vocab_size, 1, 1 << 10);
+  mc.image_size = m.integer("image_size", mc.image_size, 1, 1 << 14);
+  mc.patch_size = m.integer("patch_size", mc.patch_size, 1, 1 << 14);
+  mc.channels = m.integer("channels", mc.channels, 1, 64);
   if (mc.n_embd % mc.n_head != 0)
     m.fail("n_head", "= " + std::to_string(mc.n_head) + " does not divide n_embd = " + std::to_string(mc.n_embd) +
                          " (try " + divisors_near(mc.n_embd, mc.n_head) + ")");
@@ -301,7 +304,8 @@ std::string Recipe::to_toml() const {
                             {"n_inner", model.n_inner}, {"activation", model.activation},
                             {"pre_norm", model.pre_norm}, {"embed_dim", model.embed_dim},
                             {"head", model.head}, {"num_labels", model.num_labels},
-                            {"type_vocab_size", model.type_vocab_size}}},
+                            {"type_vocab_size", model.type_vocab_size}, {"image_size", model.image_size},
+                            {"patch_size", model.patch_size}, {"channels", model.channels}}},
       {"data", toml::table{{"text", data.text}, {"tokenizer", data.tokenizer}, {"dataset", data.dataset},
                            {"tokenizer_vocab", data.tokenizer_vocab}, {"val_fraction", data.val_fraction},
                            {"prefetch", data.prefetch}}},

@@ -33,6 +33,9 @@ struct ModelConfig {                 // [model]
   std::string head = "auto";         // auto (the family's own) | mlm | classifier (encoder families)
   int64_t num_labels = 2;            // classes of a classifier head
   int64_t type_vocab_size = 2;       // segment (token type) embeddings of encoder families
+  int64_t image_size = 224;          // vision families: square input images of this side
+  int64_t patch_size = 16;           //   cut into patches of this side
+  int64_t channels = 3;              //   with this many channels
 };
 
 struct DataConfig {                  // [data]

@@ -300,9 +300,7 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
   const fs::path d(dir);
   info.config = read_json((d / "config.json").string());
   info.model = model_config_from_hf(info.config, (d / "config.json").string());
-  info.tokenizer_files = Tokenizer::read_files(dir);
-  if (info.tokenizer_files.empty())
-    throw Error("checkpoint " + dir + ": no tokenizer files (expected tokenizer.model, tokenizer.json, vocab.json + merges.txt or vocab.txt)");
+  info.tokenizer_files = Tokenizer::read_files(dir);   // none for models without text (ViT)
   if (fs::is_regular_file(d / "trainer_state.json")) {
     const std::string path = (d / "trainer_state.json").string();
     info.state = parse_trainer_state(read_json(path), path);

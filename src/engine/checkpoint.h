@@ -66,7 +66,7 @@ struct CheckpointInfo {
   std::string dir;
   nlohmann::json config;         // config.json
   ModelConfig model;             // decoded from config.json
-  TokenizerFiles tokenizer_files;   // the directory's tokenizer files (Tokenizer::from_files reads them)
+  TokenizerFiles tokenizer_files;   // the directory's tokenizer files (Tokenizer::from_files reads them; empty: none)
   TrainerState state;
   bool has_state = false;        // trainer_state.json was there (resume requires it)
 };

@@ -143,8 +143,10 @@ void resume(TrainPlan& p) {
     throw Error("checkpoint " + from + ": trainer_state.json is missing, so the step, data position and schedule "
                 "cannot be resumed (to start a new run from these weights use `colossal finetune`)");
   const ModelConfig& m = r.model;
-  if (info.model.n_layer != m.n_layer || info.model.n_head != m.n_head || info.model.n_embd != m.n_embd ||
-      info.model.vocab_size != m.vocab_size || info.model.block_size != m.block_size)
+  // Sizes and the parameter count, through the family's own reading of both (a family may derive
+  // [model] keys it does not take from the recipe, as ViT's sequence length from its patches).
+  if (info.model.family != m.family || info.model.n_layer != m.n_layer || info.model.n_head != m.n_head ||
+      info.model.n_embd != m.n_embd || count_parameters(info.model) != p.model->parameter_count())
     throw Error("checkpoint " + from + " holds a different model than the recipe (resume needs the same [model])");
   if (info.tokenizer_files != p.task->tokenizer_files())
     throw Error("checkpoint " + from + " was trained with a different tokenizer than " + p.tokenizer_path);

@@ -93,8 +93,8 @@ void print_dry_run(const Recipe& r, const c10::Device& device, int64_t launch_wo
               mesh.describe().c_str(), r.parallel.backend.c_str());
   const int64_t dp = mesh.of(dist::Dim::dp);
   std::printf("tokens/step: %lld (batch %lld x seq %lld x accum %lld x data-parallel %lld)\n",
-              static_cast<long long>(r.train.batch_size * r.train.seq_len * r.train.grad_accum * dp),
-              static_cast<long long>(r.train.batch_size), static_cast<long long>(r.train.seq_len),
+              static_cast<long long>(r.train.batch_size * tokens_per_sample(r) * r.train.grad_accum * dp),
+              static_cast<long long>(r.train.batch_size), static_cast<long long>(tokens_per_sample(r)),
               static_cast<long long>(r.train.grad_accum), static_cast<long long>(dp));
   std::printf("memory estimate (fp32, AdamW):\n");
   std::printf("  weights     %s\n  gradients   %s\n  optimizer   %s\n  activations %s (one micro-batch)\n  total       %s\n",

@@ -75,6 +75,27 @@ std::string HfConfigReader::first_choice(const char* key, const std::string& fal
   fail("\"" + std::string(key) + "\" = " + v.dump() + " is not supported (valid: " + join(choices, ", ") + ")");
 }
 
+nlohmann::json HfConfigReader::id2label() const {
+  if (!present("id2label")) return nullptr;
+  const auto& m = j_["id2label"];
+  if (!m.is_object()) fail("\"id2label\" = " + m.dump() + " (expected an object of class indices to names)");
+  for (const auto& [id, label] : m.items())
+    if (!label.is_string() || id.empty() || id.size() > 9 || id.find_first_not_of("0123456789") != std::string::npos)
+      fail("\"id2label\" maps \"" + id + "\" to " + label.dump() + " (expected class indices to names)");
+  return m.empty() ? nlohmann::json() : m;
+}
+
+void write_labels(nlohmann::json& config, const nlohmann::json& id2label, int64_t num_labels) {
+  nlohmann::json ids = id2label, names = nlohmann::json::object();
+  if (!ids.is_object() || static_cast<int64_t>(ids.size()) != num_labels) {
+    ids = nlohmann::json::object();
+    for (int64_t i = 0; i < num_labels; ++i) ids[std::to_string(i)] = "LABEL_" + std::to_string(i);
+  }
+  for (const auto& [id, label] : ids.items()) names[label.get<std::string>()] = std::stoll(id);
+  config["id2label"] = ids;
+  config["label2id"] = names;
+}
+
 void HfConfigReader::fixed(const char* key, const std::vector<nlohmann::json>& accepted, const std::string& supported) const {
   if (!present(key)) return;
   for (const auto& a : accepted)

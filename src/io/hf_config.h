@@ -29,6 +29,8 @@ class HfConfigReader {
   std::string choice(const char* key, const std::string& fallback, const std::vector<std::string>& choices) const;
   // A list whose first name is one of `choices` (HF's "architectures"), optional.
   std::string first_choice(const char* key, const std::string& fallback, const std::vector<std::string>& choices) const;
+  // "id2label" (class index -> name: decimal keys, string values), null when absent or empty.
+  nlohmann::json id2label() const;
   // A field this model has one setting of: absent, null, or one of `accepted`; anything else is
   // refused, since building the model without it would silently compute something else.
   void fixed(const char* key, const std::vector<nlohmann::json>& accepted, const std::string& supported) const;
@@ -38,5 +40,9 @@ class HfConfigReader {
   const nlohmann::json& j_;
   std::string path_, label_;
 };
+
+// Writes "id2label" and "label2id" for `num_labels` classes into `config`: `id2label`'s names when it
+// holds that many, else transformers' LABEL_i.
+void write_labels(nlohmann::json& config, const nlohmann::json& id2label, int64_t num_labels);
 
 }  // namespace colossal

@@ -1,5 +1,5 @@
-// Interfaces of encoder models (bidirectional attention over padded batches): a masked language
-// model (the masked_lm task drives it) and a sequence classifier. The masked-LM head runs on the
+// Interfaces of encoder models (bidirectional attention): a masked language model (the masked_lm
+// task drives it), a sequence classifier, and an image classifier (image_classification). The masked-LM head runs on the
 // scored positions only, about 15% of the tokens, so no [B, T, V] logits are made in training.
 #pragma once
 #include <ATen/core/Tensor.h>
@@ -28,6 +28,16 @@ class SequenceClassifier : public Model {
   static constexpr const char* kWhat = "a sequence classifier (an encoder family with a classifier head)";
   virtual at::Tensor classify(const EncoderInputs& in) = 0;   // [B, num_labels] logits
   virtual int64_t num_labels() const = 0;
+};
+
+class ImageClassifier : public Model {
+ public:
+  static constexpr const char* kWhat = "an image classifier (a vision family such as vit)";
+  virtual at::Tensor classify_images(const at::Tensor& images) = 0;   // [B, channels, H, W] float -> [B, labels]
+  virtual int64_t num_labels() const = 0;
+  virtual int64_t image_size() const = 0;   // H = W the model was built for
+  virtual int64_t channels() const = 0;
+  virtual int64_t tokens_per_image() const = 0;   // patches (and class token): the throughput unit
 };
 
 // A bool mask [B, 1, 1, T] letting every query see the real keys of its sequence (undefined when

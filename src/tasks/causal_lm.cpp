@@ -40,12 +40,7 @@ class CausalLmTask final : public Task {
   TokenizerFiles tokenizer_files() const override { return text_.tokenizer().files(); }
   void check_model(nn::Model& model) const override { (void)nn::model_as<nn::CausalLM>(model, "the causal_lm task"); }
 
-  void start(int64_t samples_seen) override {
-    const Recipe& r = text_.data().recipe;
-    LoaderConfig lc{r.train.batch_size, r.train.seq_len, static_cast<uint64_t>(r.train.seed), text_.data().dp_rank,
-                    text_.data().dp_size, r.data.prefetch};
-    loader_ = std::make_unique<WindowLoader>(text_.train_tokens(), lc, samples_seen);
-  }
+  void start(int64_t samples_seen) override { loader_ = text_.loader(text_.data().recipe.train.seq_len, samples_seen); }
   Batch next() override { return next_token_batch(loader_->next()); }
   int64_t position() const override { return loader_->position(); }
   int64_t tokens_per_sample() const override { return text_.data().recipe.train.seq_len; }

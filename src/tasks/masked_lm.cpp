@@ -45,13 +45,8 @@ class MaskedLmTask final : public Task {
   TokenizerFiles tokenizer_files() const override { return text_.tokenizer().files(); }
   void check_model(nn::Model& model) const override { (void)masked_lm(model); }
 
-  void start(int64_t samples_seen) override {
-    const Recipe& r = text_.data().recipe;
-    // The loader cuts windows of seq_len + 1 tokens: ask for the text of one sequence less the wrap.
-    LoaderConfig lc{r.train.batch_size, window_tokens() - 1, static_cast<uint64_t>(r.train.seed), text_.data().dp_rank,
-                    text_.data().dp_size, r.data.prefetch};
-    loader_ = std::make_unique<WindowLoader>(text_.train_tokens(), lc, samples_seen);
-  }
+  // The loader cuts windows of length + 1 tokens: ask for the text of one sequence less the wrap.
+  void start(int64_t samples_seen) override { loader_ = text_.loader(window_tokens() - 1, samples_seen); }
   Batch next() override {
     // The masks of a batch follow from where it starts in the global sample stream and the rank, so
     // a resumed run or another data-parallel size masks every sample as an uninterrupted run does.

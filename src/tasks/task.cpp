@@ -4,6 +4,7 @@
 #include "src/core/error.h"
 #include "src/core/text.h"
 #include "src/tasks/causal_lm.h"
+#include "src/tasks/image_classification.h"
 #include "src/tasks/masked_lm.h"
 
 namespace colossal {
@@ -18,6 +19,7 @@ const std::vector<TaskEntry>& tasks() {
   static const std::vector<TaskEntry> table = {
       {"causal_lm", make_causal_lm_task},
       {"masked_lm", make_masked_lm_task},
+      {"image_classification", make_image_classification_task},
   };
   return table;
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "src/data/loader.h"
 #include "src/data/tokenizer.h"
 #include "src/tasks/task.h"
 
@@ -24,6 +25,8 @@ class TextData {
   const std::shared_ptr<const std::vector<int32_t>>& train_tokens() const { return train_; }
   const std::vector<int32_t>& val_tokens() const { return val_; }
   std::string describe() const;   // "12.3M train tokens, 40k held out"
+  // This rank's loader of windows of `length` + 1 tokens from global sample `samples_seen` on.
+  std::unique_ptr<WindowLoader> loader(int64_t length, int64_t samples_seen) const;
   void warn_if_no_eval(bool none) const;
 
  private:

@@ -132,6 +132,29 @@ std::shared_ptr<nn::CausalLM> load_model(const std::string& dir) {
   return m;
 }
 
+nlohmann::json read_json_file(const std::string& path) { return nlohmann::json::parse(read_file(path)); }
+
+void expect_hf_gradients_match(nn::Model& model, const SafetensorsFile& ref, double tolerance) {
+  size_t compared = 0, grads = 0;
+  for (auto& item : model.named_parameters()) {
+    const at::Tensor g = item.value().grad();
+    ASSERT_TRUE(g.defined()) << item.key() << " has no gradient";
+    for (const auto& [name, piece] : hf_pieces(model.hf_names().to_hf(item.key()), g)) {   // parts, transposes, interleaves
+      const auto& expected = ref.at("grad." + name, "ref");
+      ASSERT_EQ(piece.sizes(), expected.sizes()) << name;
+      EXPECT_LT((piece - expected).abs().max().item<double>(), tolerance) << name;
+      ++compared;
+    }
+  }
+  for (const auto& [name, t] : ref.tensors) grads += name.rfind("grad.", 0) == 0;
+  EXPECT_EQ(compared, grads);   // every HF parameter's gradient
+}
+
+std::string pinned_kernels() {
+  return " --set kernels.attention=fused --set kernels.gelu=fused --set kernels.gemv=fused --set kernels.layer_norm=fused"
+         " --set kernels.gemm=fused";
+}
+
 void expect_one_line_error(const Run& r, const std::string& fragment) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   std::string last = r.output;

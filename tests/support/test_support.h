@@ -6,7 +6,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "src/core/recipe.h"
+#include "src/io/safetensors.h"
 #include "src/nn/causal_lm.h"
 
 namespace colossal::test {
@@ -44,6 +47,15 @@ std::shared_ptr<nn::CausalLM> load_model(const std::string& dir);
 std::string binary_path();                      // the colossal binary under test
 void write_file(const std::string& path, const std::string& content);
 std::string read_file(const std::string& path);
+nlohmann::json read_json_file(const std::string& path);
+
+// Every gradient of `model`, laid out under HF names, against the reference's "grad.<name>" tensors
+// within `tolerance`, and every one of those compared.
+void expect_hf_gradients_match(nn::Model& model, const SafetensorsFile& ref, double tolerance = 1e-4);
+
+// --set flags pinning every CPU kernel choice: kernels chosen by timing may differ between two
+// processes on a busy machine (in the last bits), so runs compared bit for bit pin them.
+std::string pinned_kernels();
 
 // Values of `key` in a run's metrics.jsonl, in order (event records such as start/end skipped).
 std::vector<double> metric_values(const std::string& metrics_path, const std::string& key);

@@ -1,0 +1,59 @@
+// ViT model: see vit.h.
+#include "models/vit/vit.h"
+
+#include <ATen/ATen.h>
+
+#include "src/nn/causal_lm.h"
+
+namespace colossal::vit {
+
+Vit::Vit(const VitConfig& c, nn::LayerFactory& f) : cfg_(c) {
+  const int64_t e = c.n_embd;
+  patch = register_module("patch", std::make_shared<nn::PatchEmbedding>(c.channels, e, c.patch_size));
+  cls_token = register_parameter("cls_token", at::zeros({1, 1, e}));
+  position_embeddings = register_parameter("position_embeddings", at::zeros({1, c.patches() + 1, e}));
+  const nn::BlockSpec spec{
+      .attn = {.width = e, .heads = c.n_head, .causal = false, .bias = true, .dropout = c.dropout, .attn_dropout = c.attn_dropout},
+      .mlp = {.width = e, .hidden = c.intermediate, .act = activation_of(c), .bias = true, .dropout = c.dropout},
+      .norm_eps = c.layer_norm_eps,
+      .pre_norm = true};
+  blocks_ = nn::add_blocks(*this, spec, c.n_layer, f);
+  ln_f = register_module("ln_f", f.layer_norm(e, c.layer_norm_eps));
+  classifier = register_module("classifier", f.linear({.in = e, .out = c.num_labels}));
+  init_weights();
+}
+
+void Vit::init_weights() { nn::init_normal_weights(*this, cfg_.init_std); }
+
+at::Tensor Vit::features(const at::Tensor& images) {
+  TORCH_CHECK(images.dim() == 4 && images.size(1) == cfg_.channels && images.size(2) == cfg_.image_size &&
+                  images.size(3) == cfg_.image_size,
+              "ViT expects images [B, ", cfg_.channels, ", ", cfg_.image_size, ", ", cfg_.image_size, "], got ", images.sizes());
+  auto x = patch->forward(images);                                                    // [B, N, C]
+  x = at::cat({cls_token.expand({x.size(0), 1, x.size(2)}), x}, 1) + position_embeddings;   // [B, N + 1, C]
+  if (is_training() && cfg_.dropout > 0) x = at::dropout(x, cfg_.dropout, true);
+  return ln_f->forward(nn::run_blocks(blocks_, x, {}));
+}
+
+at::Tensor Vit::classify_images(const at::Tensor& images) { return classifier->forward(features(images).select(1, 0)); }
+
+const nn::HfNameMap& Vit::hf_names() const {
+  static const nn::HfNameMap map(
+      {
+          {"patch", "vit.embeddings.patch_embeddings.projection"},
+          {"cls_token", "vit.embeddings.cls_token"},
+          {"position_embeddings", "vit.embeddings.position_embeddings"},
+          {"blocks.*.ln_1", "vit.encoder.layer.*.layernorm_before"},
+          {"blocks.*.attn.qkv", "vit.encoder.layer.*.attention.attention", false, {"query", "key", "value"}},
+          {"blocks.*.attn.proj", "vit.encoder.layer.*.attention.output.dense"},
+          {"blocks.*.ln_2", "vit.encoder.layer.*.layernorm_after"},
+          {"blocks.*.mlp.fc", "vit.encoder.layer.*.intermediate.dense"},
+          {"blocks.*.mlp.proj", "vit.encoder.layer.*.output.dense"},
+          {"ln_f", "vit.layernorm"},
+          {"classifier", "classifier"},
+      },
+      {"vit.pooler.dense.weight", "vit.pooler.dense.bias"}, "vit.");   // ViTModel checkpoints carry a pooler
+  return map;
+}
+
+}  // namespace colossal::vit

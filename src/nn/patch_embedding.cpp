@@ -1,0 +1,18 @@
+// Patch embedding: see patch_embedding.h.
+#include "src/nn/patch_embedding.h"
+
+#include <ATen/ATen.h>
+
+namespace colossal::nn {
+
+PatchEmbedding::PatchEmbedding(int64_t channels, int64_t width, int64_t patch) : patch_(patch) {
+  weight = register_parameter("weight", at::empty({width, channels, patch, patch}));
+  bias = register_parameter("bias", at::zeros({width}));
+}
+
+at::Tensor PatchEmbedding::forward(const at::Tensor& images) {
+  auto x = at::conv2d(images, weight, bias, {patch_, patch_});   // [B, C, H/p, W/p]
+  return x.flatten(2).transpose(1, 2);                           // [B, N, C]
+}
+
+}  // namespace colossal::nn

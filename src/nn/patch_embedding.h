@@ -1,0 +1,21 @@
+// PatchEmbedding: ViT's image tokenizer, a Conv2d whose kernel and stride are the patch size, so
+// each non-overlapping p x p patch becomes one C-wide token. Parameters "weight" [C, channels, p, p]
+// and "bias" [C], as torch's Conv2d names them (checkpoints map onto HF's projection unchanged).
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+namespace colossal::nn {
+
+class PatchEmbedding : public torch::nn::Module {
+ public:
+  PatchEmbedding(int64_t channels, int64_t width, int64_t patch);
+  at::Tensor forward(const at::Tensor& images);   // [B, channels, H, W] -> [B, (H/p)(W/p), C]
+
+  at::Tensor weight, bias;
+
+ private:
+  int64_t patch_;
+};
+
+}  // namespace colossal::nn
