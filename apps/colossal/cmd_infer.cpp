@@ -75,6 +75,9 @@ void run(InferArgs& a) {
 
   const std::string dir = resolve_checkpoint(a.checkpoint);
   auto info = read_checkpoint_info(dir);
+  if (const std::string task = model_task(info.model); task != "causal_lm")   // before reading anything large
+    throw Error("colossal infer (text generation) needs a causal language model; " + dir + " holds a " + info.model.family +
+                " model trained for " + task);
   auto tokenizer = Tokenizer::from_files(info.tokenizer_files, dir);
   if (tokenizer.vocab_size() > info.model.vocab_size)
     throw Error("checkpoint " + dir + ": tokenizer has " + std::to_string(tokenizer.vocab_size()) +
