@@ -81,13 +81,14 @@ class Images:
         self.batch, self.gen, self.position, self.order = batch, torch.Generator().manual_seed(seed), 0, None
 
     def next(self):
-        n, picks = self.images.shape[0], []
-        while len(picks) < self.batch:
+        n, picks, picked = self.images.shape[0], [], 0
+        while picked < self.batch:                            # a batch may span the end of an epoch
             if self.position % n == 0:
                 self.order = torch.randperm(n, generator=self.gen)
-            take = min(self.batch - len(picks), n - self.position % n)
+            take = min(self.batch - picked, n - self.position % n)
             picks.append(self.order[self.position % n:self.position % n + take])
             self.position += take
+            picked += take
         index = torch.cat(picks)
         x = self.images.index_select(0, index).float().div_(255.0).sub_(self.mean).div_(self.std)  # [B, ch, H, W]
         return x, self.labels.index_select(0, index)
