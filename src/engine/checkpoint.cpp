@@ -190,7 +190,7 @@ void load_model_state(nn::Model& model, const HfWeights& weights) {
     for (size_t i = 0; i < target.names.size(); ++i) {
       auto it = stored.find(target.names[i]);
       if (it == stored.end()) throw Error("checkpoint " + weights.describe() + ": tensor \"" + target.names[i] + "\" is missing");
-      const at::Tensor& t = weights.get(it->second);
+      const at::Tensor t = weights.get(it->second);   // read now, released after the copy
       at::Tensor dst = part_of(param, i, target.names.size());
       if (t.sizes() != hf_shape(dst, target))
         throw Error("checkpoint " + weights.file_of(it->second) + ": tensor \"" + it->second + "\" has shape " +

@@ -15,10 +15,7 @@ namespace fs = std::filesystem;
 namespace colossal {
 namespace {
 
-std::vector<NamedTensor> load_weight_file(const std::string& path) {
-  if (path.size() > 4 && path.substr(path.size() - 4) == ".bin") return load_torch_state_dict(path);
-  return load_safetensors(path).tensors;
-}
+bool is_bin(const std::string& path) { return path.size() > 4 && path.substr(path.size() - 4) == ".bin"; }
 
 // The shard files an index names, in first-mention order; each must sit beside the index.
 std::vector<std::string> shard_files(const std::string& index_path, std::map<std::string, std::string>& owner) {
@@ -62,9 +59,20 @@ std::vector<NamedTensor> load_torch_state_dict(const std::string& path) {
 }
 
 void HfWeights::add(const std::string& name, at::Tensor t, const std::string& file) {
-  auto [it, fresh] = tensors_.emplace(name, Entry{std::move(t), file});
+  auto [it, fresh] = tensors_.emplace(name, Entry{std::move(t), file, nullptr, 0});
   if (!fresh) throw Error("weights " + file + ": tensor \"" + name + "\" is also in " + it->second.file);
   order_.push_back(name);
+}
+
+void HfWeights::add_safetensors(const std::string& path, const std::function<void(const std::string&)>& check) {
+  auto header = std::make_shared<const SafetensorsHeader>(read_safetensors_header(path));
+  for (size_t i = 0; i < header->entries.size(); ++i) {
+    const std::string& name = header->entries[i].name;
+    if (check) check(name);
+    add(name, {}, path);
+    tensors_[name].header = header;
+    tensors_[name].index = i;
+  }
 }
 
 HfWeights HfWeights::from_file(SafetensorsFile file, const std::string& path) {
@@ -81,7 +89,10 @@ HfWeights HfWeights::open(const std::string& dir) {
     const std::string path = (d / single).string();
     if (!fs::is_regular_file(path)) continue;
     w.description_ = path;
-    for (auto& [name, t] : load_weight_file(path)) w.add(name, std::move(t), path);
+    if (is_bin(path))
+      for (auto& [name, t] : load_torch_state_dict(path)) w.add(name, std::move(t), path);
+    else
+      w.add_safetensors(path);
     return w;
   }
   for (const char* index : {"model.safetensors.index.json", "pytorch_model.bin.index.json"}) {
@@ -93,11 +104,18 @@ HfWeights HfWeights::open(const std::string& dir) {
     for (const auto& f : files) {
       const std::string shard = (d / f).string();
       if (!fs::is_regular_file(shard)) throw Error("weights index " + path + ": shard " + f + " is missing");
-      for (auto& [name, t] : load_weight_file(shard)) {
+      auto listed = [&](const std::string& name) {
         auto it = owner.find(name);
         if (it == owner.end() || it->second != f)
           throw Error("weights " + shard + ": tensor \"" + name + "\" is not listed for this shard in " + path);
-        w.add(name, std::move(t), shard);
+      };
+      if (is_bin(shard)) {
+        for (auto& [name, t] : load_torch_state_dict(shard)) {
+          listed(name);
+          w.add(name, std::move(t), shard);
+        }
+      } else {
+        w.add_safetensors(shard, listed);
       }
     }
     for (const auto& [name, f] : owner)
@@ -110,10 +128,11 @@ HfWeights HfWeights::open(const std::string& dir) {
 
 bool HfWeights::contains(const std::string& name) const { return tensors_.count(name) > 0; }
 
-const at::Tensor& HfWeights::get(const std::string& name) const {
+at::Tensor HfWeights::get(const std::string& name) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) throw Error("weights " + description_ + ": tensor \"" + name + "\" is missing");
-  return it->second.tensor;
+  const Entry& e = it->second;
+  return e.header ? read_safetensors_tensor(*e.header, e.header->entries[e.index]) : e.tensor;
 }
 
 const std::string& HfWeights::file_of(const std::string& name) const {

@@ -4,7 +4,9 @@
 // remembers the file it came from, so errors name the file and the tensor.
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,15 +23,21 @@ class HfWeights {
 
   const std::vector<std::string>& names() const { return order_; }   // in file order, shard by shard
   bool contains(const std::string& name) const;
-  const at::Tensor& get(const std::string& name) const;   // Error naming the files when missing
+  // The tensor, read from its file now when it is in a safetensors file (the caller copies it into
+  // place and lets it go, so loading never holds a second copy of the model); Error naming the files
+  // when missing.
+  at::Tensor get(const std::string& name) const;
   const std::string& file_of(const std::string& name) const;
   const std::string& describe() const { return description_; }   // "<dir>/model.safetensors" or "<index> (3 shards)"
 
  private:
   void add(const std::string& name, at::Tensor t, const std::string& file);
+  void add_safetensors(const std::string& path, const std::function<void(const std::string&)>& check = {});
   struct Entry {
-    at::Tensor tensor;
+    at::Tensor tensor;   // held (pytorch_model.bin, from_file), or undefined: read from `header`
     std::string file;
+    std::shared_ptr<const SafetensorsHeader> header;
+    size_t index = 0;
   };
   std::map<std::string, Entry> tensors_;
   std::vector<std::string> order_;

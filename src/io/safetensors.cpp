@@ -67,7 +67,7 @@ void save_safetensors(const std::string& path, const std::vector<NamedTensor>& t
   if (!out) throw Error("cannot write " + path + ": " + std::strerror(errno) + " (disk full?)");
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
+SafetensorsHeader read_safetensors_header(const std::string& path) {
   auto fail = [&](const std::string& why) -> Error { return Error("checkpoint " + path + ": " + why); };
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) throw fail("no such file");
@@ -88,7 +88,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
   if (!header.is_object()) throw fail("header is not a JSON object");
 
   const uint64_t data_start = 8 + header_len, data_size = file_size - data_start;
-  SafetensorsFile result;
+  SafetensorsHeader result;
+  result.path = path;
   struct Entry { std::string name; at::ScalarType type; std::vector<int64_t> shape; uint64_t begin, end; };
   std::vector<Entry> entries;
   try {
@@ -147,15 +148,28 @@ SafetensorsFile load_safetensors(const std::string& path) {
   for (size_t i = 1; i < entries.size(); ++i)
     if (entries[i].begin < entries[i - 1].end)
       throw fail("tensors \"" + entries[i - 1].name + "\" and \"" + entries[i].name + "\" overlap");
-  for (auto& e : entries) {
-    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
-    in.seekg(static_cast<std::streamoff>(data_start + e.begin));
-    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
-    if (!in) throw fail("could not read tensor \"" + e.name + "\" (file truncated?)");
-    result.tensors.push_back({e.name, std::move(t)});
-  }
+  for (auto& e : entries)
+    result.entries.push_back({e.name, e.type, std::move(e.shape), data_start + e.begin, e.end - e.begin});
   return result;
 }
+
+at::Tensor read_safetensors_tensor(const SafetensorsHeader& header, const SafetensorsEntry& e) {
+  std::ifstream in(header.path, std::ios::binary);
+  at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
+  in.seekg(static_cast<std::streamoff>(e.offset));
+  in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.bytes));
+  if (!in) throw Error("checkpoint " + header.path + ": could not read tensor \"" + e.name + "\" (file truncated or changed?)");
+  return t;
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  const SafetensorsHeader header = read_safetensors_header(path);
+  SafetensorsFile result;
+  result.metadata = header.metadata;
+  for (const auto& e : header.entries) result.tensors.push_back({e.name, read_safetensors_tensor(header, e)});
+  return result;
+}
+
 
 bool SafetensorsFile::contains(const std::string& name) const {
   for (const auto& t : tensors)

@@ -29,4 +29,20 @@ struct SafetensorsFile {
 
 SafetensorsFile load_safetensors(const std::string& path);
 
+// The same validation without reading the data: where each tensor lies, so a reader can take one
+// tensor at a time (loading a model then holds one tensor beside its parameters, not a second copy).
+struct SafetensorsEntry {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0, bytes = 0;   // from the file's start
+};
+struct SafetensorsHeader {
+  std::string path;
+  std::vector<SafetensorsEntry> entries;   // in file order
+  std::map<std::string, std::string> metadata;
+};
+SafetensorsHeader read_safetensors_header(const std::string& path);
+at::Tensor read_safetensors_tensor(const SafetensorsHeader& header, const SafetensorsEntry& entry);
+
 }  // namespace colossal
