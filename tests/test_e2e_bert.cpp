@@ -17,7 +17,6 @@ using test::TempDir;
 
 namespace {
 
-
 // bert-tiny.toml at a test's size (one schedule whatever max_steps says), every output inside `dir/name`.
 std::string train_args(const TempDir& dir, const std::string& name, int steps) {
   return "train recipes/bert-tiny.toml --set train.max_steps=" + std::to_string(steps) +

@@ -14,7 +14,7 @@ using test::TempDir;
 
 namespace {
 
-
+// vit-tiny.toml at a test's size (one schedule whatever max_steps says), every output inside `dir/name`.
 std::string train_args(const TempDir& dir, const std::string& name, int steps) {
   return "train recipes/vit-tiny.toml --set train.max_steps=" + std::to_string(steps) +
          " --set optim.warmup_steps=1 --set optim.decay_steps=6 --set train.batch_size=16 --set train.eval_batches=4" +
