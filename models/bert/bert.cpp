@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include "src/nn/activation.h"
 #include "src/nn/causal_lm.h"
 
 namespace colossal::bert {
@@ -72,12 +73,7 @@ BertForMaskedLM::BertForMaskedLM(const BertConfig& c, nn::LayerFactory& f) : cfg
 }
 
 at::Tensor BertForMaskedLM::mlm_logits(const at::Tensor& hidden) {
-  auto h = mlm_dense->forward(hidden);   // [N, C]
-  switch (activation_of(cfg_)) {
-    case nn::Act::Gelu: h = at::gelu(h); break;
-    case nn::Act::GeluTanh: h = at::gelu(h, "tanh"); break;
-    case nn::Act::Relu: h = at::relu(h); break;
-  }
+  const at::Tensor h = nn::activate(activation_of(cfg_), mlm_dense->forward(hidden));   // [N, C]
   return at::linear(ln_mlm->forward(h), bert->token_embedding(), mlm_bias);   // [N, V]
 }
 

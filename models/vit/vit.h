@@ -24,7 +24,6 @@ class Vit : public nn::ImageClassifier {
   int64_t num_labels() const override { return cfg_.num_labels; }
   int64_t image_size() const override { return cfg_.image_size; }
   int64_t channels() const override { return cfg_.channels; }
-  int64_t tokens_per_image() const override { return cfg_.patches() + 1; }
   void init_weights() override;
   const nn::HfNameMap& hf_names() const override;
   nlohmann::json hf_config() const override { return to_hf_config(cfg_); }

@@ -41,7 +41,8 @@ Tokenizer Tokenizer::from_files(const TokenizerFiles& files, const std::string& 
     bool add_bos = false;   // SentencePiece models of HF directories (Llama's) say whether text starts with BOS
     if (auto it = files.find("tokenizer_config.json"); it != files.end()) {
       const auto config = nlohmann::json::parse(it->second, nullptr, false);
-      add_bos = config.is_object() && config.value("add_bos_token", nlohmann::json(false)).is_boolean() && config.value("add_bos_token", false);
+      const auto flag = config.is_object() ? config.value("add_bos_token", nlohmann::json(false)) : nlohmann::json(false);
+      add_bos = flag.is_boolean() && flag.get<bool>();
     }
     t.impl_ = sentencepiece_tokenizer(files.at("tokenizer.model"), label + "/tokenizer.model", add_bos);
   }

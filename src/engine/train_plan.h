@@ -14,6 +14,7 @@
 #include "src/dist/runtime.h"
 #include "src/engine/checkpoint.h"
 #include "src/engine/trainer.h"
+#include "models/registry.h"
 #include "src/nn/model.h"
 #include "src/optim/adamw.h"
 #include "src/optim/flat_params.h"
@@ -41,7 +42,7 @@ struct TrainPlan {
 
   bool is_root() const { return runtime->is_root(); }
   int64_t tokens_per_step() const {
-    return recipe.train.batch_size * task->tokens_per_sample() * recipe.train.grad_accum * dp_size;
+    return recipe.train.batch_size * tokens_per_sample(recipe) * recipe.train.grad_accum * dp_size;
   }
 };
 

@@ -57,13 +57,7 @@ EvalResult evaluate(TrainPlan& p) {
   at::NoGradGuard no_grad;
   p.model->eval();
   EvalSums local;
-  for (const auto& b : p.task->eval_set()) {
-    const EvalSums s = p.task->eval(*p.model, b.to(p.device));
-    local.loss += s.loss;
-    local.batches += s.batches;
-    local.correct += s.correct;
-    local.scored += s.scored;
-  }
+  for (const auto& b : p.task->eval_set()) local += p.task->eval(*p.model, b.to(p.device));
   p.model->train();
   at::Tensor sums = at::tensor({local.loss, local.batches, local.correct, local.scored}, at::kDouble);
   p.runtime->group(dist::Dim::dp).all_reduce(sums, dist::Reduce::sum, "eval metrics");

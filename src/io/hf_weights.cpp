@@ -58,9 +58,10 @@ std::vector<NamedTensor> load_torch_state_dict(const std::string& path) {
   return out;
 }
 
-void HfWeights::add(const std::string& name, at::Tensor t, const std::string& file) {
-  auto [it, fresh] = tensors_.emplace(name, Entry{std::move(t), file, nullptr, 0});
-  if (!fresh) throw Error("weights " + file + ": tensor \"" + name + "\" is also in " + it->second.file);
+void HfWeights::add(const std::string& name, Entry entry) {
+  if (auto it = tensors_.find(name); it != tensors_.end())
+    throw Error("weights " + entry.file + ": tensor \"" + name + "\" is also in " + it->second.file);
+  tensors_.emplace(name, std::move(entry));
   order_.push_back(name);
 }
 
@@ -69,16 +70,14 @@ void HfWeights::add_safetensors(const std::string& path, const std::function<voi
   for (size_t i = 0; i < header->entries.size(); ++i) {
     const std::string& name = header->entries[i].name;
     if (check) check(name);
-    add(name, {}, path);
-    tensors_[name].header = header;
-    tensors_[name].index = i;
+    add(name, Entry{{}, path, header, i});
   }
 }
 
 HfWeights HfWeights::from_file(SafetensorsFile file, const std::string& path) {
   HfWeights w;
   w.description_ = path;
-  for (auto& [name, t] : file.tensors) w.add(name, std::move(t), path);
+  for (auto& [name, t] : file.tensors) w.add(name, Entry{std::move(t), path, nullptr, 0});
   return w;
 }
 
@@ -90,7 +89,7 @@ HfWeights HfWeights::open(const std::string& dir) {
     if (!fs::is_regular_file(path)) continue;
     w.description_ = path;
     if (is_bin(path))
-      for (auto& [name, t] : load_torch_state_dict(path)) w.add(name, std::move(t), path);
+      for (auto& [name, t] : load_torch_state_dict(path)) w.add(name, Entry{std::move(t), path, nullptr, 0});
     else
       w.add_safetensors(path);
     return w;
@@ -112,7 +111,7 @@ HfWeights HfWeights::open(const std::string& dir) {
       if (is_bin(shard)) {
         for (auto& [name, t] : load_torch_state_dict(shard)) {
           listed(name);
-          w.add(name, std::move(t), shard);
+          w.add(name, Entry{std::move(t), shard, nullptr, 0});
         }
       } else {
         w.add_safetensors(shard, listed);

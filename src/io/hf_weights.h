@@ -31,14 +31,15 @@ class HfWeights {
   const std::string& describe() const { return description_; }   // "<dir>/model.safetensors" or "<index> (3 shards)"
 
  private:
-  void add(const std::string& name, at::Tensor t, const std::string& file);
-  void add_safetensors(const std::string& path, const std::function<void(const std::string&)>& check = {});
   struct Entry {
     at::Tensor tensor;   // held (pytorch_model.bin, from_file), or undefined: read from `header`
     std::string file;
     std::shared_ptr<const SafetensorsHeader> header;
     size_t index = 0;
   };
+  void add(const std::string& name, Entry entry);
+  // Every tensor of a safetensors file, read later by get(); `check` may refuse a name.
+  void add_safetensors(const std::string& path, const std::function<void(const std::string&)>& check = {});
   std::map<std::string, Entry> tensors_;
   std::vector<std::string> order_;
   std::string description_;

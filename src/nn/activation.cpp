@@ -55,4 +55,13 @@ at::Tensor gelu_tanh(const at::Tensor& x) {
   return at::gelu(x, "tanh");
 }
 
+at::Tensor activate(Act act, const at::Tensor& x) {
+  switch (act) {
+    case Act::GeluTanh: return gelu_tanh(x);
+    case Act::Gelu: return at::gelu(x);
+    case Act::Relu: return at::relu(x);
+  }
+  TORCH_CHECK(false, "unknown activation");
+}
+
 }  // namespace colossal::nn

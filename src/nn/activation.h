@@ -3,8 +3,12 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include "src/nn/factory.h"
+
 namespace colossal::nn {
 
 at::Tensor gelu_tanh(const at::Tensor& x);
+// `act` applied to x: what an MLP's hidden layer and a head's transform compute.
+at::Tensor activate(Act act, const at::Tensor& x);
 
 }  // namespace colossal::nn

@@ -37,7 +37,6 @@ class ImageClassifier : public Model {
   virtual int64_t num_labels() const = 0;
   virtual int64_t image_size() const = 0;   // H = W the model was built for
   virtual int64_t channels() const = 0;
-  virtual int64_t tokens_per_image() const = 0;   // patches (and class token): the throughput unit
 };
 
 // A bool mask [B, 1, 1, T] letting every query see the real keys of its sequence (undefined when

@@ -13,13 +13,7 @@ Mlp::Mlp(const MlpSpec& spec, LayerFactory& factory) : spec_(spec) {
 }
 
 at::Tensor Mlp::forward(const at::Tensor& x) {
-  auto h = fc_->forward(x);   // [B, T, hidden]
-  switch (spec_.act) {
-    case Act::GeluTanh: h = gelu_tanh(h); break;
-    case Act::Gelu: h = at::gelu(h); break;
-    case Act::Relu: h = at::relu(h); break;
-  }
-  auto y = proj_->forward(h);
+  auto y = proj_->forward(activate(spec_.act, fc_->forward(x)));   // through [B, T, hidden]
   const double p = is_training() ? spec_.dropout : 0.0;
   return p > 0 ? at::dropout(y, p, true) : y;
 }

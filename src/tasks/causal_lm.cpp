@@ -43,7 +43,6 @@ class CausalLmTask final : public Task {
   void start(int64_t samples_seen) override { loader_ = text_.loader(text_.data().recipe.train.seq_len, samples_seen); }
   Batch next() override { return next_token_batch(loader_->next()); }
   int64_t position() const override { return loader_->position(); }
-  int64_t tokens_per_sample() const override { return text_.data().recipe.train.seq_len; }
 
   at::Tensor loss(nn::Model& model, const Batch& b) override {
     return nn::model_as<nn::CausalLM>(model, "the causal_lm task").loss(b.inputs, b.targets);

@@ -58,7 +58,6 @@ class ImageClassificationTask final : public Task {
     if (have != m.channels() && !(have == 1 && m.channels() == 3))
       throw Error("image set " + data_.recipe.data.dataset + " has " + std::to_string(have) + "-channel images but the model takes " +
                   std::to_string(m.channels()) + " (set [model] channels = " + std::to_string(have) + ")");
-    tokens_per_image_ = m.tokens_per_image();
   }
 
   void start(int64_t samples_seen) override {
@@ -71,7 +70,6 @@ class ImageClassificationTask final : public Task {
     return Batch{images, labels, {}, {}};   // uint8: normalised where the model runs
   }
   int64_t position() const override { return loader_->position(); }
-  int64_t tokens_per_sample() const override { return tokens_per_image_; }
 
   at::Tensor loss(nn::Model& model, const Batch& b) override {
     auto& m = classifier(model);
@@ -103,7 +101,6 @@ class ImageClassificationTask final : public Task {
   PixelStats stats_;
   std::unique_ptr<ImageLoader> loader_;
   std::vector<Batch> eval_set_;
-  mutable int64_t tokens_per_image_ = 1;
 };
 
 }  // namespace

@@ -24,10 +24,8 @@ class MaskedLmTask final : public Task {
   std::string name() const override { return "masked_lm"; }
   void check_data() const override {
     text_.check();
-    const Recipe& r = text_.data().recipe;
-    const int64_t seq_len = r.train.seq_len ? r.train.seq_len : r.model.block_size;
-    if (seq_len < kWrap + 2)
-      throw RecipeError(r.where("train.seq_len"), "= " + std::to_string(seq_len) + " is too short for masked LM (valid: at least 4: [CLS], two tokens, [SEP])");
+    if (seq_len() < kWrap + 2)
+      throw RecipeError(text_.data().recipe.where("train.seq_len"), "= " + std::to_string(seq_len()) + " is too short for masked LM (valid: at least 4: [CLS], two tokens, [SEP])");
   }
   void prepare_data() override { text_.prepare(); }
   void load_data() override {
@@ -36,9 +34,11 @@ class MaskedLmTask final : public Task {
     const Recipe& r = text_.data().recipe;
     const auto windows = eval_batches(text_.val_tokens(), r.train.batch_size, window_tokens() - 1, r.train.eval_batches,
                                       text_.data().dp_rank, text_.data().dp_size);
+    const auto eval_seed = static_cast<uint64_t>(r.train.seed) ^ kEvalStream, rank = static_cast<uint64_t>(text_.data().dp_rank);
     for (size_t i = 0; i < windows.size(); ++i)
-      eval_set_.push_back(masked(windows[i], batch_seed(static_cast<uint64_t>(r.train.seed) ^ kEvalStream, i,
-                                                        static_cast<uint64_t>(text_.data().dp_rank))));
+      eval_set_.push_back(masked(windows[i], [&](int64_t row) {
+        return batch_seed(eval_seed, i * static_cast<uint64_t>(r.train.batch_size) + static_cast<uint64_t>(row), rank);
+      }));
     text_.warn_if_no_eval(eval_set_.empty());
   }
   std::string describe_data() const override { return text_.describe(); }
@@ -48,14 +48,16 @@ class MaskedLmTask final : public Task {
   // The loader cuts windows of length + 1 tokens: ask for the text of one sequence less the wrap.
   void start(int64_t samples_seen) override { loader_ = text_.loader(window_tokens() - 1, samples_seen); }
   Batch next() override {
-    // The masks of a batch follow from where it starts in the global sample stream and the rank, so
-    // a resumed run or another data-parallel size masks every sample as an uninterrupted run does.
-    const auto position = static_cast<uint64_t>(loader_->position());
-    return masked(loader_->next(), batch_seed(static_cast<uint64_t>(text_.data().recipe.train.seed), position,
-                                              static_cast<uint64_t>(text_.data().dp_rank)));
+    // Each sample's mask follows from its index in the global sample stream (rank r of W holds
+    // samples [r*B, (r+1)*B) of each global batch, as the loader cuts them), so a resumed run, with
+    // the same or another number of data-parallel ranks, masks every sample as an uninterrupted run.
+    const Recipe& r = text_.data().recipe;
+    const int64_t first = loader_->position() + text_.data().dp_rank * r.train.batch_size;
+    return masked(loader_->next(), [&](int64_t row) {
+      return batch_seed(static_cast<uint64_t>(r.train.seed), static_cast<uint64_t>(first + row), 0);
+    });
   }
   int64_t position() const override { return loader_->position(); }
-  int64_t tokens_per_sample() const override { return seq_len(); }
 
   at::Tensor loss(nn::Model& model, const Batch& b) override {
     auto [logits, labels] = scored_logits(masked_lm(model), b);
@@ -83,16 +85,22 @@ class MaskedLmTask final : public Task {
       throw Error("tokenizer " + path + " has no " + role + " token; the masked_lm task needs [CLS], [SEP] and [MASK] (a BERT vocab.txt or tokenizer.json, e.g. data/kjv/bert-wordpiece-4096)");
     };
     s.cls = need("cls"), s.sep = need("sep"), s.mask = need("mask");
-    for (const char* role : {"pad", "unk", "bos", "eos"})
+    for (const char* role : {"pad", "unk", "bos", "eos"})   // and cls, sep: the document separator is eos or sep
       if (auto id = tok.role_id(role)) s.specials.push_back(*id);
-    if (auto end = tok.end_of_text()) s.specials.push_back(*end);
     s.vocab_size = tok.vocab_size();
     return s;
   }
 
-  Batch masked(const at::Tensor& window, uint64_t seed) const {
-    auto m = mask_tokens(window, spec_, seed);
-    return Batch{m.inputs, m.labels, {}, {}};
+  // Windows [B, L] masked row by row, row i from the generator seeded by seed_of(i).
+  template <class SeedOf>
+  Batch masked(const at::Tensor& windows, const SeedOf& seed_of) const {
+    std::vector<at::Tensor> inputs, labels;
+    for (int64_t i = 0; i < windows.size(0); ++i) {
+      auto m = mask_tokens(windows.narrow(0, i, 1), spec_, seed_of(i));
+      inputs.push_back(m.inputs);
+      labels.push_back(m.labels);
+    }
+    return Batch{at::cat(inputs), at::cat(labels), {}, {}};
   }
 
   // The MLM head on the scored positions only: logits [N, V] and their labels [N].

@@ -31,6 +31,10 @@ struct EvalSums {
   double batches = 0;
   double correct = 0;    // predictions equal to their target (tasks with an accuracy)
   double scored = 0;     // predictions made
+  EvalSums& operator+=(const EvalSums& o) {
+    loss += o.loss, batches += o.batches, correct += o.correct, scored += o.scored;
+    return *this;
+  }
 };
 
 struct EvalResult {
@@ -69,8 +73,6 @@ class Task {
   virtual void start(int64_t samples_seen) = 0;
   virtual Batch next() = 0;
   virtual int64_t position() const = 0;          // global samples consumed
-  // The throughput unit the trainer reports per sample: tokens for text, patches for images.
-  virtual int64_t tokens_per_sample() const = 0;
 
   // Mean loss of one batch (with autograd).
   virtual at::Tensor loss(nn::Model& model, const Batch& batch) = 0;
