@@ -6,6 +6,8 @@
 # replays included; any sanitizer report fails the test that made it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# One test process per core: each uses one thread, or declares PROCESSORS (tests/CMakeLists.txt).
+jobs="${COLOSSAL_TEST_JOBS:-$(nproc)}"
 if [ "${1:-}" = --sanitize ]; then
   shift
   source scripts/sanitizers.sh
@@ -13,9 +15,9 @@ if [ "${1:-}" = --sanitize ]; then
   sanitizer_env
   cd build-sanitize
   # Instrumented code runs 2-3x slower: the per-test limit grows with it.
-  ctest --output-on-failure --timeout 2700 "$@"
+  ctest --output-on-failure --parallel "$jobs" --timeout 2700 "$@"
   exit
 fi
 BUILD_TESTING=ON bash scripts/build.sh
 cd "${COLOSSAL_BUILD_DIR:-build}"
-ctest --output-on-failure --timeout 900 "$@"
+ctest --output-on-failure --parallel "$jobs" --timeout 900 "$@"

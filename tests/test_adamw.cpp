@@ -4,7 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <cmath>
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
 
 #include "kernels/cpu/adamw.h"
 #include "src/core/recipe.h"
@@ -17,7 +17,7 @@ using namespace colossal;
 namespace {
 
 // A module with a decayed matrix and an undecayed bias.
-struct Toy : torch::nn::Module {
+struct Toy : nn::Module {
   Toy() {
     w = register_parameter("w", at::randn({37, 11}));
     b = register_parameter("b", at::randn({37}));
@@ -28,7 +28,7 @@ struct Toy : torch::nn::Module {
 }  // namespace
 
 TEST(AdamW, MatchesTorchAdamWToOneInAMillionOverTwentySteps) {
-  torch::manual_seed(0);
+  at::manual_seed(0);
   Toy ours, ref;
   {
     at::NoGradGuard g;
@@ -88,7 +88,7 @@ TEST(AdamW, LargeBuffersTakeTheParallelPathWithTheSameResult) {
 }
 
 TEST(FlatParams, ParametersAndGradientsAreViewsOfTwoGroupBuffers) {
-  torch::manual_seed(1);
+  at::manual_seed(1);
   Toy toy;
   auto before_w = toy.w.clone();
   optim::FlatParams flat(toy, 0.1);

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <ATen/core/grad_mode.h>
 
 #include "models/bert/bert.h"
 #include "models/registry.h"

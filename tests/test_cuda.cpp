@@ -5,7 +5,6 @@
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
-#include <torch/torch.h>
 
 #include "models/gpt/gpt.h"
 #include "src/core/recipe.h"
@@ -33,7 +32,7 @@ const c10::Device kGpu(c10::kCUDA, 0);
 std::shared_ptr<gpt::Gpt> make_gpt(uint64_t seed) {
   gpt::GptConfig c;
   c.n_layer = 2, c.n_head = 4, c.n_embd = 64, c.block_size = 48, c.vocab_size = 300, c.dropout = 0.0;
-  torch::manual_seed(seed);
+  at::manual_seed(seed);
   nn::LayerFactory f;
   return std::make_shared<gpt::Gpt>(c, f);
 }
@@ -67,7 +66,7 @@ TEST(Cuda, GptLossAndEveryGradientMatchTheCpu) {
 
 TEST(Cuda, FusedLossMatchesTheCpuKernelWithIgnoredTargetsAndUpstreamScale) {
   SKIP_WITHOUT_GPU();
-  torch::manual_seed(3);
+  at::manual_seed(3);
   auto x = at::randn({50, 24}).mul_(2), w = at::randn({1000, 24});
   auto targets = at::randint(0, 1000, {50}, at::kLong);
   targets[4] = -1;

@@ -368,7 +368,7 @@ void check_world_of_one(const std::string& backend, const c10::Device& device) {
 
 TEST(WorldOfOne, AnExplicitGlooBackendRunsRealCollectives) { check_world_of_one("gloo", c10::kCPU); }
 
-TEST(WorldOfOne, AnExplicitNcclBackendRunsRealCollectivesOnTheGpu) {
+TEST(WorldOfOneOnGpu, AnExplicitNcclBackendRunsRealCollectives) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU visible: NCCL is checked on the GPU machine (scripts/dev/gpu_check.sh)";
   check_world_of_one("nccl", c10::Device(c10::kCUDA, 0));
 }

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <ATen/core/grad_mode.h>
 
 #include "models/gpt/gpt.h"
 #include "src/core/error.h"
@@ -24,7 +24,7 @@ gpt::GptConfig tiny(double dropout = 0.0) {
 }
 
 std::shared_ptr<gpt::Gpt> make(const gpt::GptConfig& c, uint64_t seed = 0) {
-  torch::manual_seed(seed);
+  at::manual_seed(seed);
   nn::LayerFactory f;
   return std::make_shared<gpt::Gpt>(c, f);
 }
@@ -182,7 +182,7 @@ void for_each_gemm_path(const std::function<void(const char*)>& body) {
 }  // namespace
 
 TEST(LmHeadCrossEntropy, MatchesAtenCrossEntropyLossAndGradients) {
-  torch::manual_seed(3);
+  at::manual_seed(3);
   // Widths that are multiples of 16 take the GEMM; V = 7 and 4099 are ATen's whatever the policy.
   for_each_gemm_path([](const char* gemm) {
     for (int64_t v : {7, 1024, 4099}) {
@@ -207,7 +207,7 @@ TEST(LmHeadCrossEntropy, MatchesAtenCrossEntropyLossAndGradients) {
 TEST(LmHeadCrossEntropy, AWeightWhoseGradIsABufferAccumulatesIntoItInPlace) {
   // As under FlatParams: the weight's .grad is a view of a flat buffer holding earlier micro-steps'
   // sums. The head's gradient must be added into that storage, scaled, and nothing else allocated.
-  torch::manual_seed(5);
+  at::manual_seed(5);
   for_each_gemm_path([](const char* gemm) {
     for (double scale : {0.5, 1.0}) {   // 1: summed by our GEMM when chosen; otherwise one scaled addmm_
       auto x = at::randn({13, 16}).requires_grad_(true);
@@ -244,7 +244,7 @@ TEST(LmHeadCrossEntropy, DoublePrecisionPathAgreesToo) {
 
 TEST(GeluTanh, CpuKernelMatchesTheDoublePrecisionFormulaForwardAndBackward) {
   nn::set_kernel_policy({nn::KernelPath::Auto, nn::KernelPath::Ours, nn::KernelPath::Auto});   // ours, not timed
-  torch::manual_seed(5);
+  at::manual_seed(5);
   auto x = at::cat({at::randn({50000}) * 3, at::tensor({0.0f, 1e-6f, -1e-6f, 1e-3f, -1e-3f, 5.f, -5.f, 12.f, -12.f, 40.f, -40.f, 300.f, -300.f})});
   auto dy = at::randn_like(x);
   auto xf = x.clone().requires_grad_(true);

@@ -3,12 +3,14 @@
 // batch-independence; the training GEMM in its three forms; decoding attention against the KV cache;
 // LayerNorm; and the first-use choice between our kernels and ATen's (src/nn/kernel_choice.h).
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 #include <cmath>
 #include <cstdlib>
 #include <gtest/gtest.h>
 #include <stdexcept>
 #include <string>
-#include <torch/torch.h>
+#include <torch/csrc/autograd/function.h>
 
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/cross_entropy.h"
@@ -101,7 +103,7 @@ TEST(CpuKernels, AttentionMatchesDoublePrecisionSdpaOnEveryInstructionSet) {
                                            {1, 145, 1, 16}, {1, 7, 1, 32}};
   for (Isa isa : kernels::runnable_isas()) {
     kernels::ScopedIsa cap(isa);
-    torch::manual_seed(11);
+    at::manual_seed(11);
     for (auto [b, t, h, d] : shapes) {
       const int64_t c = h * d;
       auto qkv = (at::randn({b, t, 3 * c}) * 2).requires_grad_(true);
@@ -127,7 +129,7 @@ TEST(CpuKernels, DecodeAttentionMatchesDoublePrecisionSdpaOverTheCacheOnEveryIns
   const std::array<int64_t, 4> shapes[] = {{1, 40, 12, 64}, {3, 17, 2, 24}, {2, 9, 3, 128}, {1, 6, 1, 5}, {4, 21, 2, 16}};
   for (Isa isa : kernels::runnable_isas()) {
     kernels::ScopedIsa cap(isa);
-    torch::manual_seed(13);
+    at::manual_seed(13);
     for (auto [b, steps, h, d] : shapes) {
       for (bool masked : {false, true}) {
         const int64_t c = h * d;
@@ -167,7 +169,7 @@ TEST(CpuKernels, LayerNormAndItsGradientsMatchDoublePrecisionOnEveryInstructionS
   const std::vector<int64_t> shapes[] = {{2, 37, 128}, {70, 768}, {3, 7, 24}, {1, 1, 5}, {64, 33}};
   for (Isa isa : kernels::runnable_isas()) {
     kernels::ScopedIsa cap(isa);
-    torch::manual_seed(17);
+    at::manual_seed(17);
     for (const auto& shape : shapes) {
       const int64_t c = shape.back();
       auto x = (at::randn(shape) * 3 + 20).requires_grad_(true);
@@ -191,7 +193,7 @@ TEST(CpuKernels, LayerNormAndItsGradientsMatchDoublePrecisionOnEveryInstructionS
 }
 
 TEST(CpuKernels, LayerNormGivesTheSameBitsOnAnyThreadCount) {
-  torch::manual_seed(23);
+  at::manual_seed(23);
   auto x = at::randn({300, 96}).requires_grad_(true);
   auto w = at::randn({96}).requires_grad_(true), b = at::randn({96}).requires_grad_(true);
   auto dy = at::randn({300, 96});
@@ -210,7 +212,7 @@ TEST(CpuKernels, LayerNormGivesTheSameBitsOnAnyThreadCount) {
 }
 
 TEST(CpuKernels, GeluMatchesTheDoublePrecisionFormulaOnEveryInstructionSet) {
-  torch::manual_seed(5);
+  at::manual_seed(5);
   // 40001 elements: several chunks and a vector tail; plus the saturating and tiny values.
   auto x = at::cat({at::randn({40001}) * 3, at::tensor({0.0f, 1e-6f, -1e-3f, 5.f, -5.f, 12.f, -40.f, 300.f, -300.f})});
   auto dy = at::randn_like(x);
@@ -232,7 +234,7 @@ TEST(CpuKernels, GeluMatchesTheDoublePrecisionFormulaOnEveryInstructionSet) {
 }
 
 TEST(CpuKernels, SoftmaxCrossEntropyMatchesDoublePrecisionOnEveryInstructionSet) {
-  torch::manual_seed(7);
+  at::manual_seed(7);
   const int64_t rows = 13, cols = 1003;   // odd width: a vector tail on every set
   auto logits = at::randn({rows, cols}) * 4;
   auto targets = at::randint(0, cols, {rows}, at::kLong);
@@ -285,7 +287,7 @@ TEST(CpuKernels, AdamWFollowsThePublishedRuleOnEveryInstructionSet) {
 }
 
 TEST(CpuKernels, GemvMatchesDoublePrecisionMatmulOnEveryInstructionSet) {
-  torch::manual_seed(13);
+  at::manual_seed(13);
   for (Isa isa : kernels::runnable_isas()) {
     kernels::ScopedIsa cap(isa);
     for (int64_t rows : {1, 2, 3, 4, 5, 8})
@@ -307,7 +309,7 @@ TEST(CpuKernels, GemvMatchesDoublePrecisionMatmulOnEveryInstructionSet) {
 }
 
 TEST(CpuKernels, GemvGivesEachRowTheSameBitsAloneInABatchOrOnAnyThreadCount) {
-  torch::manual_seed(17);
+  at::manual_seed(17);
   const int64_t in = 131, out = 1003;   // tails in both dimensions
   auto x = at::randn({6, in}), w = at::randn({out, in}), b = at::randn({out});
   auto run = [&](const at::Tensor& xs) {
@@ -363,7 +365,7 @@ bool through_gemm(const at::Tensor& y) {
 }  // namespace
 
 TEST(CpuKernels, GemmMatchesDoublePrecisionInEveryFormOnEveryInstructionSet) {
-  torch::manual_seed(23);
+  at::manual_seed(23);
   // Rows ending inside a tile (1, 7, 37), columns ending inside a tile and past a 256-column panel
   // (16, 48, 272), depths past a 256-step block with a remainder (300, 600).
   for (Isa isa : kernels::runnable_isas()) {
@@ -395,7 +397,7 @@ TEST(CpuKernels, GemmMatchesDoublePrecisionInEveryFormOnEveryInstructionSet) {
 }
 
 TEST(CpuKernels, GemmGivesTheSameBitsOnAnyThreadCount) {
-  torch::manual_seed(29);
+  at::manual_seed(29);
   auto x = at::randn({203, 96}), w = at::randn({272, 96}), b = at::randn({272}), dy = at::randn({203, 272});
   for (Isa isa : kernels::runnable_isas()) {
     kernels::ScopedIsa cap(isa);
@@ -420,7 +422,7 @@ TEST(LinearForward, TrainingShapesMatchATenInValueAndGradientsAndSumTheWeightGra
   nn::KernelPolicy ours;
   ours.gemm = nn::KernelPath::Ours;
   nn::set_kernel_policy(ours);
-  torch::manual_seed(31);
+  at::manual_seed(31);
   auto x = at::randn({3, 37, 48}).requires_grad_(true);
   auto w = at::randn({80, 48}).requires_grad_(true), b = at::randn({80}).requires_grad_(true);
   auto dy = at::randn({3, 37, 80});
@@ -456,7 +458,7 @@ TEST(LinearForward, TrainingShapesMatchATenInValueAndGradientsAndSumTheWeightGra
 
 TEST(LinearForward, AutoTimesEachFormOncePerShape) {
   PolicyGuard guard;
-  torch::manual_seed(37);
+  at::manual_seed(37);
   auto x = at::randn({64, 32}).requires_grad_(true);
   auto w = at::randn({48, 32}).requires_grad_(true), b = at::randn({48}).requires_grad_(true);
   nn::linear_forward(x, w, b).sum().backward();
@@ -508,7 +510,7 @@ TEST(LinearForward, DecodingRowsTakeTheGemvAndABatchDecodesLikeEachSequenceAlone
   PolicyGuard guard;
   nn::set_kernel_policy({nn::KernelPath::Auto, nn::KernelPath::Auto, nn::KernelPath::Ours});
   at::NoGradGuard no_grad;
-  torch::manual_seed(19);
+  at::manual_seed(19);
   auto w = at::randn({300, 96}), b = at::randn({300});
   auto x = at::randn({4, 1, 96});   // one new token for each of 4 sequences
   auto y = nn::linear_forward(x, w, b);

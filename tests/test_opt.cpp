@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <filesystem>
-#include <torch/torch.h>
 
 #include "models/opt/opt.h"
 #include "models/registry.h"

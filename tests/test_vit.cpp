@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <ATen/core/grad_mode.h>
 #include <zlib.h>
 
 #include "models/registry.h"

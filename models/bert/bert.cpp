@@ -1,6 +1,7 @@
 // BERT model: see bert.h.
 #include "models/bert/bert.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ATen.h>
 
 #include "src/nn/activation.h"

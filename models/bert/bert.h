@@ -16,7 +16,7 @@
 namespace colossal::bert {
 
 // The shared trunk, registered as "bert" in either head's model.
-class BertEncoder : public torch::nn::Module {
+class BertEncoder : public nn::Module {
  public:
   BertEncoder(const BertConfig& c, nn::LayerFactory& f);
   at::Tensor forward(const nn::EncoderInputs& in);   // [B, T] -> [B, T, C]

@@ -2,7 +2,6 @@
 #include "models/bloom/bloom.h"
 
 #include <ATen/ATen.h>
-#include <torch/nn/init.h>
 
 namespace colossal::bloom {
 namespace {

@@ -1,9 +1,9 @@
 // GPT-2 model: see gpt.h.
 #include "models/gpt/gpt.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ATen.h>
 #include <cmath>
-#include <torch/nn/init.h>
 
 namespace colossal::gpt {
 
@@ -27,7 +27,7 @@ Gpt::Gpt(const GptConfig& c, nn::LayerFactory& f) : cfg_(c) {
 }
 
 void Gpt::init_weights() {
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   // GPT-2's scheme: N(0, 0.02) for matrices and embeddings, residual projections scaled down by
   // sqrt(2 * n_layer) so the residual stream's variance does not grow with depth.
   const double proj_std = cfg_.init_std / std::sqrt(2.0 * cfg_.n_layer);
@@ -41,7 +41,7 @@ void Gpt::init_weights() {
       p.zero_();
     } else {
       const bool residual = name.find(".proj.weight") != std::string::npos;
-      torch::nn::init::normal_(p, 0.0, residual ? proj_std : cfg_.init_std);
+      p.normal_(0.0, residual ? proj_std : cfg_.init_std);
     }
   }
 }

@@ -2,7 +2,6 @@
 #include "models/opt/opt.h"
 
 #include <ATen/ATen.h>
-#include <torch/nn/init.h>
 
 namespace colossal::opt {
 

@@ -1,6 +1,7 @@
 // Batched KV-cache generation: see generator.h.
 #include "src/engine/generator.h"
 
+#include <ATen/core/grad_mode.h>
 #include <chrono>
 
 #include <ATen/ATen.h>

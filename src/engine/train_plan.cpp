@@ -55,7 +55,7 @@ dist::MeshShape check_parallel_recipe(const Recipe& r, int64_t world) {
   return shape;
 }
 
-std::vector<parallel::GradBuffer> grad_buffers(const optim::FlatParams& flat, torch::nn::Module& model) {
+std::vector<parallel::GradBuffer> grad_buffers(const optim::FlatParams& flat, nn::Module& model) {
   std::map<std::string, at::Tensor> by_name;
   for (const auto& item : model.named_parameters()) by_name[item.key()] = item.value();
   std::vector<parallel::GradBuffer> buffers;

@@ -67,6 +67,6 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
 
 // The flat gradient buffers of `flat` with the parameters of `model` whose .grad are views into them:
 // what data parallelism reduces.
-std::vector<parallel::GradBuffer> grad_buffers(const optim::FlatParams& flat, torch::nn::Module& model);
+std::vector<parallel::GradBuffer> grad_buffers(const optim::FlatParams& flat, nn::Module& model);
 
 }  // namespace colossal

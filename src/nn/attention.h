@@ -4,7 +4,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <memory>
-#include <torch/nn/module.h>
+#include "src/nn/module.h"
 
 #include "src/nn/factory.h"
 
@@ -15,7 +15,7 @@ struct LayerKv {
   at::Tensor k, v;
 };
 
-class Attention : public torch::nn::Module {
+class Attention : public Module {
  public:
   Attention(const AttentionSpec& spec, LayerFactory& factory);
 

@@ -1,8 +1,7 @@
 // Residual transformer block: see block.h.
 #include "src/nn/block.h"
 
-#include <torch/nn/init.h>
-#include <torch/nn/modules/container/modulelist.h>
+#include <ATen/core/grad_mode.h>
 
 namespace colossal::nn {
 
@@ -24,8 +23,8 @@ at::Tensor TransformerBlock::forward(const at::Tensor& x, LayerKv* kv, int64_t o
   return ln_2->forward(h + mlp->forward(h));
 }
 
-std::vector<std::shared_ptr<TransformerBlock>> add_blocks(torch::nn::Module& owner, const BlockSpec& spec, int64_t n, LayerFactory& f) {
-  auto list = owner.register_module("blocks", torch::nn::ModuleList());
+std::vector<std::shared_ptr<TransformerBlock>> add_blocks(Module& owner, const BlockSpec& spec, int64_t n, LayerFactory& f) {
+  auto list = owner.register_module("blocks", std::make_shared<ModuleList>());
   std::vector<std::shared_ptr<TransformerBlock>> blocks;
   for (int64_t i = 0; i < n; ++i) {
     blocks.push_back(std::make_shared<TransformerBlock>(spec, f));
@@ -34,8 +33,8 @@ std::vector<std::shared_ptr<TransformerBlock>> add_blocks(torch::nn::Module& own
   return blocks;
 }
 
-void init_normal_weights(torch::nn::Module& model, double std) {
-  torch::NoGradGuard no_grad;
+void init_normal_weights(Module& model, double std) {
+  at::NoGradGuard no_grad;
   for (auto& item : model.named_parameters()) {
     const std::string& name = item.key();
     at::Tensor& p = item.value();
@@ -43,7 +42,7 @@ void init_normal_weights(torch::nn::Module& model, double std) {
     const bool is_bias = name.size() > 5 && name.substr(name.size() - 5) == ".bias";
     if (is_norm && !is_bias) p.fill_(1.0);
     else if (is_bias) p.zero_();
-    else torch::nn::init::normal_(p, 0.0, std);
+    else p.normal_(0.0, std);
   }
 }
 

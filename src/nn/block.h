@@ -5,7 +5,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <memory>
-#include <torch/nn/module.h>
+#include "src/nn/module.h"
 #include <vector>
 
 #include "src/nn/attention.h"
@@ -22,7 +22,7 @@ struct BlockSpec {
   bool pre_norm = true;
 };
 
-class TransformerBlock : public torch::nn::Module {
+class TransformerBlock : public Module {
  public:
   TransformerBlock(const BlockSpec& spec, LayerFactory& f);
   // x [B, T, C] -> [B, T, C]; kv, offset and mask as Attention::forward takes them.
@@ -37,10 +37,10 @@ class TransformerBlock : public torch::nn::Module {
 
 // `n` blocks of `spec`, registered in `owner` as the module list "blocks" (parameters "blocks.i.*")
 // and returned in order, as run_blocks takes them.
-std::vector<std::shared_ptr<TransformerBlock>> add_blocks(torch::nn::Module& owner, const BlockSpec& spec, int64_t n, LayerFactory& f);
+std::vector<std::shared_ptr<TransformerBlock>> add_blocks(Module& owner, const BlockSpec& spec, int64_t n, LayerFactory& f);
 
 // OPT's and BLOOM's initialisation, as transformers does it: N(0, std) for every matrix and
 // embedding, zero biases, unit LayerNorm scales (parameters under a module named "ln_*").
-void init_normal_weights(torch::nn::Module& model, double std);
+void init_normal_weights(Module& model, double std);
 
 }  // namespace colossal::nn

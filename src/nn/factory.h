@@ -6,7 +6,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <memory>
-#include <torch/nn/module.h>
+#include "src/nn/module.h"
 
 namespace colossal::nn {
 
@@ -25,13 +25,13 @@ struct LinearSpec {
 };
 
 // y = x W^T + b, with W stored [out, in] (torch's layout; HF Conv1D layouts are transposed at IO).
-class Linear : public torch::nn::Module {
+class Linear : public Module {
  public:
   virtual at::Tensor forward(const at::Tensor& x) = 0;   // [..., in] -> [..., out]
   virtual at::Tensor& weight() = 0;
 };
 
-class Embedding : public torch::nn::Module {
+class Embedding : public Module {
  public:
   virtual at::Tensor forward(const at::Tensor& ids) = 0;   // [...] -> [..., dim]
   virtual at::Tensor& weight() = 0;                         // [num, dim]

@@ -4,11 +4,11 @@
 // "layer_norm"); elsewhere ATen's at::layer_norm.
 #pragma once
 #include <ATen/core/Tensor.h>
-#include <torch/nn/module.h>
+#include "src/nn/module.h"
 
 namespace colossal::nn {
 
-class LayerNorm : public torch::nn::Module {
+class LayerNorm : public Module {
  public:
   LayerNorm(int64_t dim, double eps);
   at::Tensor forward(const at::Tensor& x);   // [..., dim] -> [..., dim]

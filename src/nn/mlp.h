@@ -2,13 +2,13 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <memory>
-#include <torch/nn/module.h>
+#include "src/nn/module.h"
 
 #include "src/nn/factory.h"
 
 namespace colossal::nn {
 
-class Mlp : public torch::nn::Module {
+class Mlp : public Module {
  public:
   Mlp(const MlpSpec& spec, LayerFactory& factory);
   at::Tensor forward(const at::Tensor& x);   // [B, T, C] -> [B, T, C]

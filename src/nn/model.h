@@ -5,7 +5,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <torch/nn/module.h>
+#include "src/nn/module.h"
 
 #include "src/core/error.h"
 
@@ -13,7 +13,7 @@
 
 namespace colossal::nn {
 
-class Model : public torch::nn::Module {
+class Model : public Module {
  public:
   virtual void init_weights() = 0;                       // draws from LibTorch's default generator
   virtual const HfNameMap& hf_names() const = 0;

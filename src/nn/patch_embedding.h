@@ -3,11 +3,11 @@
 // and "bias" [C], as torch's Conv2d names them (checkpoints map onto HF's projection unchanged).
 #pragma once
 #include <ATen/core/Tensor.h>
-#include <torch/nn/module.h>
+#include "src/nn/module.h"
 
 namespace colossal::nn {
 
-class PatchEmbedding : public torch::nn::Module {
+class PatchEmbedding : public Module {
  public:
   PatchEmbedding(int64_t channels, int64_t width, int64_t patch);
   at::Tensor forward(const at::Tensor& images);   // [B, channels, H, W] -> [B, (H/p)(W/p), C]

@@ -1,6 +1,7 @@
 // AdamW: see adamw.h.
 #include "src/optim/adamw.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ATen.h>
 #include <cmath>
 

@@ -1,20 +1,21 @@
 // Flat parameter buffers: see flat_params.h.
 #include "src/optim/flat_params.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ATen.h>
 #include <cmath>
 #include <torch/autograd.h>
 
 namespace colossal::optim {
 
-FlatParams::FlatParams(torch::nn::Module& module, double weight_decay) {
+FlatParams::FlatParams(nn::Module& module, double weight_decay) {
   // Decay applies to tensors that multiply activations (2-D and up), as in GPT-2/nanoGPT/HF recipes.
   std::vector<std::pair<std::string, at::Tensor>> decay, no_decay;
   for (auto& item : module.named_parameters()) {
     if (!item.value().requires_grad()) continue;
     (item.value().dim() >= 2 ? decay : no_decay).emplace_back(item.key(), item.value());
   }
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   for (auto* members : {&decay, &no_decay}) {
     if (members->empty()) continue;
     FlatGroup g;

@@ -6,7 +6,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <string>
-#include <torch/nn/module.h>
+#include "src/nn/module.h"
 #include <vector>
 
 namespace colossal::optim {
@@ -25,7 +25,7 @@ struct FlatGroup {
 
 class FlatParams {
  public:
-  FlatParams(torch::nn::Module& module, double weight_decay);
+  FlatParams(nn::Module& module, double weight_decay);
 
   std::vector<FlatGroup>& groups() { return groups_; }
   const std::vector<FlatGroup>& groups() const { return groups_; }

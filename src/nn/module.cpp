@@ -1,0 +1,68 @@
+// Module: see module.h.
+#include "src/nn/module.h"
+
+#include <stdexcept>
+
+namespace colossal::nn {
+
+const at::Tensor& NamedParameters::operator[](const std::string& key) const {
+  for (const auto& item : items_)
+    if (item.key() == key) return item.value();
+  throw std::out_of_range("no parameter named \"" + key + "\"");
+}
+
+void Module::check_new_name(const std::string& name) const {
+  // A programming error in a model's constructor, not user input: std::invalid_argument.
+  if (name.empty() || name.find('.') != std::string::npos)
+    throw std::invalid_argument("module member name \"" + name + "\" must be non-empty and contain no '.'");
+  for (const auto& [n, _] : params_)
+    if (n == name) throw std::invalid_argument("parameter \"" + name + "\" is registered twice");
+  for (const auto& [n, _] : children_)
+    if (n == name) throw std::invalid_argument("child module \"" + name + "\" is registered twice");
+}
+
+at::Tensor Module::register_parameter(std::string name, at::Tensor value, bool requires_grad) {
+  check_new_name(name);
+  if (value.defined()) value.set_requires_grad(requires_grad);
+  params_.emplace_back(std::move(name), value);
+  return value;
+}
+
+void Module::add_child(std::string name, std::shared_ptr<Module> child) {
+  check_new_name(name);
+  if (!child) throw std::invalid_argument("child module \"" + name + "\" is null");
+  children_.emplace_back(std::move(name), std::move(child));
+}
+
+void Module::list_parameters(const std::string& prefix, NamedParameters& out) const {
+  for (const auto& [name, p] : params_)
+    if (p.defined()) out.push_back(NamedParameter(prefix + name, p));
+  for (const auto& [name, child] : children_) child->list_parameters(prefix + name + ".", out);
+}
+
+NamedParameters Module::named_parameters() const {
+  NamedParameters out;
+  list_parameters("", out);
+  return out;
+}
+
+std::vector<at::Tensor> Module::parameters() const {
+  std::vector<at::Tensor> out;
+  for (auto& item : named_parameters()) out.push_back(item.value());
+  return out;
+}
+
+void Module::train(bool on) {
+  for (auto& [_, child] : children_) child->train(on);
+  training_ = on;
+}
+
+void Module::to(const c10::Device& device) {
+  for (auto& item : named_parameters()) item.value().set_data(item.value().to(device));
+}
+
+void Module::to(c10::ScalarType dtype) {
+  for (auto& item : named_parameters()) item.value().set_data(item.value().to(dtype));
+}
+
+}  // namespace colossal::nn

@@ -1,0 +1,98 @@
+// Module: the parameter tree every layer and model is built of: named parameters and named child
+// modules in registration order, and a training flag. Our own rather than torch::nn::Module, whose
+// header (serialisation archives, the JIT, the whole of torch::nn) cost each translation unit that
+// saw a layer about 7 s to parse, or 2 s a unit even precompiled; this one needs only at::Tensor.
+// It keeps the parts of torch's interface the engine uses, with the same order and semantics:
+// named_parameters() lists a module's own parameters first, then each child's, depth first.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace colossal::nn {
+
+// One parameter and its dotted path from the module it was listed from ("blocks.0.attn.qkv.weight").
+class NamedParameter {
+ public:
+  NamedParameter(std::string key, at::Tensor value) : key_(std::move(key)), value_(std::move(value)) {}
+  const std::string& key() const { return key_; }
+  at::Tensor& value() { return value_; }
+  const at::Tensor& value() const { return value_; }
+
+ private:
+  std::string key_;
+  at::Tensor value_;   // shares the parameter's TensorImpl: in-place changes reach the module
+};
+
+// Parameters in listing order, by position or by name.
+class NamedParameters {
+ public:
+  void push_back(NamedParameter p) { items_.push_back(std::move(p)); }
+  size_t size() const { return items_.size(); }
+  bool empty() const { return items_.empty(); }
+  NamedParameter& operator[](size_t i) { return items_.at(i); }
+  const NamedParameter& operator[](size_t i) const { return items_.at(i); }
+  const at::Tensor& operator[](const std::string& key) const;   // throws std::out_of_range naming the key
+  auto begin() { return items_.begin(); }
+  auto end() { return items_.end(); }
+  auto begin() const { return items_.begin(); }
+  auto end() const { return items_.end(); }
+
+ private:
+  std::vector<NamedParameter> items_;
+};
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;   // parameters are shared handles: a copy would alias them silently
+  Module& operator=(const Module&) = delete;
+
+  // `value` becomes a parameter called `name` (no dots; unique among this module's parameters and
+  // children). Returns the same handle, to keep as a member.
+  at::Tensor register_parameter(std::string name, at::Tensor value, bool requires_grad = true);
+  template <class M>
+  std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> child) {
+    add_child(std::move(name), child);
+    return child;
+  }
+
+  NamedParameters named_parameters() const;   // own parameters, then each child's, depth first
+  std::vector<at::Tensor> parameters() const;
+
+  bool is_training() const { return training_; }
+  void train(bool on = true);   // this module and every descendant
+  void eval() { train(false); }
+
+  // Moves or converts every parameter in place (set_data), so members, views held elsewhere and the
+  // optimizer keep referring to the same parameters.
+  void to(const c10::Device& device);
+  void to(c10::ScalarType dtype);
+
+ private:
+  void add_child(std::string name, std::shared_ptr<Module> child);
+  void check_new_name(const std::string& name) const;
+  void list_parameters(const std::string& prefix, NamedParameters& out) const;
+
+  std::vector<std::pair<std::string, at::Tensor>> params_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+// Children named "0", "1", ... in order (a model's blocks).
+class ModuleList : public Module {
+ public:
+  void push_back(std::shared_ptr<Module> child) { register_module(std::to_string(size_++), std::move(child)); }
+  size_t size() const { return size_; }
+
+ private:
+  size_t size_ = 0;
+};
+
+}  // namespace colossal::nn
