@@ -1,8 +1,8 @@
 // BERT model: see bert.h.
 #include "models/bert/bert.h"
 
-#include <ATen/core/grad_mode.h>
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "src/nn/activation.h"
 #include "src/nn/causal_lm.h"

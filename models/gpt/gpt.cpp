@@ -1,8 +1,8 @@
 // GPT-2 model: see gpt.h.
 #include "models/gpt/gpt.h"
 
-#include <ATen/core/grad_mode.h>
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <cmath>
 
 namespace colossal::gpt {
@@ -58,7 +58,7 @@ at::Tensor Gpt::features(const at::Tensor& ids, const nn::ForwardOptions& o) {
 }
 
 nn::KvCache Gpt::make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const {
-  auto opts = at::TensorOptions().device(device).dtype(wte->parameters()[0].scalar_type());
+  auto opts = at::TensorOptions().device(device).dtype(wte->weight().scalar_type());
   return nn::make_kv_cache(cfg_.n_layer, batch, cfg_.n_head, capacity, cfg_.n_embd / cfg_.n_head, opts);
 }
 

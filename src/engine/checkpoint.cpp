@@ -1,8 +1,8 @@
 // Checkpoint save/load: see checkpoint.h.
 #include "src/engine/checkpoint.h"
 
-#include <ATen/core/grad_mode.h>
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <algorithm>
 #include <filesystem>

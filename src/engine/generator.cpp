@@ -1,10 +1,10 @@
 // Batched KV-cache generation: see generator.h.
 #include "src/engine/generator.h"
 
-#include <ATen/core/grad_mode.h>
 #include <chrono>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <spdlog/spdlog.h>
 

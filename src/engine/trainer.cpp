@@ -1,8 +1,8 @@
 // Training loop: see trainer.h.
 #include "src/engine/trainer.h"
 
-#include <ATen/core/grad_mode.h>
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/Utils.h>
 
 #include <atomic>

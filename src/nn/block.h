@@ -5,13 +5,13 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <memory>
-#include "src/nn/module.h"
 #include <vector>
 
 #include "src/nn/attention.h"
 #include "src/nn/factory.h"
 #include "src/nn/layer_norm.h"
 #include "src/nn/mlp.h"
+#include "src/nn/module.h"
 
 namespace colossal::nn {
 

@@ -6,6 +6,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <memory>
+
 #include "src/nn/module.h"
 
 namespace colossal::nn {

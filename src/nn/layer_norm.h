@@ -4,6 +4,7 @@
 // "layer_norm"); elsewhere ATen's at::layer_norm.
 #pragma once
 #include <ATen/core/Tensor.h>
+
 #include "src/nn/module.h"
 
 namespace colossal::nn {

@@ -2,9 +2,9 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <memory>
-#include "src/nn/module.h"
 
 #include "src/nn/factory.h"
+#include "src/nn/module.h"
 
 namespace colossal::nn {
 

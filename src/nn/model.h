@@ -5,9 +5,9 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
-#include "src/nn/module.h"
 
 #include "src/core/error.h"
+#include "src/nn/module.h"
 
 #include "src/nn/hf_names.h"
 

@@ -34,21 +34,23 @@ void Module::add_child(std::string name, std::shared_ptr<Module> child) {
   children_.emplace_back(std::move(name), std::move(child));
 }
 
-void Module::list_parameters(const std::string& prefix, NamedParameters& out) const {
+void Module::visit_parameters(const std::string& prefix, const ParameterVisitor& visit) const {
   for (const auto& [name, p] : params_)
-    if (p.defined()) out.push_back(NamedParameter(prefix + name, p));
-  for (const auto& [name, child] : children_) child->list_parameters(prefix + name + ".", out);
+    if (p.defined()) visit(prefix, name, p);
+  for (const auto& [name, child] : children_) child->visit_parameters(prefix + name + ".", visit);
 }
 
 NamedParameters Module::named_parameters() const {
   NamedParameters out;
-  list_parameters("", out);
+  visit_parameters("", [&](const std::string& prefix, const std::string& name, const at::Tensor& p) {
+    out.push_back(NamedParameter(prefix + name, p));
+  });
   return out;
 }
 
-std::vector<at::Tensor> Module::parameters() const {
+std::vector<at::Tensor> Module::parameters() const {   // the same walk, without a name per parameter
   std::vector<at::Tensor> out;
-  for (auto& item : named_parameters()) out.push_back(item.value());
+  visit_parameters("", [&](const std::string&, const std::string&, const at::Tensor& p) { out.push_back(p); });
   return out;
 }
 
@@ -58,11 +60,11 @@ void Module::train(bool on) {
 }
 
 void Module::to(const c10::Device& device) {
-  for (auto& item : named_parameters()) item.value().set_data(item.value().to(device));
+  for (auto& p : parameters()) p.set_data(p.to(device));
 }
 
 void Module::to(c10::ScalarType dtype) {
-  for (auto& item : named_parameters()) item.value().set_data(item.value().to(dtype));
+  for (auto& p : parameters()) p.set_data(p.to(dtype));
 }
 
 }  // namespace colossal::nn

@@ -9,6 +9,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -78,7 +79,9 @@ class Module {
  private:
   void add_child(std::string name, std::shared_ptr<Module> child);
   void check_new_name(const std::string& name) const;
-  void list_parameters(const std::string& prefix, NamedParameters& out) const;
+  // Calls visit(prefix, name, tensor) for each defined parameter: own first, then each child's.
+  using ParameterVisitor = std::function<void(const std::string&, const std::string&, const at::Tensor&)>;
+  void visit_parameters(const std::string& prefix, const ParameterVisitor& visit) const;
 
   std::vector<std::pair<std::string, at::Tensor>> params_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;

@@ -3,6 +3,7 @@
 // and "bias" [C], as torch's Conv2d names them (checkpoints map onto HF's projection unchanged).
 #pragma once
 #include <ATen/core/Tensor.h>
+
 #include "src/nn/module.h"
 
 namespace colossal::nn {

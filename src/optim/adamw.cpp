@@ -1,8 +1,8 @@
 // AdamW: see adamw.h.
 #include "src/optim/adamw.h"
 
-#include <ATen/core/grad_mode.h>
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <cmath>
 
 #include "kernels/cpu/adamw.h"

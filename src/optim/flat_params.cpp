@@ -1,10 +1,9 @@
 // Flat parameter buffers: see flat_params.h.
 #include "src/optim/flat_params.h"
 
-#include <ATen/core/grad_mode.h>
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <cmath>
-#include <torch/autograd.h>
 
 namespace colossal::optim {
 

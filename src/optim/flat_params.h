@@ -6,8 +6,9 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <string>
-#include "src/nn/module.h"
 #include <vector>
+
+#include "src/nn/module.h"
 
 namespace colossal::optim {
 
