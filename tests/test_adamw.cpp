@@ -1,5 +1,5 @@
-// AdamW on flat buffers against torch::optim::AdamW (fp32, to 1e-6) and against the published update
-// rule evaluated independently in double precision; flat buffers and gradient clipping; the schedule.
+// AdamW over the chunk store's pieces against torch::optim::AdamW (fp32, to 1e-6) and against the
+// published update rule evaluated independently in double precision; gradient clipping; the schedule.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -9,7 +9,8 @@
 #include "kernels/cpu/adamw.h"
 #include "src/core/recipe.h"
 #include "src/optim/adamw.h"
-#include "src/optim/flat_params.h"
+#include "src/dist/group.h"
+#include "src/memory/zero_strategy.h"
 #include "src/optim/schedule.h"
 
 using namespace colossal;
@@ -18,12 +19,18 @@ namespace {
 
 // A module with a decayed matrix and an undecayed bias.
 struct Toy : nn::Module {
-  Toy() {
-    w = register_parameter("w", at::randn({37, 11}));
-    b = register_parameter("b", at::randn({37}));
+  explicit Toy(at::ScalarType dtype = at::kFloat) {
+    w = register_parameter("w", at::randn({37, 11}, dtype));
+    b = register_parameter("b", at::randn({37}, dtype));
   }
   at::Tensor w, b;
 };
+
+// Plain (stage 0) AdamW over one process's chunk store.
+std::unique_ptr<memory::ZeroStrategy> plain(nn::Module& m, dist::Group& alone, double wd, int64_t chunk_numel = 1 << 20) {
+  return std::make_unique<memory::ZeroStrategy>(m, memory::ZeroOptions{0, chunk_numel, wd}, alone,
+                                                std::make_unique<optim::AdamW>(optim::AdamWOptions{0.9, 0.95, 1e-8}));
+}
 
 }  // namespace
 
@@ -36,16 +43,16 @@ TEST(AdamW, MatchesTorchAdamWToOneInAMillionOverTwentySteps) {
     ref.b.copy_(ours.b);
   }
   const double lr = 3e-3, wd = 0.1;
-  optim::FlatParams flat(ours, wd);
-  optim::AdamW adamw(flat, {0.9, 0.95, 1e-8});
+  dist::Group alone("dp");
+  auto adamw = plain(ours, alone, wd, 256);   // w spans two chunks, b a third
   torch::optim::AdamW torch_opt({torch::optim::OptimizerParamGroup({ref.w}, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(wd))),
                                  torch::optim::OptimizerParamGroup({ref.b}, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0)))});
   for (int step = 0; step < 20; ++step) {
     auto x = at::randn({5, 11});
     ((at::matmul(x, ours.w.t()) + ours.b).pow(2).sum()).backward();
     ((at::matmul(x, ref.w.t()) + ref.b).pow(2).sum()).backward();
-    adamw.step(lr);
-    flat.zero_grad();
+    adamw->step(lr);
+    adamw->zero_grad();
     torch_opt.step();
     torch_opt.zero_grad();
     EXPECT_LT((ours.w - ref.w).abs().max().item<double>(), 1e-6) << "step " << step;
@@ -87,30 +94,38 @@ TEST(AdamW, LargeBuffersTakeTheParallelPathWithTheSameResult) {
   EXPECT_TRUE(at::equal(p, p2));
 }
 
-TEST(FlatParams, ParametersAndGradientsAreViewsOfTwoGroupBuffers) {
+TEST(ChunkStore, ParametersAndGradientsAreViewsOfTheChunks) {
   at::manual_seed(1);
   Toy toy;
   auto before_w = toy.w.clone();
-  optim::FlatParams flat(toy, 0.1);
-  ASSERT_EQ(flat.groups().size(), 2u);
-  EXPECT_EQ(flat.groups()[0].weight_decay, 0.1);
-  EXPECT_EQ(flat.groups()[1].weight_decay, 0.0);
+  dist::Group alone("dp");
+  auto zs = plain(toy, alone, 0.1);
+  const auto& store = zs->store();
+  ASSERT_EQ(store.layout().chunks(), 1);
   EXPECT_TRUE(at::equal(toy.w, before_w));
-  EXPECT_EQ(toy.w.data_ptr(), flat.groups()[0].params.data_ptr());
+  EXPECT_EQ(toy.w.data_ptr(), store.params()[0].data_ptr());
+  EXPECT_EQ(toy.b.data_ptr<float>(), store.params()[0].data_ptr<float>() + 37 * 11);
   toy.w.sum().backward();
-  EXPECT_EQ(flat.groups()[0].grads.sum().item<double>(), 37.0 * 11.0);   // accumulated in place
-  flat.zero_grad();
+  toy.w.sum().backward();
+  EXPECT_EQ(zs->store().full_grads()[0].sum().item<double>(), 2 * 37.0 * 11.0);   // accumulated in place
+  zs->zero_grad();
   EXPECT_EQ(toy.w.grad().abs().sum().item<double>(), 0.0);
+  // Weight decay follows the tensor: the matrix's pieces take it, the bias's do not.
+  for (const auto& piece : store.layout().slots) EXPECT_EQ(piece.decay, piece.name == "w");
 }
 
-TEST(FlatParams, ClippingScalesToTheMaximumNormLikeTorch) {
+TEST(ChunkStore, ClippingScalesToTheMaximumNormLikeTorch) {
   Toy toy;
-  optim::FlatParams flat(toy, 0.0);
-  flat.groups()[0].grads.fill_(1.0);
-  flat.groups()[1].grads.fill_(2.0);
+  dist::Group alone("dp");
+  auto zs = plain(toy, alone, 0.0, 128);
+  {
+    at::NoGradGuard g;
+    toy.w.grad().fill_(1.0);
+    toy.b.grad().fill_(2.0);
+  }
   const double expected = std::sqrt(37.0 * 11.0 + 37.0 * 4.0);
-  EXPECT_NEAR(flat.clip_grad_norm(1.0), expected, 1e-4);
-  EXPECT_NEAR(flat.clip_grad_norm(0.0), 1.0, 1e-5);   // now at the clipped norm
+  EXPECT_NEAR(zs->clip_grad_norm(1.0), expected, 1e-4);
+  EXPECT_NEAR(zs->clip_grad_norm(0.0), 1.0, 1e-5);   // now at the clipped norm
 }
 
 TEST(Schedule, WarmsUpLinearlyThenDecaysByCosineToMinimum) {

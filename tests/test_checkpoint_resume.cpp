@@ -209,6 +209,12 @@ TEST(Resume, TrainerStateIsCheckedBeforeItIsTrusted) {
     EXPECT_NE(e.find("\"loader_position\" = 2.5"), std::string::npos) << e;
     legacy["loader_position"] = 6;
     EXPECT_EQ(error_for(legacy.dump()), "(no error)");
+    // Batches of one process become samples on resume: a count that overflows them is refused there.
+    legacy["loader_position"] = int64_t{1} << 62;
+    colossal::test::write_file(path, legacy.dump());
+    const std::string overflow = resume_error(d, 6);
+    EXPECT_NE(overflow.find("trainer_state.json: loader_position = 4611686018427387904 batches of"), std::string::npos) << overflow;
+    EXPECT_NE(overflow.find("overflow the sample count"), std::string::npos) << overflow;
   }
   EXPECT_NE(error_with("train_loss", "low").find("\"train_loss\" = \"low\" (expected a number)"), std::string::npos);
   EXPECT_EQ(error_with("train_loss", nullptr), "(no error)");   // a NaN loss is stored as null

@@ -15,7 +15,8 @@
 #include "src/engine/trainer.h"
 #include "src/nn/lm_head_loss.h"
 #include "src/optim/adamw.h"
-#include "src/optim/flat_params.h"
+#include "src/dist/group.h"
+#include "src/memory/zero_strategy.h"
 #include "src/io/safetensors.h"
 #include "tests/support/test_support.h"
 
@@ -93,21 +94,27 @@ TEST(Cuda, FusedAdamWFollowsTheCpuKernelOverTwentySteps) {
   SKIP_WITHOUT_GPU();
   auto cpu = make_gpt(1), gpu = make_gpt(1);
   gpu->to(kGpu);
-  optim::FlatParams fc(*cpu, 0.1), fg(*gpu, 0.1);
-  optim::AdamW ac(fc, {0.9, 0.95, 1e-8}), ag(fg, {0.9, 0.95, 1e-8});
-  ASSERT_EQ(fc.groups().size(), 2u);   // decayed matrices and undecayed vectors
+  dist::Group alone_c("dp"), alone_g("dp");
+  auto make = [](nn::Module& m, dist::Group& g) {
+    return std::make_unique<memory::ZeroStrategy>(m, memory::ZeroOptions{0, 4096, 0.1}, g,
+                                                  std::make_unique<optim::AdamW>(optim::AdamWOptions{0.9, 0.95, 1e-8}));
+  };
+  auto zc = make(*cpu, alone_c), zg = make(*gpu, alone_g);
+  const int64_t chunks = zc->store().layout().chunks();
+  ASSERT_GT(chunks, 1);
   for (int step = 0; step < 20; ++step) {
-    for (size_t g = 0; g < 2; ++g) {
-      auto grad = at::randn_like(fc.groups()[g].grads);
-      fc.groups()[g].grads.copy_(grad);
-      fg.groups()[g].grads.copy_(grad);
+    for (int64_t c = 0; c < chunks; ++c) {
+      auto grad = at::randn_like(zc->store().full_grads()[c]);
+      zc->store().full_grads()[c].copy_(grad);
+      zg->store().full_grads()[c].copy_(grad);
     }
     const double lr = 1e-3 * (1 + step % 3);
-    ac.step(lr);
-    ag.step(lr);
-    for (size_t g = 0; g < 2; ++g) {
-      EXPECT_LT(max_abs_diff(fg.groups()[g].params, fc.groups()[g].params), 1e-6) << "group " << g << " step " << step;
-      EXPECT_LT(max_abs_diff(ag.exp_avg_sq()[g], ac.exp_avg_sq()[g]), 1e-6) << "group " << g << " step " << step;
+    zc->step(lr);
+    zg->step(lr);
+    for (int64_t c = 0; c < chunks; ++c) {
+      EXPECT_LT(max_abs_diff(zg->store().params()[c], zc->store().params()[c]), 1e-6) << "chunk " << c << " step " << step;
+      EXPECT_LT(max_abs_diff(zg->store().state("exp_avg_sq")[c], zc->store().state("exp_avg_sq")[c]), 1e-6)
+          << "chunk " << c << " step " << step;
     }
   }
 }

@@ -1,7 +1,7 @@
 // Distributed runtime, in one process: each rank is a thread with its own rendezvous client, Gloo
 // process group and model, on 127.0.0.1 with a free port. Mesh arithmetic, the group wrapper's
-// collectives, counters and errors, rendezvous failures, and data-parallel gradients against one
-// process on the global batch.
+// collectives, counters and errors, rendezvous failures, and ZeRO stages 0-2 against one process on
+// the global batch and against each other.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -24,8 +24,8 @@
 #include "src/engine/train_plan.h"
 #include "models/registry.h"
 #include "src/nn/kernel_choice.h"
-#include "src/optim/flat_params.h"
-#include "src/parallel/data_parallel.h"
+#include "src/memory/zero_strategy.h"
+#include "src/optim/adamw.h"
 #include "tests/support/test_support.h"
 
 using namespace colossal;
@@ -142,6 +142,39 @@ TEST(Group, AllReduceBroadcastAndBarrierAcrossFourRanksWithCounters) {
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
+TEST(Group, AllGatherAndReduceScatterMoveShardsInRankOrderAcrossFourRanks) {
+  auto errors = run_ranks(4, [](int64_t rank, Runtime& rt) {
+    Group& g = rt.group(Dim::dp);
+    // all-gather: rank r contributes [r*10, r*10+1, r*10+2]; everyone gets the four in rank order.
+    at::Tensor shard = at::arange(3, at::kFloat) + static_cast<float>(rank * 10);
+    at::Tensor whole = at::empty({12});
+    g.all_gather(whole, shard, "test gather");
+    for (int64_t r = 0; r < 4; ++r)
+      EXPECT_TRUE(at::equal(whole.narrow(0, r * 3, 3), at::arange(3, at::kFloat) + static_cast<float>(r * 10))) << r;
+    // reduce-scatter: rank r contributes (r+1) * [0..11]; rank r keeps the sum (10 x) of its own three.
+    at::Tensor in = at::arange(12, at::kDouble) * static_cast<double>(rank + 1);
+    at::Tensor mine = at::empty({3}, at::kDouble);
+    Pending p = g.reduce_scatter_async(mine, in, "test scatter");
+    g.wait(p);
+    EXPECT_TRUE(at::equal(mine, at::arange(rank * 3, rank * 3 + 3, at::kDouble) * 10.0)) << mine;
+    const CommCounters c = g.take_counters();
+    EXPECT_EQ(c.calls, 2);
+    EXPECT_EQ(c.bytes, 12 + 96);   // the shard sent, the whole reduced
+    // Sizes that are not ranks x shard are refused, naming the operation and the purpose.
+    const std::string e = test::error_of([&] { g.all_gather(at::empty({10}), shard, "bad gather"); });
+    EXPECT_NE(e.find("all_gather on group dp (bad gather): 10 Float values on cpu for 4 shards of 3 Float"), std::string::npos) << e;
+  });
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  // A group without a backend copies: the gathered whole is the shard, the scattered shard the whole.
+  Group alone("dp");
+  at::Tensor whole = at::empty({4});
+  alone.all_gather(whole, at::ones({4}), "one");
+  EXPECT_TRUE(at::equal(whole, at::ones({4})));
+  at::Tensor shard = at::empty({4});
+  alone.reduce_scatter(shard, at::full({4}, 2.0f), "one");
+  EXPECT_TRUE(at::equal(shard, at::full({4}, 2.0f)));
+}
+
 TEST(Group, AHungRankIsNamedByTheRanksThatTimedOutWaitingForIt) {
   auto errors = run_ranks(
       3,
@@ -219,7 +252,7 @@ TEST(Rendezvous, OneProcessOpensNoSocketAndItsGroupsDoNothing) {
   EXPECT_EQ(rt->backend_name(), "none");
 }
 
-// ---- data parallelism against one process -------------------------------------------------------
+// ---- ZeRO stages 0-2 against one process and against each other ---------------------------------
 
 namespace {
 
@@ -233,111 +266,110 @@ ModelConfig tiny_model() {
   return m;
 }
 
-struct Replica {
-  std::shared_ptr<nn::CausalLM> model;
-  std::unique_ptr<optim::FlatParams> flat;
-  std::vector<parallel::GradBuffer> buffers() { return grad_buffers(*flat, *model); }
-};
-
-Replica make_replica() {
+std::shared_ptr<nn::CausalLM> make_replica() {
   at::manual_seed(5);
   nn::LayerFactory f;
-  Replica r;
-  r.model = nn::model_as<nn::CausalLM>(build_model(tiny_model(), f), "make_replica");
-  r.model->train();
-  r.flat = std::make_unique<optim::FlatParams>(*r.model, 0.1);
-  return r;
+  auto model = nn::model_as<nn::CausalLM>(build_model(tiny_model(), f), "make_replica");
+  model->train();
+  return model;
 }
 
-// The global batch: [8, 17] tokens, fixed.
-at::Tensor global_batch(int64_t rows) {
-  at::manual_seed(11);
-  return at::randint(0, 64, {rows, 17}, at::kLong);
+std::unique_ptr<memory::ZeroStrategy> zero(nn::Module& m, Group& g, int stage, int64_t chunk_numel) {
+  return std::make_unique<memory::ZeroStrategy>(m, memory::ZeroOptions{stage, chunk_numel, 0.1}, g,
+                                                std::make_unique<optim::AdamW>(optim::AdamWOptions{0.9, 0.95, 1e-5}));
 }
 
-// Gradients of one process over the whole batch, in `micro` equal micro-batches.
-std::vector<at::Tensor> single_process_grads(int64_t micro) {
-  Replica r = make_replica();
-  auto batch = global_batch(8);
-  for (int64_t m = 0; m < micro; ++m) {
-    auto b = batch.narrow(0, m * 8 / micro, 8 / micro);
-    auto loss = r.model->loss(b.narrow(1, 0, 16), b.narrow(1, 1, 16)) / static_cast<double>(micro);
-    loss.backward();
-  }
-  std::vector<at::Tensor> out;
-  for (auto& g : r.flat->groups()) out.push_back(g.grads.clone());
-  return out;
+// The global batch of step `step`: [8, 17] tokens, fixed.
+at::Tensor global_batch(int64_t step) {
+  at::manual_seed(11 + static_cast<uint64_t>(step));
+  return at::randint(0, 64, {8, 17}, at::kLong);
 }
 
 double max_relative(const at::Tensor& a, const at::Tensor& b) {
-  return (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-30);
+  return (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-30);
 }
 
-// Each rank takes its rows of every micro-batch (rank r of W: rows [r*B, (r+1)*B) of the micro-batch's
-// global rows, as the loader deals them) and reduces only on the last micro-batch.
-void check_data_parallel_matches_one_process(int64_t world, int64_t micro, int64_t bucket_bytes) {
+using Weights = std::map<std::string, at::Tensor>;
+
+// `steps` optimizer steps at ZeRO `stage` over `world` ranks, each taking its rows of every micro-batch
+// (rank r of W: rows [r*B, (r+1)*B) of the micro-batch, as the loader deals them), with clipping that
+// acts. Returns every rank's final parameters; checks the per-step collective counts and the bytes held.
+std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_t steps, int64_t chunk_numel) {
   nn::set_kernel_policy({nn::KernelPath::Ours, nn::KernelPath::Ours, nn::KernelPath::Ours, nn::KernelPath::Ours,
                          nn::KernelPath::Ours});
-  const auto expected = single_process_grads(micro);
-  std::vector<Replica> replicas;
+  std::vector<std::shared_ptr<nn::CausalLM>> replicas;
   for (int64_t r = 0; r < world; ++r) replicas.push_back(make_replica());
-  const auto batch = global_batch(8);
-  std::vector<std::vector<at::Tensor>> got(static_cast<size_t>(world));
-  auto errors = run_ranks(world, [&](int64_t rank, Runtime& rt) {
-    Replica& rep = replicas[static_cast<size_t>(rank)];
-    parallel::DataParallel dp(rep.buffers(), rt.group(Dim::dp), bucket_bytes);
-    if (bucket_bytes <= 64) {
-      EXPECT_GT(dp.bucket_count(), 10);
-    }
-    const int64_t rows = 8 / micro / world;
-    for (int64_t m = 0; m < micro; ++m) {
-      dp.prepare(m == micro - 1);
-      auto b = batch.narrow(0, m * 8 / micro + rank * rows, rows);
-      auto loss = rep.model->loss(b.narrow(1, 0, 16), b.narrow(1, 1, 16)) / static_cast<double>(micro);
-      loss.backward();
-      if (m < micro - 1) {
-        EXPECT_EQ(rt.group(Dim::dp).take_counters().calls, 0) << "reduced on an accumulation step";
+  std::vector<at::Tensor> batches;   // drawn here: the generator is global, the ranks are threads
+  for (int64_t step = 0; step < steps; ++step) batches.push_back(global_batch(step));
+  std::vector<Weights> got(static_cast<size_t>(world));
+  auto body = [&](int64_t rank, Group& g) {
+    auto& model = *replicas[static_cast<size_t>(rank)];
+    auto zs = zero(model, g, stage, chunk_numel);
+    const int64_t chunks = zs->store().layout().chunks();
+    for (int64_t step = 0; step < steps; ++step) {
+      const auto& batch = batches[static_cast<size_t>(step)];
+      const int64_t rows = 8 / micro / world;
+      for (int64_t m = 0; m < micro; ++m) {
+        zs->before_backward(m == micro - 1);
+        auto b = batch.narrow(0, m * 8 / micro + rank * rows, rows);
+        (model.loss(b.narrow(1, 0, 16), b.narrow(1, 1, 16)) / static_cast<double>(micro)).backward();
+        zs->after_backward();
+        if (world > 1) {   // a chunk's reduction per micro-batch at stage 2, once a step below it
+          EXPECT_EQ(g.take_counters().calls, stage == 2 || m == micro - 1 ? chunks : 0) << "stage " << stage << " micro " << m;
+        }
       }
+      EXPECT_GT(zs->clip_grad_norm(0.05), 0.05);   // clipping acts
+      zs->step(1e-2);
+      zs->zero_grad();
+      g.take_counters();
     }
-    dp.finish();
-    EXPECT_EQ(rt.group(Dim::dp).take_counters().calls, dp.bucket_count());
-    for (auto& g : rep.flat->groups()) got[static_cast<size_t>(rank)].push_back(g.grads.clone());
-  });
-  for (size_t r = 0; r < errors.size(); ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
-  for (int64_t r = 0; r < world; ++r)
-    for (size_t g = 0; g < expected.size(); ++g) {
-      EXPECT_LT(max_relative(got[r][g], expected[g]), 1e-5) << "rank " << r << " group " << g;
-      EXPECT_TRUE(at::equal(got[r][g], got[0][g])) << "ranks disagree bitwise, group " << g;
+    // The bytes each rank holds are the ZeRO formulas over the chunked elements (padding included).
+    const int64_t P = zs->store().layout().total_numel() * 4, W = stage == 0 ? 1 : world;
+    const memory::ChunkBytes b = zs->store().bytes();
+    EXPECT_EQ(b.params, P);
+    EXPECT_EQ(b.grads, stage <= 1 ? P : P / W);
+    EXPECT_EQ(b.optimizer, 2 * P / W);
+    for (auto& item : model.named_parameters()) got[static_cast<size_t>(rank)][item.key()] = item.value().detach().clone();
+  };
+  if (world == 1) {
+    Group alone("dp");
+    body(0, alone);
+    return got;
+  }
+  auto errors = run_ranks(world, [&](int64_t rank, Runtime& rt) { body(rank, rt.group(Dim::dp)); });
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return got;
+}
+
+void expect_same(const std::vector<Weights>& got, const Weights& expected, double tolerance, const std::string& what) {
+  for (size_t r = 0; r < got.size(); ++r)
+    for (const auto& [name, t] : expected) {
+      ASSERT_TRUE(got[r].count(name)) << what << ": " << name;
+      EXPECT_LT(max_relative(got[r].at(name), t), tolerance) << what << ", rank " << r << ", " << name;
+      EXPECT_TRUE(at::equal(got[r].at(name), got[0].at(name))) << what << ": ranks disagree bitwise on " << name;
     }
 }
 
 }  // namespace
 
-TEST(DataParallel, TwoRanksEqualOneProcessOnTheGlobalBatch) { check_data_parallel_matches_one_process(2, 1, 25 << 20); }
-TEST(DataParallel, FourRanksWithTinyBucketsEqualOneProcess) { check_data_parallel_matches_one_process(4, 1, 1); }
-TEST(DataParallel, AccumulationReducesOnlyOnTheLastMicroBatch) { check_data_parallel_matches_one_process(2, 2, 4096); }
+TEST(Zero, PlainDataParallelAtTwoAndFourRanksEqualsOneProcessOnTheGlobalBatch) {
+  const auto one = train_ranks(0, 1, 1, 3, 4096)[0];
+  expect_same(train_ranks(0, 2, 1, 3, 4096), one, 1e-5, "2 ranks");
+  expect_same(train_ranks(0, 4, 1, 3, 1024), one, 1e-5, "4 ranks, small chunks");
+}
 
-TEST(DataParallel, BucketsAreContiguousRangesInReverseParameterOrder) {
-  Replica rep = make_replica();
-  auto bufs = rep.buffers();
-  const int64_t total = bufs[0].grads.numel();
-  auto errors = run_ranks(2, [&](int64_t rank, Runtime& rt) {
-    if (rank != 0) {
-      Replica other = make_replica();
-      parallel::DataParallel dp(other.buffers(), rt.group(Dim::dp), 4096);
-      return;
-    }
-    parallel::DataParallel dp(rep.buffers(), rt.group(Dim::dp), 4096);
-    auto ranges = dp.bucket_ranges(0);
-    ASSERT_FALSE(ranges.empty());
-    int64_t end = total;
-    for (auto [offset, numel] : ranges) {   // the first bucket holds the buffer's tail
-      EXPECT_EQ(offset + numel, end);
-      end = offset;
-    }
-    EXPECT_EQ(end, 0);
-  });
-  for (auto& e : errors) EXPECT_EQ(e, "");
+TEST(Zero, StagesOneAndTwoEqualPlainDataParallelWithAccumulationAndClipping) {
+  // Chunks of 1000 elements: tensors straddle the shard boundaries (and chunks) at both sizes.
+  for (int64_t world : {2, 4}) {
+    const auto plain = train_ranks(0, world, 2, 3, 1000)[0];
+    for (int stage : {1, 2})
+      expect_same(train_ranks(stage, world, 2, 3, 1000), plain, 1e-6, "stage " + std::to_string(stage) + " at " + std::to_string(world));
+  }
+}
+
+TEST(Zero, AtOneRankEveryStageIsTheSameUpdate) {
+  const auto plain = train_ranks(0, 1, 2, 3, 1000)[0];
+  for (int stage : {1, 2}) expect_same(train_ranks(stage, 1, 2, 3, 1000), plain, 1e-6, "stage " + std::to_string(stage));
 }
 
 // ---- a backend named explicitly runs even in a world of one (how NCCL is checked on one GPU) --------

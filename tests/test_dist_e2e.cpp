@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "src/dist/launcher.h"
+#include "src/io/hf_weights.h"
 #include "src/io/safetensors.h"
 #include "tests/support/test_support.h"
 
@@ -75,13 +76,18 @@ dir = ")" + (dir / name) + "\"\n" + extra);
   return path;
 }
 
-std::map<std::string, at::Tensor> final_weights(const std::string& run_dir) {
+std::string latest_checkpoint(const std::string& run_dir) {
   std::ifstream latest(run_dir + "/checkpoints/latest");
   std::string name;
   latest >> name;
-  auto f = load_safetensors(run_dir + "/checkpoints/" + name + "/model.safetensors");
+  return run_dir + "/checkpoints/" + name;
+}
+
+// One file or sharded with an index, as transformers reads them.
+std::map<std::string, at::Tensor> final_weights(const std::string& run_dir) {
+  const HfWeights w = HfWeights::open(latest_checkpoint(run_dir));
   std::map<std::string, at::Tensor> out;
-  for (auto& t : f.tensors) out[t.name] = t.tensor;
+  for (const auto& name : w.names()) out[name] = w.get(name);
   return out;
 }
 
@@ -118,7 +124,7 @@ TEST(DistributedTraining, TwoAndFourRanksEqualOneProcessOnTheSameGlobalBatch) {
     int nproc;
   };
   for (const Case& c : {Case{"two", "[parallel]\ndata = 2\n", 2}, Case{"four", "", 4},
-                        Case{"tiny-buckets", "[parallel]\nbucket_mb = 0.0001\n", 2}}) {
+                        Case{"tiny-chunks", "[memory]\nchunk_size_mb = 0.001\n", 2}}) {
     const std::string batch = std::to_string(8 / c.nproc);
     auto r = train(write_recipe(dir, c.name, c.extra), "--nproc-per-node " + std::to_string(c.nproc) + " --set train.batch_size=" + batch);
     ASSERT_EQ(r.exit_code, 0) << c.name << ": " << r.output;
@@ -142,6 +148,50 @@ TEST(DistributedTraining, AccumulationAndActiveClippingStillEqualOneProcess) {
   auto bucketed = colossal::test::metric_values(dir / "two/metrics.jsonl", "dp_allreduce_ms");
   EXPECT_EQ(one_step.size(), 6u);
   EXPECT_EQ(bucketed.size(), 6u);
+}
+
+TEST(DistributedTraining, ZeroStagesOneAndTwoFollowPlainDataParallelAndShardTheirCheckpoints) {
+  TempDir dir;
+  const std::string common = "--set train.grad_accum=2 --set train.grad_clip=0.05 --set memory.chunk_size_mb=0.01";
+  ASSERT_EQ(train(write_recipe(dir, "plain"), "--nproc-per-node 2 --set train.batch_size=4 " + common).exit_code, 0);
+  struct Case {
+    std::string name;
+    int stage, nproc;
+  };
+  for (const Case& c : {Case{"zero1", 1, 2}, Case{"zero2", 2, 2}, Case{"zero2x4", 2, 4}}) {
+    auto r = train(write_recipe(dir, c.name), "--nproc-per-node " + std::to_string(c.nproc) + " --set train.batch_size=" +
+                                                   std::to_string(8 / c.nproc) + " --set memory.zero=" + std::to_string(c.stage) + " " + common);
+    ASSERT_EQ(r.exit_code, 0) << c.name << ": " << r.output;
+    EXPECT_LT(max_relative_difference(dir / c.name, dir / "plain"), 1e-6) << c.name;
+    // Every rank wrote the tensors it owns; the indexes name each tensor's file.
+    const std::string ckpt = latest_checkpoint(dir / c.name);
+    for (int rank = 1; rank <= c.nproc; ++rank) {
+      char file[64];
+      std::snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", rank, c.nproc);
+      EXPECT_TRUE(fs::exists(ckpt + "/" + file)) << file;
+    }
+    EXPECT_TRUE(fs::exists(ckpt + "/model.safetensors.index.json"));
+    EXPECT_TRUE(fs::exists(ckpt + "/optimizer.safetensors.index.json"));
+    EXPECT_FALSE(fs::exists(ckpt + "/model.safetensors"));
+  }
+}
+
+TEST(DistributedTraining, ResumeReshardsAcrossStagesAndRanksAndContinuesTheSameRun) {
+  TempDir dir;
+  ASSERT_EQ(train(write_recipe(dir, "ref"), "--set train.max_steps=8").exit_code, 0);
+  // ZeRO-2 over 4 ranks for 3 steps, ZeRO-1 over 2 ranks to step 6, then one plain process to step 8.
+  const std::string a = write_recipe(dir, "a", "[memory]\nchunk_size_mb = 0.01\n");
+  auto r = train(a, "--nproc-per-node 4 --set train.batch_size=2 --set memory.zero=2 --set train.max_steps=3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = train(a, "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=1 --set train.max_steps=6 --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = train(a, "--set train.max_steps=8 --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(max_relative_difference(dir / "a", dir / "ref"), 1e-6);
+  auto ref = colossal::test::metric_values(dir / "ref/metrics.jsonl", "loss");
+  auto got = colossal::test::metric_values(dir / "a/metrics.jsonl", "loss");
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << "step " << i + 1;
 }
 
 TEST(DistributedTraining, WorkersStartedByTorchrunJoinWithoutFlags) {

@@ -203,3 +203,24 @@ TEST(RecipeErrors, NonAsciiOutsideStringsIsRefusedBeforeTheTomlParserSeesIt) {
   EXPECT_EQ(r.data.tokenizer, "caf\xc3\xa9.model");   // a bare --set value stays a string
   EXPECT_EQ(r.data.dataset, "\xc3\xa9.h5");
 }
+
+TEST(RecipeErrors, MemoryKeysNameTheirValidChoices) {
+  Recipe r = parse_recipe("[memory]\nzero = 2\nchunk_size_mb = 16\n", "r.toml");
+  EXPECT_EQ(r.memory.zero, 2);
+  EXPECT_EQ(r.memory.chunk_size_mb, 16);
+  EXPECT_EQ(parse_recipe("[memory]\nchunk_size_mb = \"auto\"\n", "r.toml").memory.chunk_size_mb, 0);
+  EXPECT_NE(r.to_toml().find("[memory]\nchunk_size_mb = 16"), std::string::npos) << r.to_toml();
+  for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
+           {"[memory]\nzero = 4\n", "r.toml:2: [memory] zero: = 4 is out of range (valid: 0 to 3)"},
+           {"[memory]\nzero = 3\n", "zero: = 3: ZeRO stage 3 (sharded parameters) is not built yet (valid today: 0, 1 or 2)"},
+           {"[memory]\nchunk_size_mb = \"big\"\n", "chunk_size_mb: = \"big\" is not a number or \"auto\""},
+           {"[memory]\nchunk_size_mb = 0\n", "chunk_size_mb: = 0 is out of range"},
+           {"[memory]\nchunk_size_mb = -2\n", "chunk_size_mb: = -2 is out of range"},
+           {"[memory]\nchunk_size_mb = true\n", "chunk_size_mb: must be a number or \"auto\", not a boolean"},
+           {"[parallel]\nbucket_mb = 25\n", "bucket_mb: was replaced by [memory] chunk_size_mb"},
+           {"[data]\ntokenizer_vocab = 1\n", "tokenizer_vocab: = 1 is below the 260 pieces every trained tokenizer needs"},
+       }) {
+    const std::string e = error_of(text);
+    EXPECT_NE(e.find(message), std::string::npos) << text << " -> " << e;
+  }
+}

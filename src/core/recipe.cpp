@@ -139,7 +139,7 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   if (r.name.empty() || r.name == "." || r.name == ".." || r.name.find('/') != std::string::npos)
     throw RecipeError(r.where("name"), "= \"" + r.name + "\" is not a usable run name (non-empty, no \"/\", not . or ..)");
   top.finish();
-  static const std::vector<std::string> kSections = {"model", "data", "train", "optim", "checkpoint", "finetune", "kernels", "parallel", "output"};
+  static const std::vector<std::string> kSections = {"model", "data", "train", "optim", "checkpoint", "finetune", "kernels", "parallel", "memory", "output"};
   for (const auto& [k, node] : root) {
     std::string key(k.str());
     if (!node.is_table() || std::find(kSections.begin(), kSections.end(), key) != kSections.end()) continue;
@@ -196,6 +196,12 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   if (mc.from.empty() && dc.tokenizer_vocab > mc.vocab_size)
     d.fail("tokenizer_vocab", "= " + std::to_string(dc.tokenizer_vocab) + " exceeds model.vocab_size = " +
                                   std::to_string(mc.vocab_size) + " (the model must have a row for every token)");
+  // A trained tokenizer starts from 256 byte-fallback pieces, <unk>, <s>, </s> and the newline piece.
+  constexpr int64_t kMinTrainedVocab = 260;
+  if (dc.tokenizer_vocab != 0 && dc.tokenizer_vocab < kMinTrainedVocab)
+    d.fail("tokenizer_vocab", "= " + std::to_string(dc.tokenizer_vocab) + " is below the " + std::to_string(kMinTrainedVocab) +
+                                  " pieces every trained tokenizer needs (256 byte-fallback pieces, <unk>, <s>, </s> and the "
+                                  "newline); valid: 0 (= model.vocab_size) or at least " + std::to_string(kMinTrainedVocab));
   if (dc.tokenizer_vocab == 0) dc.tokenizer_vocab = mc.vocab_size;
   d.finish();
 
@@ -262,10 +268,19 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   pc.tensor = par.integer("tensor", pc.tensor, 1, 1 << 20);
   pc.pipeline = par.integer("pipeline", pc.pipeline, 1, 1 << 20);
   pc.sequence = par.integer("sequence", pc.sequence, 1, 1 << 20);
-  pc.bucket_mb = par.real("bucket_mb", pc.bucket_mb, 1e-6, 1 << 20);
+  if (par.real("bucket_mb", -1, 0, 1e300) >= 0)
+    par.fail("bucket_mb", "was replaced by [memory] chunk_size_mb: gradients are reduced a chunk at a time (remove the key, "
+                          "or set chunk_size_mb = N in MiB)");
   pc.timeout_s = par.real("timeout_s", pc.timeout_s, 1, 1e6);
   pc.backend = par.string("backend", pc.backend, {"auto", "gloo", "nccl"});
   par.finish();
+
+  auto mem = section("memory");
+  r.memory.zero = mem.integer("zero", r.memory.zero, 0, 3);
+  if (r.memory.zero == 3)
+    mem.fail("zero", "= 3: ZeRO stage 3 (sharded parameters) is not built yet (valid today: 0, 1 or 2)");
+  r.memory.chunk_size_mb = mem.real_or_word("chunk_size_mb", r.memory.chunk_size_mb, 1.0 / 1024, 1 << 20, "auto", 0);
+  mem.finish();
 
   auto out = section("output");
   r.output.dir = out.string("dir", "runs/" + r.name);
@@ -322,9 +337,12 @@ std::string Recipe::to_toml() const {
       {"kernels", toml::table{{"attention", kernels.attention}, {"gelu", kernels.gelu}, {"gemv", kernels.gemv},
                               {"layer_norm", kernels.layer_norm}, {"gemm", kernels.gemm}}},
       {"parallel", toml::table{{"tensor", parallel.tensor}, {"pipeline", parallel.pipeline}, {"sequence", parallel.sequence},
-                               {"bucket_mb", parallel.bucket_mb}, {"timeout_s", parallel.timeout_s}, {"backend", parallel.backend}}},
+                               {"timeout_s", parallel.timeout_s}, {"backend", parallel.backend}}},
+      {"memory", toml::table{{"zero", memory.zero}}},
       {"output", toml::table{{"dir", output.dir}, {"log_level", output.log_level}}},
   };
+  if (memory.chunk_size_mb == 0) root["memory"].as_table()->insert("chunk_size_mb", "auto");
+  else root["memory"].as_table()->insert("chunk_size_mb", memory.chunk_size_mb);
   if (parallel.data == 0) root["parallel"].as_table()->insert("data", "auto");
   else root["parallel"].as_table()->insert("data", parallel.data);
   std::ostringstream s;

@@ -98,9 +98,14 @@ struct ParallelConfig {             // [parallel]: how the world's ranks are arr
   int64_t tensor = 1;                // tensor-parallel size
   int64_t pipeline = 1;              // pipeline stages
   int64_t sequence = 1;              // sequence-parallel size
-  double bucket_mb = 25;             // data-parallel gradient buckets (all-reduced as each fills)
   double timeout_s = 300;            // a collective or the rendezvous waiting longer ends the job
   std::string backend = "auto";      // auto (gloo on CPU, nccl for CUDA tensors) | gloo | nccl
+};
+
+struct MemoryConfig {               // [memory]: where parameters, gradients and optimizer states live
+  int64_t zero = 0;                  // ZeRO stage: 0 (plain data parallelism), 1 (optimizer states
+                                     // sharded), 2 (and gradients)
+  double chunk_size_mb = 0;          // fp32 MiB per chunk; 0 = "auto" (searched to minimise padding)
 };
 
 struct OutputConfig {                // [output]
@@ -119,6 +124,7 @@ struct Recipe {
   FinetuneConfig finetune;
   KernelsConfig kernels;
   ParallelConfig parallel;
+  MemoryConfig memory;
   OutputConfig output;
   std::set<std::string> sections;                 // the [sections] the recipe (or a --set) wrote
   std::map<std::string, std::string> locations;   // "train.lr" -> "recipes/x.toml:12" or "--set train.lr"

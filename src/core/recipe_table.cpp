@@ -83,6 +83,19 @@ int64_t RecipeSection::integer_or_word(const std::string& key, int64_t fallback,
   return integer(key, fallback, min, max);
 }
 
+double RecipeSection::real_or_word(const std::string& key, double fallback, double min, double max, const std::string& word,
+                                   double word_value) {
+  const toml::node* n = lookup(key);
+  if (n && n->is_string()) {
+    if (n->value_exact<std::string>() != word)
+      fail(key, "= \"" + *n->value_exact<std::string>() + "\" is not a number or \"" + word + "\"");
+    return word_value;
+  }
+  if (n && (n->is_boolean() || !n->value<double>()))
+    fail(key, "must be a number or \"" + word + "\", not " + type_name(*n));
+  return real(key, fallback, min, max);
+}
+
 double RecipeSection::real(const std::string& key, double fallback, double min, double max) {
   const toml::node* n = lookup(key);
   if (!n) return fallback;

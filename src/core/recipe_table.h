@@ -23,6 +23,9 @@ class RecipeSection {
   int64_t integer_or_word(const std::string& key, int64_t fallback, int64_t min, int64_t max,
                           const std::string& word, int64_t word_value);
   double real(const std::string& key, double fallback, double min, double max);
+  // A number, or the one word `word` (e.g. chunk_size_mb = "auto"), which reads as `word_value`.
+  double real_or_word(const std::string& key, double fallback, double min, double max, const std::string& word,
+                      double word_value);
   bool boolean(const std::string& key, bool fallback);
   std::string string(const std::string& key, const std::string& fallback,
                      const std::vector<std::string>& choices = {});

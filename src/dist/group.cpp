@@ -153,6 +153,49 @@ Pending Group::all_reduce_async(const at::Tensor& t, const std::string& what) {
   });
 }
 
+void Group::check_shards(const char* op, const at::Tensor& whole, const at::Tensor& shard, const std::string& what) const {
+  if (whole.numel() != shard.numel() * size() || whole.scalar_type() != shard.scalar_type() ||
+      whole.device() != shard.device() || !whole.is_contiguous() || !shard.is_contiguous())
+    throw Error(std::string(op) + " on group " + name_ + " (" + what + "): " + std::to_string(whole.numel()) + " " +
+                c10::toString(whole.scalar_type()) + " values on " + whole.device().str() + " for " + std::to_string(size()) +
+                " shards of " + std::to_string(shard.numel()) + " " + c10::toString(shard.scalar_type()) + " on " +
+                shard.device().str() + " (internal: both contiguous, whole = ranks x shard, one dtype and device)");
+}
+
+Pending Group::all_gather_async(const at::Tensor& whole, const at::Tensor& shard, const std::string& what) {
+  check_shards("all_gather", whole, shard, what);
+  if (!backend_) {
+    whole.copy_(shard.view(whole.sizes()));
+    return {};
+  }
+  return launch("all_gather", what, shard, [&](Pending& p, std::vector<at::Tensor>&) {
+    at::Tensor out = whole.view({-1}), in = shard.view({-1});
+    p.state_->work = backend_->pg->_allgather_base(out, in, c10d::AllgatherOptions{});
+  });
+}
+
+Pending Group::reduce_scatter_async(const at::Tensor& shard, const at::Tensor& whole, const std::string& what) {
+  check_shards("reduce_scatter", whole, shard, what);
+  if (!backend_) {
+    shard.copy_(whole.view(shard.sizes()));
+    return {};
+  }
+  return launch("reduce_scatter", what, whole, [&](Pending& p, std::vector<at::Tensor>&) {
+    at::Tensor out = shard.view({-1}), in = whole.view({-1});
+    p.state_->work = backend_->pg->_reduce_scatter_base(out, in, c10d::ReduceScatterOptions{});
+  });
+}
+
+void Group::all_gather(const at::Tensor& whole, const at::Tensor& shard, const std::string& what) {
+  Pending p = all_gather_async(whole, shard, what);
+  wait(p);
+}
+
+void Group::reduce_scatter(const at::Tensor& shard, const at::Tensor& whole, const std::string& what) {
+  Pending p = reduce_scatter_async(shard, whole, what);
+  wait(p);
+}
+
 void Group::blocking(const std::string& op, const std::string& what, at::Tensor& t, const Start& start) {
   if (!backend_) return;
   if (t.device() != comm_device_) {   // e.g. a host scalar on an NCCL group: a device copy takes part

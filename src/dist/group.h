@@ -63,6 +63,16 @@ class Group {
 
   // Asynchronous all-reduce of a contiguous tensor, in place.
   Pending all_reduce_async(const at::Tensor& t, const std::string& what);
+
+  // The shards ZeRO moves (contiguous tensors on the communication device; `whole` holds size()
+  // shards in group-rank order, each shard.numel() long):
+  //   all-gather     every rank's `shard` into `whole` on every rank;
+  //   reduce-scatter the sum over ranks of `whole`, of which this rank keeps its own shard in `shard`.
+  // A group without a backend copies one into the other. `shard` must not overlap `whole`.
+  void all_gather(const at::Tensor& whole, const at::Tensor& shard, const std::string& what);
+  void reduce_scatter(const at::Tensor& shard, const at::Tensor& whole, const std::string& what);
+  Pending all_gather_async(const at::Tensor& whole, const at::Tensor& shard, const std::string& what);
+  Pending reduce_scatter_async(const at::Tensor& shard, const at::Tensor& whole, const std::string& what);
   void wait(Pending& p);
 
   // Counters since the last take (then reset).
@@ -76,6 +86,8 @@ class Group {
   // launch + wait, staging `t` through the communication device when it lives elsewhere.
   void blocking(const std::string& op, const std::string& what, at::Tensor& t, const Start& start);
   [[noreturn]] void fail(const Pending& p, const std::string& cause);
+  // Error unless `whole` is size() shards of `shard`'s dtype and device.
+  void check_shards(const char* op, const at::Tensor& whole, const at::Tensor& shard, const std::string& what) const;
 
   std::string name_;
   std::vector<int64_t> ranks_;

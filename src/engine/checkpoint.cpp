@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <regex>
+#include <set>
 
 #include "src/core/error.h"
 #include "src/core/json_value.h"
@@ -212,67 +213,127 @@ std::shared_ptr<nn::Model> load_pretrained(const std::string& dir, nn::LayerFact
   return model;
 }
 
+namespace {
+
+// "model-00002-of-00004.safetensors": transformers' name for shard 2 of 4.
+std::string shard_file(const std::string& stem, int64_t index, int64_t count) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%s-%05lld-of-%05lld.safetensors", stem.c_str(), static_cast<long long>(index + 1),
+                static_cast<long long>(count));
+  return buf;
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+  if (!f.flush()) throw Error("cannot write " + path.string());
+}
+
+// The RNG streams a resumed run continues (the CPU generator's, and the parameters' device's).
+void add_rng_state(std::vector<NamedTensor>& out, const at::Tensor& any_param) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.push_back({kRngName, gen.get_state()});
+  }
+  if (auto dev = device_generator(any_param)) {
+    std::lock_guard<std::mutex> lock(dev->mutex());
+    out.push_back({kCudaRngName, dev->get_state()});
+  }
+}
+
+}  // namespace
+
 std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int64_t keep_last) {
   const std::string name = step_dir_name(s.state.step);
   const std::string final_path = (fs::path(dir) / name).string();
-  AtomicDir out(final_path);
-  const fs::path tmp(out.path());
+  const int64_t rank = s.group ? s.group->rank() : 0, ranks = s.group ? s.group->size() : 1;
+  auto barrier = [&](const std::string& what) {
+    if (s.group) s.group->barrier(what + " of the checkpoint at step " + std::to_string(s.state.step));
+  };
+  // Sharded when the optimizer states are: every rank writes what it owns. Otherwise rank 0 holds
+  // everything and writes it alone, as one file of each kind.
+  const bool sharded = s.strategy && s.strategy->store().stage() > 0 && ranks > 1;
+  const std::string tag = "step";   // a temporary name every rank can compute
+  std::unique_ptr<AtomicDir> out;
+  if (rank == 0) out = std::make_unique<AtomicDir>(final_path, tag);
+  barrier("directory");
+  const fs::path tmp(AtomicDir::temp_path(final_path, tag));
+  const std::string model_file = sharded ? shard_file("model", rank, ranks) : "model.safetensors";
+  const std::string optim_file = sharded ? shard_file("optimizer", rank, ranks) : "optimizer.safetensors";
+  const auto& names = s.model->hf_names();
 
-  save_safetensors((tmp / "model.safetensors").string(), export_model_state(*s.model), {{"format", "pt"}});
-  {
-    std::ofstream f(tmp / "config.json");
-    f << config_for_save(s.model->hf_config(), s.base_config).dump(2) << "\n";
-  }
-  for (const auto& [name, bytes] : s.tokenizer_files) {
-    std::ofstream f(tmp / name, std::ios::binary);
-    f << bytes;
-  }
-  {
-    std::ofstream f(tmp / "recipe.toml");
-    f << s.recipe_toml;
-  }
-  if (s.optimizer && s.flat) {
-    std::vector<NamedTensor> moments;
-    const auto& names = s.model->hf_names();
-    auto& groups = s.flat->groups();
-    for (size_t g = 0; g < groups.size(); ++g) {
-      for (const auto& seg : groups[g].segments) {
-        const auto hf = names.to_hf(seg.name);
-        for (auto [suffix, flat] : {std::pair{".exp_avg", &s.optimizer->exp_avg()[g]}, std::pair{".exp_avg_sq", &s.optimizer->exp_avg_sq()[g]}})
-          for (auto& piece : hf_pieces(hf, flat->narrow(0, seg.offset, seg.numel).view(seg.shape), suffix))
-            moments.push_back(std::move(piece));
+  // This rank's tensors: the parameters it owns and their optimizer states (collective under ZeRO).
+  std::vector<NamedTensor> weights, states;
+  nlohmann::json weight_map = nlohmann::json::object(), state_map = nlohmann::json::object();
+  if (s.strategy) {
+    auto& store = s.strategy->store();
+    const auto state_names = s.strategy->optimizer().state_names();
+    std::set<std::string> in_store;
+    for (const auto& slot : store.layout().slots) in_store.insert(slot.name);
+    s.strategy->for_each_owned([&](int64_t i, const at::Tensor& param, const std::vector<at::Tensor>& st) {
+      const auto hf = names.to_hf(store.layout().slots[static_cast<size_t>(i)].name);
+      for (auto& piece : hf_pieces(hf, param)) weights.push_back(std::move(piece));
+      for (size_t k = 0; k < st.size(); ++k)
+        for (auto& piece : hf_pieces(hf, st[k], "." + state_names[k])) states.push_back(std::move(piece));
+    });
+    if (rank == 0) {
+      for (auto& item : s.model->named_parameters())   // frozen tensors live outside the store
+        if (!in_store.count(item.key()))
+          for (auto& piece : hf_pieces(names.to_hf(item.key()), item.value().detach())) weights.push_back(std::move(piece));
+      add_rng_state(states, store.params().front());
+      // The index: every tensor's file, from the layout alone (each rank's share is known to all).
+      for (int64_t i = 0; i < static_cast<int64_t>(store.layout().slots.size()); ++i) {
+        const auto hf = names.to_hf(store.layout().slots[static_cast<size_t>(i)].name);
+        const std::string owner_model = shard_file("model", store.owner(i), ranks), owner_optim = shard_file("optimizer", store.owner(i), ranks);
+        for (const auto& n : hf.names) {
+          weight_map[n] = owner_model;
+          for (const auto& sn : state_names) state_map[n + "." + sn] = owner_optim;
+        }
       }
+      for (const auto& w : weights) weight_map[w.name] = model_file;
+      for (const char* rng : {kRngName, kCudaRngName})
+        for (const auto& st : states)
+          if (st.name == rng) state_map[rng] = optim_file;
     }
-    auto gen = at::detail::getDefaultCPUGenerator();
-    at::Tensor rng;
-    {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      rng = gen.get_state();
-    }
-    moments.push_back({kRngName, rng});
-    if (auto dev = device_generator(groups.front().params)) {
-      std::lock_guard<std::mutex> lock(dev->mutex());
-      moments.push_back({kCudaRngName, dev->get_state()});
-    }
-    save_safetensors((tmp / "optimizer.safetensors").string(), moments,
-                     {{"optimizer", "adamw"}, {"step", std::to_string(s.optimizer->steps())}});
+  } else if (rank == 0) {
+    weights = export_model_state(*s.model);
   }
-  nlohmann::json state = {{"step", s.state.step},
-                          {"samples_seen", s.state.samples_seen},
-                          {"world_size", s.state.world_size},
-                          {"tokens_seen", s.state.tokens_seen},
-                          {"train_loss", s.state.train_loss},
-                          {"eval_loss", s.state.eval_loss},
-                          {"eval_accuracy", s.state.eval_accuracy},
-                          {"has_optimizer", s.optimizer != nullptr},
-                          {"kernel_choices", s.state.kernel_choices}};
-  {
-    std::ofstream f(tmp / "trainer_state.json");
-    f << state.dump(2) << "\n";
+  const std::string steps = s.strategy ? std::to_string(s.strategy->optimizer().steps()) : "0";
+  const std::string optimizer_name = s.strategy ? s.strategy->optimizer().name() : "";
+  if (rank == 0 || sharded) {
+    save_safetensors((tmp / model_file).string(), weights, {{"format", "pt"}});
+    if (s.strategy) save_safetensors((tmp / optim_file).string(), states, {{"optimizer", optimizer_name}, {"step", steps}});
   }
-  out.commit();
-  write_file_atomic((fs::path(dir) / "latest").string(), name + "\n");
-  rotate(dir, keep_last, name);
+  weights.clear();
+  states.clear();
+  barrier("every rank's files");
+
+  if (rank == 0) {
+    if (sharded) {
+      const nlohmann::json meta = {{"format", "pt"}};
+      write_text(tmp / "model.safetensors.index.json", nlohmann::json{{"metadata", meta}, {"weight_map", weight_map}}.dump(2) + "\n");
+      write_text(tmp / "optimizer.safetensors.index.json",
+                 nlohmann::json{{"metadata", {{"optimizer", optimizer_name}, {"step", steps}}}, {"weight_map", state_map}}.dump(2) + "\n");
+    }
+    write_text(tmp / "config.json", config_for_save(s.model->hf_config(), s.base_config).dump(2) + "\n");
+    for (const auto& [file, bytes] : s.tokenizer_files) write_text(tmp / file, bytes);
+    write_text(tmp / "recipe.toml", s.recipe_toml);
+    nlohmann::json state = {{"step", s.state.step},
+                            {"samples_seen", s.state.samples_seen},
+                            {"world_size", s.state.world_size},
+                            {"tokens_seen", s.state.tokens_seen},
+                            {"train_loss", s.state.train_loss},
+                            {"eval_loss", s.state.eval_loss},
+                            {"eval_accuracy", s.state.eval_accuracy},
+                            {"has_optimizer", s.strategy != nullptr},
+                            {"kernel_choices", s.state.kernel_choices}};
+    write_text(tmp / "trainer_state.json", state.dump(2) + "\n");
+    out->commit();
+    write_file_atomic((fs::path(dir) / "latest").string(), name + "\n");
+    rotate(dir, keep_last, name);
+  }
+  barrier("commit");
   return final_path;
 }
 
@@ -310,35 +371,47 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
   return info;
 }
 
-void load_optimizer_state(nn::Model& model, optim::FlatParams& flat, optim::AdamW& optimizer, const std::string& dir) {
-  const std::string path = (fs::path(dir) / "optimizer.safetensors").string();
-  auto file = load_safetensors(path);
-  const auto& names = model.hf_names();
-  auto& groups = flat.groups();
+void read_hf_pieces(const nn::HfTarget& target, const std::string& suffix, const HfWeights& weights, at::Tensor whole) {
   at::NoGradGuard no_grad;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    for (const auto& seg : groups[g].segments) {
-      const auto hf = names.to_hf(seg.name);
-      for (auto [suffix, buffer] : {std::pair{".exp_avg", &optimizer.exp_avg()[g]}, std::pair{".exp_avg_sq", &optimizer.exp_avg_sq()[g]}}) {
-        auto whole = buffer->narrow(0, seg.offset, seg.numel).view(seg.shape);
-        for (size_t i = 0; i < hf.names.size(); ++i) {
-          const std::string name = hf.names[i] + suffix;
-          const at::Tensor& t = file.at(name, path);
-          auto dst = part_of(whole, i, hf.names.size());
-          if (t.sizes() != hf_shape(dst, hf))
-            throw Error("checkpoint " + path + ": \"" + name + "\" has shape " + c10::str(t.sizes()) + ", expected " +
-                        c10::str(c10::IntArrayRef(hf_shape(dst, hf))));
-          dst.copy_(from_hf_layout(t, hf));
-        }
-      }
+  for (size_t i = 0; i < target.names.size(); ++i) {
+    const std::string name = target.names[i] + suffix;
+    const at::Tensor t = weights.get(name);   // read now, released after the copy
+    at::Tensor dst = part_of(whole, i, target.names.size());
+    if (t.sizes() != hf_shape(dst, target))
+      throw Error("checkpoint " + weights.file_of(name) + ": \"" + name + "\" has shape " + c10::str(t.sizes()) + ", expected " +
+                  c10::str(c10::IntArrayRef(hf_shape(dst, target))));
+    if (!at::isFloatingType(t.scalar_type()))
+      throw Error("checkpoint " + weights.file_of(name) + ": \"" + name + "\" holds " + c10::toString(t.scalar_type()) +
+                  " values (expected floating point)");
+    dst.copy_(from_hf_layout(t, target));
+  }
+}
+
+void load_optimizer_state(nn::Model& model, memory::TrainStrategy& strategy, const std::string& dir) {
+  const HfWeights file = HfWeights::open(dir, "optimizer");
+  const std::string& path = file.describe();
+  const auto& names = model.hf_names();
+  auto& store = strategy.store();
+  const auto state_names = strategy.optimizer().state_names();
+  if (auto it = file.metadata().find("optimizer"); it != file.metadata().end() && it->second != strategy.optimizer().name())
+    throw Error("checkpoint " + path + ": holds " + it->second + " state, but this run uses " + strategy.optimizer().name() +
+                " (resume with the same [optim] name, or start a new run with `colossal finetune`)");
+  // One tensor at a time: its whole value is read and each rank keeps its own part.
+  for (int64_t i = 0; i < static_cast<int64_t>(store.layout().slots.size()); ++i) {
+    const auto& slot = store.layout().slots[static_cast<size_t>(i)];
+    const auto hf = names.to_hf(slot.name);
+    for (size_t k = 0; k < state_names.size(); ++k) {
+      at::Tensor whole = at::empty(slot.shape, store.params().front().options());
+      read_hf_pieces(hf, "." + state_names[k], file, whole);
+      strategy.load_state(i, k, whole);
     }
   }
-  auto it = file.metadata.find("step");
-  if (it == file.metadata.end()) throw Error("checkpoint " + path + ": metadata has no step count");
+  auto it = file.metadata().find("step");
+  if (it == file.metadata().end()) throw Error("checkpoint " + path + ": metadata has no step count");
   const auto steps = parse_whole(it->second);
   if (!steps || *steps > static_cast<uint64_t>(INT64_MAX))
     throw Error("checkpoint " + path + ": metadata step = \"" + it->second + "\" (expected a whole number >= 0)");
-  optimizer.set_steps(static_cast<int64_t>(*steps));
+  strategy.optimizer().set_steps(static_cast<int64_t>(*steps));
   // The CPU generator's state is required: without it the resumed run would draw a different data
   // order and dropout stream than the uninterrupted one. Its size is checked before LibTorch sees it.
   if (!file.contains(kRngName))
@@ -346,7 +419,7 @@ void load_optimizer_state(nn::Model& model, optim::FlatParams& flat, optim::Adam
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    const at::Tensor& saved = file.at(kRngName, path);
+    const at::Tensor saved = file.get(kRngName);
     const at::Tensor current = gen.get_state();
     if (saved.scalar_type() != current.scalar_type() || saved.numel() != current.numel())
       throw Error("checkpoint " + path + ": \"" + std::string(kRngName) + "\" holds " + std::to_string(saved.numel()) + " " +
@@ -356,10 +429,10 @@ void load_optimizer_state(nn::Model& model, optim::FlatParams& flat, optim::Adam
   }
   // A run resumed on the device it was saved from continues its dropout stream; across devices the
   // streams differ anyway, so the saved one is left unused.
-  auto dev = device_generator(groups.front().params);
+  auto dev = device_generator(store.params().front());
   if (dev && file.contains(kCudaRngName)) {
     std::lock_guard<std::mutex> lock(dev->mutex());
-    dev->set_state(file.at(kCudaRngName, path));
+    dev->set_state(file.get(kCudaRngName));
   }
 }
 

@@ -6,7 +6,14 @@
 //   step-000400/config.json            the model's HF config
 //   step-000400/tokenizer.model        the tokenizer's files as it was read (a SentencePiece model,
 //                                      or tokenizer.json, tokenizer_config.json, vocab.txt, ...)
-//   step-000400/optimizer.safetensors  AdamW moments under the same names + the RNG state
+//   step-000400/optimizer.safetensors  optimizer states under the same names + "exp_avg" etc, and the
+//                                      RNG state
+//
+// Under ZeRO 1-2 at more than one rank, every rank writes the tensors it owns (chunk_store.h: the rank
+// whose shard holds a tensor's first element) into model-0000r-of-0000N.safetensors and
+// optimizer-0000r-of-0000N.safetensors, and rank 0 writes transformers' sharded index
+// (model.safetensors.index.json, and the same for the optimizer) naming each tensor's file. No rank
+// gathers the model; `latest` moves once every rank's files are on disk.
 //   step-000400/trainer_state.json     step, data-loader position, tokens seen, losses
 //   step-000400/recipe.toml            the resolved recipe
 #pragma once
@@ -23,7 +30,8 @@
 #include "src/io/safetensors.h"
 #include "src/nn/factory.h"
 #include "src/nn/model.h"
-#include "src/optim/adamw.h"
+#include "src/dist/group.h"
+#include "src/memory/train_strategy.h"
 
 namespace colossal {
 
@@ -43,8 +51,8 @@ struct TrainerState {
 
 struct CheckpointSave {
   nn::Model* model = nullptr;
-  optim::FlatParams* flat = nullptr;    // with `optimizer`: moments are saved (null: weights only)
-  optim::AdamW* optimizer = nullptr;
+  memory::TrainStrategy* strategy = nullptr;   // its parameters and optimizer states (null: the model's weights only)
+  dist::Group* group = nullptr;                // the ranks that save together (null: this process alone)
   TokenizerFiles tokenizer_files;   // written unchanged, so transformers reads the same tokenizer
   std::string recipe_toml;
   TrainerState state;
@@ -54,7 +62,7 @@ struct CheckpointSave {
 };
 
 // Writes <dir>/step-NNNNNN atomically, updates <dir>/latest, deletes the oldest beyond keep_last.
-// Returns the new checkpoint's path.
+// Returns the new checkpoint's path. With a group, every rank of it calls this together.
 std::string save_checkpoint(const std::string& dir, const CheckpointSave& save, int64_t keep_last);
 
 // Accepts a checkpoint or Hugging Face model directory (config.json and weights in any format
@@ -84,7 +92,12 @@ void load_model_state(nn::Model& model, const HfWeights& weights);
 // the family and sizes from config.json, the weights in any format HfWeights reads.
 std::shared_ptr<nn::Model> load_pretrained(const std::string& dir, nn::LayerFactory& factory);
 
-// Restores moments, step count and the RNG state saved with them.
-void load_optimizer_state(nn::Model& model, optim::FlatParams& flat, optim::AdamW& optimizer, const std::string& dir);
+// Restores optimizer states (each rank its own part, read one tensor at a time), the step count and
+// the RNG state saved with them, from a checkpoint written at any ZeRO stage and data-parallel size.
+void load_optimizer_state(nn::Model& model, memory::TrainStrategy& strategy, const std::string& dir);
+
+// Fills `whole` (one of our tensors) from the HF tensors `target` names, each with `suffix`; Error
+// naming the file and tensor when one is missing or has another shape.
+void read_hf_pieces(const nn::HfTarget& target, const std::string& suffix, const HfWeights& weights, at::Tensor whole);
 
 }  // namespace colossal

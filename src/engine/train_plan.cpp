@@ -15,7 +15,9 @@
 #include "src/dist/launch_env.h"
 #include "models/registry.h"
 #include "src/io/atomic_dir.h"
+#include "src/memory/zero_strategy.h"
 #include "src/nn/kernel_choice.h"
+#include "src/optim/adamw.h"
 
 namespace fs = std::filesystem;
 
@@ -53,18 +55,6 @@ dist::MeshShape check_parallel_recipe(const Recipe& r, int64_t world) {
       throw Error(r.where(std::string("parallel.") + key) + " = " + std::to_string(size) + ": " + key + " parallelism is not built yet (valid today: 1; data "
                         "parallelism uses every rank with data = \"auto\")");
   return shape;
-}
-
-std::vector<parallel::GradBuffer> grad_buffers(const optim::FlatParams& flat, nn::Module& model) {
-  std::map<std::string, at::Tensor> by_name;
-  for (const auto& item : model.named_parameters()) by_name[item.key()] = item.value();
-  std::vector<parallel::GradBuffer> buffers;
-  for (const auto& g : flat.groups()) {
-    parallel::GradBuffer b{g.grads, {}};
-    for (const auto& s : g.segments) b.slices.push_back({by_name.at(s.name), s.offset, s.numel});
-    buffers.push_back(std::move(b));
-  }
-  return buffers;
 }
 
 namespace {
@@ -118,19 +108,19 @@ void build_model_weights(TrainPlan& p, const std::string& init_ckpt) {
   p.model->train();
 }
 
-// Step 4: memory layout (flat buffers; ZeRO/Gemini shard or place them here) and data parallelism
-// over the flat gradient buffers.
-void apply_data_parallel(TrainPlan& p) {
-  p.flat = std::make_unique<optim::FlatParams>(*p.model, p.recipe.optim.weight_decay);
-  std::vector<at::Tensor> params;
-  for (const auto& g : p.flat->groups()) params.push_back(g.params);
-  const auto bucket_bytes = static_cast<int64_t>(p.recipe.parallel.bucket_mb * 1024 * 1024);
-  p.data_parallel = std::make_unique<parallel::DataParallel>(grad_buffers(*p.flat, *p.model), p.runtime->group(dist::Dim::dp),
-                                                             bucket_bytes);
-  p.data_parallel->broadcast_from_root(params);
-  if (p.dp_size > 1)
-    spdlog::info("data parallel over {} ranks: {} gradient bucket(s) of up to {} MB", p.dp_size,
-                 p.data_parallel->bucket_count(), format_number(p.recipe.parallel.bucket_mb));
+// Step 4: memory layout and data parallelism: the chunk store owns parameters, gradients and optimizer
+// states at the recipe's ZeRO stage, and the strategy reduces gradients across the data-parallel ranks.
+void apply_memory(TrainPlan& p) {
+  const Recipe& r = p.recipe;
+  dist::Group& dp = p.runtime->group(dist::Dim::dp);
+  memory::ZeroOptions zo;
+  zo.stage = static_cast<int>(r.memory.zero);
+  zo.chunk_numel = memory::choose_chunk_numel(memory::chunk_specs(*p.model), r.memory.chunk_size_mb, dp.size());
+  zo.weight_decay = r.optim.weight_decay;
+  auto optimizer = std::make_unique<optim::AdamW>(optim::AdamWOptions{r.optim.betas[0], r.optim.betas[1], r.optim.eps});
+  p.strategy = std::make_unique<memory::ZeroStrategy>(*p.model, zo, dp, std::move(optimizer));
+  p.strategy->broadcast_from_root();
+  if (p.dp_size > 1 || zo.stage > 0) spdlog::info("{}", p.strategy->describe());
 }
 
 // Step 5: the resumed state (weights, moments, RNG, data position), the same on every rank.
@@ -151,10 +141,16 @@ void resume(TrainPlan& p) {
   if (info.tokenizer_files != p.task->tokenizer_files())
     throw Error("checkpoint " + from + " was trained with a different tokenizer than " + p.tokenizer_path);
   load_model_state(*p.model, HfWeights::open(from));
-  load_optimizer_state(*p.model, *p.flat, *p.optimizer, from);   // also restores the RNG state
+  load_optimizer_state(*p.model, *p.strategy, from);   // also restores the RNG state
   p.base_config = info.config;   // what the run started from keeps its fields in every save
   p.state = info.state;
-  if (p.state.legacy_batches >= 0) p.state.samples_seen = p.state.legacy_batches * r.train.batch_size;   // one process then
+  if (p.state.legacy_batches >= 0) {   // written by one process, counting its batches
+    if (p.state.legacy_batches > INT64_MAX / r.train.batch_size)
+      throw Error("checkpoint " + from + "/trainer_state.json: loader_position = " + std::to_string(p.state.legacy_batches) +
+                  " batches of " + std::to_string(r.train.batch_size) + " overflow the sample count (expected at most " +
+                  std::to_string(INT64_MAX / r.train.batch_size) + ")");
+    p.state.samples_seen = p.state.legacy_batches * r.train.batch_size;
+  }
   nn::restore_kernel_choices(p.state.kernel_choices);
   spdlog::info("resumed from {} at step {} ({} samples seen{})", from, p.state.step, p.state.samples_seen,
                p.state.world_size != p.dp_size ? ", saved by " + std::to_string(p.state.world_size) + " rank(s), now " +
@@ -234,8 +230,7 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
   p->task = make_task(effective.task, task_data(effective, p->dp_rank, p->dp_size));
   load_data(*p);                                                  // 2. data
   build_model_weights(*p, effective.init_checkpoint);   // 3. model
-  apply_data_parallel(*p);                                        // 4. memory layout + data parallelism
-  p->optimizer = std::make_unique<optim::AdamW>(*p->flat, optim::AdamWOptions{r.optim.betas[0], r.optim.betas[1], r.optim.eps});
+  apply_memory(*p);                                               // 4. memory layout, data parallelism, optimizer
   if (opt.resume) resume(*p);                                     // 5. state
   if (p->is_root()) create_output_dir(r.checkpoint.dir, r.where("checkpoint.dir"));   // now, not at the first save
   return p;

@@ -16,9 +16,7 @@
 #include "src/engine/trainer.h"
 #include "models/registry.h"
 #include "src/nn/model.h"
-#include "src/optim/adamw.h"
-#include "src/optim/flat_params.h"
-#include "src/parallel/data_parallel.h"
+#include "src/memory/train_strategy.h"
 #include "src/tasks/task.h"
 
 namespace colossal {
@@ -35,9 +33,7 @@ struct TrainPlan {
   std::unique_ptr<Task> task;     // the data, batches, loss and eval metric the model trains on
 
   std::shared_ptr<nn::Model> model;
-  std::unique_ptr<optim::FlatParams> flat;
-  std::unique_ptr<parallel::DataParallel> data_parallel;
-  std::unique_ptr<optim::AdamW> optimizer;
+  std::unique_ptr<memory::TrainStrategy> strategy;   // memory layout, gradient sync and the optimizer
   TrainerState state;             // step 0, or the checkpoint's when resuming
 
   bool is_root() const { return runtime->is_root(); }
@@ -64,9 +60,5 @@ dist::MeshShape check_parallel_recipe(const Recipe& recipe, int64_t world);
 // Builds the plan: joins the job, prepares data (rank 0 first), builds and places the model, applies
 // data parallelism, the optimizer and the resumed state. Throws Error with a one-line message.
 std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const TrainOptions& options);
-
-// The flat gradient buffers of `flat` with the parameters of `model` whose .grad are views into them:
-// what data parallelism reduces.
-std::vector<parallel::GradBuffer> grad_buffers(const optim::FlatParams& flat, nn::Module& model);
 
 }  // namespace colossal

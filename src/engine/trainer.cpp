@@ -27,8 +27,6 @@
 #include "src/dist/runtime.h"
 #include "src/nn/kernel_choice.h"
 #include "src/io/atomic_dir.h"
-#include "src/optim/adamw.h"
-#include "src/optim/flat_params.h"
 #include "src/optim/schedule.h"
 
 namespace fs = std::filesystem;
@@ -138,19 +136,15 @@ int run_loop(TrainPlan& p) {
   write_metrics({{"event", opt.resume ? "resume" : "start"}, {"step", state.step}, {"params", params},
                  {"tokens_per_step", tokens_per_step}, {"device", p.device.str()}, {"world_size", rt.world()}});
 
-  // Every rank reaches the save; rank 0 writes (with data parallelism alone it holds all the state),
-  // and `latest` has moved only once every rank's part is on disk: the barrier after it.
+  // Every rank reaches the save: rank 0 alone writes when it holds all the state (ZeRO 0), every rank
+  // its own share under ZeRO 1-2; `latest` moves only once every rank's files are on disk.
   auto checkpoint = [&] {
     rt.world_group().barrier("before the checkpoint at step " + std::to_string(state.step));
-    std::string path;
-    if (root) {
-      state.kernel_choices = nn::kernel_choices();
-      state.world_size = p.dp_size;
-      CheckpointSave s{p.model.get(), p.flat.get(), p.optimizer.get(), task.tokenizer_files(), r.to_toml(), state, p.base_config};
-      path = save_checkpoint(r.checkpoint.dir, s, r.checkpoint.keep_last);
-      spdlog::info("saved checkpoint {}", path);
-    }
-    rt.world_group().barrier("checkpoint at step " + std::to_string(state.step) + " written by rank 0");
+    state.kernel_choices = nn::kernel_choices();
+    state.world_size = p.dp_size;
+    CheckpointSave s{p.model.get(), p.strategy.get(), &rt.group(dist::Dim::dp), task.tokenizer_files(), r.to_toml(), state, p.base_config};
+    const std::string path = save_checkpoint(r.checkpoint.dir, s, r.checkpoint.keep_last);
+    if (root) spdlog::info("saved checkpoint {}", path);
     return path;
   };
   auto run_eval = [&] {
@@ -185,22 +179,23 @@ int run_loop(TrainPlan& p) {
     at::Tensor step_loss;   // summed on the device: one host sync per step, not one per micro-batch
     for (int64_t micro = 0; micro < r.train.grad_accum; ++micro) {
       const Batch batch = task.next().to(p.device);
-      p.data_parallel->prepare(micro == r.train.grad_accum - 1);   // reduce on the last micro-batch only
+      p.strategy->before_backward(micro == r.train.grad_accum - 1);   // the step's gradients are complete after the last
       auto loss = task.loss(*p.model, batch);
       if (r.train.grad_accum > 1) loss = loss / static_cast<double>(r.train.grad_accum);
       loss.backward();
+      p.strategy->after_backward();
       step_loss = micro == 0 ? loss.detach() : step_loss + loss.detach();
     }
-    p.data_parallel->finish();   // every rank now holds the average gradient
+    // Every rank now holds the average gradient (or, sharded, its part of it).
     const bool time_up = r.train.time_limit_min > 0 && seconds_since(start) >= r.train.time_limit_min * 60;
     const StepAgreement agreed = agree(p, step_loss.item<double>(), g_interrupted || time_up);
     const double loss_sum = agreed.loss;
     if (!std::isfinite(loss_sum))
       throw Error("loss became " + std::to_string(loss_sum) + " at step " + std::to_string(state.step + 1) +
                   " (lower optim.lr or set train.grad_clip; the last checkpoint is intact)");
-    const double grad_norm = p.flat->clip_grad_norm(r.train.grad_clip);   // global: gradients are already averaged
-    p.optimizer->step(lr);
-    p.flat->zero_grad();
+    const double grad_norm = p.strategy->clip_grad_norm(r.train.grad_clip);   // global: gradients are already averaged
+    p.strategy->step(lr);
+    p.strategy->zero_grad();
 
     ++state.step;
     ++steps_this_run;

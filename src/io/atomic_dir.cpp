@@ -50,12 +50,20 @@ void prepare_output_file(const std::string& path, const std::string& what) {
   if (!parent.empty()) create_output_dir(parent.string(), what);
 }
 
-AtomicDir::AtomicDir(std::string final_path) : final_(std::move(final_path)) {
+AtomicDir::AtomicDir(std::string final_path) : AtomicDir(std::move(final_path), std::to_string(::getpid())) {}
+
+std::string AtomicDir::temp_path(const std::string& final_path, const std::string& tag) {
+  fs::path f(final_path);
+  fs::path parent = f.parent_path().empty() ? fs::path(".") : f.parent_path();
+  return (parent / (".tmp-" + f.filename().string() + "-" + tag)).string();
+}
+
+AtomicDir::AtomicDir(std::string final_path, const std::string& tag) : final_(std::move(final_path)) {
   fs::path f(final_);
   fs::path parent = f.parent_path().empty() ? fs::path(".") : f.parent_path();
   create_output_dir(parent.string(), final_);
   std::error_code ec;
-  tmp_ = (parent / (".tmp-" + f.filename().string() + "-" + std::to_string(::getpid()))).string();
+  tmp_ = temp_path(final_, tag);
   fs::remove_all(tmp_, ec);
   fs::create_directory(tmp_, ec);
   if (ec) throw Error("cannot create directory " + tmp_ + ": " + ec.message());

@@ -9,6 +9,10 @@ namespace colossal {
 class AtomicDir {
  public:
   explicit AtomicDir(std::string final_path);   // creates "<parent>/.tmp-<name>-<pid>"
+  // Creates temp_path(final_path, tag): a name other processes can compute, so the ranks of a job
+  // write their files into the one directory rank 0 commits.
+  AtomicDir(std::string final_path, const std::string& tag);
+  static std::string temp_path(const std::string& final_path, const std::string& tag);
   ~AtomicDir();                                  // removes the temporary directory if not committed
   AtomicDir(const AtomicDir&) = delete;
   AtomicDir& operator=(const AtomicDir&) = delete;

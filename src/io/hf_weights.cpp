@@ -18,10 +18,14 @@ namespace {
 bool is_bin(const std::string& path) { return path.size() > 4 && path.substr(path.size() - 4) == ".bin"; }
 
 // The shard files an index names, in first-mention order; each must sit beside the index.
-std::vector<std::string> shard_files(const std::string& index_path, std::map<std::string, std::string>& owner) {
+std::vector<std::string> shard_files(const std::string& index_path, std::map<std::string, std::string>& owner,
+                                     std::map<std::string, std::string>& metadata) {
   const nlohmann::json j = parse_json(read_text_file(index_path), "weights index " + index_path);
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
     throw Error("weights index " + index_path + ": has no \"weight_map\" object (expected {\"weight_map\": {tensor: file}})");
+  if (j.contains("metadata") && j["metadata"].is_object())
+    for (const auto& [key, value] : j["metadata"].items())
+      if (value.is_string()) metadata[key] = value.get<std::string>();
   std::vector<std::string> files;
   for (const auto& [name, file] : j["weight_map"].items()) {
     if (!file.is_string() || file.get<std::string>().empty() || file.get<std::string>().find('/') != std::string::npos)
@@ -81,24 +85,34 @@ HfWeights HfWeights::from_file(SafetensorsFile file, const std::string& path) {
   return w;
 }
 
-HfWeights HfWeights::open(const std::string& dir) {
+HfWeights HfWeights::open(const std::string& dir) { return open(dir, "model"); }
+
+HfWeights HfWeights::open(const std::string& dir, const std::string& stem) {
   const fs::path d(dir);
   HfWeights w;
-  for (const char* single : {"model.safetensors", "pytorch_model.bin"}) {
+  const bool model = stem == "model";
+  std::vector<std::string> singles{stem + ".safetensors"}, indexes{stem + ".safetensors.index.json"};
+  if (model) {
+    singles.push_back("pytorch_model.bin");
+    indexes.push_back("pytorch_model.bin.index.json");
+  }
+  for (const auto& single : singles) {
     const std::string path = (d / single).string();
     if (!fs::is_regular_file(path)) continue;
     w.description_ = path;
-    if (is_bin(path))
+    if (is_bin(path)) {
       for (auto& [name, t] : load_torch_state_dict(path)) w.add(name, Entry{std::move(t), path, nullptr, 0});
-    else
+    } else {
       w.add_safetensors(path);
+      w.metadata_ = w.tensors_.empty() ? read_safetensors_header(path).metadata : w.tensors_.begin()->second.header->metadata;
+    }
     return w;
   }
-  for (const char* index : {"model.safetensors.index.json", "pytorch_model.bin.index.json"}) {
+  for (const auto& index : indexes) {
     const std::string path = (d / index).string();
     if (!fs::is_regular_file(path)) continue;
     std::map<std::string, std::string> owner;
-    const auto files = shard_files(path, owner);
+    const auto files = shard_files(path, owner, w.metadata_);
     w.description_ = path + " (" + std::to_string(files.size()) + " shard" + (files.size() == 1 ? ")" : "s)");
     for (const auto& f : files) {
       const std::string shard = (d / f).string();
@@ -121,6 +135,8 @@ HfWeights HfWeights::open(const std::string& dir) {
       if (!w.contains(name)) throw Error("weights " + (d / f).string() + ": tensor \"" + name + "\" listed in " + path + " is missing");
     return w;
   }
+  if (!model)
+    throw Error("checkpoint " + dir + ": no " + stem + " state (expected " + singles[0] + " or " + indexes[0] + ")");
   throw Error("model directory " + dir + ": no weights (expected model.safetensors, model.safetensors.index.json, "
               "pytorch_model.bin or pytorch_model.bin.index.json)");
 }

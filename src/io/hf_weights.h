@@ -18,6 +18,9 @@ class HfWeights {
  public:
   // Error naming `dir` and the files looked for when none is there, or the file and tensor at fault.
   static HfWeights open(const std::string& dir);
+  // The same for another set of tensors written like a model's: <stem>.safetensors, or
+  // <stem>.safetensors.index.json and its shards (our optimizer states: stem "optimizer").
+  static HfWeights open(const std::string& dir, const std::string& stem);
   // One safetensors file already read (our checkpoints, tests).
   static HfWeights from_file(SafetensorsFile file, const std::string& path);
 
@@ -29,6 +32,8 @@ class HfWeights {
   at::Tensor get(const std::string& name) const;
   const std::string& file_of(const std::string& name) const;
   const std::string& describe() const { return description_; }   // "<dir>/model.safetensors" or "<index> (3 shards)"
+  // The single file's metadata, or the string values of the index's "metadata" object.
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
   struct Entry {
@@ -43,6 +48,7 @@ class HfWeights {
   std::map<std::string, Entry> tensors_;
   std::vector<std::string> order_;
   std::string description_;
+  std::map<std::string, std::string> metadata_;
 };
 
 // A pytorch_model.bin state dict (name -> tensor), CPU and contiguous. Error naming `path` if the

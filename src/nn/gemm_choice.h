@@ -18,7 +18,7 @@ at::Tensor gemm_input_grad(const at::Tensor& dy, const at::Tensor& weight);
 void gemm_weight_grad(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& into, bool accumulate);
 
 // weight.grad() when a backward may sum a gradient like `like` straight into it: a leaf's existing,
-// contiguous gradient of the same shape, dtype and device (FlatParams' flat buffers). Summing there is
+// contiguous gradient of the same shape, dtype and device (a view into a chunk of src/memory/chunk_store.h). Summing there is
 // Megatron's gradient-accumulation fusion: no [out, in] tensor per layer per step for autograd to
 // allocate, zero and add in. Autograd then receives no tensor for the weight, so a hook that must see
 // every contribution to it has to run after backward. Undefined otherwise.

@@ -1,0 +1,231 @@
+// ZeRO stages 0-2 over the chunk store: see zero_strategy.h.
+#include "src/memory/zero_strategy.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <cmath>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "src/core/error.h"
+#include "src/core/text.h"
+
+namespace colossal::memory {
+namespace {
+
+// Stage 2 keeps at most this many chunks' full gradients waiting on their reduce-scatter: enough to
+// overlap communication with backward, few enough that the full gradient never accumulates.
+constexpr size_t kStage2InFlight = 2;
+
+// Runs after a parameter's gradient accumulator: the parameter's gradient for this backward is final.
+class ReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit ReadyHook(std::function<void()> on_ready) : on_ready_(std::move(on_ready)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    on_ready_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> on_ready_;
+};
+
+}  // namespace
+
+struct ZeroStrategy::Hooks {
+  using Accumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+  std::vector<std::pair<Accumulator, uintptr_t>> installed;   // kept alive: autograd holds them weakly
+};
+
+ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group& group, std::unique_ptr<optim::Optimizer> optimizer)
+    : group_(group),
+      store_(module, o.stage, o.chunk_numel, group.size(), group.rank()),
+      optimizer_(std::move(optimizer)),
+      hooks_(std::make_unique<Hooks>()) {
+  pieces_ = store_.pieces(optimizer_->state_names(), o.weight_decay);
+  const auto& layout = store_.layout();
+  sync_.resize(static_cast<size_t>(layout.chunks()));
+  // One process at stage 0 has nothing to reduce; every other case moves gradients through the hooks
+  // (stage 2 also at one rank: its gradients live in the shard, not in .grad).
+  if (o.stage == 0 && !group_.active()) return;
+  for (int64_t i = 0; i < static_cast<int64_t>(layout.slots.size()); ++i) {
+    const at::Tensor& p = store_.param_of(i);
+    ++sync_[static_cast<size_t>(layout.slots[static_cast<size_t>(i)].chunk)].params;
+    auto acc = torch::autograd::impl::grad_accumulator(p);
+    if (!acc) throw Error("zero: parameter without a gradient accumulator (internal)");
+    auto key = acc->add_post_hook(std::make_unique<ReadyHook>([this, i] { ready(i); }));
+    hooks_->installed.emplace_back(acc, key);
+  }
+}
+
+ZeroStrategy::~ZeroStrategy() {
+  for (auto& [acc, key] : hooks_->installed) acc->del_post_hook(key);
+}
+
+std::string ZeroStrategy::describe() const {
+  const auto& l = store_.layout();
+  const ChunkBytes b = store_.bytes();
+  return "ZeRO stage " + std::to_string(store_.stage()) + (store_.stage() == 0 ? " (plain data parallelism)" : "") + " over " +
+         std::to_string(group_.size()) + " rank(s): " + std::to_string(l.chunks()) + " chunk(s) of " +
+         human_count(static_cast<double>(l.chunk_numel)) + " elements (" + human_bytes(static_cast<double>(l.padding()) * 4) +
+         " padding); this rank holds " + human_bytes(static_cast<double>(b.params)) + " parameters, " +
+         human_bytes(static_cast<double>(b.grads)) + " gradients, " + human_bytes(static_cast<double>(b.optimizer)) + " optimizer states";
+}
+
+void ZeroStrategy::before_backward(bool last) {
+  reducing_ = hooks_->installed.size() > 0 && (last || store_.stage() == 2);
+  if (!reducing_) return;
+  for (auto& s : sync_) {
+    s.waiting = s.params;
+    s.launched = false;
+  }
+}
+
+void ZeroStrategy::ready(int64_t slot) {
+  const auto& s = store_.layout().slots[static_cast<size_t>(slot)];
+  auto& cs = sync_[static_cast<size_t>(s.chunk)];
+  if (store_.stage() == 2) {
+    // Move this micro-batch's gradient into its chunk's full buffer and drop the tensor autograd made.
+    at::Tensor p = store_.param_of(slot);
+    if (!cs.full.defined()) cs.full = at::zeros({store_.layout().chunk_sizes[static_cast<size_t>(s.chunk)]}, p.options());
+    if (p.grad().defined()) {
+      cs.full.narrow(0, s.offset, s.numel).copy_(p.grad().reshape({-1}));
+      p.mutable_grad().reset();
+    }
+  }
+  if (!reducing_) return;
+  transition(store_.tensor_state(slot), TensorState::ready_for_reduce, s.name);
+  if (--cs.waiting == 0 && !cs.launched) launch(s.chunk);
+}
+
+void ZeroStrategy::launch(int64_t chunk) {
+  auto& cs = sync_[static_cast<size_t>(chunk)];
+  cs.launched = true;
+  const int stage = store_.stage();
+  at::Tensor whole = stage == 2 ? cs.full : store_.full_grads()[static_cast<size_t>(chunk)];
+  if (!whole.defined()) whole = cs.full = at::zeros_like(store_.params()[static_cast<size_t>(chunk)]);   // no gradient reached it
+  // Average as a sum of pre-scaled parts: the scaling runs here, overlapped with backward.
+  if (group_.size() > 1) whole.mul_(1.0 / static_cast<double>(group_.size()));
+  const std::string what = "gradient chunk " + std::to_string(chunk);
+  if (stage == 0) {
+    cs.pending = group_.all_reduce_async(whole, what);
+  } else {
+    cs.reduced = at::empty({store_.shard_numel(chunk)}, whole.options());
+    cs.pending = group_.reduce_scatter_async(cs.reduced, whole, what);
+  }
+  in_flight_.push_back(chunk);
+  while (stage == 2 && in_flight_.size() > kStage2InFlight) {
+    complete(in_flight_.front());
+    in_flight_.pop_front();
+  }
+}
+
+void ZeroStrategy::complete(int64_t chunk) {
+  auto& cs = sync_[static_cast<size_t>(chunk)];
+  group_.wait(cs.pending);
+  at::Tensor& shard = store_.grad_shards()[static_cast<size_t>(chunk)];
+  if (store_.stage() == 1) shard.copy_(cs.reduced);
+  if (store_.stage() == 2) shard.add_(cs.reduced);   // accumulates over the step's micro-batches
+  cs.reduced = at::Tensor();
+  cs.full = at::Tensor();
+  for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(chunk)])
+    if (store_.tensor_state(i) == TensorState::ready_for_reduce)
+      transition(store_.tensor_state(i), TensorState::hold, store_.layout().slots[static_cast<size_t>(i)].name);
+}
+
+void ZeroStrategy::after_backward() {
+  if (!reducing_) return;
+  reducing_ = false;
+  for (int64_t c = 0; c < static_cast<int64_t>(sync_.size()); ++c)
+    if (!sync_[static_cast<size_t>(c)].launched) launch(c);   // chunks some of whose tensors got no gradient
+  while (!in_flight_.empty()) {
+    complete(in_flight_.front());
+    in_flight_.pop_front();
+  }
+}
+
+double ZeroStrategy::clip_grad_norm(double max_norm) {
+  at::NoGradGuard no_grad;
+  double local = 0;
+  for (const auto& g : store_.grad_shards()) {
+    const double n = g.norm().item<double>();
+    local += n * n;
+  }
+  at::Tensor sq = at::tensor({local}, at::kDouble);
+  if (store_.stage() > 0) group_.all_reduce(sq, dist::Reduce::sum, "gradient norm");   // shards: sum over ranks
+  const double norm = std::sqrt(sq.item<double>());
+  if (max_norm > 0 && norm > max_norm) {
+    const double scale = max_norm / (norm + 1e-6);   // torch.nn.utils.clip_grad_norm_'s rule
+    for (auto& g : store_.grad_shards()) g.mul_(scale);
+  }
+  return norm;
+}
+
+void ZeroStrategy::step(double lr) {
+  at::NoGradGuard no_grad;
+  optimizer_->step(pieces_, lr);
+  if (store_.stage() == 0 || !group_.active()) return;
+  // Every rank updated its shard; all-gather makes each chunk whole again on every rank.
+  std::vector<at::Tensor> mine;
+  std::vector<dist::Pending> pending;
+  for (int64_t c = 0; c < store_.layout().chunks(); ++c) {
+    const at::Tensor& whole = store_.params()[static_cast<size_t>(c)];
+    mine.push_back(whole.narrow(0, store_.shard_begin(c), store_.shard_numel(c)).clone());
+    pending.push_back(group_.all_gather_async(whole, mine.back(), "parameter chunk " + std::to_string(c)));
+  }
+  for (auto& p : pending) group_.wait(p);
+}
+
+void ZeroStrategy::zero_grad() {
+  if (store_.stage() <= 1)
+    for (auto& g : store_.full_grads()) g.zero_();
+  else
+    for (auto& g : store_.grad_shards()) g.zero_();
+}
+
+void ZeroStrategy::broadcast_from_root() {
+  at::NoGradGuard no_grad;
+  for (auto t : store_.params()) group_.broadcast(t, 0, "initial parameters");
+}
+
+void ZeroStrategy::for_each_owned(const OwnedFn& fn) {
+  const auto& layout = store_.layout();
+  const auto names = optimizer_->state_names();
+  const bool gather = store_.stage() > 0 && group_.active();
+  for (int64_t c = 0; c < layout.chunks(); ++c) {
+    std::vector<at::Tensor> whole;   // each state of the whole chunk
+    for (const auto& n : names) {
+      const at::Tensor& shard = store_.state(n)[static_cast<size_t>(c)];
+      if (!gather) {
+        whole.push_back(shard);
+        continue;
+      }
+      whole.push_back(at::empty({layout.chunk_sizes[static_cast<size_t>(c)]}, shard.options()));
+      group_.all_gather(whole.back(), shard, "optimizer state " + n + " of chunk " + std::to_string(c));
+    }
+    for (int64_t i : layout.chunk_slots[static_cast<size_t>(c)]) {
+      if (store_.owner(i) != group_.rank()) continue;
+      const auto& s = layout.slots[static_cast<size_t>(i)];
+      std::vector<at::Tensor> states;
+      for (const auto& w : whole) {
+        at::Tensor v = w.narrow(0, s.offset, s.numel).view(s.shape);
+        states.push_back(gather ? v.clone() : v);   // a clone lets the gathered chunk go
+      }
+      fn(i, store_.param_of(i).detach(), states);
+    }
+  }
+}
+
+void ZeroStrategy::load_state(int64_t slot, size_t k, const at::Tensor& full) {
+  const auto& s = store_.layout().slots[static_cast<size_t>(slot)];
+  const int64_t lo = store_.shard_begin(s.chunk), hi = lo + store_.shard_numel(s.chunk);
+  const int64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.numel);
+  if (a >= b) return;
+  at::Tensor& shard = store_.state(optimizer_->state_names()[k])[static_cast<size_t>(s.chunk)];
+  at::NoGradGuard no_grad;
+  shard.narrow(0, a - lo, b - a).copy_(full.reshape({-1}).narrow(0, a - s.offset, b - a));
+}
+
+}  // namespace colossal::memory

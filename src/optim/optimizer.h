@@ -1,0 +1,35 @@
+// Optimizer: an update rule over pieces of parameters, each a flat range of one tensor with its gradient
+// and state in equal-length 1-D views. Whoever owns the memory (the chunk store: a whole model, a ZeRO
+// shard or a Gemini chunk) hands over the pieces this rank updates, so every rule runs unchanged at every
+// ZeRO stage; a tensor split across two ranks' shards arrives as one piece on each.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace colossal::optim {
+
+struct ParamPiece {
+  at::Tensor param, grad;          // 1-D views of the same length
+  std::vector<at::Tensor> state;   // one view per Optimizer::state_names(), same length
+  double weight_decay = 0.0;       // the piece's tensor takes weight decay (matrices, embeddings) or not
+  int64_t tensor = 0;              // which tensor it belongs to (layer-wise rules reduce norms per tensor)
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual std::string name() const = 0;                      // "adamw"
+  virtual std::vector<std::string> state_names() const = 0;  // "exp_avg", ...: checkpoint suffixes too
+  // One update of every piece with learning rate `lr` (counts the step first: bias corrections see 1, 2, ...).
+  virtual void step(std::vector<ParamPiece>& pieces, double lr) = 0;
+
+  int64_t steps() const { return step_; }
+  void set_steps(int64_t s) { step_ = s; }
+
+ protected:
+  int64_t step_ = 0;
+};
+
+}  // namespace colossal::optim

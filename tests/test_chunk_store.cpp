@@ -1,0 +1,113 @@
+// The chunk layout (packing in execution order, a tensor larger than a chunk alone, shard-aligned
+// sizes), the chunk-size search's padding on the zoo's shapes (below 2%: equal chunks leave a tail where a
+// block does not fit, e.g. after GPT-2's position table), and the tensor-state transition table.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "src/memory/chunk_layout.h"
+#include "src/memory/tensor_state.h"
+#include "tests/support/test_support.h"
+
+using namespace colossal;
+using namespace colossal::memory;
+
+namespace {
+
+// A pre-norm transformer's parameters in registration order (what chunk_specs reads from a model):
+// embeddings, then each block (norm, qkv, proj, norm, fc, proj), then the final norm.
+std::vector<ChunkTensorSpec> transformer(int64_t vocab, int64_t positions, int64_t c, int64_t layers, int64_t extra_rows = 0) {
+  std::vector<ChunkTensorSpec> s{{"wte", {vocab, c}, true}, {"wpe", {positions, c}, true}};
+  if (extra_rows) s.push_back({"extra", {extra_rows, c}, true});   // BERT's token types, ViT's patch projection
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string b = "h." + std::to_string(l) + ".";
+    for (auto [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+             {"ln_1.weight", {c}}, {"ln_1.bias", {c}}, {"attn.c_attn.weight", {3 * c, c}}, {"attn.c_attn.bias", {3 * c}},
+             {"attn.c_proj.weight", {c, c}}, {"attn.c_proj.bias", {c}}, {"ln_2.weight", {c}}, {"ln_2.bias", {c}},
+             {"mlp.c_fc.weight", {4 * c, c}}, {"mlp.c_fc.bias", {4 * c}}, {"mlp.c_proj.weight", {c, 4 * c}}, {"mlp.c_proj.bias", {c}}})
+      s.push_back({b + name, shape, shape.size() == 2});
+  }
+  s.push_back({"ln_f.weight", {c}, false});
+  s.push_back({"ln_f.bias", {c}, false});
+  return s;
+}
+
+int64_t elements(const std::vector<ChunkTensorSpec>& specs) {
+  int64_t n = 0;
+  for (const auto& t : specs) {
+    int64_t e = 1;
+    for (auto d : t.shape) e *= d;
+    n += e;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST(ChunkLayout, PacksInOrderAndGivesATensorLargerThanAChunkItsOwn) {
+  const std::vector<ChunkTensorSpec> specs{{"a", {100}, false}, {"b", {10, 10}, true}, {"big", {50, 20}, true}, {"c", {30}, false}};
+  const ChunkLayout l = plan_chunks(specs, 250, 2);
+  // 250 rounds up to 256 (a multiple of 16 x 2 shards): a and b fit the first chunk, big (1000) gets
+  // 1024 of its own, c opens a third.
+  EXPECT_EQ(l.chunk_numel, 256);
+  EXPECT_EQ(l.chunk_sizes, (std::vector<int64_t>{256, 1024, 32}));   // the last cut to what it holds
+  EXPECT_EQ(l.slots[1].chunk, 0);
+  EXPECT_EQ(l.slots[1].offset, 100);
+  EXPECT_EQ(l.slots[2].chunk, 1);
+  EXPECT_EQ(l.slots[2].offset, 0);
+  EXPECT_EQ(l.slots[3].chunk, 2);
+  EXPECT_EQ(l.slots[3].offset, 0);
+  EXPECT_EQ(l.padding(), 256 + 1024 + 32 - 1230);
+  EXPECT_EQ(l.shard_numel(1), 512);
+  EXPECT_EQ(l.chunk_slots[0], (std::vector<int64_t>{0, 1}));
+  EXPECT_TRUE(l.slots[1].decay);
+  EXPECT_FALSE(l.slots[3].decay);
+}
+
+TEST(ChunkLayout, TheSearchKeepsPaddingSmallOnTheZoosShapes) {
+  struct Model {
+    const char* name;
+    std::vector<ChunkTensorSpec> specs;
+  };
+  const std::vector<Model> zoo{{"gpt2-124m", transformer(50257, 1024, 768, 12)},
+                               {"gpt2-350m", transformer(50257, 1024, 1024, 24)},
+                               {"bert-base", transformer(30522, 512, 768, 12, 2)},
+                               {"vit-b16", transformer(1000, 197, 768, 12, 768)},
+                               {"opt-1.3b", transformer(50272, 2050, 2048, 24)}};
+  for (const auto& m : zoo)
+    for (int64_t shards : {1, 2, 4, 8}) {
+      const int64_t chunk = choose_chunk_numel(m.specs, 0, shards);
+      const ChunkLayout l = plan_chunks(m.specs, chunk, shards);
+      const double waste = static_cast<double>(l.padding()) / static_cast<double>(elements(m.specs));
+      EXPECT_LT(waste, 0.02) << m.name << " at " << shards << " shards: chunk " << chunk << ", " << l.chunks() << " chunks";
+      EXPECT_GE(l.chunks(), 4) << m.name;   // fine enough to overlap communication
+      for (auto size : l.chunk_sizes) EXPECT_EQ(size % (kAlign * shards), 0);
+    }
+  // An explicit size is MiB of fp32.
+  EXPECT_EQ(choose_chunk_numel(transformer(100, 10, 16, 1), 2, 1), 2 * 1024 * 1024 / 4);
+}
+
+TEST(TensorState, EveryTransitionOutsideTheTableIsRejectedNamingTheTensorAndBothStates) {
+  using S = TensorState;
+  const std::set<std::pair<S, S>> legal{{S::free, S::hold},           {S::free, S::compute},
+                                        {S::hold, S::compute},        {S::hold, S::free},
+                                        {S::hold, S::ready_for_reduce}, {S::compute, S::hold},
+                                        {S::compute, S::hold_after_bwd}, {S::compute, S::ready_for_reduce},
+                                        {S::hold_after_bwd, S::compute}, {S::hold_after_bwd, S::ready_for_reduce},
+                                        {S::ready_for_reduce, S::hold}, {S::ready_for_reduce, S::free}};
+  for (int a = 0; a < kTensorStates; ++a)
+    for (int b = 0; b < kTensorStates; ++b) {
+      S from = static_cast<S>(a), to = static_cast<S>(b);
+      S state = from;
+      const std::string e = test::error_of([&] { transition(state, to, "h.0.attn.c_attn.weight"); });
+      if (legal.count({from, to})) {
+        EXPECT_EQ(e, "(no error)") << state_name(from) << " -> " << state_name(to);
+        EXPECT_EQ(state, to);
+      } else {
+        EXPECT_NE(e.find("tensor \"h.0.attn.c_attn.weight\" cannot go from " + std::string(state_name(from)) + " to " + state_name(to)),
+                  std::string::npos)
+            << e;
+        EXPECT_EQ(state, from);   // unchanged
+      }
+    }
+}
