@@ -28,12 +28,16 @@ int64_t count_parameters(const ModelConfig& config);   // without allocating the
 // (a ViT's patches and class token).
 int64_t tokens_per_sample(const Recipe& recipe);
 
-// Bytes of parameters, gradients and AdamW moments (fp32), plus a per-micro-batch activation estimate.
+// Bytes one rank holds for parameters, gradients and optimizer states (fp32) at the recipe's ZeRO stage
+// over `dp` data-parallel ranks (the ZeRO paper's formulas: stage 1 divides the optimizer states by dp,
+// stage 2 the gradients too), plus a per-micro-batch activation estimate.
 struct MemoryEstimate {
   int64_t parameters = 0;
   double weights = 0, gradients = 0, optimizer = 0, activations = 0;
   double total() const { return weights + gradients + optimizer + activations; }
 };
-MemoryEstimate estimate_training_memory(const Recipe& recipe, int64_t parameters);
+MemoryEstimate estimate_training_memory(const Recipe& recipe, int64_t parameters, int64_t dp = 1);
+// fp32 values of optimizer state per parameter: 2 for adamw and lamb, 1 for lars, lion and sgd.
+int64_t optimizer_states_per_parameter(const std::string& optimizer);
 
 }  // namespace colossal

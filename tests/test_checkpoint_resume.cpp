@@ -53,6 +53,31 @@ TEST(Resume, NStepsPlusResumePlusNStepsEqualsTwoNStepsExactly) {
   for (size_t i = 0; i < wa.tensors.size(); ++i) EXPECT_TRUE(at::equal(wa.tensors[i].tensor, wb.tensors[i].tensor)) << wa.tensors[i].name;
 }
 
+TEST(Resume, EveryOptimizerResumesBitIdenticallyAndAnotherIsRefused) {
+  for (const char* name : {"lamb", "lars", "lion", "sgd"}) {
+    TempDir a, b;
+    const std::vector<std::string> set = {"kernels.attention=fused", "kernels.gelu=fused", "kernels.gemv=fused", "kernels.layer_norm=fused",
+                                          "kernels.gemm=fused", std::string("optim.name=") + name, "optim.lr=1e-3"};
+    ASSERT_EQ(run_training(tiny_recipe(a.path(), 6, set), {.quiet = true}), 0) << name;
+    ASSERT_EQ(run_training(tiny_recipe(b.path(), 3, set), {.quiet = true}), 0) << name;
+    ASSERT_EQ(run_training(tiny_recipe(b.path(), 6, set), {.resume = true, .quiet = true}), 0) << name;
+    auto la = colossal::test::metric_values(a / "metrics.jsonl", "loss");
+    auto lb = colossal::test::metric_values(b / "metrics.jsonl", "loss");
+    ASSERT_EQ(lb.size(), 6u) << name;
+    for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i], lb[i]) << name << " step " << i + 1;
+    EXPECT_LT(la.back(), la.front()) << name << " learns";
+    auto other = set;
+    other.back() = std::string("optim.name=") + (std::string(name) == "sgd" ? "lion" : "sgd");
+    std::string e;
+    try {
+      run_training(tiny_recipe(b.path(), 9, other), {.resume = true, .quiet = true});
+    } catch (const Error& err) {
+      e = err.what();
+    }
+    EXPECT_NE(e.find(std::string("holds ") + name + " state, but this run uses"), std::string::npos) << e;
+  }
+}
+
 TEST(Checkpoint, KeepsTheLastNAndPointsLatestAtTheNewest) {
   TempDir a;
   ASSERT_EQ(run_training(tiny_recipe(a.path(), 9), {.quiet = true}), 0);

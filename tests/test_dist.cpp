@@ -25,7 +25,7 @@
 #include "models/registry.h"
 #include "src/nn/kernel_choice.h"
 #include "src/memory/zero_strategy.h"
-#include "src/optim/adamw.h"
+#include "src/optim/factory.h"
 #include "tests/support/test_support.h"
 
 using namespace colossal;
@@ -274,9 +274,14 @@ std::shared_ptr<nn::CausalLM> make_replica() {
   return model;
 }
 
-std::unique_ptr<memory::ZeroStrategy> zero(nn::Module& m, Group& g, int stage, int64_t chunk_numel) {
-  return std::make_unique<memory::ZeroStrategy>(m, memory::ZeroOptions{stage, chunk_numel, 0.1}, g,
-                                                std::make_unique<optim::AdamW>(optim::AdamWOptions{0.9, 0.95, 1e-5}));
+// AdamW unless another [optim] name is given (eps 1e-5 for AdamW and LAMB: see tests/test_dist_e2e.cpp).
+std::unique_ptr<memory::ZeroStrategy> zero(nn::Module& m, Group& g, int stage, int64_t chunk_numel, const std::string& optimizer) {
+  OptimConfig c;
+  c.name = optimizer;
+  c.betas = {0.9, 0.95};
+  c.eps = 1e-5;
+  c.trust_coefficient = 0.02;
+  return std::make_unique<memory::ZeroStrategy>(m, memory::ZeroOptions{stage, chunk_numel, 0.1}, g, optim::make_optimizer(c));
 }
 
 // The global batch of step `step`: [8, 17] tokens, fixed.
@@ -294,7 +299,8 @@ using Weights = std::map<std::string, at::Tensor>;
 // `steps` optimizer steps at ZeRO `stage` over `world` ranks, each taking its rows of every micro-batch
 // (rank r of W: rows [r*B, (r+1)*B) of the micro-batch, as the loader deals them), with clipping that
 // acts. Returns every rank's final parameters; checks the per-step collective counts and the bytes held.
-std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_t steps, int64_t chunk_numel) {
+std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_t steps, int64_t chunk_numel,
+                                 const std::string& optimizer = "adamw") {
   nn::set_kernel_policy({nn::KernelPath::Ours, nn::KernelPath::Ours, nn::KernelPath::Ours, nn::KernelPath::Ours,
                          nn::KernelPath::Ours});
   std::vector<std::shared_ptr<nn::CausalLM>> replicas;
@@ -304,7 +310,7 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
   std::vector<Weights> got(static_cast<size_t>(world));
   auto body = [&](int64_t rank, Group& g) {
     auto& model = *replicas[static_cast<size_t>(rank)];
-    auto zs = zero(model, g, stage, chunk_numel);
+    auto zs = zero(model, g, stage, chunk_numel, optimizer);
     const int64_t chunks = zs->store().layout().chunks();
     for (int64_t step = 0; step < steps; ++step) {
       const auto& batch = batches[static_cast<size_t>(step)];
@@ -325,10 +331,11 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
     }
     // The bytes each rank holds are the ZeRO formulas over the chunked elements (padding included).
     const int64_t P = zs->store().layout().total_numel() * 4, W = stage == 0 ? 1 : world;
+    const int64_t states = static_cast<int64_t>(zs->optimizer().state_names().size());
     const memory::ChunkBytes b = zs->store().bytes();
     EXPECT_EQ(b.params, P);
     EXPECT_EQ(b.grads, stage <= 1 ? P : P / W);
-    EXPECT_EQ(b.optimizer, 2 * P / W);
+    EXPECT_EQ(b.optimizer, states * P / W);
     for (auto& item : model.named_parameters()) got[static_cast<size_t>(rank)][item.key()] = item.value().detach().clone();
   };
   if (world == 1) {
@@ -364,6 +371,15 @@ TEST(Zero, StagesOneAndTwoEqualPlainDataParallelWithAccumulationAndClipping) {
     const auto plain = train_ranks(0, world, 2, 3, 1000)[0];
     for (int stage : {1, 2})
       expect_same(train_ranks(stage, world, 2, 3, 1000), plain, 1e-6, "stage " + std::to_string(stage) + " at " + std::to_string(world));
+  }
+}
+
+TEST(Zero, LayerWiseOptimizersSumTheirNormsOverTheShardsOfASplitTensor) {
+  // Chunks of 1000 elements cut in two: the 3072-element attention matrices straddle shard boundaries,
+  // so LAMB's and LARS's trust ratios are wrong unless each norm is summed over both ranks.
+  for (const char* name : {"lamb", "lars", "lion", "sgd"}) {
+    const auto plain = train_ranks(0, 2, 1, 3, 1000, name)[0];
+    expect_same(train_ranks(2, 2, 1, 3, 1000, name), plain, 1e-6, std::string(name) + " at stage 2");
   }
 }
 

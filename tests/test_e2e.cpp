@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "src/core/text.h"
 #include "tests/support/test_support.h"
 
 namespace fs = std::filesystem;
@@ -101,7 +102,16 @@ TEST(EndToEnd, DryRunPrintsResolvedRecipeParametersAndMemory) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("batch_size = 2"), std::string::npos);
   EXPECT_NE(r.output.find("124.5M parameters (124475904)"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("memory estimate"), std::string::npos);
+  EXPECT_NE(r.output.find("memory per rank (fp32, adamw, ZeRO stage 0 over 1 data-parallel rank(s))"), std::string::npos) << r.output;
+  // Under ZeRO-2 over 4 ranks each holds a quarter of the gradients and of the two AdamW moments.
+  r = run_colossal("train recipes/gpt2-124m.toml --dry-run --set train.batch_size=2 --set memory.zero=2 --nproc-per-node 4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double p = 124475904;
+  EXPECT_NE(r.output.find("ZeRO stage 2 over 4 data-parallel rank(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  weights     " + colossal::human_bytes(4 * p) + "\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  gradients   " + colossal::human_bytes(4 * p / 4) + "\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  optimizer   " + colossal::human_bytes(8 * p / 4) + "\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("for its 4 ranks"), std::string::npos) << r.output;
 }
 
 TEST(EndToEnd, BadInputEndsInOneErrorLine) {
@@ -145,7 +155,7 @@ TEST(EndToEnd, BadInputEndsInOneErrorLine) {
                         "--set checkpoint.dir: cannot create directory " + (dir / "a_file/ck") + " (" + (dir / "a_file") + " is a file)");
   // A model too large for this machine is refused before anything is allocated.
   expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set model.n_embd=1048576 --set model.n_head=1" + into(dir)),
-                        "-parameter model (weights, gradients, AdamW state and one micro-batch's activations) needs about");
+                        "-parameter model (weights, gradients and adamw state at ZeRO stage 0, and one micro-batch's activations) needs about");
   auto dry = run_colossal("train recipes/gpt-tiny.toml --dry-run --set model.n_embd=1048576 --set model.n_head=1");
   EXPECT_EQ(dry.exit_code, 0) << dry.output;
   EXPECT_NE(dry.output.find("does not fit: training would stop here"), std::string::npos) << dry.output;

@@ -224,3 +224,17 @@ TEST(RecipeErrors, MemoryKeysNameTheirValidChoices) {
     EXPECT_NE(e.find(message), std::string::npos) << text << " -> " << e;
   }
 }
+
+TEST(RecipeErrors, OptimizerNamesAndHyperParametersOutOfRangeNameTheKey) {
+  EXPECT_EQ(parse_recipe("[optim]\nname = \"lamb\"\n", "r.toml").optim.name, "lamb");
+  for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
+           {"[optim]\nname = \"adam\"\n", "r.toml:2: [optim] name: = \"adam\""},
+           {"[optim]\nmomentum = 1\n", "[optim] momentum: = 1 is out of range (valid: 0 to 0.999999)"},
+           {"[optim]\nname = \"sgd\"\nmomentum = 0\nnesterov = true\n", "nesterov: = true needs momentum > 0"},
+           {"[optim]\ntrust_coefficient = 0\n", "[optim] trust_coefficient: = 0 is out of range"},
+           {"[optim]\nbetas = [0.9, 1.0]\n", "[optim] betas"},
+       }) {
+    const std::string e = error_of(text);
+    EXPECT_NE(e.find(message), std::string::npos) << text << " -> " << e;
+  }
+}

@@ -226,13 +226,17 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
 
   auto o = section("optim");
   OptimConfig& oc = r.optim;
-  oc.name = o.string("name", oc.name, {"adamw"});
+  oc.name = o.string("name", oc.name, {"adamw", "lamb", "lars", "lion", "sgd"});
   oc.lr = o.real("lr", oc.lr, 1e-12, 10);
   oc.min_lr = o.real("min_lr", std::min(oc.min_lr, oc.lr), 0, 10);
   oc.weight_decay = o.real("weight_decay", oc.weight_decay, 0, 10);
   auto betas = o.reals("betas", {oc.betas[0], oc.betas[1]}, 0.0, 0.999999);
   oc.betas = {betas[0], betas[1]};
   oc.eps = o.real("eps", oc.eps, 1e-30, 1);
+  oc.momentum = o.real("momentum", oc.momentum, 0, 0.999999);
+  oc.nesterov = o.boolean("nesterov", oc.nesterov);
+  if (oc.nesterov && oc.momentum == 0) o.fail("nesterov", "= true needs momentum > 0 (Nesterov's look-ahead is along the momentum)");
+  oc.trust_coefficient = o.real("trust_coefficient", oc.trust_coefficient, 1e-12, 1);
   oc.warmup_steps = o.integer("warmup_steps", std::min(oc.warmup_steps, tc.max_steps), 0, kBig);
   oc.schedule = o.string("schedule", oc.schedule, {"cosine", "linear", "constant"});
   oc.decay_steps = o.integer("decay_steps", oc.decay_steps, 0, kBig);
@@ -330,7 +334,8 @@ std::string Recipe::to_toml() const {
                             {"eval_batches", train.eval_batches}, {"log_every", train.log_every},
                             {"seed", train.seed}, {"device", train.device}, {"grad_clip", train.grad_clip}}},
       {"optim", toml::table{{"name", optim.name}, {"lr", optim.lr}, {"min_lr", optim.min_lr},
-                            {"weight_decay", optim.weight_decay}, {"eps", optim.eps}, {"warmup_steps", optim.warmup_steps},
+                            {"weight_decay", optim.weight_decay}, {"eps", optim.eps}, {"momentum", optim.momentum},
+                            {"nesterov", optim.nesterov}, {"trust_coefficient", optim.trust_coefficient}, {"warmup_steps", optim.warmup_steps},
                             {"schedule", optim.schedule}, {"decay_steps", optim.decay_steps}}},
       {"checkpoint", toml::table{{"dir", checkpoint.dir}, {"every", checkpoint.every}, {"keep_last", checkpoint.keep_last}}},
       {"finetune", toml::table{{"from", finetune.from}}},

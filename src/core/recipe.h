@@ -64,12 +64,15 @@ struct TrainConfig {                 // [train]
 };
 
 struct OptimConfig {                 // [optim]
-  std::string name = "adamw";        // adamw
+  std::string name = "adamw";        // adamw | lamb | lars | lion | sgd
   double lr = 6e-4;
   double min_lr = 6e-5;
   double weight_decay = 0.1;         // applied to matrices and embeddings, not to biases and norms
-  std::array<double, 2> betas{0.9, 0.95};
-  double eps = 1e-8;
+  std::array<double, 2> betas{0.9, 0.95};   // adamw, lamb, lion
+  double eps = 1e-8;                 // adamw, lamb, lars (the trust ratio's denominator)
+  double momentum = 0.9;             // sgd, lars
+  bool nesterov = false;             // sgd
+  double trust_coefficient = 0.001;  // lars: eta of the local learning rate
   int64_t warmup_steps = 100;
   std::string schedule = "cosine";   // cosine | linear | constant (after warmup)
   int64_t decay_steps = 0;           // steps over which lr decays to min_lr; 0 = train.max_steps

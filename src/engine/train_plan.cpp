@@ -17,7 +17,7 @@
 #include "src/io/atomic_dir.h"
 #include "src/memory/zero_strategy.h"
 #include "src/nn/kernel_choice.h"
-#include "src/optim/adamw.h"
+#include "src/optim/factory.h"
 
 namespace fs = std::filesystem;
 
@@ -117,8 +117,7 @@ void apply_memory(TrainPlan& p) {
   zo.stage = static_cast<int>(r.memory.zero);
   zo.chunk_numel = memory::choose_chunk_numel(memory::chunk_specs(*p.model), r.memory.chunk_size_mb, dp.size());
   zo.weight_decay = r.optim.weight_decay;
-  auto optimizer = std::make_unique<optim::AdamW>(optim::AdamWOptions{r.optim.betas[0], r.optim.betas[1], r.optim.eps});
-  p.strategy = std::make_unique<memory::ZeroStrategy>(*p.model, zo, dp, std::move(optimizer));
+  p.strategy = std::make_unique<memory::ZeroStrategy>(*p.model, zo, dp, optim::make_optimizer(r.optim));
   p.strategy->broadcast_from_root();
   if (p.dp_size > 1 || zo.stage > 0) spdlog::info("{}", p.strategy->describe());
 }
@@ -212,10 +211,12 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
   p->device = resolve_device(r.train.device, r.where("train.device"));
   if (p->device.is_cpu()) {   // refuse before allocating anything, with the dry run's estimate
     const int64_t params = count_parameters(r.model);
-    const int64_t local = env.local_world;   // every worker on this node holds a copy
-    require_host_memory(estimate_training_memory(r, params).total() * static_cast<double>(local),
+    const int64_t local = env.local_world;   // every worker on this node holds its share
+    const int64_t dp = check_parallel_recipe(r, env.world).of(dist::Dim::dp);
+    require_host_memory(estimate_training_memory(r, params, dp).total() * static_cast<double>(local),
                         "training this " + human_count(static_cast<double>(params)) +
-                            "-parameter model (weights, gradients, AdamW state and one micro-batch's activations" +
+                            "-parameter model (weights, gradients and " + r.optim.name + " state at ZeRO stage " +
+                            std::to_string(r.memory.zero) + ", and one micro-batch's activations" +
                             (local > 1 ? ", for each of the " + std::to_string(local) + " workers on this node)" : ")"));
   }
 

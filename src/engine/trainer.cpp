@@ -71,7 +71,6 @@ EvalResult evaluate(TrainPlan& p) {
 void print_dry_run(const Recipe& r, const c10::Device& device, int64_t launch_world) {
   const ModelConfig& m = r.model;
   const int64_t params = count_parameters(m);
-  auto mem = estimate_training_memory(r, params);
   std::printf("# resolved recipe (%s)\n%s\n", r.path.c_str(), r.to_toml().c_str());
   std::printf("model:       %s, %s parameters (%lld)\n", m.family.c_str(), human_count(static_cast<double>(params)).c_str(),
               static_cast<long long>(params));
@@ -89,13 +88,17 @@ void print_dry_run(const Recipe& r, const c10::Device& device, int64_t launch_wo
               static_cast<long long>(r.train.batch_size * tokens_per_sample(r) * r.train.grad_accum * dp),
               static_cast<long long>(r.train.batch_size), static_cast<long long>(tokens_per_sample(r)),
               static_cast<long long>(r.train.grad_accum), static_cast<long long>(dp));
-  std::printf("memory estimate (fp32, AdamW):\n");
+  const auto mem = estimate_training_memory(r, params, dp);
+  const int64_t workers = launch_world > 0 ? launch_world : env.local_world;   // processes on this machine
+  std::printf("memory per rank (fp32, %s, ZeRO stage %lld over %lld data-parallel rank(s)):\n", r.optim.name.c_str(),
+              static_cast<long long>(r.memory.zero), static_cast<long long>(dp));
   std::printf("  weights     %s\n  gradients   %s\n  optimizer   %s\n  activations %s (one micro-batch)\n  total       %s\n",
               human_bytes(mem.weights).c_str(), human_bytes(mem.gradients).c_str(), human_bytes(mem.optimizer).c_str(),
               human_bytes(mem.activations).c_str(), human_bytes(mem.total()).c_str());
-  const double have = static_cast<double>(physical_memory_bytes());
+  const double have = static_cast<double>(physical_memory_bytes()), need = mem.total() * static_cast<double>(workers);
+  const std::string here = workers > 1 ? " for its " + std::to_string(workers) + " ranks (" + human_bytes(need) + ")" : "";
   std::printf("  machine     %s (%s)\n", human_bytes(have).c_str(),
-              device.is_cpu() ? (mem.total() <= have ? "fits" : "does not fit: training would stop here") : "host");
+              device.is_cpu() ? (need <= have ? "fits" + here : "does not fit" + here + ": training would stop here").c_str() : "host");
 }
 
 

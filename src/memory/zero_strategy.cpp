@@ -165,7 +165,12 @@ double ZeroStrategy::clip_grad_norm(double max_norm) {
 
 void ZeroStrategy::step(double lr) {
   at::NoGradGuard no_grad;
-  optimizer_->step(pieces_, lr);
+  optim::StepContext ctx;
+  ctx.lr = lr;
+  ctx.tensors = static_cast<int64_t>(store_.layout().slots.size());
+  if (store_.stage() > 0 && group_.active())   // a tensor may straddle two ranks' shards
+    ctx.sum_across_shards = [this](at::Tensor& t) { group_.all_reduce(t, dist::Reduce::sum, "optimizer norms"); };
+  optimizer_->step(pieces_, ctx);
   if (store_.stage() == 0 || !group_.active()) return;
   // Every rank updated its shard; all-gather makes each chunk whole again on every rank.
   std::vector<at::Tensor> mine;

@@ -9,8 +9,9 @@
 
 namespace colossal::optim {
 
-void AdamW::step(std::vector<ParamPiece>& pieces, double lr) {
+void AdamW::step(std::vector<ParamPiece>& pieces, const StepContext& ctx) {
   ++step_;
+  const double lr = ctx.lr;
   for (auto& piece : pieces) {
     at::Tensor &p = piece.param, &grad = piece.grad, &m = piece.state[0], &v = piece.state[1];
     const kernels::AdamWHyper h{lr, opt_.beta1, opt_.beta2, opt_.eps, piece.weight_decay, step_};

@@ -5,6 +5,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,13 +18,26 @@ struct ParamPiece {
   int64_t tensor = 0;              // which tensor it belongs to (layer-wise rules reduce norms per tensor)
 };
 
+// What one step needs besides the pieces.
+struct StepContext {
+  double lr = 0;
+  int64_t tensors = 0;   // every piece's `tensor` is below this (the same count on every rank)
+  // Sums a double CPU tensor over the ranks whose shards hold parts of the same tensors (a no-op when
+  // this rank holds whole tensors): how a layer-wise rule gets the norm of a tensor split across shards.
+  std::function<void(at::Tensor&)> sum_across_shards = [](at::Tensor&) {};
+};
+
+// Squared L2 norms of `of(piece)` summed per tensor over all shards: a [ctx.tensors] double CPU tensor.
+at::Tensor squared_norms(const std::vector<ParamPiece>& pieces, const StepContext& ctx,
+                         const std::function<at::Tensor(const ParamPiece&)>& of);
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
   virtual std::string name() const = 0;                      // "adamw"
   virtual std::vector<std::string> state_names() const = 0;  // "exp_avg", ...: checkpoint suffixes too
-  // One update of every piece with learning rate `lr` (counts the step first: bias corrections see 1, 2, ...).
-  virtual void step(std::vector<ParamPiece>& pieces, double lr) = 0;
+  // One update of every piece (counts the step first: bias corrections see 1, 2, ...).
+  virtual void step(std::vector<ParamPiece>& pieces, const StepContext& ctx) = 0;
 
   int64_t steps() const { return step_; }
   void set_steps(int64_t s) { step_ = s; }

@@ -1,0 +1,25 @@
+// SGD with momentum, as torch.optim.SGD computes it (dampening 0): coupled L2 weight decay, a momentum
+// buffer that starts at the first gradient, optionally Nesterov's look-ahead. Per step:
+//   d = g + wd w       b = mu b + d       w -= lr * (nesterov ? d + mu b : b)
+#pragma once
+#include "src/optim/optimizer.h"
+
+namespace colossal::optim {
+
+struct SgdOptions {
+  double momentum = 0.9;
+  bool nesterov = false;
+};
+
+class Sgd : public Optimizer {
+ public:
+  explicit Sgd(const SgdOptions& options) : opt_(options) {}
+  std::string name() const override { return "sgd"; }
+  std::vector<std::string> state_names() const override { return {"momentum_buffer"}; }
+  void step(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
+
+ private:
+  SgdOptions opt_;
+};
+
+}  // namespace colossal::optim
