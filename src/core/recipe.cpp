@@ -139,7 +139,7 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   if (r.name.empty() || r.name == "." || r.name == ".." || r.name.find('/') != std::string::npos)
     throw RecipeError(r.where("name"), "= \"" + r.name + "\" is not a usable run name (non-empty, no \"/\", not . or ..)");
   top.finish();
-  static const std::vector<std::string> kSections = {"model", "data", "train", "optim", "checkpoint", "finetune", "kernels", "parallel", "memory", "output"};
+  static const std::vector<std::string> kSections = {"model", "data", "train", "optim", "checkpoint", "finetune", "kernels", "parallel", "memory", "precision", "output"};
   for (const auto& [k, node] : root) {
     std::string key(k.str());
     if (!node.is_table() || std::find(kSections.begin(), kSections.end(), key) != kSections.end()) continue;
@@ -286,6 +286,19 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   r.memory.chunk_size_mb = mem.real_or_word("chunk_size_mb", r.memory.chunk_size_mb, 1.0 / 1024, 1 << 20, "auto", 0);
   mem.finish();
 
+  auto pr = section("precision");
+  PrecisionConfig& pc2 = r.precision;
+  pc2.dtype = pr.string("dtype", pc2.dtype, {"fp32", "bf16", "fp16"});
+  pc2.initial_scale = pr.real("initial_scale", pc2.initial_scale, 1e-30, 1e30);
+  pc2.growth_factor = pr.real("growth_factor", pc2.growth_factor, 0, 1e6);
+  if (pc2.growth_factor <= 1)
+    pr.fail("growth_factor", "= " + format_number(pc2.growth_factor) + " would never let the scale grow (valid: above 1, e.g. 2)");
+  pc2.backoff_factor = pr.real("backoff_factor", pc2.backoff_factor, 0, 1e6);
+  if (pc2.backoff_factor <= 0 || pc2.backoff_factor >= 1)
+    pr.fail("backoff_factor", "= " + format_number(pc2.backoff_factor) + " would not shrink the scale after an overflow (valid: between 0 and 1, e.g. 0.5)");
+  pc2.growth_interval = pr.integer("growth_interval", pc2.growth_interval, 1, kBig);
+  pr.finish();
+
   auto out = section("output");
   r.output.dir = out.string("dir", "runs/" + r.name);
   r.output.log_level = out.string("log_level", r.output.log_level, {"trace", "debug", "info", "warn", "error"});
@@ -344,6 +357,9 @@ std::string Recipe::to_toml() const {
       {"parallel", toml::table{{"tensor", parallel.tensor}, {"pipeline", parallel.pipeline}, {"sequence", parallel.sequence},
                                {"timeout_s", parallel.timeout_s}, {"backend", parallel.backend}}},
       {"memory", toml::table{{"zero", memory.zero}}},
+      {"precision", toml::table{{"dtype", precision.dtype}, {"initial_scale", precision.initial_scale},
+                                {"growth_factor", precision.growth_factor}, {"backoff_factor", precision.backoff_factor},
+                                {"growth_interval", precision.growth_interval}}},
       {"output", toml::table{{"dir", output.dir}, {"log_level", output.log_level}}},
   };
   if (memory.chunk_size_mb == 0) root["memory"].as_table()->insert("chunk_size_mb", "auto");

@@ -111,6 +111,15 @@ struct MemoryConfig {               // [memory]: where parameters, gradients and
   double chunk_size_mb = 0;          // fp32 MiB per chunk; 0 = "auto" (searched to minimise padding)
 };
 
+struct PrecisionConfig {            // [precision]
+  std::string dtype = "fp32";        // fp32 | bf16 | fp16: what the model computes in; fp32 master weights
+                                     // and optimizer states stay in the chunks
+  double initial_scale = 65536;      // fp16's dynamic loss scale: where it starts,
+  double growth_factor = 2;          //   what it is multiplied by after growth_interval clean steps,
+  double backoff_factor = 0.5;       //   and after a step whose gradients overflowed (that step is skipped)
+  int64_t growth_interval = 2000;
+};
+
 struct OutputConfig {                // [output]
   std::string dir;                   // "" = runs/<name>
   std::string log_level = "info";    // trace | debug | info | warn | error
@@ -128,6 +137,7 @@ struct Recipe {
   KernelsConfig kernels;
   ParallelConfig parallel;
   MemoryConfig memory;
+  PrecisionConfig precision;
   OutputConfig output;
   std::set<std::string> sections;                 // the [sections] the recipe (or a --set) wrote
   std::map<std::string, std::string> locations;   // "train.lr" -> "recipes/x.toml:12" or "--set train.lr"

@@ -301,9 +301,12 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
   }
   const std::string steps = s.strategy ? std::to_string(s.strategy->optimizer().steps()) : "0";
   const std::string optimizer_name = s.strategy ? s.strategy->optimizer().name() : "";
+  std::map<std::string, std::string> optim_meta = {{"optimizer", optimizer_name}, {"step", steps}};
+  if (s.strategy)
+    for (const auto& [k, v] : s.strategy->scaler_state()) optim_meta[k] = v;   // fp16's loss scale
   if (rank == 0 || sharded) {
     save_safetensors((tmp / model_file).string(), weights, {{"format", "pt"}});
-    if (s.strategy) save_safetensors((tmp / optim_file).string(), states, {{"optimizer", optimizer_name}, {"step", steps}});
+    if (s.strategy) save_safetensors((tmp / optim_file).string(), states, optim_meta);
   }
   weights.clear();
   states.clear();
@@ -314,7 +317,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
       const nlohmann::json meta = {{"format", "pt"}};
       write_text(tmp / "model.safetensors.index.json", nlohmann::json{{"metadata", meta}, {"weight_map", weight_map}}.dump(2) + "\n");
       write_text(tmp / "optimizer.safetensors.index.json",
-                 nlohmann::json{{"metadata", {{"optimizer", optimizer_name}, {"step", steps}}}, {"weight_map", state_map}}.dump(2) + "\n");
+                 nlohmann::json{{"metadata", optim_meta}, {"weight_map", state_map}}.dump(2) + "\n");
     }
     write_text(tmp / "config.json", config_for_save(s.model->hf_config(), s.base_config).dump(2) + "\n");
     for (const auto& [file, bytes] : s.tokenizer_files) write_text(tmp / file, bytes);
@@ -401,7 +404,7 @@ void load_optimizer_state(nn::Model& model, memory::TrainStrategy& strategy, con
     const auto& slot = store.layout().slots[static_cast<size_t>(i)];
     const auto hf = names.to_hf(slot.name);
     for (size_t k = 0; k < state_names.size(); ++k) {
-      at::Tensor whole = at::empty(slot.shape, store.params().front().options());
+      at::Tensor whole = at::empty(slot.shape, store.master().front().options());
       read_hf_pieces(hf, "." + state_names[k], file, whole);
       strategy.load_state(i, k, whole);
     }
@@ -412,6 +415,7 @@ void load_optimizer_state(nn::Model& model, memory::TrainStrategy& strategy, con
   if (!steps || *steps > static_cast<uint64_t>(INT64_MAX))
     throw Error("checkpoint " + path + ": metadata step = \"" + it->second + "\" (expected a whole number >= 0)");
   strategy.optimizer().set_steps(static_cast<int64_t>(*steps));
+  strategy.load_scaler_state(file.metadata(), path);
   // The CPU generator's state is required: without it the resumed run would draw a different data
   // order and dropout stream than the uninterrupted one. Its size is checked before LibTorch sees it.
   if (!file.contains(kRngName))

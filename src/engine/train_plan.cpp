@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -89,9 +90,10 @@ void load_data(TrainPlan& p) {
   p.task->load_data();
 }
 
-// Step 3: the model, built from the seed on every rank (so every rank holds the same initial weights)
-// and placed on the device.
-void build_model_weights(TrainPlan& p, const std::string& init_ckpt) {
+// Step 3: the model, built from the seed on every rank (so every rank holds the same initial weights),
+// placed on the device and, when starting from a directory or resuming, loaded from it: in the model's
+// own dtype, before the chunk store takes the values (mixed precision keeps them as master weights).
+void build_model_weights(TrainPlan& p, const std::string& init_ckpt, bool resuming) {
   const Recipe& r = p.recipe;
   nn::set_kernel_policy({nn::parse_kernel_path(r.kernels.attention), nn::parse_kernel_path(r.kernels.gelu),
                          nn::parse_kernel_path(r.kernels.gemv), nn::parse_kernel_path(r.kernels.layer_norm),
@@ -103,9 +105,16 @@ void build_model_weights(TrainPlan& p, const std::string& init_ckpt) {
   p.model->to(p.device);
   if (!init_ckpt.empty()) {
     load_model_state(*p.model, HfWeights::open(init_ckpt));
-    spdlog::info("initialised from {}", init_ckpt);
+    if (!resuming) spdlog::info("initialised from {}", init_ckpt);
   }
   p.model->train();
+}
+
+// The compute dtype the recipe asks for (undefined: the model's own, fp32).
+std::optional<at::ScalarType> compute_dtype(const PrecisionConfig& c) {
+  if (c.dtype == "bf16") return at::kBFloat16;
+  if (c.dtype == "fp16") return at::kHalf;
+  return std::nullopt;
 }
 
 // Step 4: memory layout and data parallelism: the chunk store owns parameters, gradients and optimizer
@@ -117,13 +126,25 @@ void apply_memory(TrainPlan& p) {
   zo.stage = static_cast<int>(r.memory.zero);
   zo.chunk_numel = memory::choose_chunk_numel(memory::chunk_specs(*p.model), r.memory.chunk_size_mb, dp.size());
   zo.weight_decay = r.optim.weight_decay;
+  zo.compute = compute_dtype(r.precision);
+  if (r.precision.dtype == "fp16")
+    zo.loss_scale = memory::LossScaleOptions{r.precision.initial_scale, r.precision.growth_factor, r.precision.backoff_factor,
+                                             r.precision.growth_interval};
+  // Every rank starts from rank 0's values (built from the same seed they agree already; this guards
+  // against any difference in initialisation or loading), taken before the store casts them.
+  if (dp.active()) {
+    at::NoGradGuard no_grad;
+    for (auto& item : p.model->named_parameters()) {
+      at::Tensor t = item.value().detach();
+      dp.broadcast(t, 0, "initial parameters");
+    }
+  }
   p.strategy = std::make_unique<memory::ZeroStrategy>(*p.model, zo, dp, optim::make_optimizer(r.optim));
-  p.strategy->broadcast_from_root();
-  if (p.dp_size > 1 || zo.stage > 0) spdlog::info("{}", p.strategy->describe());
+  if (p.dp_size > 1 || zo.stage > 0 || zo.compute) spdlog::info("{}", p.strategy->describe());
 }
 
-// Step 5: the resumed state (weights, moments, RNG, data position), the same on every rank.
-void resume(TrainPlan& p) {
+// The checkpoint a resume continues, checked against the recipe before anything is built from it.
+std::string resume_checkpoint(TrainPlan& p) {
   const Recipe& r = p.recipe;
   const TrainOptions& opt = p.options;
   const std::string from = resolve_checkpoint(opt.resume_from.empty() ? r.checkpoint.dir : opt.resume_from);
@@ -135,12 +156,10 @@ void resume(TrainPlan& p) {
   // Sizes and the parameter count, through the family's own reading of both (a family may derive
   // [model] keys it does not take from the recipe, as ViT's sequence length from its patches).
   if (info.model.family != m.family || info.model.n_layer != m.n_layer || info.model.n_head != m.n_head ||
-      info.model.n_embd != m.n_embd || count_parameters(info.model) != p.model->parameter_count())
+      info.model.n_embd != m.n_embd || count_parameters(info.model) != count_parameters(m))
     throw Error("checkpoint " + from + " holds a different model than the recipe (resume needs the same [model])");
   if (info.tokenizer_files != p.task->tokenizer_files())
     throw Error("checkpoint " + from + " was trained with a different tokenizer than " + p.tokenizer_path);
-  load_model_state(*p.model, HfWeights::open(from));
-  load_optimizer_state(*p.model, *p.strategy, from);   // also restores the RNG state
   p.base_config = info.config;   // what the run started from keeps its fields in every save
   p.state = info.state;
   if (p.state.legacy_batches >= 0) {   // written by one process, counting its batches
@@ -150,6 +169,12 @@ void resume(TrainPlan& p) {
                   std::to_string(INT64_MAX / r.train.batch_size) + ")");
     p.state.samples_seen = p.state.legacy_batches * r.train.batch_size;
   }
+  return from;
+}
+
+// Step 5: the resumed optimizer state (states, step count, loss scale, RNG), the same on every rank.
+void resume(TrainPlan& p, const std::string& from) {
+  load_optimizer_state(*p.model, *p.strategy, from);   // also restores the RNG state
   nn::restore_kernel_choices(p.state.kernel_choices);
   spdlog::info("resumed from {} at step {} ({} samples seen{})", from, p.state.step, p.state.samples_seen,
                p.state.world_size != p.dp_size ? ", saved by " + std::to_string(p.state.world_size) + " rank(s), now " +
@@ -229,10 +254,16 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
     spdlog::info("colossal {} {} -> {}", opt.finetune ? "finetune" : "train", r.path, r.output.dir);
   }
   p->task = make_task(effective.task, task_data(effective, p->dp_rank, p->dp_size));
+  p->task->set_global_count([group = &p->runtime->group(dist::Dim::dp)](double local) {
+    at::Tensor t = at::tensor({local}, at::kDouble);
+    group->all_reduce(t, dist::Reduce::sum, "loss count");
+    return t.item<double>();
+  });
   load_data(*p);                                                  // 2. data
-  build_model_weights(*p, effective.init_checkpoint);   // 3. model
+  const std::string resume_from = opt.resume ? resume_checkpoint(*p) : "";
+  build_model_weights(*p, opt.resume ? resume_from : effective.init_checkpoint, opt.resume);   // 3. model
   apply_memory(*p);                                               // 4. memory layout, data parallelism, optimizer
-  if (opt.resume) resume(*p);                                     // 5. state
+  if (opt.resume) resume(*p, resume_from);                        // 5. state
   if (p->is_root()) create_output_dir(r.checkpoint.dir, r.where("checkpoint.dir"));   // now, not at the first save
   return p;
 }

@@ -185,7 +185,7 @@ int run_loop(TrainPlan& p) {
       p.strategy->before_backward(micro == r.train.grad_accum - 1);   // the step's gradients are complete after the last
       auto loss = task.loss(*p.model, batch);
       if (r.train.grad_accum > 1) loss = loss / static_cast<double>(r.train.grad_accum);
-      loss.backward();
+      p.strategy->scale_loss(loss).backward();   // fp16: scaled so small gradients survive its range
       p.strategy->after_backward();
       step_loss = micro == 0 ? loss.detach() : step_loss + loss.detach();
     }
@@ -196,9 +196,11 @@ int run_loop(TrainPlan& p) {
     if (!std::isfinite(loss_sum))
       throw Error("loss became " + std::to_string(loss_sum) + " at step " + std::to_string(state.step + 1) +
                   " (lower optim.lr or set train.grad_clip; the last checkpoint is intact)");
-    const double grad_norm = p.strategy->clip_grad_norm(r.train.grad_clip);   // global: gradients are already averaged
-    p.strategy->step(lr);
-    p.strategy->zero_grad();
+    // Global norm (gradients are already averaged), clipping, the update; fp16 skips an overflowed step.
+    const auto report = p.strategy->optimizer_step(lr, r.train.grad_clip);
+    const double grad_norm = report.grad_norm;
+    if (report.skipped)
+      spdlog::debug("step {}: gradients overflowed fp16; skipped, loss scale now {}", state.step + 1, p.strategy->loss_scale());
 
     ++state.step;
     ++steps_this_run;
@@ -220,6 +222,11 @@ int run_loop(TrainPlan& p) {
     }
     nlohmann::json record = {{"step", state.step}, {"loss", loss_sum}, {"lr", lr}, {"grad_norm", grad_norm},
                              {"tokens_per_s", tps}, {"step_ms", step_s * 1e3}, {"mem_mb", static_cast<double>(mem) / 1048576.0}};
+    if (r.precision.dtype == "fp16") {   // the scale this step's loss used, and the overflowed steps so far
+      record["loss_scale"] = report.skipped ? p.strategy->loss_scale() / r.precision.backoff_factor : p.strategy->loss_scale();
+      record["skipped"] = report.skipped;
+      record["skipped_steps"] = p.strategy->skipped_steps();
+    }
     if (rt.world_group().active()) {
       dist::CommCounters total = dp_comm;
       total += all_comm;

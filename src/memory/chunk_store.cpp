@@ -17,7 +17,8 @@ std::vector<ChunkTensorSpec> chunk_specs(nn::Module& module) {
   return specs;
 }
 
-ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64_t shards, int64_t rank)
+ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64_t shards, int64_t rank,
+                       std::optional<at::ScalarType> compute)
     : stage_(stage), rank_(stage == 0 ? 0 : rank) {
   if (stage < 0 || stage > 2) throw Error("chunk store: ZeRO stage " + std::to_string(stage) + " (internal: 0, 1 or 2 here)");
   const auto specs = chunk_specs(module);
@@ -25,8 +26,10 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
   layout_ = plan_chunks(specs, chunk_numel, stage == 0 ? 1 : shards);
   std::map<std::string, at::Tensor> by_name;
   for (auto& item : module.named_parameters()) by_name[item.key()] = item.value();
-  const at::Tensor& first = by_name.at(specs.front().name);
-  const auto options = first.options();
+  const at::Tensor first = by_name.at(specs.front().name).detach().clone();   // before set_data changes it
+  const auto master_options = first.options();
+  const auto options = master_options.dtype(compute.value_or(first.scalar_type()));
+  mixed_ = options.dtype() != master_options.dtype();
   at::NoGradGuard no_grad;
   for (int64_t c = 0; c < layout_.chunks(); ++c) {
     const int64_t size = layout_.chunk_sizes[static_cast<size_t>(c)];
@@ -34,20 +37,46 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
     if (stage_ <= 1) full_grads_.push_back(at::zeros({size}, options));
     if (stage_ == 0) grad_shards_.push_back(full_grads_.back());
     if (stage_ == 1) grad_shards_.push_back(full_grads_.back().narrow(0, shard_begin(c), shard_numel(c)));
-    if (stage_ == 2) grad_shards_.push_back(at::zeros({shard_numel(c)}, options));
+    if (stage_ == 2) grad_shards_.push_back(at::zeros({shard_numel(c)}, master_options));
+    master_grads_.push_back(grad_shards_.back().scalar_type() == master_options.dtype().toScalarType()
+                                ? grad_shards_.back()
+                                : at::zeros({shard_numel(c)}, master_options));
+    master_.push_back(mixed_ ? at::zeros({shard_numel(c)}, master_options) : params_.back().narrow(0, shard_begin(c), shard_numel(c)));
   }
   for (const auto& slot : layout_.slots) {
     at::Tensor p = by_name.at(slot.name);
     if (p.scalar_type() != first.scalar_type() || p.device() != first.device())
       throw Error("chunk store: parameter \"" + slot.name + "\" is " + c10::toString(p.scalar_type()) + " on " + p.device().str() +
                   ", the first is " + c10::toString(first.scalar_type()) + " on " + first.device().str() + " (one dtype and device per model)");
-    auto view = params_[static_cast<size_t>(slot.chunk)].narrow(0, slot.offset, slot.numel).view(p.sizes());
+    const auto c = static_cast<size_t>(slot.chunk);
+    if (mixed_) {   // this rank's part of the tensor, at full precision
+      const int64_t lo = shard_begin(slot.chunk), hi = lo + shard_numel(slot.chunk);
+      const int64_t a = std::max(lo, slot.offset), b = std::min(hi, slot.offset + slot.numel);
+      if (a < b) master_[c].narrow(0, a - lo, b - a).copy_(p.detach().reshape({-1}).narrow(0, a - slot.offset, b - a));
+    }
+    auto view = params_[c].narrow(0, slot.offset, slot.numel).view(p.sizes());
     view.copy_(p);
     p.set_data(view);
-    if (stage_ <= 1) p.mutable_grad() = full_grads_[static_cast<size_t>(slot.chunk)].narrow(0, slot.offset, slot.numel).view(p.sizes());
+    if (stage_ <= 1) p.mutable_grad() = full_grads_[c].narrow(0, slot.offset, slot.numel).view(p.sizes());
     tensors_.push_back(p);
     states_.push_back(TensorState::hold);
   }
+}
+
+void ChunkStore::collect_grads(double inv_scale) {
+  at::NoGradGuard no_grad;
+  for (size_t c = 0; c < master_grads_.size(); ++c) {
+    at::Tensor& out = master_grads_[c];
+    if (!out.is_same(grad_shards_[c])) out.copy_(grad_shards_[c]);
+    if (inv_scale != 1.0) out.mul_(inv_scale);
+  }
+}
+
+void ChunkStore::publish() {
+  if (!mixed_) return;
+  at::NoGradGuard no_grad;
+  for (int64_t c = 0; c < layout_.chunks(); ++c)
+    params_[static_cast<size_t>(c)].narrow(0, shard_begin(c), shard_numel(c)).copy_(master_[static_cast<size_t>(c)]);
 }
 
 int64_t ChunkStore::shard_begin(int64_t chunk) const { return stage_ == 0 ? 0 : rank_ * layout_.shard_numel(chunk); }
@@ -62,7 +91,7 @@ int64_t ChunkStore::owner(int64_t slot) const {
 std::vector<at::Tensor>& ChunkStore::state(const std::string& name) {
   auto [it, added] = optimizer_states_.try_emplace(name);
   if (added)
-    for (int64_t c = 0; c < layout_.chunks(); ++c) it->second.push_back(at::zeros({shard_numel(c)}, params_.front().options()));
+    for (int64_t c = 0; c < layout_.chunks(); ++c) it->second.push_back(at::zeros({shard_numel(c)}, master_.front().options()));
   return it->second;
 }
 
@@ -77,8 +106,8 @@ std::vector<optim::ParamPiece> ChunkStore::pieces(const std::vector<std::string>
       const int64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.numel);
       if (a >= b) continue;
       optim::ParamPiece piece;
-      piece.param = params_[static_cast<size_t>(c)].narrow(0, a, b - a);
-      piece.grad = grad_shards_[static_cast<size_t>(c)].narrow(0, a - lo, b - a);
+      piece.param = master_[static_cast<size_t>(c)].narrow(0, a - lo, b - a);
+      piece.grad = master_grads_[static_cast<size_t>(c)].narrow(0, a - lo, b - a);
       for (auto* st : states) piece.state.push_back((*st)[static_cast<size_t>(c)].narrow(0, a - lo, b - a));
       piece.weight_decay = s.decay ? weight_decay : 0.0;
       piece.tensor = i;
@@ -90,12 +119,16 @@ std::vector<optim::ParamPiece> ChunkStore::pieces(const std::vector<std::string>
 
 ChunkBytes ChunkStore::bytes() const {
   ChunkBytes b;
-  for (const auto& t : params_) b.params += static_cast<int64_t>(t.nbytes());
-  for (const auto& t : full_grads_) b.grads += static_cast<int64_t>(t.nbytes());
-  if (stage_ == 2)
-    for (const auto& t : grad_shards_) b.grads += static_cast<int64_t>(t.nbytes());
-  for (const auto& [n, shards] : optimizer_states_)
-    for (const auto& t : shards) b.optimizer += static_cast<int64_t>(t.nbytes());
+  auto sum = [](const std::vector<at::Tensor>& ts) {
+    int64_t n = 0;
+    for (const auto& t : ts) n += static_cast<int64_t>(t.nbytes());
+    return n;
+  };
+  b.params = sum(params_) + (mixed_ ? sum(master_) : 0);
+  b.grads = sum(full_grads_) + (stage_ == 2 ? sum(grad_shards_) : 0);
+  for (size_t c = 0; c < master_grads_.size(); ++c)
+    if (!master_grads_[c].is_same(grad_shards_[c])) b.grads += static_cast<int64_t>(master_grads_[c].nbytes());
+  for (const auto& [n, shards] : optimizer_states_) b.optimizer += sum(shards);
   return b;
 }
 

@@ -2,11 +2,16 @@
 // parameters become views into chunk buffers laid out by ChunkLayout; gradients and optimizer states
 // live beside them, full or as this rank's shard depending on the ZeRO stage:
 //
-//   stage  parameters  gradients                               optimizer states
+//   stage  parameters  gradients                               optimizer states, master weights
 //   0      full        full (.grad views, all-reduced)          full
 //   1      full        full (.grad views, reduce-scattered)     shard
 //   2      full        shard (each micro-batch's gradient       shard
 //                      reduce-scattered, then dropped)
+//
+// Mixed precision: the model's parameters (and .grad) are compute-dtype chunks (bf16, fp16), while the
+// optimizer updates master weights in the model's own dtype (fp32), sharded like the optimizer states,
+// with gradients taken to that dtype first; the updated master is then cast back into the compute
+// chunks. In one precision the master is the parameters themselves.
 //
 // Plain data parallelism is stage 0: the same store with nothing sharded. Gradient reduction and the
 // update itself are ZeroStrategy's; the store answers where things are.
@@ -14,6 +19,7 @@
 #include <ATen/core/Tensor.h>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,12 +39,17 @@ class ChunkStore {
  public:
   // Moves `module`'s trainable parameters (their current values) into chunks of `chunk_numel` elements
   // cut into `shards` shards, of which this rank is `rank`. Stage 0 keeps one shard = the whole chunk.
-  ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64_t shards, int64_t rank);
+  // `compute`: the dtype the model then computes in (undefined: its own, the master's).
+  ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64_t shards, int64_t rank,
+             std::optional<at::ScalarType> compute = std::nullopt);
 
   int stage() const { return stage_; }
   int64_t rank() const { return rank_; }
   const ChunkLayout& layout() const { return layout_; }
-  const std::vector<at::Tensor>& params() const { return params_; }   // full chunk buffers
+  const std::vector<at::Tensor>& params() const { return params_; }   // full chunk buffers, compute dtype
+  bool mixed() const { return mixed_; }                                // compute dtype != master dtype
+  // This rank's master shard of each chunk (the model's dtype; a view of params() when not mixed).
+  const std::vector<at::Tensor>& master() const { return master_; }
   const at::Tensor& param_of(int64_t slot) const { return tensors_[static_cast<size_t>(slot)]; }   // the model's parameter
 
   // This rank's range of chunk c: [begin, begin + numel). Stage 0: the whole chunk.
@@ -48,11 +59,19 @@ class ChunkStore {
   // (stage 0: rank 0, which holds everything).
   int64_t owner(int64_t slot) const;
 
-  // Full gradient chunk buffers (stages 0 and 1: the .grad views point into them; stage 2: undefined).
+  // Full gradient chunk buffers in the compute dtype (stages 0 and 1: the .grad views point into them;
+  // stage 2: none).
   std::vector<at::Tensor>& full_grads() { return full_grads_; }
   // This rank's gradient shard of each chunk: stage 0 the whole chunk, stage 1 a view of the full
-  // buffer, stage 2 a buffer of its own.
+  // buffer (both compute dtype), stage 2 a master-dtype buffer of its own.
   std::vector<at::Tensor>& grad_shards() { return grad_shards_; }
+  // The gradient shards in the master dtype, what the optimizer reads: grad_shards() themselves when
+  // they are that dtype already, else buffers that collect_grads fills.
+  std::vector<at::Tensor>& master_grads() { return master_grads_; }
+  // master_grads = grad_shards * inv_scale (a loss scale undone, or 1).
+  void collect_grads(double inv_scale);
+  // The compute chunks' shards take the updated master values (nothing to do when not mixed).
+  void publish();
   // This rank's shard of optimizer state `name` for each chunk (zeros when first asked for).
   std::vector<at::Tensor>& state(const std::string& name);
 
@@ -68,7 +87,8 @@ class ChunkStore {
   ChunkLayout layout_;
   std::vector<at::Tensor> tensors_;   // the model's parameters, by slot
   std::vector<TensorState> states_;   // by slot
-  std::vector<at::Tensor> params_, full_grads_, grad_shards_;
+  bool mixed_ = false;
+  std::vector<at::Tensor> params_, master_, full_grads_, grad_shards_, master_grads_;
   std::map<std::string, std::vector<at::Tensor>> optimizer_states_;   // a map: references stay valid
 };
 

@@ -3,6 +3,7 @@
 // plain data parallelism (stage 0) and ZeRO stages 1-2; Gemini and pipeline schedules replace parts.
 #pragma once
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -18,12 +19,22 @@ class TrainStrategy {
   // are complete after it).
   virtual void before_backward(bool last) = 0;
   virtual void after_backward() = 0;
-  // The global gradient norm (every rank's shards together), then gradients scaled so it is at most
-  // max_norm (when > 0; torch.nn.utils.clip_grad_norm_'s rule).
-  virtual double clip_grad_norm(double max_norm) = 0;
-  virtual void step(double lr) = 0;     // the optimizer update, then parameters made whole again
-  virtual void zero_grad() = 0;
-  virtual void broadcast_from_root() = 0;   // every rank starts from rank 0's parameters
+  // The loss to call backward on: scaled by fp16's loss scale, else the loss itself.
+  virtual at::Tensor scale_loss(const at::Tensor& loss) = 0;
+  // After the step's last backward: gradients unscaled and checked, clipped on the global norm (every
+  // rank's shards together) to max_norm when > 0 (torch.nn.utils.clip_grad_norm_'s rule), the optimizer
+  // update, parameters made whole again, gradients zeroed. An fp16 step whose gradients overflowed
+  // is skipped instead (and the loss scale backs off).
+  struct StepReport {
+    double grad_norm = 0;   // before clipping
+    bool skipped = false;
+  };
+  virtual StepReport optimizer_step(double lr, double max_norm) = 0;
+  // The loss-scale state, for metrics and checkpoints (empty without a scaler).
+  virtual std::map<std::string, std::string> scaler_state() const = 0;
+  virtual void load_scaler_state(const std::map<std::string, std::string>& state, const std::string& where) = 0;
+  virtual double loss_scale() const = 0;       // 1 without a scaler
+  virtual int64_t skipped_steps() const = 0;   // overflowed steps so far
   virtual ChunkStore& store() = 0;
   virtual optim::Optimizer& optimizer() = 0;
   virtual std::string describe() const = 0;   // one line for the log

@@ -41,8 +41,9 @@ struct ZeroStrategy::Hooks {
 
 ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group& group, std::unique_ptr<optim::Optimizer> optimizer)
     : group_(group),
-      store_(module, o.stage, o.chunk_numel, group.size(), group.rank()),
+      store_(module, o.stage, o.chunk_numel, group.size(), group.rank(), o.compute),
       optimizer_(std::move(optimizer)),
+      scaler_(o.loss_scale ? std::make_unique<LossScaler>(*o.loss_scale) : nullptr),
       hooks_(std::make_unique<Hooks>()) {
   pieces_ = store_.pieces(optimizer_->state_names(), o.weight_decay);
   const auto& layout = store_.layout();
@@ -146,19 +147,39 @@ void ZeroStrategy::after_backward() {
   }
 }
 
+at::Tensor ZeroStrategy::scale_loss(const at::Tensor& loss) { return scaler_ ? loss * scaler_->scale() : loss; }
+
+TrainStrategy::StepReport ZeroStrategy::optimizer_step(double lr, double max_norm) {
+  store_.collect_grads(scaler_ ? 1.0 / scaler_->scale() : 1.0);
+  StepReport r;
+  r.grad_norm = clip_grad_norm(max_norm);
+  // A non-finite norm means some gradient overflowed fp16's range: every rank sees the same norm (it
+  // is reduced across shards), so every rank skips the same step.
+  r.skipped = scaler_ && scaler_->update(!std::isfinite(r.grad_norm));
+  if (!r.skipped) step(lr);
+  zero_grad();
+  return r;
+}
+
+std::map<std::string, std::string> ZeroStrategy::scaler_state() const { return scaler_ ? scaler_->state() : std::map<std::string, std::string>{}; }
+
+void ZeroStrategy::load_scaler_state(const std::map<std::string, std::string>& state, const std::string& where) {
+  if (scaler_) scaler_->load_state(state, where);
+}
+
 double ZeroStrategy::clip_grad_norm(double max_norm) {
   at::NoGradGuard no_grad;
   double local = 0;
-  for (const auto& g : store_.grad_shards()) {
+  for (const auto& g : store_.master_grads()) {
     const double n = g.norm().item<double>();
     local += n * n;
   }
   at::Tensor sq = at::tensor({local}, at::kDouble);
   if (store_.stage() > 0) group_.all_reduce(sq, dist::Reduce::sum, "gradient norm");   // shards: sum over ranks
   const double norm = std::sqrt(sq.item<double>());
-  if (max_norm > 0 && norm > max_norm) {
+  if (max_norm > 0 && norm > max_norm && std::isfinite(norm)) {
     const double scale = max_norm / (norm + 1e-6);   // torch.nn.utils.clip_grad_norm_'s rule
-    for (auto& g : store_.grad_shards()) g.mul_(scale);
+    for (auto& g : store_.master_grads()) g.mul_(scale);
   }
   return norm;
 }
@@ -171,6 +192,7 @@ void ZeroStrategy::step(double lr) {
   if (store_.stage() > 0 && group_.active())   // a tensor may straddle two ranks' shards
     ctx.sum_across_shards = [this](at::Tensor& t) { group_.all_reduce(t, dist::Reduce::sum, "optimizer norms"); };
   optimizer_->step(pieces_, ctx);
+  store_.publish();
   if (store_.stage() == 0 || !group_.active()) return;
   // Every rank updated its shard; all-gather makes each chunk whole again on every rank.
   std::vector<at::Tensor> mine;
@@ -190,35 +212,32 @@ void ZeroStrategy::zero_grad() {
     for (auto& g : store_.grad_shards()) g.zero_();
 }
 
-void ZeroStrategy::broadcast_from_root() {
-  at::NoGradGuard no_grad;
-  for (auto t : store_.params()) group_.broadcast(t, 0, "initial parameters");
-}
-
 void ZeroStrategy::for_each_owned(const OwnedFn& fn) {
   const auto& layout = store_.layout();
   const auto names = optimizer_->state_names();
   const bool gather = store_.stage() > 0 && group_.active();
+  // The whole chunk of one of this rank's shard tensors (gathered from every rank's shard).
+  auto whole_of = [&](const at::Tensor& shard, int64_t c, const std::string& what) {
+    if (!gather) return shard;
+    at::Tensor w = at::empty({layout.chunk_sizes[static_cast<size_t>(c)]}, shard.options());
+    group_.all_gather(w, shard, what + " of chunk " + std::to_string(c));
+    return w;
+  };
   for (int64_t c = 0; c < layout.chunks(); ++c) {
     std::vector<at::Tensor> whole;   // each state of the whole chunk
-    for (const auto& n : names) {
-      const at::Tensor& shard = store_.state(n)[static_cast<size_t>(c)];
-      if (!gather) {
-        whole.push_back(shard);
-        continue;
-      }
-      whole.push_back(at::empty({layout.chunk_sizes[static_cast<size_t>(c)]}, shard.options()));
-      group_.all_gather(whole.back(), shard, "optimizer state " + n + " of chunk " + std::to_string(c));
-    }
+    for (const auto& n : names) whole.push_back(whole_of(store_.state(n)[static_cast<size_t>(c)], c, "optimizer state " + n));
+    // Mixed precision saves the master weights, the full-precision values.
+    const at::Tensor master = store_.mixed() ? whole_of(store_.master()[static_cast<size_t>(c)], c, "master weights") : at::Tensor();
     for (int64_t i : layout.chunk_slots[static_cast<size_t>(c)]) {
       if (store_.owner(i) != group_.rank()) continue;
       const auto& s = layout.slots[static_cast<size_t>(i)];
-      std::vector<at::Tensor> states;
-      for (const auto& w : whole) {
+      auto piece = [&](const at::Tensor& w) {
         at::Tensor v = w.narrow(0, s.offset, s.numel).view(s.shape);
-        states.push_back(gather ? v.clone() : v);   // a clone lets the gathered chunk go
-      }
-      fn(i, store_.param_of(i).detach(), states);
+        return gather ? v.clone() : v;   // a clone lets the gathered chunk go
+      };
+      std::vector<at::Tensor> states;
+      for (const auto& w : whole) states.push_back(piece(w));
+      fn(i, master.defined() ? piece(master) : store_.param_of(i).detach(), states);
     }
   }
 }

@@ -15,9 +15,11 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "src/dist/group.h"
+#include "src/memory/loss_scaler.h"
 #include "src/memory/train_strategy.h"
 
 namespace colossal::memory {
@@ -25,7 +27,9 @@ namespace colossal::memory {
 struct ZeroOptions {
   int stage = 0;
   int64_t chunk_numel = 1 << 20;
-  double weight_decay = 0.0;   // for tensors that take it (ChunkSlot::decay)
+  double weight_decay = 0.0;                     // for tensors that take it (ChunkSlot::decay)
+  std::optional<at::ScalarType> compute;         // mixed precision: the model computes in this dtype
+  std::optional<LossScaleOptions> loss_scale;    // fp16: dynamic loss scaling
 };
 
 class ZeroStrategy : public TrainStrategy {
@@ -37,11 +41,19 @@ class ZeroStrategy : public TrainStrategy {
 
   void before_backward(bool last) override;
   void after_backward() override;
-  double clip_grad_norm(double max_norm) override;
-  void step(double lr) override;
-  void zero_grad() override;
-  void broadcast_from_root() override;
+  at::Tensor scale_loss(const at::Tensor& loss) override;
+  StepReport optimizer_step(double lr, double max_norm) override;
+  std::map<std::string, std::string> scaler_state() const override;
+  void load_scaler_state(const std::map<std::string, std::string>& state, const std::string& where) override;
+  double loss_scale() const override { return scaler_ ? scaler_->scale() : 1.0; }
+  int64_t skipped_steps() const override { return scaler_ ? scaler_->skipped() : 0; }
   ChunkStore& store() override { return store_; }
+
+  // optimizer_step's parts, for tests that set gradients by hand (not mixed, no scaler): the global
+  // norm of the gradients with clipping, the update with parameters made whole, and zeroing.
+  double clip_grad_norm(double max_norm);
+  void step(double lr);
+  void zero_grad();
   optim::Optimizer& optimizer() override { return *optimizer_; }
   std::string describe() const override;
 
@@ -64,6 +76,7 @@ class ZeroStrategy : public TrainStrategy {
   dist::Group& group_;
   ChunkStore store_;
   std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<LossScaler> scaler_;
   std::vector<optim::ParamPiece> pieces_;
   std::vector<ChunkSync> sync_;
   std::deque<int64_t> in_flight_;

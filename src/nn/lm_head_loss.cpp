@@ -30,15 +30,20 @@ struct LmHeadCrossEntropy : public torch::autograd::Function<LmHeadCrossEntropy>
     } else {
       // Other devices and dtypes: the same quantities from ATen ops, in place over the logits, and with
       // the 1/count scale kept as a tensor so a GPU step never waits on the host here.
+      // bf16 and fp16 logits are taken to fp32 for the softmax and the loss (as autocast does), and the
+      // gradient is stored back in their type.
+      const bool low = logits.scalar_type() == at::kBFloat16 || logits.scalar_type() == at::kHalf;
+      at::Tensor work = low ? logits.to(at::kFloat) : logits;
       auto valid = targets.ge(0);
       auto safe = targets.clamp_min(0);
-      auto scale = valid.sum().clamp_min(1).to(logits.scalar_type()).reciprocal();   // 1/counted
-      auto lse = at::logsumexp(logits, 1);
-      auto picked = logits.gather(1, safe.unsqueeze(1)).squeeze(1);
+      auto scale = valid.sum().clamp_min(1).to(work.scalar_type()).reciprocal();   // 1/counted
+      auto lse = at::logsumexp(work, 1);
+      auto picked = work.gather(1, safe.unsqueeze(1)).squeeze(1);
       loss = ((lse - picked) * valid).sum() * scale;
-      logits.sub_(lse.unsqueeze(1)).exp_();                     // softmax
-      logits.scatter_add_(1, safe.unsqueeze(1), -valid.to(logits.scalar_type()).unsqueeze(1));
-      logits.mul_((valid * scale).unsqueeze(1));
+      work.sub_(lse.unsqueeze(1)).exp_();                     // softmax
+      work.scatter_add_(1, safe.unsqueeze(1), -valid.to(work.scalar_type()).unsqueeze(1));
+      work.mul_((valid * scale).unsqueeze(1));
+      if (low) logits.copy_(work);
     }
     ctx->save_for_backward({x, weight, logits});
     return loss;

@@ -11,7 +11,8 @@ PatchEmbedding::PatchEmbedding(int64_t channels, int64_t width, int64_t patch) :
 }
 
 at::Tensor PatchEmbedding::forward(const at::Tensor& images) {
-  auto x = at::conv2d(images, weight, bias, {patch_, patch_});   // [B, C, H/p, W/p]
+  // Images arrive as fp32; a model computing in bf16 or fp16 takes them in its own type.
+  auto x = at::conv2d(images.to(weight.scalar_type()), weight, bias, {patch_, patch_});   // [B, C, H/p, W/p]
   return x.flatten(2).transpose(1, 2);                           // [B, N, C]
 }
 

@@ -73,12 +73,12 @@ class ImageClassificationTask final : public Task {
 
   at::Tensor loss(nn::Model& model, const Batch& b) override {
     auto& m = classifier(model);
-    return at::cross_entropy_loss(m.classify_images(model_input(m, b.inputs)), b.targets);
+    return at::cross_entropy_loss(m.classify_images(model_input(m, b.inputs)).to(at::kFloat), b.targets);   // in fp32 whatever the model computes in
   }
   const std::vector<Batch>& eval_set() const override { return eval_set_; }
   EvalSums eval(nn::Model& model, const Batch& b) override {
     auto& m = classifier(model);
-    const at::Tensor logits = m.classify_images(model_input(m, b.inputs));
+    const at::Tensor logits = m.classify_images(model_input(m, b.inputs)).to(at::kFloat);
     const double n = static_cast<double>(b.targets.size(0));
     // Weighted by images, so a short last batch counts for what it holds.
     return {at::cross_entropy_loss(logits, b.targets).item<double>() * n, n, logits.argmax(-1).eq(b.targets).sum().item<double>(), n};

@@ -61,13 +61,19 @@ class MaskedLmTask final : public Task {
 
   at::Tensor loss(nn::Model& model, const Batch& b) override {
     auto [logits, labels] = scored_logits(masked_lm(model), b);
-    return at::cross_entropy_loss(logits, labels);
+    // The mean over every rank's masked positions, times the ranks (data parallelism averages the
+    // ranks' gradients): each rank masks a different number of positions. The loss in fp32 whatever
+    // the model computes in.
+    const double global = global_count_(static_cast<double>(labels.numel()));
+    const double ranks = static_cast<double>(text_.data().dp_size);
+    if (global == 0) return logits.sum() * 0.0;   // nothing masked anywhere: no gradient, on every rank alike
+    return at::cross_entropy_loss(logits.to(at::kFloat), labels, {}, at::Reduction::Sum) * (ranks / global);
   }
   const std::vector<Batch>& eval_set() const override { return eval_set_; }
   EvalSums eval(nn::Model& model, const Batch& b) override {
     auto [logits, labels] = scored_logits(masked_lm(model), b);
     const double correct = logits.argmax(-1).eq(labels).sum().item<double>();
-    return {at::cross_entropy_loss(logits, labels).item<double>(), 1, correct, static_cast<double>(labels.numel())};
+    return {at::cross_entropy_loss(logits.to(at::kFloat), labels).item<double>(), 1, correct, static_cast<double>(labels.numel())};
   }
   bool has_accuracy() const override { return true; }
 

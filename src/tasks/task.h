@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,12 +75,19 @@ class Task {
   virtual Batch next() = 0;
   virtual int64_t position() const = 0;          // global samples consumed
 
-  // Mean loss of one batch (with autograd).
+  // Mean loss of one batch (with autograd). A loss that is a mean over a count that varies by batch
+  // (masked-LM's masked positions) divides by the count over every data-parallel rank's batch, as
+  // set_global_count gives it, so any data-parallel size equals one process on the global batch.
   virtual at::Tensor loss(nn::Model& model, const Batch& batch) = 0;
+  // How this rank's count becomes the data-parallel group's (a sum over the ranks; one process: itself).
+  void set_global_count(std::function<double(double)> sum_over_ranks) { global_count_ = std::move(sum_over_ranks); }
   // This rank's share of the held-out set, the same batches at every eval.
   virtual const std::vector<Batch>& eval_set() const = 0;
   virtual EvalSums eval(nn::Model& model, const Batch& batch) = 0;
   virtual bool has_accuracy() const { return false; }
+
+ protected:
+  std::function<double(double)> global_count_ = [](double local) { return local; };
 };
 
 // The task `name` reading `data`; Error naming the valid tasks otherwise.

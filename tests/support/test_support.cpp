@@ -105,7 +105,7 @@ std::vector<double> metric_values(const std::string& metrics_path, const std::st
   std::string line;
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line);
-    if (j.contains(key) && !j.contains("event")) out.push_back(j[key].get<double>());
+    if (j.contains(key) && !j.contains("event") && !j[key].is_null()) out.push_back(j[key].get<double>());
   }
   return out;
 }

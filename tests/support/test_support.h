@@ -58,7 +58,7 @@ void expect_hf_gradients_match(nn::Model& model, const SafetensorsFile& ref, dou
 std::string pinned_kernels();
 
 // Values of `key` in a run's metrics.jsonl, in order (event records such as start/end skipped).
-std::vector<double> metric_values(const std::string& metrics_path, const std::string& key);
+std::vector<double> metric_values(const std::string& metrics_path, const std::string& key);   // nulls (inf, NaN) left out
 
 struct Run {
   int exit_code = -1;
