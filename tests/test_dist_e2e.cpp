@@ -229,6 +229,26 @@ TEST(DistributedTraining, Bf16UnderZeroTwoFollowsBf16PlainDataParallel) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 2e-3 * a[i]) << "step " << i + 1;
 }
 
+TEST(DistributedTraining, FinetuningUnderEveryStageStartsFromTheLoadedWeights) {
+  TempDir dir;
+  ASSERT_EQ(train(write_recipe(dir, "base"), "--set train.max_steps=6").exit_code, 0);
+  const std::string from = " --set finetune.from=" + (dir / "base") + " --set train.max_steps=2";
+  auto first_loss = [&](const std::string& name, const std::string& args) {
+    auto r = run_colossal("finetune " + write_recipe(dir, name) + " -q" + from + " " + args);
+    EXPECT_EQ(r.exit_code, 0) << name << ": " << r.output;
+    const auto l = colossal::test::metric_values(dir / (name + "/metrics.jsonl"), "loss");
+    return l.empty() ? -1.0 : l.front();
+  };
+  const double plain = first_loss("plain", "");
+  const double trained = colossal::test::metric_values(dir / "base/metrics.jsonl", "loss").back();
+  EXPECT_LT(plain, trained + 0.5);   // far below a fresh model's loss: the weights were loaded
+  for (const auto& [name, args] : std::vector<std::pair<std::string, std::string>>{
+           {"zero1", "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=1"},
+           {"zero2", "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=2 --set memory.chunk_size_mb=0.01"},
+           {"bf16", "--set precision.dtype=bf16 --set memory.zero=2"}})
+    EXPECT_NEAR(first_loss(name, args), plain, (name == "bf16" ? 1e-2 : 1e-6) * plain) << name;
+}
+
 TEST(DistributedTraining, WorkersStartedByTorchrunJoinWithoutFlags) {
   const std::string torchrun = colossal::test::source_dir() + "/.venv/bin/torchrun";
   if (!fs::exists(torchrun)) GTEST_SKIP() << "no " << torchrun << " (scripts/setup.sh installs the torch wheel that has it)";
