@@ -47,7 +47,7 @@ BertEncoder::BertEncoder(const BertConfig& c, nn::LayerFactory& f) : cfg_(c) {
   blocks_ = nn::add_blocks(*this, spec, c.n_layer, f);
 }
 
-at::Tensor BertEncoder::forward(const nn::EncoderInputs& in) {
+at::Tensor BertEncoder::forward(const nn::EncoderInputs& in, const nn::BlockHooks* hooks) {
   const int64_t t = in.ids.size(1);
   TORCH_CHECK(t <= cfg_.max_positions, "sequence of ", t, " tokens exceeds BERT's ", cfg_.max_positions, " positions");
   const at::Tensor positions = at::arange(t, in.ids.options().dtype(at::kLong));
@@ -57,7 +57,7 @@ at::Tensor BertEncoder::forward(const nn::EncoderInputs& in) {
   if (is_training() && cfg_.dropout > 0) x = at::dropout(x, cfg_.dropout, true);
   nn::ForwardOptions o;
   o.mask = nn::padding_mask(in.attention_mask);
-  return nn::run_blocks(blocks_, x, o);
+  return nn::run_blocks(blocks_, x, o, hooks);
 }
 
 void BertEncoder::zero_padding_row() {
@@ -67,6 +67,7 @@ void BertEncoder::zero_padding_row() {
 
 BertForMaskedLM::BertForMaskedLM(const BertConfig& c, nn::LayerFactory& f) : cfg_(c) {
   bert = register_module("bert", std::make_shared<BertEncoder>(c, f));
+  blocks_ = bert->blocks();
   mlm_dense = register_module("mlm_dense", f.linear({.in = c.n_embd, .out = c.n_embd}));
   ln_mlm = register_module("ln_mlm", f.layer_norm(c.n_embd, c.layer_norm_eps));
   mlm_bias = register_parameter("mlm_bias", at::zeros({c.vocab_size}));
@@ -99,13 +100,14 @@ const nn::HfNameMap& BertForMaskedLM::hf_names() const {
 
 BertForClassification::BertForClassification(const BertConfig& c, nn::LayerFactory& f) : cfg_(c) {
   bert = register_module("bert", std::make_shared<BertEncoder>(c, f));
+  blocks_ = bert->blocks();
   pooler = register_module("pooler", f.linear({.in = c.n_embd, .out = c.n_embd}));
   classifier = register_module("classifier", f.linear({.in = c.n_embd, .out = c.num_labels}));
   init_weights();
 }
 
 at::Tensor BertForClassification::pooled(const nn::EncoderInputs& in) {
-  return at::tanh(pooler->forward(bert->forward(in).select(1, 0)));   // [B, C]
+  return at::tanh(pooler->forward(bert->forward(in, block_hooks()).select(1, 0)));   // [B, C]
 }
 
 at::Tensor BertForClassification::classify(const nn::EncoderInputs& in) {

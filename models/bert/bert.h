@@ -9,6 +9,7 @@
 
 #include "models/bert/bert_config.h"
 #include "src/nn/block.h"
+#include "src/nn/block_hooks.h"
 #include "src/nn/encoder.h"
 #include "src/nn/factory.h"
 #include "src/nn/layer_norm.h"
@@ -19,7 +20,9 @@ namespace colossal::bert {
 class BertEncoder : public nn::Module {
  public:
   BertEncoder(const BertConfig& c, nn::LayerFactory& f);
-  at::Tensor forward(const nn::EncoderInputs& in);   // [B, T] -> [B, T, C]
+  // [B, T] -> [B, T, C], each block inside `hooks` (the owning model's chain) when given.
+  at::Tensor forward(const nn::EncoderInputs& in, const nn::BlockHooks* hooks = nullptr);
+  const std::vector<std::shared_ptr<nn::TransformerBlock>>& blocks() const { return blocks_; }
   at::Tensor& token_embedding() { return word_embeddings->weight(); }
   void zero_padding_row();   // HF initialises the [PAD] row of the token embedding to zeros
 
@@ -33,7 +36,7 @@ class BertEncoder : public nn::Module {
 class BertForMaskedLM : public nn::MaskedLM {
  public:
   BertForMaskedLM(const BertConfig& c, nn::LayerFactory& f);
-  at::Tensor encode(const nn::EncoderInputs& in) override { return bert->forward(in); }
+  at::Tensor encode(const nn::EncoderInputs& in) override { return bert->forward(in, block_hooks()); }
   at::Tensor mlm_logits(const at::Tensor& hidden) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t context_length() const override { return cfg_.max_positions; }

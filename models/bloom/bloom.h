@@ -26,14 +26,12 @@ class Bloom : public nn::CausalLM {
   const nn::HfNameMap& hf_names() const override { return names_; }
   nlohmann::json hf_config() const override { return to_hf_config(cfg_); }
   const BloomConfig& config() const { return cfg_; }
-  std::vector<std::shared_ptr<nn::TransformerBlock>>& blocks() { return blocks_; }
 
  private:
   BloomConfig cfg_;
   nn::HfNameMap names_;   // depends on the head count (the qkv interleave)
   std::shared_ptr<nn::Embedding> wte;
   std::shared_ptr<nn::LayerNorm> ln_emb, ln_f;
-  std::vector<std::shared_ptr<nn::TransformerBlock>> blocks_;
 };
 
 }  // namespace colossal::bloom

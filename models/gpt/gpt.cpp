@@ -53,7 +53,7 @@ at::Tensor Gpt::embed(const at::Tensor& ids, const at::Tensor& positions) {
 }
 
 at::Tensor Gpt::features(const at::Tensor& ids, const nn::ForwardOptions& o) {
-  auto x = nn::run_blocks(blocks_, embed(ids, nn::positions_of(ids, o, cfg_.block_size)), o);   // [B, T, C]
+  auto x = nn::run_blocks(blocks_, embed(ids, nn::positions_of(ids, o, cfg_.block_size)), o, block_hooks());   // [B, T, C]
   return ln_f->forward(x);
 }
 

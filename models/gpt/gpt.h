@@ -29,12 +29,10 @@ class Gpt : public nn::CausalLM {
   // The stages every model exposes (pipeline and memory managers wrap them); the head is
   // CausalLM's, over features() and head_weight().
   at::Tensor embed(const at::Tensor& ids, const at::Tensor& positions);   // [B, T] -> [B, T, C]
-  std::vector<std::shared_ptr<nn::TransformerBlock>>& blocks() { return blocks_; }
 
  private:
   GptConfig cfg_;
   std::shared_ptr<nn::Embedding> wte, wpe;
-  std::vector<std::shared_ptr<nn::TransformerBlock>> blocks_;
   std::shared_ptr<nn::LayerNorm> ln_f;
 };
 

@@ -28,13 +28,11 @@ class Opt : public nn::CausalLM {
   const OptConfig& config() const { return cfg_; }
 
   at::Tensor embed(const at::Tensor& ids, const at::Tensor& positions);   // [B, T] -> [B, T, C]
-  std::vector<std::shared_ptr<nn::TransformerBlock>>& blocks() { return blocks_; }
 
  private:
   OptConfig cfg_;
   std::shared_ptr<nn::Embedding> embed_tokens, embed_positions;
   std::shared_ptr<nn::Linear> project_in, project_out;   // null when embed_dim == n_embd
-  std::vector<std::shared_ptr<nn::TransformerBlock>> blocks_;
   std::shared_ptr<nn::LayerNorm> ln_f;                   // null for post-LN models
 };
 

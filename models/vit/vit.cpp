@@ -32,7 +32,7 @@ at::Tensor Vit::features(const at::Tensor& images) {
   auto x = patch->forward(images);                                                    // [B, N, C]
   x = at::cat({cls_token.expand({x.size(0), 1, x.size(2)}), x}, 1) + position_embeddings;   // [B, N + 1, C]
   if (is_training() && cfg_.dropout > 0) x = at::dropout(x, cfg_.dropout, true);
-  return ln_f->forward(nn::run_blocks(blocks_, x, {}));
+  return ln_f->forward(nn::run_blocks(blocks_, x, {}, block_hooks()));
 }
 
 at::Tensor Vit::classify_images(const at::Tensor& images) { return classifier->forward(features(images).select(1, 0)); }

@@ -32,7 +32,6 @@ class Vit : public nn::ImageClassifier {
   VitConfig cfg_;
   std::shared_ptr<nn::PatchEmbedding> patch;
   at::Tensor cls_token, position_embeddings;   // [1, 1, C], [1, patches + 1, C]
-  std::vector<std::shared_ptr<nn::TransformerBlock>> blocks_;
   std::shared_ptr<nn::LayerNorm> ln_f;
   std::shared_ptr<nn::Linear> classifier;
 };

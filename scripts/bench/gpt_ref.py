@@ -152,6 +152,8 @@ def parse_args():
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--fsdp", action="store_true",
+                    help="under torchrun: PyTorch FSDP2 (fully_shard on each block, then the root) instead of DDP")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="cuda: model and batches on the GPU, AdamW fused (its fastest eager form)")
     a = ap.parse_args()
@@ -189,14 +191,22 @@ def main():
     n_params = sum(p.numel() for p in params)
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=a.device == "cuda")
     run = model
-    if world > 1:   # the same bucket size as colossal's default, buckets as views of the gradients
+    if world > 1 and a.fsdp:   # ZeRO-3's peer: parameters, gradients and AdamW state sharded per block
+        from torch.distributed.fsdp import fully_shard
+        for block in model.h:
+            fully_shard(block)
+        fully_shard(model)   # the embeddings, final norm and the tied head
+        params = list(model.parameters())
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    elif world > 1:   # the same bucket size as colossal's default, buckets as views of the gradients
         run = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25, gradient_as_bucket_view=True)
+    opt = torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=a.device == "cuda")
     run = torch.compile(run) if a.compile else run
     peer = "torch-compile" if a.compile else f"torch-eager-{a.attn}"
     if world > 1:
-        peer = f"torch-ddp{world}-" + peer.removeprefix("torch-")
+        peer = f"torch-{'fsdp2' if a.fsdp else 'ddp'}{world}-" + peer.removeprefix("torch-")
     print(f"gpt_ref: {peer}: {n_params / 1e6:.2f}M parameters, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads", file=sys.stderr)
 

@@ -282,6 +282,11 @@ int run_loop(TrainPlan& p) {
     summary["dp_hidden_fraction"] = std::max(0.0, 1.0 - dp_wait_s / dp_busy_s);
   }
   if (state.eval_accuracy >= 0) summary["final_eval_accuracy"] = state.eval_accuracy;
+  const memory::ChunkBytes held = p.strategy->store().bytes();   // rank 0's, by the chunk store
+  summary["zero_stage"] = r.memory.zero;
+  summary["held_mb"] = {{"params", static_cast<double>(held.params) / 1048576.0}, {"grads", static_cast<double>(held.grads) / 1048576.0},
+                        {"optimizer", static_cast<double>(held.optimizer) / 1048576.0}};
+  if (r.precision.dtype == "fp16") summary["skipped_steps"] = p.strategy->skipped_steps();
   write_file_atomic((fs::path(r.output.dir) / "summary.json").string(), summary.dump(2) + "\n");
   write_metrics({{"event", "end"}, {"step", state.step}, {"eval_loss", state.eval_loss}, {"tokens_per_s", steady_tps}});
   const std::string peak_mem = p.device.is_cpu() ? human_bytes(peak_rss)

@@ -10,6 +10,7 @@
 
 #include "src/nn/attention.h"
 #include "src/nn/block.h"
+#include "src/nn/block_hooks.h"
 #include "src/nn/hf_names.h"
 #include "src/nn/model.h"
 
@@ -38,8 +39,9 @@ KvCache make_kv_cache(int64_t layers, int64_t batch, int64_t heads, int64_t capa
 at::Tensor positions_of(const at::Tensor& ids, const ForwardOptions& options, int64_t context);
 // x [B, T, C] through `blocks`, reading and extending options.cache (one layer per block) and applying
 // options.mask.
+// With `hooks` (the model's block_hooks()), each block runs inside the chain.
 at::Tensor run_blocks(const std::vector<std::shared_ptr<TransformerBlock>>& blocks, at::Tensor x,
-                      const ForwardOptions& options);
+                      const ForwardOptions& options, const BlockHooks* hooks = nullptr);
 
 class CausalLM : public Model {
  public:

@@ -5,6 +5,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "src/core/error.h"
 #include "src/nn/module.h"
@@ -12,6 +13,9 @@
 #include "src/nn/hf_names.h"
 
 namespace colossal::nn {
+
+class TransformerBlock;
+class BlockHooks;
 
 class Model : public Module {
  public:
@@ -21,6 +25,19 @@ class Model : public Module {
 
   int64_t parameter_count() const;
   std::string model_type() const;   // config.json's model_type ("gpt2", "bert", ...)
+
+  // The transformer blocks in execution order (every family is embed -> blocks -> head; the blocks'
+  // parameters are "blocks.<i>.*"): what ZeRO-3, recompute and the profiler wrap from outside.
+  const std::vector<std::shared_ptr<TransformerBlock>>& blocks() const { return blocks_; }
+  // The chain run_blocks puts around each block (null: none), assembled by the engine.
+  void set_block_hooks(std::shared_ptr<const BlockHooks> hooks) { hooks_ = std::move(hooks); }
+  const BlockHooks* block_hooks() const { return hooks_.get(); }
+
+ protected:
+  std::vector<std::shared_ptr<TransformerBlock>> blocks_;   // families fill it with add_blocks
+
+ private:
+  std::shared_ptr<const BlockHooks> hooks_;
 };
 
 // `model` as the interface T a task or tool drives (T::kWhat says what that is); an Error naming
