@@ -159,7 +159,7 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters, int
   e.parameters = parameters;
   const double p = static_cast<double>(parameters), shards = static_cast<double>(std::max<int64_t>(dp, 1));
   const int64_t stage = r.memory.zero;
-  e.weights = 4 * p;
+  e.weights = stage >= 3 ? 4 * p / shards : 4 * p;
   e.gradients = stage >= 2 ? 4 * p / shards : 4 * p;
   e.optimizer = 4 * p * static_cast<double>(optimizer_states_per_parameter(r.optim.name)) / (stage >= 1 ? shards : 1.0);
   // Activations kept for backward per layer, fp32, with fused attention (no T x T scores kept):

@@ -30,7 +30,7 @@ int64_t tokens_per_sample(const Recipe& recipe);
 
 // Bytes one rank holds for parameters, gradients and optimizer states (fp32) at the recipe's ZeRO stage
 // over `dp` data-parallel ranks (the ZeRO paper's formulas: stage 1 divides the optimizer states by dp,
-// stage 2 the gradients too), plus a per-micro-batch activation estimate.
+// stage 2 the gradients too, stage 3 the parameters too), plus a per-micro-batch activation estimate.
 struct MemoryEstimate {
   int64_t parameters = 0;
   double weights = 0, gradients = 0, optimizer = 0, activations = 0;

@@ -25,6 +25,7 @@
 #include "models/registry.h"
 #include "src/nn/kernel_choice.h"
 #include "src/memory/zero_strategy.h"
+#include "src/nn/block_hooks.h"
 #include "src/optim/factory.h"
 #include "tests/support/test_support.h"
 
@@ -311,6 +312,11 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
   auto body = [&](int64_t rank, Group& g) {
     auto& model = *replicas[static_cast<size_t>(rank)];
     auto zs = zero(model, g, stage, chunk_numel, optimizer);
+    if (auto hook = zs->block_hook()) {   // ZeRO-3 gathers and releases around each block
+      auto chain = std::make_shared<nn::BlockHooks>();
+      chain->add(hook);
+      model.set_block_hooks(chain);
+    }
     const int64_t chunks = zs->store().layout().chunks();
     for (int64_t step = 0; step < steps; ++step) {
       const auto& batch = batches[static_cast<size_t>(step)];
@@ -320,7 +326,7 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
         auto b = batch.narrow(0, m * 8 / micro + rank * rows, rows);
         (model.loss(b.narrow(1, 0, 16), b.narrow(1, 1, 16)) / static_cast<double>(micro)).backward();
         zs->after_backward();
-        if (world > 1) {   // a chunk's reduction per micro-batch at stage 2, once a step below it
+        if (world > 1 && stage < 3) {   // a chunk's reduction per micro-batch at stage 2, once a step below it
           EXPECT_EQ(g.take_counters().calls, stage == 2 || m == micro - 1 ? chunks : 0) << "stage " << stage << " micro " << m;
         }
       }
@@ -330,13 +336,28 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
       g.take_counters();
     }
     // The bytes each rank holds are the ZeRO formulas over the chunked elements (padding included).
-    const int64_t P = zs->store().layout().total_numel() * 4, W = stage == 0 ? 1 : world;
+    const auto& store = zs->store();
+    const int64_t P = store.layout().total_numel() * 4, W = stage == 0 ? 1 : world;
     const int64_t states = static_cast<int64_t>(zs->optimizer().state_names().size());
-    const memory::ChunkBytes b = zs->store().bytes();
-    EXPECT_EQ(b.params, P);
+    const memory::ChunkBytes b = store.bytes();
+    // ZeRO-3 keeps a shard of each chunk of block tensors (every block chunk is released between steps)
+    // and the chunks of the embeddings, final norm and head whole.
+    int64_t params = 0, released = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t bytes = store.layout().chunk_sizes[static_cast<size_t>(c)] * 4;
+      params += store.releasable(c) ? bytes / W : bytes;
+      released += store.releasable(c) && !store.present(c);
+      if (stage < 3) EXPECT_FALSE(store.releasable(c));
+    }
+    if (stage == 3) EXPECT_GT(released, 0);
+    if (stage == 3 && W > 1) EXPECT_LT(params, P);
+    for (int64_t c = 0; c < chunks; ++c) EXPECT_EQ(store.present(c), !store.releasable(c)) << "chunk " << c;
+    EXPECT_EQ(b.params, params);
     EXPECT_EQ(b.grads, stage <= 1 ? P : P / W);
     EXPECT_EQ(b.optimizer, states * P / W);
+    zs->gather_all();   // ZeRO-3's block chunks are released between steps
     for (auto& item : model.named_parameters()) got[static_cast<size_t>(rank)][item.key()] = item.value().detach().clone();
+    zs->settle_chunks();
   };
   if (world == 1) {
     Group alone("dp");
@@ -365,11 +386,13 @@ TEST(Zero, PlainDataParallelAtTwoAndFourRanksEqualsOneProcessOnTheGlobalBatch) {
   expect_same(train_ranks(0, 4, 1, 3, 1024), one, 1e-5, "4 ranks, small chunks");
 }
 
-TEST(Zero, StagesOneAndTwoEqualPlainDataParallelWithAccumulationAndClipping) {
-  // Chunks of 1000 elements: tensors straddle the shard boundaries (and chunks) at both sizes.
+TEST(Zero, StagesOneTwoAndThreeEqualPlainDataParallelWithAccumulationAndClipping) {
+  // Chunks of 1000 elements: tensors straddle the shard boundaries (and chunks) at both sizes. Under
+  // ZeRO-3 each block's chunks are gathered for its forward, released, gathered again for its backward
+  // (autograd's saved views of the weights see the gathered values) and released once reduced.
   for (int64_t world : {2, 4}) {
     const auto plain = train_ranks(0, world, 2, 3, 1000)[0];
-    for (int stage : {1, 2})
+    for (int stage : {1, 2, 3})
       expect_same(train_ranks(stage, world, 2, 3, 1000), plain, 1e-6, "stage " + std::to_string(stage) + " at " + std::to_string(world));
   }
 }
@@ -380,12 +403,13 @@ TEST(Zero, LayerWiseOptimizersSumTheirNormsOverTheShardsOfASplitTensor) {
   for (const char* name : {"lamb", "lars", "lion", "sgd"}) {
     const auto plain = train_ranks(0, 2, 1, 3, 1000, name)[0];
     expect_same(train_ranks(2, 2, 1, 3, 1000, name), plain, 1e-6, std::string(name) + " at stage 2");
+    expect_same(train_ranks(3, 2, 1, 3, 1000, name), plain, 1e-6, std::string(name) + " at stage 3");
   }
 }
 
 TEST(Zero, AtOneRankEveryStageIsTheSameUpdate) {
   const auto plain = train_ranks(0, 1, 2, 3, 1000)[0];
-  for (int stage : {1, 2}) expect_same(train_ranks(stage, 1, 2, 3, 1000), plain, 1e-6, "stage " + std::to_string(stage));
+  for (int stage : {1, 2, 3}) expect_same(train_ranks(stage, 1, 2, 3, 1000), plain, 1e-6, "stage " + std::to_string(stage));
 }
 
 // ---- a backend named explicitly runs even in a world of one (how NCCL is checked on one GPU) --------

@@ -151,7 +151,7 @@ TEST(DistributedTraining, AccumulationAndActiveClippingStillEqualOneProcess) {
   EXPECT_EQ(bucketed.size(), 6u);
 }
 
-TEST(DistributedTraining, ZeroStagesOneAndTwoFollowPlainDataParallelAndShardTheirCheckpoints) {
+TEST(DistributedTraining, ZeroStagesOneToThreeFollowPlainDataParallelAndShardTheirCheckpoints) {
   TempDir dir;
   const std::string common = "--set train.grad_accum=2 --set train.grad_clip=0.05 --set memory.chunk_size_mb=0.01";
   ASSERT_EQ(train(write_recipe(dir, "plain"), "--nproc-per-node 2 --set train.batch_size=4 " + common).exit_code, 0);
@@ -159,7 +159,7 @@ TEST(DistributedTraining, ZeroStagesOneAndTwoFollowPlainDataParallelAndShardThei
     std::string name;
     int stage, nproc;
   };
-  for (const Case& c : {Case{"zero1", 1, 2}, Case{"zero2", 2, 2}, Case{"zero2x4", 2, 4}}) {
+  for (const Case& c : {Case{"zero1", 1, 2}, Case{"zero2", 2, 2}, Case{"zero2x4", 2, 4}, Case{"zero3", 3, 2}, Case{"zero3x4", 3, 4}}) {
     auto r = train(write_recipe(dir, c.name), "--nproc-per-node " + std::to_string(c.nproc) + " --set train.batch_size=" +
                                                    std::to_string(8 / c.nproc) + " --set memory.zero=" + std::to_string(c.stage) + " " + common);
     ASSERT_EQ(r.exit_code, 0) << c.name << ": " << r.output;
@@ -177,12 +177,30 @@ TEST(DistributedTraining, ZeroStagesOneAndTwoFollowPlainDataParallelAndShardThei
   }
 }
 
+TEST(DistributedTraining, TransformersLoadsAZeroThreeCheckpointWithEveryTensor) {
+  const std::string py = colossal::test::source_dir() + "/.venv/bin/python";
+  if (std::system(("'" + py + "' -c 'import transformers' >/dev/null 2>&1").c_str()) != 0)
+    GTEST_SKIP() << "transformers is not installed in .venv (the benchmark scripts install it; tests do not need it)";
+  TempDir dir;
+  auto r = train(write_recipe(dir, "z3"), "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=3 --set memory.chunk_size_mb=0.01 "
+                                          "--set train.max_steps=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string cmd = "'" + py + "' -c \"import sys, transformers\n"
+                          "m, info = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], output_loading_info=True)\n"
+                          "bad = {k: v for k, v in info.items() if v}\n"
+                          "print('loaded', type(m).__name__, bad)\n"
+                          "sys.exit(1 if bad else 0)\" '" + latest_checkpoint(dir / "z3") + "' > '" + (dir / "hf.log") + "' 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << colossal::test::read_file(dir / "hf.log");
+  EXPECT_NE(colossal::test::read_file(dir / "hf.log").find("loaded GPT2LMHeadModel {}"), std::string::npos)
+      << colossal::test::read_file(dir / "hf.log");
+}
+
 TEST(DistributedTraining, ResumeReshardsAcrossStagesAndRanksAndContinuesTheSameRun) {
   TempDir dir;
   ASSERT_EQ(train(write_recipe(dir, "ref"), "--set train.max_steps=8").exit_code, 0);
-  // ZeRO-2 over 4 ranks for 3 steps, ZeRO-1 over 2 ranks to step 6, then one plain process to step 8.
+  // ZeRO-3 over 4 ranks for 3 steps, ZeRO-1 over 2 ranks to step 6, then one plain process to step 8.
   const std::string a = write_recipe(dir, "a", "[memory]\nchunk_size_mb = 0.01\n");
-  auto r = train(a, "--nproc-per-node 4 --set train.batch_size=2 --set memory.zero=2 --set train.max_steps=3");
+  auto r = train(a, "--nproc-per-node 4 --set train.batch_size=2 --set memory.zero=3 --set train.max_steps=3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = train(a, "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=1 --set train.max_steps=6 --resume");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -245,6 +263,7 @@ TEST(DistributedTraining, FinetuningUnderEveryStageStartsFromTheLoadedWeights) {
   for (const auto& [name, args] : std::vector<std::pair<std::string, std::string>>{
            {"zero1", "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=1"},
            {"zero2", "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=2 --set memory.chunk_size_mb=0.01"},
+           {"zero3", "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=3 --set memory.chunk_size_mb=0.01"},
            {"bf16", "--set precision.dtype=bf16 --set memory.zero=2"}})
     EXPECT_NEAR(first_loss(name, args), plain, (name == "bf16" ? 1e-2 : 1e-6) * plain) << name;
 }

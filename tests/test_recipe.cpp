@@ -212,7 +212,6 @@ TEST(RecipeErrors, MemoryKeysNameTheirValidChoices) {
   EXPECT_NE(r.to_toml().find("[memory]\nchunk_size_mb = 16"), std::string::npos) << r.to_toml();
   for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
            {"[memory]\nzero = 4\n", "r.toml:2: [memory] zero: = 4 is out of range (valid: 0 to 3)"},
-           {"[memory]\nzero = 3\n", "zero: = 3: ZeRO stage 3 (sharded parameters) is not built yet (valid today: 0, 1 or 2)"},
            {"[memory]\nchunk_size_mb = \"big\"\n", "chunk_size_mb: = \"big\" is not a number or \"auto\""},
            {"[memory]\nchunk_size_mb = 0\n", "chunk_size_mb: = 0 is out of range"},
            {"[memory]\nchunk_size_mb = -2\n", "chunk_size_mb: = -2 is out of range"},

@@ -281,8 +281,6 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
 
   auto mem = section("memory");
   r.memory.zero = mem.integer("zero", r.memory.zero, 0, 3);
-  if (r.memory.zero == 3)
-    mem.fail("zero", "= 3: ZeRO stage 3 (sharded parameters) is not built yet (valid today: 0, 1 or 2)");
   r.memory.chunk_size_mb = mem.real_or_word("chunk_size_mb", r.memory.chunk_size_mb, 1.0 / 1024, 1 << 20, "auto", 0);
   mem.finish();
 

@@ -107,7 +107,7 @@ struct ParallelConfig {             // [parallel]: how the world's ranks are arr
 
 struct MemoryConfig {               // [memory]: where parameters, gradients and optimizer states live
   int64_t zero = 0;                  // ZeRO stage: 0 (plain data parallelism), 1 (optimizer states
-                                     // sharded), 2 (and gradients)
+                                     // sharded), 2 (and gradients), 3 (and parameters)
   double chunk_size_mb = 0;          // fp32 MiB per chunk; 0 = "auto" (searched to minimise padding)
 };
 

@@ -140,6 +140,10 @@ void apply_memory(TrainPlan& p) {
     }
   }
   p.strategy = std::make_unique<memory::ZeroStrategy>(*p.model, zo, dp, optim::make_optimizer(r.optim));
+  // The block-hook chain: ZeRO-3's gather and release (recompute and the profiler will follow it).
+  auto chain = std::make_shared<nn::BlockHooks>();
+  if (auto hook = p.strategy->block_hook()) chain->add(hook);
+  if (!chain->empty()) p.model->set_block_hooks(chain);
   if (p.dp_size > 1 || zo.stage > 0 || zo.compute) spdlog::info("{}", p.strategy->describe());
 }
 

@@ -17,10 +17,25 @@ std::vector<ChunkTensorSpec> chunk_specs(nn::Module& module) {
   return specs;
 }
 
+namespace {
+
+// A tensor's storage given `nbytes` of fresh memory from the allocator that made it, or none (0): how
+// a ZeRO-3 chunk is released and gathered again without replacing the storage object, so every view of
+// it (the model's parameters, and the views autograd saved for backward) sees the gathered values.
+void set_storage_bytes(const at::Tensor& t, size_t nbytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (nbytes == s->nbytes()) return;
+  s->set_data_ptr_noswap(nbytes == 0 ? at::DataPtr(nullptr, t.device()) : s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+}  // namespace
+
 ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64_t shards, int64_t rank,
-                       std::optional<at::ScalarType> compute)
+                       std::optional<at::ScalarType> compute, const std::function<int64_t(const at::Tensor&)>& block_of)
     : stage_(stage), rank_(stage == 0 ? 0 : rank) {
-  if (stage < 0 || stage > 2) throw Error("chunk store: ZeRO stage " + std::to_string(stage) + " (internal: 0, 1 or 2 here)");
+  if (stage < 0 || stage > 3) throw Error("chunk store: ZeRO stage " + std::to_string(stage) + " (internal: 0 to 3)");
+  if (stage == 3 && !block_of) throw Error("chunk store: ZeRO-3 needs the model's blocks (internal)");
   const auto specs = chunk_specs(module);
   if (specs.empty()) throw Error("chunk store: the model has no trainable parameters");
   layout_ = plan_chunks(specs, chunk_numel, stage == 0 ? 1 : shards);
@@ -37,7 +52,7 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
     if (stage_ <= 1) full_grads_.push_back(at::zeros({size}, options));
     if (stage_ == 0) grad_shards_.push_back(full_grads_.back());
     if (stage_ == 1) grad_shards_.push_back(full_grads_.back().narrow(0, shard_begin(c), shard_numel(c)));
-    if (stage_ == 2) grad_shards_.push_back(at::zeros({shard_numel(c)}, master_options));
+    if (stage_ >= 2) grad_shards_.push_back(at::zeros({shard_numel(c)}, master_options));
     master_grads_.push_back(grad_shards_.back().scalar_type() == master_options.dtype().toScalarType()
                                 ? grad_shards_.back()
                                 : at::zeros({shard_numel(c)}, master_options));
@@ -58,9 +73,47 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
     view.copy_(p);
     p.set_data(view);
     if (stage_ <= 1) p.mutable_grad() = full_grads_[c].narrow(0, slot.offset, slot.numel).view(p.sizes());
+    slot_block_.push_back(block_of ? block_of(p) : -1);
     tensors_.push_back(p);
     states_.push_back(TensorState::hold);
   }
+  // ZeRO-3: a chunk whose tensors all belong to blocks keeps only its shard between uses (the blocks'
+  // hooks gather it); the embeddings, final norm and head stay whole.
+  releasable_.assign(static_cast<size_t>(layout_.chunks()), false);
+  param_shards_.resize(static_cast<size_t>(layout_.chunks()));
+  if (stage_ != 3) return;
+  for (int64_t c = 0; c < layout_.chunks(); ++c) {
+    bool all_in_blocks = true;
+    for (int64_t i : layout_.chunk_slots[static_cast<size_t>(c)]) all_in_blocks &= slot_block_[static_cast<size_t>(i)] >= 0;
+    if (!all_in_blocks) continue;
+    const auto k = static_cast<size_t>(c);
+    releasable_[k] = true;
+    param_shards_[k] = params_[k].narrow(0, shard_begin(c), shard_numel(c)).clone();
+    if (!mixed_) master_[k] = param_shards_[k];
+    release(c);
+  }
+}
+
+void ChunkStore::release(int64_t chunk) {
+  for (int64_t i : layout_.chunk_slots[static_cast<size_t>(chunk)]) transition(states_[static_cast<size_t>(i)], TensorState::free, layout_.slots[static_cast<size_t>(i)].name);
+  set_storage_bytes(params_[static_cast<size_t>(chunk)], 0);
+}
+
+const at::Tensor& ChunkStore::materialize(int64_t chunk) {
+  const at::Tensor& whole = params_[static_cast<size_t>(chunk)];
+  set_storage_bytes(whole, whole.nbytes());
+  return whole;
+}
+
+void ChunkStore::gathered(int64_t chunk) {
+  for (int64_t i : layout_.chunk_slots[static_cast<size_t>(chunk)]) transition(states_[static_cast<size_t>(i)], TensorState::hold, layout_.slots[static_cast<size_t>(i)].name);
+}
+
+bool ChunkStore::present(int64_t chunk) const { return params_[static_cast<size_t>(chunk)].storage().nbytes() > 0; }
+
+at::Tensor ChunkStore::param_shard(int64_t chunk) const {
+  const auto k = static_cast<size_t>(chunk);
+  return releasable_[k] ? param_shards_[k] : params_[k].narrow(0, shard_begin(chunk), shard_numel(chunk));
 }
 
 void ChunkStore::collect_grads(double inv_scale) {
@@ -75,8 +128,7 @@ void ChunkStore::collect_grads(double inv_scale) {
 void ChunkStore::publish() {
   if (!mixed_) return;
   at::NoGradGuard no_grad;
-  for (int64_t c = 0; c < layout_.chunks(); ++c)
-    params_[static_cast<size_t>(c)].narrow(0, shard_begin(c), shard_numel(c)).copy_(master_[static_cast<size_t>(c)]);
+  for (int64_t c = 0; c < layout_.chunks(); ++c) param_shard(c).copy_(master_[static_cast<size_t>(c)]);
 }
 
 int64_t ChunkStore::shard_begin(int64_t chunk) const { return stage_ == 0 ? 0 : rank_ * layout_.shard_numel(chunk); }
@@ -124,8 +176,11 @@ ChunkBytes ChunkStore::bytes() const {
     for (const auto& t : ts) n += static_cast<int64_t>(t.nbytes());
     return n;
   };
-  b.params = sum(params_) + (mixed_ ? sum(master_) : 0);
-  b.grads = sum(full_grads_) + (stage_ == 2 ? sum(grad_shards_) : 0);
+  for (const auto& t : params_) b.params += static_cast<int64_t>(t.storage().nbytes());   // 0 for a released chunk
+  for (const auto& t : param_shards_)
+    if (t.defined()) b.params += static_cast<int64_t>(t.nbytes());
+  if (mixed_) b.params += sum(master_);
+  b.grads = sum(full_grads_) + (stage_ >= 2 ? sum(grad_shards_) : 0);
   for (size_t c = 0; c < master_grads_.size(); ++c)
     if (!master_grads_[c].is_same(grad_shards_[c])) b.grads += static_cast<int64_t>(master_grads_[c].nbytes());
   for (const auto& [n, shards] : optimizer_states_) b.optimizer += sum(shards);

@@ -7,6 +7,9 @@
 //   1      full        full (.grad views, reduce-scattered)     shard
 //   2      full        shard (each micro-batch's gradient       shard
 //                      reduce-scattered, then dropped)
+//   3      shard       as stage 2                               shard
+//          (a block's chunks are gathered around its forward and its backward and released after;
+//          chunks holding the embeddings, final norm or head stay whole)
 //
 // Mixed precision: the model's parameters (and .grad) are compute-dtype chunks (bf16, fp16), while the
 // optimizer updates master weights in the model's own dtype (fp32), sharded like the optimizer states,
@@ -40,8 +43,10 @@ class ChunkStore {
   // Moves `module`'s trainable parameters (their current values) into chunks of `chunk_numel` elements
   // cut into `shards` shards, of which this rank is `rank`. Stage 0 keeps one shard = the whole chunk.
   // `compute`: the dtype the model then computes in (undefined: its own, the master's).
+  // `block_of`: the block a parameter belongs to, or -1 (ZeRO-3 releases chunks of block tensors only).
   ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64_t shards, int64_t rank,
-             std::optional<at::ScalarType> compute = std::nullopt);
+             std::optional<at::ScalarType> compute = std::nullopt,
+             const std::function<int64_t(const at::Tensor&)>& block_of = {});
 
   int stage() const { return stage_; }
   int64_t rank() const { return rank_; }
@@ -79,6 +84,18 @@ class ChunkStore {
   std::vector<optim::ParamPiece> pieces(const std::vector<std::string>& state_names, double weight_decay);
 
   TensorState& tensor_state(int64_t slot) { return states_[static_cast<size_t>(slot)]; }
+  int64_t block_of_slot(int64_t slot) const { return slot_block_[static_cast<size_t>(slot)]; }
+
+  // ZeRO-3. A releasable chunk keeps only this rank's shard of its parameters (param_shard) between
+  // uses; materialize gives its whole buffer memory again (to all-gather into; the model's parameters
+  // and any views autograd saved are views of it), gathered marks its tensors held, release frees it.
+  bool releasable(int64_t chunk) const { return releasable_[static_cast<size_t>(chunk)]; }
+  bool present(int64_t chunk) const;
+  const at::Tensor& materialize(int64_t chunk);
+  void gathered(int64_t chunk);
+  void release(int64_t chunk);
+  // This rank's shard of a chunk's parameters, compute dtype: what an all-gather sends.
+  at::Tensor param_shard(int64_t chunk) const;
   ChunkBytes bytes() const;   // what this rank holds now (stage 2's in-flight gradient chunks excluded)
 
  private:
@@ -87,6 +104,9 @@ class ChunkStore {
   ChunkLayout layout_;
   std::vector<at::Tensor> tensors_;   // the model's parameters, by slot
   std::vector<TensorState> states_;   // by slot
+  std::vector<int64_t> slot_block_;   // by slot: its block, or -1
+  std::vector<bool> releasable_;      // by chunk (ZeRO-3)
+  std::vector<at::Tensor> param_shards_;   // by chunk: a releasable one's persistent shard
   bool mixed_ = false;
   std::vector<at::Tensor> params_, master_, full_grads_, grad_shards_, master_grads_;
   std::map<std::string, std::vector<at::Tensor>> optimizer_states_;   // a map: references stay valid

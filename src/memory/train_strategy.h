@@ -4,10 +4,12 @@
 #pragma once
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "src/memory/chunk_store.h"
+#include "src/nn/block_hooks.h"
 #include "src/optim/optimizer.h"
 
 namespace colossal::memory {
@@ -36,6 +38,8 @@ class TrainStrategy {
   virtual double loss_scale() const = 0;       // 1 without a scaler
   virtual int64_t skipped_steps() const = 0;   // overflowed steps so far
   virtual ChunkStore& store() = 0;
+  // The hook this strategy needs in the model's block-hook chain (null: none), which the engine adds.
+  virtual std::shared_ptr<nn::BlockHook> block_hook() const { return nullptr; }
   virtual optim::Optimizer& optimizer() = 0;
   virtual std::string describe() const = 0;   // one line for the log
 

@@ -3,13 +3,17 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include "src/core/error.h"
 #include "src/core/text.h"
+#include "src/nn/block.h"
+#include "src/nn/model.h"
 
 namespace colossal::memory {
 namespace {
@@ -39,15 +43,60 @@ struct ZeroStrategy::Hooks {
   std::vector<std::pair<Accumulator, uintptr_t>> installed;   // kept alive: autograd holds them weakly
 };
 
+namespace {
+
+// The block each parameter of `module` belongs to (ZeRO-3 needs a model's blocks; other stages none).
+std::function<int64_t(const at::Tensor&)> block_map(nn::Module& module, int stage) {
+  if (stage < 3) return {};
+  auto* model = dynamic_cast<nn::Model*>(&module);
+  if (!model || model->blocks().empty()) throw Error("zero: stage 3 gathers parameters block by block, and this module has no blocks");
+  auto owner = std::make_shared<std::map<const void*, int64_t>>();
+  for (size_t b = 0; b < model->blocks().size(); ++b)
+    for (const auto& p : model->blocks()[b]->parameters()) (*owner)[p.unsafeGetTensorImpl()] = static_cast<int64_t>(b);
+  return [owner](const at::Tensor& p) {
+    auto it = owner->find(p.unsafeGetTensorImpl());
+    return it == owner->end() ? int64_t{-1} : it->second;
+  };
+}
+
+}  // namespace
+
+// Tells the strategy when each block runs (ZeRO-3's gather and release): the first hook of the chain.
+class ZeroStrategy::GatherHook : public nn::BlockHook {
+ public:
+  explicit GatherHook(ZeroStrategy* z) : z_(z) {}
+  void before_forward(int64_t b) override { z_->enter_block(b, +1); }
+  void after_forward(int64_t b) override { z_->leave_block(b, +1); }
+  void before_backward(int64_t b) override { z_->enter_block(b, -1); }
+  void after_backward(int64_t b) override { z_->leave_block(b, -1); }
+
+ private:
+  ZeroStrategy* z_;
+};
+
 ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group& group, std::unique_ptr<optim::Optimizer> optimizer)
     : group_(group),
-      store_(module, o.stage, o.chunk_numel, group.size(), group.rank(), o.compute),
+      store_(module, o.stage, o.chunk_numel, group.size(), group.rank(), o.compute, block_map(module, o.stage)),
       optimizer_(std::move(optimizer)),
       scaler_(o.loss_scale ? std::make_unique<LossScaler>(*o.loss_scale) : nullptr),
       hooks_(std::make_unique<Hooks>()) {
   pieces_ = store_.pieces(optimizer_->state_names(), o.weight_decay);
   const auto& layout = store_.layout();
   sync_.resize(static_cast<size_t>(layout.chunks()));
+  if (o.stage == 3) {
+    auto* model = dynamic_cast<nn::Model*>(&module);
+    block_chunks_.resize(model->blocks().size());
+    for (int64_t i = 0; i < static_cast<int64_t>(layout.slots.size()); ++i) {
+      const int64_t b = store_.block_of_slot(i), c = layout.slots[static_cast<size_t>(i)].chunk;
+      if (b < 0 || !store_.releasable(c)) continue;
+      auto& list = block_chunks_[static_cast<size_t>(b)];
+      if (std::find(list.begin(), list.end(), c) == list.end()) list.push_back(c);
+    }
+    refs_.assign(static_cast<size_t>(layout.chunks()), 0);
+    fetches_.resize(static_cast<size_t>(layout.chunks()));
+    fetching_.assign(static_cast<size_t>(layout.chunks()), false);
+    gather_hook_ = std::make_shared<GatherHook>(this);
+  }
   // One process at stage 0 has nothing to reduce; every other case moves gradients through the hooks
   // (stage 2 also at one rank: its gradients live in the shard, not in .grad).
   if (o.stage == 0 && !group_.active()) return;
@@ -76,7 +125,7 @@ std::string ZeroStrategy::describe() const {
 }
 
 void ZeroStrategy::before_backward(bool last) {
-  reducing_ = hooks_->installed.size() > 0 && (last || store_.stage() == 2);
+  reducing_ = hooks_->installed.size() > 0 && (last || store_.stage() >= 2);
   if (!reducing_) return;
   for (auto& s : sync_) {
     s.waiting = s.params;
@@ -87,7 +136,7 @@ void ZeroStrategy::before_backward(bool last) {
 void ZeroStrategy::ready(int64_t slot) {
   const auto& s = store_.layout().slots[static_cast<size_t>(slot)];
   auto& cs = sync_[static_cast<size_t>(s.chunk)];
-  if (store_.stage() == 2) {
+  if (store_.stage() >= 2) {
     // Move this micro-batch's gradient into its chunk's full buffer and drop the tensor autograd made.
     at::Tensor p = store_.param_of(slot);
     if (!cs.full.defined()) cs.full = at::zeros({store_.layout().chunk_sizes[static_cast<size_t>(s.chunk)]}, p.options());
@@ -105,7 +154,7 @@ void ZeroStrategy::launch(int64_t chunk) {
   auto& cs = sync_[static_cast<size_t>(chunk)];
   cs.launched = true;
   const int stage = store_.stage();
-  at::Tensor whole = stage == 2 ? cs.full : store_.full_grads()[static_cast<size_t>(chunk)];
+  at::Tensor whole = stage >= 2 ? cs.full : store_.full_grads()[static_cast<size_t>(chunk)];
   if (!whole.defined()) whole = cs.full = at::zeros_like(store_.params()[static_cast<size_t>(chunk)]);   // no gradient reached it
   // Average as a sum of pre-scaled parts: the scaling runs here, overlapped with backward.
   if (group_.size() > 1) whole.mul_(1.0 / static_cast<double>(group_.size()));
@@ -117,7 +166,7 @@ void ZeroStrategy::launch(int64_t chunk) {
     cs.pending = group_.reduce_scatter_async(cs.reduced, whole, what);
   }
   in_flight_.push_back(chunk);
-  while (stage == 2 && in_flight_.size() > kStage2InFlight) {
+  while (stage >= 2 && in_flight_.size() > kStage2InFlight) {
     complete(in_flight_.front());
     in_flight_.pop_front();
   }
@@ -128,12 +177,100 @@ void ZeroStrategy::complete(int64_t chunk) {
   group_.wait(cs.pending);
   at::Tensor& shard = store_.grad_shards()[static_cast<size_t>(chunk)];
   if (store_.stage() == 1) shard.copy_(cs.reduced);
-  if (store_.stage() == 2) shard.add_(cs.reduced);   // accumulates over the step's micro-batches
+  if (store_.stage() >= 2) shard.add_(cs.reduced);   // accumulates over the step's micro-batches
   cs.reduced = at::Tensor();
   cs.full = at::Tensor();
   for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(chunk)])
     if (store_.tensor_state(i) == TensorState::ready_for_reduce)
       transition(store_.tensor_state(i), TensorState::hold, store_.layout().slots[static_cast<size_t>(i)].name);
+  if (store_.stage() == 3) maybe_release(chunk);   // its gradients are reduced: its parameters can go
+}
+
+// ---- ZeRO-3: gathering and releasing block chunks ---------------------------------------------------
+
+void ZeroStrategy::fetch(int64_t c) {
+  const auto k = static_cast<size_t>(c);
+  if (store_.present(c) || fetching_[k]) return;
+  fetching_[k] = true;
+  fetches_[k] = group_.all_gather_async(store_.materialize(c), store_.param_shard(c), "gathering parameter chunk " + std::to_string(c));
+}
+
+void ZeroStrategy::ensure(int64_t c) {
+  const auto k = static_cast<size_t>(c);
+  if (!fetching_[k] && store_.present(c)) return;
+  fetch(c);
+  group_.wait(fetches_[k]);
+  fetching_[k] = false;
+  store_.gathered(c);
+}
+
+bool ZeroStrategy::all_held(int64_t c) {
+  for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(c)])
+    if (store_.tensor_state(i) != TensorState::hold) return false;
+  return true;
+}
+
+void ZeroStrategy::maybe_release(int64_t c) {
+  const auto k = static_cast<size_t>(c);
+  if (!store_.releasable(c) || refs_[k] > 0 || fetching_[k] || !store_.present(c) || !all_held(c)) return;
+  if (std::find(upcoming_.begin(), upcoming_.end(), c) != upcoming_.end()) return;   // the next block needs it
+  store_.release(c);
+}
+
+void ZeroStrategy::enter_block(int64_t b, int direction) {
+  for (int64_t c : block_chunks_[static_cast<size_t>(b)]) {
+    ensure(c);
+    ++refs_[static_cast<size_t>(c)];
+  }
+  for (int64_t i = 0; i < static_cast<int64_t>(store_.layout().slots.size()); ++i)
+    if (store_.block_of_slot(i) == b && store_.releasable(store_.layout().slots[static_cast<size_t>(i)].chunk))
+      transition(store_.tensor_state(i), TensorState::compute, store_.layout().slots[static_cast<size_t>(i)].name);
+  // Prefetch: the next block's chunks (the following one in forward, the preceding one in backward)
+  // are gathered while this block computes.
+  const int64_t next = b + direction;
+  upcoming_.clear();
+  if (next >= 0 && next < static_cast<int64_t>(block_chunks_.size())) {
+    upcoming_ = block_chunks_[static_cast<size_t>(next)];
+    for (int64_t c : upcoming_) fetch(c);
+  }
+}
+
+void ZeroStrategy::leave_block(int64_t b, int direction) {
+  // After forward the tensors are held again; after backward they wait for their gradients (unless a
+  // gradient was already final and reduced).
+  for (int64_t i = 0; i < static_cast<int64_t>(store_.layout().slots.size()); ++i) {
+    if (store_.block_of_slot(i) != b || !store_.releasable(store_.layout().slots[static_cast<size_t>(i)].chunk)) continue;
+    if (store_.tensor_state(i) != TensorState::compute) continue;
+    transition(store_.tensor_state(i), direction > 0 ? TensorState::hold : TensorState::hold_after_bwd, store_.layout().slots[static_cast<size_t>(i)].name);
+  }
+  for (int64_t c : block_chunks_[static_cast<size_t>(b)]) {
+    --refs_[static_cast<size_t>(c)];
+    maybe_release(c);
+  }
+}
+
+void ZeroStrategy::gather_all() {
+  if (store_.stage() < 3) return;
+  for (int64_t c = 0; c < store_.layout().chunks(); ++c)
+    if (store_.releasable(c)) ensure(c);
+}
+
+void ZeroStrategy::settle_chunks() {
+  if (store_.stage() < 3) return;
+  // After a backward (or an eval forward): nothing is upcoming; prefetches are finished and every
+  // block chunk goes back to its shard.
+  upcoming_.clear();
+  for (int64_t c = 0; c < store_.layout().chunks(); ++c) {
+    if (!store_.releasable(c)) continue;
+    if (fetching_[static_cast<size_t>(c)]) ensure(c);
+    for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(c)]) {
+      if (store_.tensor_state(i) != TensorState::hold_after_bwd) continue;   // no gradient came (unused in this loss)
+      const std::string& name = store_.layout().slots[static_cast<size_t>(i)].name;
+      transition(store_.tensor_state(i), TensorState::ready_for_reduce, name);
+      transition(store_.tensor_state(i), TensorState::hold, name);
+    }
+    maybe_release(c);
+  }
 }
 
 void ZeroStrategy::after_backward() {
@@ -145,6 +282,7 @@ void ZeroStrategy::after_backward() {
     complete(in_flight_.front());
     in_flight_.pop_front();
   }
+  if (store_.stage() == 3) settle_chunks();
 }
 
 at::Tensor ZeroStrategy::scale_loss(const at::Tensor& loss) { return scaler_ ? loss * scaler_->scale() : loss; }
@@ -198,8 +336,9 @@ void ZeroStrategy::step(double lr) {
   std::vector<at::Tensor> mine;
   std::vector<dist::Pending> pending;
   for (int64_t c = 0; c < store_.layout().chunks(); ++c) {
+    if (store_.releasable(c)) continue;   // ZeRO-3: gathered when its block next runs
     const at::Tensor& whole = store_.params()[static_cast<size_t>(c)];
-    mine.push_back(whole.narrow(0, store_.shard_begin(c), store_.shard_numel(c)).clone());
+    mine.push_back(store_.param_shard(c).clone());
     pending.push_back(group_.all_gather_async(whole, mine.back(), "parameter chunk " + std::to_string(c)));
   }
   for (auto& p : pending) group_.wait(p);
@@ -227,7 +366,8 @@ void ZeroStrategy::for_each_owned(const OwnedFn& fn) {
     std::vector<at::Tensor> whole;   // each state of the whole chunk
     for (const auto& n : names) whole.push_back(whole_of(store_.state(n)[static_cast<size_t>(c)], c, "optimizer state " + n));
     // Mixed precision saves the master weights, the full-precision values.
-    const at::Tensor master = store_.mixed() ? whole_of(store_.master()[static_cast<size_t>(c)], c, "master weights") : at::Tensor();
+    const bool from_master = store_.mixed() || store_.releasable(c);   // the parameters' own values are not whole here
+    const at::Tensor master = from_master ? whole_of(store_.master()[static_cast<size_t>(c)], c, "master weights") : at::Tensor();
     for (int64_t i : layout.chunk_slots[static_cast<size_t>(c)]) {
       if (store_.owner(i) != group_.rank()) continue;
       const auto& s = layout.slots[static_cast<size_t>(i)];

@@ -1,8 +1,10 @@
 // ZeroStrategy: data parallelism over the chunk store at ZeRO stage 0 (plain: every rank holds
 // everything, gradients all-reduced), 1 (optimizer states sharded, gradients reduce-scattered once a
-// step) or 2 (gradients sharded too: each micro-batch's gradient is reduce-scattered into the owning
+// step), 2 (gradients sharded too: each micro-batch's gradient is reduce-scattered into the owning
 // shard as its chunk completes and the full chunk dropped, so the full gradient never lives across
-// micro-batches).
+// micro-batches) or 3 (parameters sharded too: a block's chunks are all-gathered before its forward
+// and again before its backward, the next block's gather prefetched, and released after; a chunk
+// released after forward or once its gradients are reduced).
 //
 // A chunk is reduced the moment its last gradient is final, so communication overlaps the rest of
 // backward (DDP's design, with chunks as buckets). Readiness comes from a post-hook on each parameter's
@@ -21,6 +23,7 @@
 #include "src/dist/group.h"
 #include "src/memory/loss_scaler.h"
 #include "src/memory/train_strategy.h"
+#include "src/nn/block_hooks.h"
 
 namespace colossal::memory {
 
@@ -49,6 +52,14 @@ class ZeroStrategy : public TrainStrategy {
   int64_t skipped_steps() const override { return scaler_ ? scaler_->skipped() : 0; }
   ChunkStore& store() override { return store_; }
 
+  // ZeRO-3's hook for the model's block-hook chain (null below stage 3): gathers a block's chunks before
+  // its forward and its backward (prefetching the next block's), releases them after.
+  std::shared_ptr<nn::BlockHook> block_hook() const override { return gather_hook_; }
+  // ZeRO-3: every chunk whole, so the model's parameters can be read outside a block (a collective);
+  // settle_chunks releases them again (and any prefetch left over).
+  void gather_all();
+  void settle_chunks();
+
   // optimizer_step's parts, for tests that set gradients by hand (not mixed, no scaler): the global
   // norm of the gradients with clipping, the update with parameters made whole, and zeroing.
   double clip_grad_norm(double max_norm);
@@ -72,6 +83,13 @@ class ZeroStrategy : public TrainStrategy {
   void ready(int64_t slot);
   void launch(int64_t chunk);
   void complete(int64_t chunk);
+  class GatherHook;
+  void enter_block(int64_t block, int direction);
+  void leave_block(int64_t block, int direction);
+  void fetch(int64_t chunk);     // start gathering (no wait)
+  void ensure(int64_t chunk);    // gathered, waiting if needed
+  bool all_held(int64_t chunk);
+  void maybe_release(int64_t chunk);
 
   dist::Group& group_;
   ChunkStore store_;
@@ -81,6 +99,13 @@ class ZeroStrategy : public TrainStrategy {
   std::vector<ChunkSync> sync_;
   std::deque<int64_t> in_flight_;
   bool reducing_ = false;   // this backward's gradients are reduced
+  // ZeRO-3
+  std::vector<std::vector<int64_t>> block_chunks_;   // releasable chunks each block uses
+  std::vector<int> refs_;                            // blocks running on each chunk
+  std::vector<dist::Pending> fetches_;
+  std::vector<bool> fetching_;
+  std::vector<int64_t> upcoming_;                    // chunks of the block expected next
+  std::shared_ptr<nn::BlockHook> gather_hook_;
   struct Hooks;
   std::unique_ptr<Hooks> hooks_;
 };
