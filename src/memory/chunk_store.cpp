@@ -46,8 +46,13 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
   const auto options = master_options.dtype(compute.value_or(first.scalar_type()));
   mixed_ = options.dtype() != master_options.dtype();
   at::NoGradGuard no_grad;
+  releasable_.assign(static_cast<size_t>(layout_.chunks()), false);
+  param_shards_.resize(static_cast<size_t>(layout_.chunks()));
+  // Chunk by chunk, so that under ZeRO-3 a chunk is cut to its shard before the next is allocated: the
+  // model's own tensors go as their chunk takes them, and the peak is the model plus one chunk.
   for (int64_t c = 0; c < layout_.chunks(); ++c) {
-    const int64_t size = layout_.chunk_sizes[static_cast<size_t>(c)];
+    const auto k = static_cast<size_t>(c);
+    const int64_t size = layout_.chunk_sizes[k];
     params_.push_back(at::zeros({size}, options));   // padding stays zero
     if (stage_ <= 1) full_grads_.push_back(at::zeros({size}, options));
     if (stage_ == 0) grad_shards_.push_back(full_grads_.back());
@@ -57,36 +62,31 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
                                 ? grad_shards_.back()
                                 : at::zeros({shard_numel(c)}, master_options));
     master_.push_back(mixed_ ? at::zeros({shard_numel(c)}, master_options) : params_.back().narrow(0, shard_begin(c), shard_numel(c)));
-  }
-  for (const auto& slot : layout_.slots) {
-    at::Tensor p = by_name.at(slot.name);
-    if (p.scalar_type() != first.scalar_type() || p.device() != first.device())
-      throw Error("chunk store: parameter \"" + slot.name + "\" is " + c10::toString(p.scalar_type()) + " on " + p.device().str() +
-                  ", the first is " + c10::toString(first.scalar_type()) + " on " + first.device().str() + " (one dtype and device per model)");
-    const auto c = static_cast<size_t>(slot.chunk);
-    if (mixed_) {   // this rank's part of the tensor, at full precision
-      const int64_t lo = shard_begin(slot.chunk), hi = lo + shard_numel(slot.chunk);
-      const int64_t a = std::max(lo, slot.offset), b = std::min(hi, slot.offset + slot.numel);
-      if (a < b) master_[c].narrow(0, a - lo, b - a).copy_(p.detach().reshape({-1}).narrow(0, a - slot.offset, b - a));
-    }
-    auto view = params_[c].narrow(0, slot.offset, slot.numel).view(p.sizes());
-    view.copy_(p);
-    p.set_data(view);
-    if (stage_ <= 1) p.mutable_grad() = full_grads_[c].narrow(0, slot.offset, slot.numel).view(p.sizes());
-    slot_block_.push_back(block_of ? block_of(p) : -1);
-    tensors_.push_back(p);
-    states_.push_back(TensorState::hold);
-  }
-  // ZeRO-3: a chunk whose tensors all belong to blocks keeps only its shard between uses (the blocks'
-  // hooks gather it); the embeddings, final norm and head stay whole.
-  releasable_.assign(static_cast<size_t>(layout_.chunks()), false);
-  param_shards_.resize(static_cast<size_t>(layout_.chunks()));
-  if (stage_ != 3) return;
-  for (int64_t c = 0; c < layout_.chunks(); ++c) {
     bool all_in_blocks = true;
-    for (int64_t i : layout_.chunk_slots[static_cast<size_t>(c)]) all_in_blocks &= slot_block_[static_cast<size_t>(i)] >= 0;
-    if (!all_in_blocks) continue;
-    const auto k = static_cast<size_t>(c);
+    for (int64_t i : layout_.chunk_slots[k]) {
+      const auto& slot = layout_.slots[static_cast<size_t>(i)];
+      at::Tensor p = by_name.at(slot.name);
+      if (p.scalar_type() != first.scalar_type() || p.device() != first.device())
+        throw Error("chunk store: parameter \"" + slot.name + "\" is " + c10::toString(p.scalar_type()) + " on " + p.device().str() +
+                    ", the first is " + c10::toString(first.scalar_type()) + " on " + first.device().str() +
+                    " (one dtype and device per model)");
+      if (mixed_) {   // this rank's part of the tensor, at full precision
+        const int64_t lo = shard_begin(c), hi = lo + shard_numel(c);
+        const int64_t a = std::max(lo, slot.offset), b = std::min(hi, slot.offset + slot.numel);
+        if (a < b) master_[k].narrow(0, a - lo, b - a).copy_(p.detach().reshape({-1}).narrow(0, a - slot.offset, b - a));
+      }
+      auto view = params_[k].narrow(0, slot.offset, slot.numel).view(p.sizes());
+      view.copy_(p);
+      p.set_data(view);
+      if (stage_ <= 1) p.mutable_grad() = full_grads_[k].narrow(0, slot.offset, slot.numel).view(p.sizes());
+      slot_block_.push_back(block_of ? block_of(p) : -1);
+      all_in_blocks &= slot_block_.back() >= 0;
+      tensors_.push_back(p);
+      states_.push_back(TensorState::hold);
+    }
+    // ZeRO-3: a chunk whose tensors all belong to blocks keeps only its shard between uses (the blocks'
+    // hooks gather it); the embeddings, final norm and head stay whole.
+    if (stage_ != 3 || !all_in_blocks) continue;
     releasable_[k] = true;
     param_shards_[k] = params_[k].narrow(0, shard_begin(c), shard_numel(c)).clone();
     if (!mixed_) master_[k] = param_shards_[k];
