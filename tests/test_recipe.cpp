@@ -21,6 +21,14 @@ std::string error_of(const std::string& text, const std::vector<std::string>& ov
   return "(no error)";
 }
 
+// Each recipe text is refused with an error containing its message.
+void expect_errors(const std::vector<std::pair<std::string, std::string>>& cases) {
+  for (const auto& [text, message] : cases) {
+    const std::string e = error_of(text);
+    EXPECT_NE(e.find(message), std::string::npos) << text << " -> " << e;
+  }
+}
+
 }  // namespace
 
 TEST(Recipe, DefaultsFillEverySectionAndDerivedValues) {
@@ -210,7 +218,7 @@ TEST(RecipeErrors, MemoryKeysNameTheirValidChoices) {
   EXPECT_EQ(r.memory.chunk_size_mb, 16);
   EXPECT_EQ(parse_recipe("[memory]\nchunk_size_mb = \"auto\"\n", "r.toml").memory.chunk_size_mb, 0);
   EXPECT_NE(r.to_toml().find("[memory]\nchunk_size_mb = 16"), std::string::npos) << r.to_toml();
-  for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
+  expect_errors({
            {"[memory]\nzero = 4\n", "r.toml:2: [memory] zero: = 4 is out of range (valid: 0 to 3)"},
            {"[memory]\nchunk_size_mb = \"big\"\n", "chunk_size_mb: = \"big\" is not a number or \"auto\""},
            {"[memory]\nchunk_size_mb = 0\n", "chunk_size_mb: = 0 is out of range"},
@@ -218,22 +226,16 @@ TEST(RecipeErrors, MemoryKeysNameTheirValidChoices) {
            {"[memory]\nchunk_size_mb = true\n", "chunk_size_mb: must be a number or \"auto\", not a boolean"},
            {"[parallel]\nbucket_mb = 25\n", "bucket_mb: was replaced by [memory] chunk_size_mb"},
            {"[data]\ntokenizer_vocab = 1\n", "tokenizer_vocab: = 1 is below the 260 pieces every trained tokenizer needs"},
-       }) {
-    const std::string e = error_of(text);
-    EXPECT_NE(e.find(message), std::string::npos) << text << " -> " << e;
-  }
+  });
 }
 
 TEST(RecipeErrors, OptimizerNamesAndHyperParametersOutOfRangeNameTheKey) {
   EXPECT_EQ(parse_recipe("[optim]\nname = \"lamb\"\n", "r.toml").optim.name, "lamb");
-  for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
+  expect_errors({
            {"[optim]\nname = \"adam\"\n", "r.toml:2: [optim] name: = \"adam\""},
            {"[optim]\nmomentum = 1\n", "[optim] momentum: = 1 is out of range (valid: 0 to 0.999999)"},
            {"[optim]\nname = \"sgd\"\nmomentum = 0\nnesterov = true\n", "nesterov: = true needs momentum > 0"},
            {"[optim]\ntrust_coefficient = 0\n", "[optim] trust_coefficient: = 0 is out of range"},
            {"[optim]\nbetas = [0.9, 1.0]\n", "[optim] betas"},
-       }) {
-    const std::string e = error_of(text);
-    EXPECT_NE(e.find(message), std::string::npos) << text << " -> " << e;
-  }
+  });
 }

@@ -38,34 +38,11 @@ case "$shape" in
   124m) recipe=recipes/gpt2-124m.toml T=256 B=4 S="${steps:-8}" ;;
   *) echo "ddp_vs_torch: error: --shape '$shape' is not tiny or 124m" >&2; exit 2 ;;
 esac
-[[ "$repeat" =~ ^[1-9][0-9]*$ ]] || { echo "ddp_vs_torch: error: --repeat '$repeat' is not a positive integer" >&2; exit 2; }
-{ [[ "$S" =~ ^[0-9]+$ ]] && ((S > 3)); } || { echo "ddp_vs_torch: error: --steps '$S' must exceed the 3 untimed steps" >&2; exit 2; }
-[ -x "$COLOSSAL" ] || { echo "ddp_vs_torch: error: $COLOSSAL not found; build it with scripts/build.sh" >&2; exit 1; }
-"$PY" -c 'import torch, h5py' 2>/dev/null || { echo "ddp_vs_torch: error: $PY lacks torch or h5py (scripts/setup.sh)" >&2; exit 1; }
-TORCHRUN="$(dirname "$PY")/torchrun"
-[ -x "$TORCHRUN" ] || { echo "ddp_vs_torch: error: $TORCHRUN not found (it comes with the torch wheel)" >&2; exit 1; }
-
-read -r dataset n_layer n_head n_embd vocab block <<<"$("$PY" - "$recipe" <<'PYEOF'
-import sys, tomllib
-r = tomllib.load(open(sys.argv[1], "rb"))
-m = r.get("model", {})
-print(r["data"]["dataset"], m.get("n_layer", 12), m.get("n_head", 12), m.get("n_embd", 768),
-      m.get("vocab_size", 50304), m.get("block_size", 1024))
-PYEOF
-)"
-[ -f "$dataset" ] || "$COLOSSAL" data prepare-recipe "$recipe" >&2
-
-TMP="$(mktemp -d "${TMPDIR:-/tmp}/ddp_vs_torch.XXXXXX")"
-trap 'rm -rf "$TMP"' EXIT
-export OMP_NUM_THREADS=1
+NAME=ddp_vs_torch
+source scripts/bench/dp_common.sh
 colossal_args=(train "$recipe" --quiet --set "train.max_steps=$S" --set "train.seq_len=$T" --set "train.batch_size=$B"
                --set train.grad_accum=1 --set model.dropout=0 --set train.eval_every=0 --set train.eval_batches=1
                --set checkpoint.every=0 --set optim.warmup_steps=1)
-peer_args=(scripts/bench/gpt_ref.py --n-layer "$n_layer" --n-head "$n_head" --n-embd "$n_embd" --vocab-size "$vocab"
-           --block-size "$block" --seq-len "$T" --batch "$B" --steps "$S" --warmup-steps 3 --dataset "$dataset"
-           --attn sdpa --threads 1)
-
-fail() { echo "ddp_vs_torch: error: $1; its output ends:" >&2; tail -n 15 "$2" >&2; exit 1; }
 for ((r = 1; r <= repeat; r++)); do
   echo "ddp_vs_torch: round $r/$repeat" >&2
   for n in 1 2; do

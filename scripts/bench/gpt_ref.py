@@ -152,6 +152,8 @@ def parse_args():
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--deepspeed", type=int, default=None, metavar="STAGE",
+                    help="under torchrun: DeepSpeed's ZeRO at this stage (Gloo on CPU) instead of DDP")
     ap.add_argument("--fsdp", action="store_true",
                     help="under torchrun: PyTorch FSDP2 (fully_shard on each block, then the root) instead of DDP")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
@@ -174,7 +176,10 @@ def main():
     # parallelism would pick; --batch is per worker, tokens/s counts all workers.
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    if world > 1:
+    if world > 1 and a.deepspeed is not None:
+        import deepspeed
+        deepspeed.init_distributed(dist_backend="nccl" if a.device == "cuda" else "gloo")
+    elif world > 1:
         import torch.distributed as dist
         dist.init_process_group("nccl" if a.device == "cuda" else "gloo")
     torch.manual_seed(a.seed)
@@ -192,7 +197,15 @@ def main():
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     run = model
-    if world > 1 and a.fsdp:   # ZeRO-3's peer: parameters, gradients and AdamW state sharded per block
+    engine = None
+    if world > 1 and a.deepspeed is not None:   # DeepSpeed's own ZeRO, with torch's AdamW on the same groups
+        import deepspeed
+        opt = torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+        engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config={
+            "train_micro_batch_size_per_gpu": a.batch, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+            "zero_optimization": {"stage": a.deepspeed}, "steps_per_print": 1 << 30})
+        run = engine
+    elif world > 1 and a.fsdp:   # ZeRO-3's peer: parameters, gradients and AdamW state sharded per block
         from torch.distributed.fsdp import fully_shard
         for block in model.h:
             fully_shard(block)
@@ -202,17 +215,23 @@ def main():
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     elif world > 1:   # the same bucket size as colossal's default, buckets as views of the gradients
         run = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25, gradient_as_bucket_view=True)
-    opt = torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=a.device == "cuda")
+    if engine is None:
+        opt = torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=a.device == "cuda")
     run = torch.compile(run) if a.compile else run
     peer = "torch-compile" if a.compile else f"torch-eager-{a.attn}"
     if world > 1:
-        peer = f"torch-{'fsdp2' if a.fsdp else 'ddp'}{world}-" + peer.removeprefix("torch-")
+        kind = f"deepspeed-zero{a.deepspeed}" if a.deepspeed is not None else ("fsdp2" if a.fsdp else "ddp")
+        peer = f"torch-{kind}{world}-" + peer.removeprefix("torch-")
     print(f"gpt_ref: {peer}: {n_params / 1e6:.2f}M parameters, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads", file=sys.stderr)
 
     def step():
         x, y = data.next()
         loss = run(x.to(dev, non_blocking=True), y.to(dev, non_blocking=True))
+        if engine is not None:   # DeepSpeed clips, steps and zeroes itself
+            engine.backward(loss)
+            engine.step()
+            return loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()

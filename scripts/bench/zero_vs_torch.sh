@@ -14,21 +14,24 @@ COMMAND="scripts/bench/zero_vs_torch.sh"
 
 usage() {
   cat <<EOF
-usage: scripts/bench/zero_vs_torch.sh [--shape tiny|124m|350m] [--repeat N] [--steps N] [--python PY] [--colossal BIN]
+usage: scripts/bench/zero_vs_torch.sh [--shape tiny|124m|350m] [--repeat N] [--steps N] [--python PY] [--ds-python PY] [--colossal BIN]
   --shape    tiny (recipes/gpt-tiny.toml, T=128, B=16 per worker), 124m or 350m (gpt2 shapes, T=256, B=2)
   --repeat   alternating rounds, medians over them; default 3
   --steps    steps each command runs, the first 3 untimed; default 30 (tiny), 7 (124m, 350m)
+  --ds-python  a Python with deepspeed, torch and h5py for the DeepSpeed peers (default: PY when it has deepspeed)
 EOF
 }
 shape=tiny repeat=3 steps=""
 COLOSSAL=build/colossal
 PY=.venv/bin/python
+DS_PY=
 while (($#)); do
   case "$1" in
     --shape) shape="${2:?}"; shift 2 ;;
     --repeat) repeat="${2:?}"; shift 2 ;;
     --steps) steps="${2:?}"; shift 2 ;;
     --python) PY="${2:?}"; shift 2 ;;
+    --ds-python) DS_PY="${2:?}"; shift 2 ;;
     --colossal) COLOSSAL="${2:?}"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "zero_vs_torch: error: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
@@ -40,34 +43,17 @@ case "$shape" in
   350m) recipe=recipes/gpt2-350m.toml T=256 B=2 S="${steps:-7}" ;;
   *) echo "zero_vs_torch: error: --shape '$shape' is not tiny, 124m or 350m" >&2; exit 2 ;;
 esac
-[[ "$repeat" =~ ^[1-9][0-9]*$ ]] || { echo "zero_vs_torch: error: --repeat '$repeat' is not a positive integer" >&2; exit 2; }
-{ [[ "$S" =~ ^[0-9]+$ ]] && ((S > 3)); } || { echo "zero_vs_torch: error: --steps '$S' must exceed the 3 untimed steps" >&2; exit 2; }
-[ -x "$COLOSSAL" ] || { echo "zero_vs_torch: error: $COLOSSAL not found; build it with scripts/build.sh" >&2; exit 1; }
-"$PY" -c 'import torch, h5py' 2>/dev/null || { echo "zero_vs_torch: error: $PY lacks torch or h5py (scripts/setup.sh)" >&2; exit 1; }
-TORCHRUN="$(dirname "$PY")/torchrun"
-[ -x "$TORCHRUN" ] || { echo "zero_vs_torch: error: $TORCHRUN not found (it comes with the torch wheel)" >&2; exit 1; }
-
-read -r dataset n_layer n_head n_embd vocab block <<<"$("$PY" - "$recipe" <<'PYEOF'
-import sys, tomllib
-r = tomllib.load(open(sys.argv[1], "rb"))
-m = r.get("model", {})
-print(r["data"]["dataset"], m.get("n_layer", 12), m.get("n_head", 12), m.get("n_embd", 768),
-      m.get("vocab_size", 50304), m.get("block_size", 1024))
-PYEOF
-)"
-[ -f "$dataset" ] || "$COLOSSAL" data prepare-recipe "$recipe" >&2
-
-TMP="$(mktemp -d "${TMPDIR:-/tmp}/zero_vs_torch.XXXXXX")"
-trap 'rm -rf "$TMP"' EXIT
-export OMP_NUM_THREADS=1
+NAME=zero_vs_torch
+source scripts/bench/dp_common.sh
+[ -n "$DS_PY" ] || { "$PY" -c 'import deepspeed' 2>/dev/null && DS_PY="$PY"; } || true
+if [ -n "$DS_PY" ]; then
+  "$DS_PY" -c 'import deepspeed, h5py' 2>/dev/null || { echo "$NAME: error: $DS_PY cannot import deepspeed and h5py" >&2; exit 1; }
+else
+  echo "$NAME: no Python with deepspeed (see --ds-python): the DeepSpeed peers are left out" >&2
+fi
 colossal_args=(train "$recipe" --quiet --nproc-per-node 2 --set "train.max_steps=$S" --set "train.seq_len=$T"
                --set "train.batch_size=$B" --set train.grad_accum=1 --set model.dropout=0 --set train.eval_every=0
                --set train.eval_batches=1 --set checkpoint.every=0 --set optim.warmup_steps=1)
-peer_args=(scripts/bench/gpt_ref.py --n-layer "$n_layer" --n-head "$n_head" --n-embd "$n_embd" --vocab-size "$vocab"
-           --block-size "$block" --seq-len "$T" --batch "$B" --steps "$S" --warmup-steps 3 --dataset "$dataset"
-           --attn sdpa --threads 1)
-
-fail() { echo "zero_vs_torch: error: $1; its output ends:" >&2; tail -n 15 "$2" >&2; exit 1; }
 for ((r = 1; r <= repeat; r++)); do
   echo "zero_vs_torch: round $r/$repeat" >&2
   for z in 0 1 2 3; do
@@ -82,6 +68,12 @@ for ((r = 1; r <= repeat; r++)); do
       fail "PyTorch $peer under torchrun failed" "$TMP/$peer-$r.log"
     grep '^{' "$TMP/$peer-$r.log" | tail -n 1 >"$TMP/$peer-$r.json"
   done
+  [ -n "$DS_PY" ] || continue
+  for z in 2 3; do
+    "$(dirname "$DS_PY")/torchrun" --standalone --nproc-per-node 2 "${peer_args[@]}" --deepspeed "$z" >"$TMP/ds$z-$r.log" 2>&1 ||
+      fail "DeepSpeed ZeRO-$z under torchrun failed" "$TMP/ds$z-$r.log"
+    grep '^{' "$TMP/ds$z-$r.log" | tail -n 1 >"$TMP/ds$z-$r.json"
+  done
 done
 
 "$PY" - "$TMP" "$repeat" "$shape" "$T" "$B" <<'PYEOF'
@@ -93,11 +85,14 @@ def load(name, r):
 def med(name, key):
     return statistics.median(float(load(name, r)[key]) for r in range(1, repeat + 1))
 params = load("zero0", 1)["params"]
-tok = {n: med(n, "tokens_per_s") for n in ("zero0", "zero1", "zero2", "zero3", "ddp", "fsdp2")}
+runs = ["zero0", "zero1", "zero2", "zero3", "ddp", "fsdp2"] + [n for n in ("ds2", "ds3") if (d / f"{n}-1.json").exists()]
+tok = {n: med(n, "tokens_per_s") for n in runs}
 rss = {n: med(n, "peak_rss_mb") for n in tok}
 print(f"gpt-{shape}: {params / 1e6:.1f}M parameters, T={T}, B={B}/worker, 2 workers, 1 thread each")
-print("| run | tokens/s | peak RSS/worker | held/worker: params + grads + AdamW | ZeRO formula | vs ZeRO-0 | vs DDP | vs FSDP2 (tok/s, RSS) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+ds = [n for n in ("ds2", "ds3") if n in tok]
+print("| run | tokens/s | peak RSS/worker | held/worker: params + grads + AdamW | ZeRO formula | vs ZeRO-0 | vs DDP | vs FSDP2 (tok/s, RSS) |"
+      + "".join(f" vs DeepSpeed ZeRO-{n[2]} |" for n in ds))
+print("| --- " * (8 + len(ds)) + "|")
 psi = 4 * params / 1048576   # MiB of one fp32 copy of the parameters
 formula = {0: 4 * psi, 1: 2 * psi + 2 * psi / 2, 2: psi + psi / 2 + 2 * psi / 2, 3: psi / 2 + psi / 2 + 2 * psi / 2}
 for z in (0, 1, 2, 3):
@@ -106,8 +101,9 @@ for z in (0, 1, 2, 3):
     total = held["params"] + held["grads"] + held["optimizer"]
     print(f"| colossal ZeRO-{z} | {tok[n]:.0f} | {rss[n]:.0f} MB | {held['params']:.0f} + {held['grads']:.0f} + {held['optimizer']:.0f}"
           f" = {total:.0f} MB | {formula[z]:.0f} MB | {tok[n] / tok['zero0']:.2f}x | {tok[n] / tok['ddp']:.2f}x |"
-          f" {tok[n] / tok['fsdp2']:.2f}x, {rss[n] / rss['fsdp2']:.2f}x |")
-for n, label in (("ddp", "PyTorch DDP"), ("fsdp2", "PyTorch FSDP2 (fully_shard per block)")):
-    print(f"| {label} | {tok[n]:.0f} | {rss[n]:.0f} MB | | | | | |")
+          f" {tok[n] / tok['fsdp2']:.2f}x, {rss[n] / rss['fsdp2']:.2f}x |" + "".join(f" {tok[n] / tok[p]:.2f}x, {rss[n] / rss[p]:.2f}x |" for p in ds))
+labels = {"ddp": "PyTorch DDP", "fsdp2": "PyTorch FSDP2 (fully_shard per block)", "ds2": "DeepSpeed ZeRO-2", "ds3": "DeepSpeed ZeRO-3"}
+for n in ["ddp", "fsdp2"] + ds:
+    print(f"| {labels[n]} | {tok[n]:.0f} | {rss[n]:.0f} MB |" + " |" * (5 + len(ds)))
 PYEOF
 echo "machine: $(bash scripts/bench/cpu_line.sh), $(OMP_NUM_THREADS= nproc) cores, torch $("$PY" -c 'import torch; print(torch.__version__)'), $(date +%F), $COMMAND, median of $repeat alternating rounds"

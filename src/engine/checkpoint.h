@@ -9,7 +9,7 @@
 //   step-000400/optimizer.safetensors  optimizer states under the same names + "exp_avg" etc, and the
 //                                      RNG state
 //
-// Under ZeRO 1-2 at more than one rank, every rank writes the tensors it owns (chunk_store.h: the rank
+// Under ZeRO 1-3 at more than one rank, every rank writes the tensors it owns (chunk_store.h: the rank
 // whose shard holds a tensor's first element) into model-0000r-of-0000N.safetensors and
 // optimizer-0000r-of-0000N.safetensors, and rank 0 writes transformers' sharded index
 // (model.safetensors.index.json, and the same for the optimizer) naming each tensor's file. No rank

@@ -140,7 +140,7 @@ int run_loop(TrainPlan& p) {
                  {"tokens_per_step", tokens_per_step}, {"device", p.device.str()}, {"world_size", rt.world()}});
 
   // Every rank reaches the save: rank 0 alone writes when it holds all the state (ZeRO 0), every rank
-  // its own share under ZeRO 1-2; `latest` moves only once every rank's files are on disk.
+  // its own share under ZeRO 1-3; `latest` moves only once every rank's files are on disk.
   auto checkpoint = [&] {
     rt.world_group().barrier("before the checkpoint at step " + std::to_string(state.step));
     state.kernel_choices = nn::kernel_choices();
