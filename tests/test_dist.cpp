@@ -322,6 +322,7 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
       const auto& batch = batches[static_cast<size_t>(step)];
       const int64_t rows = 8 / micro / world;
       for (int64_t m = 0; m < micro; ++m) {
+        zs->before_forward();   // the embeddings' chunk: its all-gather after the last update may still run
         zs->before_backward(m == micro - 1);
         auto b = batch.narrow(0, m * 8 / micro + rank * rows, rows);
         (model.loss(b.narrow(1, 0, 16), b.narrow(1, 1, 16)) / static_cast<double>(micro)).backward();

@@ -55,6 +55,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 EvalResult evaluate(TrainPlan& p) {
   at::NoGradGuard no_grad;
   p.model->eval();
+  p.strategy->before_forward();
   EvalSums local;
   for (const auto& b : p.task->eval_set()) local += p.task->eval(*p.model, b.to(p.device));
   p.model->train();
@@ -182,6 +183,7 @@ int run_loop(TrainPlan& p) {
     at::Tensor step_loss;   // summed on the device: one host sync per step, not one per micro-batch
     for (int64_t micro = 0; micro < r.train.grad_accum; ++micro) {
       const Batch batch = task.next().to(p.device);
+      p.strategy->before_forward();
       p.strategy->before_backward(micro == r.train.grad_accum - 1);   // the step's gradients are complete after the last
       auto loss = task.loss(*p.model, batch);
       if (r.train.grad_accum > 1) loss = loss / static_cast<double>(r.train.grad_accum);

@@ -17,6 +17,8 @@ namespace colossal::memory {
 class TrainStrategy {
  public:
   virtual ~TrainStrategy() = default;
+  // Before each forward (training micro-batches and eval): parameters outside the blocks are up to date.
+  virtual void before_forward() {}
   // Around each micro-batch's backward; `last` = the step's last micro-batch (the gradients of the step
   // are complete after it).
   virtual void before_backward(bool last) = 0;

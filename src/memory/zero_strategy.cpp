@@ -45,11 +45,13 @@ struct ZeroStrategy::Hooks {
 
 namespace {
 
-// The block each parameter of `module` belongs to (ZeRO-3 needs a model's blocks; other stages none).
+// The block each parameter of `module` belongs to, when it is a model with blocks (ZeRO-3 needs them;
+// stages 1-2 use them to wait for each block's updated parameters only when the block runs).
 std::function<int64_t(const at::Tensor&)> block_map(nn::Module& module, int stage) {
-  if (stage < 3) return {};
   auto* model = dynamic_cast<nn::Model*>(&module);
-  if (!model || model->blocks().empty()) throw Error("zero: stage 3 gathers parameters block by block, and this module has no blocks");
+  if (stage == 3 && (!model || model->blocks().empty()))
+    throw Error("zero: stage 3 gathers parameters block by block, and this module has no blocks");
+  if (stage == 0 || !model || model->blocks().empty()) return {};
   auto owner = std::make_shared<std::map<const void*, int64_t>>();
   for (size_t b = 0; b < model->blocks().size(); ++b)
     for (const auto& p : model->blocks()[b]->parameters()) (*owner)[p.unsafeGetTensorImpl()] = static_cast<int64_t>(b);
@@ -83,19 +85,28 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group
   pieces_ = store_.pieces(optimizer_->state_names(), o.weight_decay);
   const auto& layout = store_.layout();
   sync_.resize(static_cast<size_t>(layout.chunks()));
-  if (o.stage == 3) {
+  const auto chunks = static_cast<size_t>(layout.chunks());
+  publishing_.resize(chunks);
+  publish_src_.resize(chunks);
+  if (o.stage >= 1) {
+    // Which chunks each block reads: ZeRO-3 gathers the releasable ones around the block; at every stage
+    // from 1 the whole ones, all-gathered after each update, are waited for only when first read (a
+    // block's before its forward, the embeddings' and head's at before_forward), so the gather overlaps
+    // the start of the next forward.
     auto* model = dynamic_cast<nn::Model*>(&module);
-    block_chunks_.resize(model->blocks().size());
+    const size_t blocks = model ? model->blocks().size() : 0;
+    block_chunks_.resize(blocks);
+    block_whole_chunks_.resize(blocks);
     for (int64_t i = 0; i < static_cast<int64_t>(layout.slots.size()); ++i) {
       const int64_t b = store_.block_of_slot(i), c = layout.slots[static_cast<size_t>(i)].chunk;
-      if (b < 0 || !store_.releasable(c)) continue;
-      auto& list = block_chunks_[static_cast<size_t>(b)];
+      auto& list = b < 0 ? outer_chunks_ : (store_.releasable(c) ? block_chunks_ : block_whole_chunks_)[static_cast<size_t>(b)];
+      if (b < 0 && store_.releasable(c)) continue;   // cannot happen: releasable chunks hold block tensors only
       if (std::find(list.begin(), list.end(), c) == list.end()) list.push_back(c);
     }
-    refs_.assign(static_cast<size_t>(layout.chunks()), 0);
-    fetches_.resize(static_cast<size_t>(layout.chunks()));
-    fetching_.assign(static_cast<size_t>(layout.chunks()), false);
-    gather_hook_ = std::make_shared<GatherHook>(this);
+    refs_.assign(chunks, 0);
+    fetches_.resize(chunks);
+    fetching_.assign(chunks, false);
+    if (blocks > 0) gather_hook_ = std::make_shared<GatherHook>(this);
   }
   // One process at stage 0 has nothing to reduce; every other case moves gradients through the hooks
   // (stage 2 also at one rank: its gradients live in the shard, not in .grad).
@@ -112,6 +123,11 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group
 
 ZeroStrategy::~ZeroStrategy() {
   for (auto& [acc, key] : hooks_->installed) acc->del_post_hook(key);
+  try {
+    wait_published();   // no collective left writing into the chunks
+  } catch (const std::exception&) {
+    // The job is ending with an error already reported; the chunks die with it.
+  }
 }
 
 std::string ZeroStrategy::describe() const {
@@ -218,6 +234,8 @@ void ZeroStrategy::maybe_release(int64_t c) {
 }
 
 void ZeroStrategy::enter_block(int64_t b, int direction) {
+  for (int64_t c : block_whole_chunks_[static_cast<size_t>(b)]) wait_published(c);
+  if (store_.stage() < 3) return;
   for (int64_t c : block_chunks_[static_cast<size_t>(b)]) {
     ensure(c);
     ++refs_[static_cast<size_t>(c)];
@@ -236,6 +254,7 @@ void ZeroStrategy::enter_block(int64_t b, int direction) {
 }
 
 void ZeroStrategy::leave_block(int64_t b, int direction) {
+  if (store_.stage() < 3) return;
   // After forward the tensors are held again; after backward they wait for their gradients (unless a
   // gradient was already final and reduced).
   for (int64_t i = 0; i < static_cast<int64_t>(store_.layout().slots.size()); ++i) {
@@ -250,6 +269,7 @@ void ZeroStrategy::leave_block(int64_t b, int direction) {
 }
 
 void ZeroStrategy::gather_all() {
+  wait_published();
   if (store_.stage() < 3) return;
   for (int64_t c = 0; c < store_.layout().chunks(); ++c)
     if (store_.releasable(c)) ensure(c);
@@ -332,16 +352,30 @@ void ZeroStrategy::step(double lr) {
   optimizer_->step(pieces_, ctx);
   store_.publish();
   if (store_.stage() == 0 || !group_.active()) return;
-  // Every rank updated its shard; all-gather makes each chunk whole again on every rank.
-  std::vector<at::Tensor> mine;
-  std::vector<dist::Pending> pending;
+  // Every rank updated its shard; all-gather makes each chunk whole again on every rank. The gathers
+  // run while the next forward starts: each chunk is waited for where it is first read.
   for (int64_t c = 0; c < store_.layout().chunks(); ++c) {
     if (store_.releasable(c)) continue;   // ZeRO-3: gathered when its block next runs
-    const at::Tensor& whole = store_.params()[static_cast<size_t>(c)];
-    mine.push_back(store_.param_shard(c).clone());
-    pending.push_back(group_.all_gather_async(whole, mine.back(), "parameter chunk " + std::to_string(c)));
+    const auto k = static_cast<size_t>(c);
+    publish_src_[k] = store_.param_shard(c).clone();
+    publishing_[k] = group_.all_gather_async(store_.params()[k], publish_src_[k], "parameter chunk " + std::to_string(c));
   }
-  for (auto& p : pending) group_.wait(p);
+  if (!gather_hook_) wait_published();   // nothing tells this strategy when blocks run: wait now
+}
+
+void ZeroStrategy::wait_published(int64_t c) {
+  const auto k = static_cast<size_t>(c);
+  if (!publish_src_[k].defined()) return;
+  group_.wait(publishing_[k]);
+  publish_src_[k] = at::Tensor();
+}
+
+void ZeroStrategy::wait_published() {
+  for (int64_t c = 0; c < store_.layout().chunks(); ++c) wait_published(c);
+}
+
+void ZeroStrategy::before_forward() {
+  for (int64_t c : outer_chunks_) wait_published(c);
 }
 
 void ZeroStrategy::zero_grad() {
@@ -352,6 +386,7 @@ void ZeroStrategy::zero_grad() {
 }
 
 void ZeroStrategy::for_each_owned(const OwnedFn& fn) {
+  wait_published();   // the parameters are read whole below
   const auto& layout = store_.layout();
   const auto names = optimizer_->state_names();
   const bool gather = store_.stage() > 0 && group_.active();

@@ -44,6 +44,7 @@ class ZeroStrategy : public TrainStrategy {
 
   void before_backward(bool last) override;
   void after_backward() override;
+  void before_forward() override;
   at::Tensor scale_loss(const at::Tensor& loss) override;
   StepReport optimizer_step(double lr, double max_norm) override;
   std::map<std::string, std::string> scaler_state() const override;
@@ -52,11 +53,12 @@ class ZeroStrategy : public TrainStrategy {
   int64_t skipped_steps() const override { return scaler_ ? scaler_->skipped() : 0; }
   ChunkStore& store() override { return store_; }
 
-  // ZeRO-3's hook for the model's block-hook chain (null below stage 3): gathers a block's chunks before
-  // its forward and its backward (prefetching the next block's), releases them after.
+  // The hook for the model's block-hook chain (stages 1-3 on a model with blocks): waits for a block's
+  // updated parameters before its forward; ZeRO-3 gathers its chunks before its forward and its backward
+  // (prefetching the next block's) and releases them after.
   std::shared_ptr<nn::BlockHook> block_hook() const override { return gather_hook_; }
-  // ZeRO-3: every chunk whole, so the model's parameters can be read outside a block (a collective);
-  // settle_chunks releases them again (and any prefetch left over).
+  // Every chunk whole and up to date, so the model's parameters can be read anywhere (ZeRO-3: a
+  // collective); settle_chunks releases ZeRO-3's again (and any prefetch left over).
   void gather_all();
   void settle_chunks();
 
@@ -90,6 +92,8 @@ class ZeroStrategy : public TrainStrategy {
   void ensure(int64_t chunk);    // gathered, waiting if needed
   bool all_held(int64_t chunk);
   void maybe_release(int64_t chunk);
+  void wait_published(int64_t chunk);   // the all-gather after the last update, if still running
+  void wait_published();
 
   dist::Group& group_;
   ChunkStore store_;
@@ -101,6 +105,10 @@ class ZeroStrategy : public TrainStrategy {
   bool reducing_ = false;   // this backward's gradients are reduced
   // ZeRO-3
   std::vector<std::vector<int64_t>> block_chunks_;   // releasable chunks each block uses
+  std::vector<std::vector<int64_t>> block_whole_chunks_;   // and the whole ones
+  std::vector<int64_t> outer_chunks_;                 // whole chunks holding tensors outside the blocks
+  std::vector<dist::Pending> publishing_;            // all-gathers of updated parameters, by chunk
+  std::vector<at::Tensor> publish_src_;              // what each sends (defined while it runs)
   std::vector<int> refs_;                            // blocks running on each chunk
   std::vector<dist::Pending> fetches_;
   std::vector<bool> fetching_;
