@@ -19,8 +19,9 @@ namespace colossal::memory {
 namespace {
 
 // Stage 2 keeps at most this many chunks' full gradients waiting on their reduce-scatter: enough to
-// overlap communication with backward, few enough that the full gradient never accumulates.
-constexpr size_t kStage2InFlight = 2;
+// overlap communication with backward (with 2, backward stalled on the oldest at GPT-2 124M), few
+// enough that the full gradient never accumulates.
+constexpr size_t kStage2InFlight = 4;
 
 // Runs after a parameter's gradient accumulator: the parameter's gradient for this backward is final.
 class ReadyHook : public torch::autograd::FunctionPostHook {
@@ -155,10 +156,19 @@ void ZeroStrategy::ready(int64_t slot) {
   if (store_.stage() >= 2) {
     // Move this micro-batch's gradient into its chunk's full buffer and drop the tensor autograd made.
     at::Tensor p = store_.param_of(slot);
-    if (!cs.full.defined()) cs.full = at::zeros({store_.layout().chunk_sizes[static_cast<size_t>(s.chunk)]}, p.options());
+    if (!cs.full.defined()) {   // every tensor's range is written (or zeroed at launch); the tail is padding
+      const auto& tensors = store_.layout().chunk_slots[static_cast<size_t>(s.chunk)];
+      const auto& last = store_.layout().slots[static_cast<size_t>(tensors.back())];
+      const int64_t size = store_.layout().chunk_sizes[static_cast<size_t>(s.chunk)], used = last.offset + last.numel;
+      cs.full = at::empty({size}, p.options());
+      cs.full.narrow(0, used, size - used).zero_();
+    }
+    at::Tensor range = cs.full.narrow(0, s.offset, s.numel);
     if (p.grad().defined()) {
-      cs.full.narrow(0, s.offset, s.numel).copy_(p.grad().reshape({-1}));
+      range.copy_(p.grad().reshape({-1}));
       p.mutable_grad().reset();
+    } else {
+      range.zero_();
     }
   }
   if (!reducing_) return;
@@ -172,6 +182,12 @@ void ZeroStrategy::launch(int64_t chunk) {
   const int stage = store_.stage();
   at::Tensor whole = stage >= 2 ? cs.full : store_.full_grads()[static_cast<size_t>(chunk)];
   if (!whole.defined()) whole = cs.full = at::zeros_like(store_.params()[static_cast<size_t>(chunk)]);   // no gradient reached it
+  if (stage >= 2)   // tensors whose gradient never came this backward: zeros, not what the buffer held
+    for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(chunk)])
+      if (store_.tensor_state(i) != TensorState::ready_for_reduce) {
+        const auto& t = store_.layout().slots[static_cast<size_t>(i)];
+        whole.narrow(0, t.offset, t.numel).zero_();
+      }
   // Average as a sum of pre-scaled parts: the scaling runs here, overlapped with backward.
   if (group_.size() > 1) whole.mul_(1.0 / static_cast<double>(group_.size()));
   const std::string what = "gradient chunk " + std::to_string(chunk);
