@@ -1,0 +1,115 @@
+// Where the parameters are whole under ZeRO 1-3: see zero_strategy.h. ZeRO-3 gathers a block's chunks
+// around its forward and its backward (the next block's prefetched) and releases them; at every stage
+// from 1, the all-gather of updated parameters after a step is waited for where each chunk is first read.
+#include <ATen/ATen.h>
+#include <algorithm>
+
+#include "src/memory/zero_strategy.h"
+
+namespace colossal::memory {
+
+void ZeroStrategy::fetch(int64_t c) {
+  const auto k = static_cast<size_t>(c);
+  if (store_.present(c) || fetching_[k]) return;
+  fetching_[k] = true;
+  fetches_[k] = group_.all_gather_async(store_.materialize(c), store_.param_shard(c), "gathering parameter chunk " + std::to_string(c));
+}
+
+void ZeroStrategy::ensure(int64_t c) {
+  const auto k = static_cast<size_t>(c);
+  if (!fetching_[k] && store_.present(c)) return;
+  fetch(c);
+  group_.wait(fetches_[k]);
+  fetching_[k] = false;
+  store_.gathered(c);
+}
+
+bool ZeroStrategy::all_held(int64_t c) {
+  for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(c)])
+    if (store_.tensor_state(i) != TensorState::hold) return false;
+  return true;
+}
+
+void ZeroStrategy::maybe_release(int64_t c) {
+  const auto k = static_cast<size_t>(c);
+  if (!store_.releasable(c) || refs_[k] > 0 || fetching_[k] || !store_.present(c) || !all_held(c)) return;
+  if (std::find(upcoming_.begin(), upcoming_.end(), c) != upcoming_.end()) return;   // the next block needs it
+  store_.release(c);
+}
+
+void ZeroStrategy::enter_block(int64_t b, int direction) {
+  for (int64_t c : block_whole_chunks_[static_cast<size_t>(b)]) wait_published(c);
+  if (store_.stage() < 3) return;
+  for (int64_t c : block_chunks_[static_cast<size_t>(b)]) {
+    ensure(c);
+    ++refs_[static_cast<size_t>(c)];
+  }
+  for (int64_t i = 0; i < static_cast<int64_t>(store_.layout().slots.size()); ++i)
+    if (store_.block_of_slot(i) == b && store_.releasable(store_.layout().slots[static_cast<size_t>(i)].chunk))
+      transition(store_.tensor_state(i), TensorState::compute, store_.layout().slots[static_cast<size_t>(i)].name);
+  // Prefetch: the next block's chunks (the following one in forward, the preceding one in backward)
+  // are gathered while this block computes.
+  const int64_t next = b + direction;
+  upcoming_.clear();
+  if (next >= 0 && next < static_cast<int64_t>(block_chunks_.size())) {
+    upcoming_ = block_chunks_[static_cast<size_t>(next)];
+    for (int64_t c : upcoming_) fetch(c);
+  }
+}
+
+void ZeroStrategy::leave_block(int64_t b, int direction) {
+  if (store_.stage() < 3) return;
+  // After forward the tensors are held again; after backward they wait for their gradients (unless a
+  // gradient was already final and reduced).
+  for (int64_t i = 0; i < static_cast<int64_t>(store_.layout().slots.size()); ++i) {
+    if (store_.block_of_slot(i) != b || !store_.releasable(store_.layout().slots[static_cast<size_t>(i)].chunk)) continue;
+    if (store_.tensor_state(i) != TensorState::compute) continue;
+    transition(store_.tensor_state(i), direction > 0 ? TensorState::hold : TensorState::hold_after_bwd, store_.layout().slots[static_cast<size_t>(i)].name);
+  }
+  for (int64_t c : block_chunks_[static_cast<size_t>(b)]) {
+    --refs_[static_cast<size_t>(c)];
+    maybe_release(c);
+  }
+}
+
+void ZeroStrategy::gather_all() {
+  wait_published();
+  if (store_.stage() < 3) return;
+  for (int64_t c = 0; c < store_.layout().chunks(); ++c)
+    if (store_.releasable(c)) ensure(c);
+}
+
+void ZeroStrategy::settle_chunks() {
+  if (store_.stage() < 3) return;
+  // After a backward (or an eval forward): nothing is upcoming; prefetches are finished and every
+  // block chunk goes back to its shard.
+  upcoming_.clear();
+  for (int64_t c = 0; c < store_.layout().chunks(); ++c) {
+    if (!store_.releasable(c)) continue;
+    if (fetching_[static_cast<size_t>(c)]) ensure(c);
+    for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(c)]) {
+      if (store_.tensor_state(i) != TensorState::hold_after_bwd) continue;   // no gradient came (unused in this loss)
+      const std::string& name = store_.layout().slots[static_cast<size_t>(i)].name;
+      transition(store_.tensor_state(i), TensorState::ready_for_reduce, name);
+      transition(store_.tensor_state(i), TensorState::hold, name);
+    }
+    maybe_release(c);
+  }
+}
+
+void ZeroStrategy::wait_published(int64_t c) {
+  const auto k = static_cast<size_t>(c);
+  if (!publish_src_[k].defined()) return;
+  group_.wait(publishing_[k]);
+  publish_src_[k] = at::Tensor();
+}
+
+void ZeroStrategy::wait_published() {
+  for (int64_t c = 0; c < store_.layout().chunks(); ++c) wait_published(c);
+}
+
+void ZeroStrategy::before_forward() {
+  for (int64_t c : outer_chunks_) wait_published(c);
+}
+
+}  // namespace colossal::memory
