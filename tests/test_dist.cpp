@@ -325,7 +325,13 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
         zs->before_forward();   // the embeddings' chunk: its all-gather after the last update may still run
         zs->before_backward(m == micro - 1);
         auto b = batch.narrow(0, m * 8 / micro + rank * rows, rows);
-        (model.loss(b.narrow(1, 0, 16), b.narrow(1, 1, 16)) / static_cast<double>(micro)).backward();
+        at::Tensor loss = model.loss(b.narrow(1, 0, 16), b.narrow(1, 1, 16)) / static_cast<double>(micro);
+        if (stage == 3) {   // between forward and backward the blocks' chunks are released: backward gathers them again
+          int64_t released = 0;
+          for (int64_t c = 0; c < chunks; ++c) released += zs->store().releasable(c) && !zs->store().present(c);
+          EXPECT_GT(released, 0) << "micro-batch " << m;
+        }
+        loss.backward();
         zs->after_backward();
         if (world > 1 && stage < 3) {   // a chunk's reduction per micro-batch at stage 2, once a step below it
           EXPECT_EQ(g.take_counters().calls, stage == 2 || m == micro - 1 ? chunks : 0) << "stage " << stage << " micro " << m;
