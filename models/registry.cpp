@@ -8,6 +8,7 @@
 #include "models/vit/vit.h"
 #include "src/core/error.h"
 #include "src/core/text.h"
+#include "src/optim/factory.h"
 
 namespace colossal {
 namespace {
@@ -150,10 +151,6 @@ int64_t tokens_per_sample(const Recipe& r) {
   return std::min(r.train.seq_len > 0 ? r.train.seq_len : context, context);
 }
 
-int64_t optimizer_states_per_parameter(const std::string& optimizer) {
-  return optimizer == "adamw" || optimizer == "lamb" ? 2 : 1;
-}
-
 MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters, int64_t dp) {
   MemoryEstimate e;
   e.parameters = parameters;
@@ -161,7 +158,7 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters, int
   const int64_t stage = r.memory.zero;
   e.weights = stage >= 3 ? 4 * p / shards : 4 * p;
   e.gradients = stage >= 2 ? 4 * p / shards : 4 * p;
-  e.optimizer = 4 * p * static_cast<double>(optimizer_states_per_parameter(r.optim.name)) / (stage >= 1 ? shards : 1.0);
+  e.optimizer = 4 * p * static_cast<double>(optim::states_per_parameter(r.optim)) / (stage >= 1 ? shards : 1.0);
   // Activations kept for backward per layer, fp32, with fused attention (no T x T scores kept):
   // about 17 values of [B, T, C] per block (inputs of norms, qkv, attention output, MLP in/out
   // with its 4x hidden) plus the logits [B, T, V] and their gradient. T and V as the family builds

@@ -37,7 +37,5 @@ struct MemoryEstimate {
   double total() const { return weights + gradients + optimizer + activations; }
 };
 MemoryEstimate estimate_training_memory(const Recipe& recipe, int64_t parameters, int64_t dp = 1);
-// fp32 values of optimizer state per parameter: 2 for adamw and lamb, 1 for lars, lion and sgd.
-int64_t optimizer_states_per_parameter(const std::string& optimizer);
 
 }  // namespace colossal

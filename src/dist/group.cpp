@@ -162,28 +162,28 @@ void Group::check_shards(const char* op, const at::Tensor& whole, const at::Tens
                 shard.device().str() + " (internal: both contiguous, whole = ranks x shard, one dtype and device)");
 }
 
-Pending Group::all_gather_async(const at::Tensor& whole, const at::Tensor& shard, const std::string& what) {
-  check_shards("all_gather", whole, shard, what);
-  if (!backend_) {
-    whole.copy_(shard.view(whole.sizes()));
+Pending Group::shard_collective(bool gather, const at::Tensor& whole, const at::Tensor& shard, const std::string& what) {
+  const char* op = gather ? "all_gather" : "reduce_scatter";
+  check_shards(op, whole, shard, what);
+  const at::Tensor& in = gather ? shard : whole;   // what is sent (and counted)
+  const at::Tensor& out = gather ? whole : shard;
+  if (!backend_) {   // one rank: the whole is its shard
+    out.copy_(in.view(out.sizes()));
     return {};
   }
-  return launch("all_gather", what, shard, [&](Pending& p, std::vector<at::Tensor>&) {
-    at::Tensor out = whole.view({-1}), in = shard.view({-1});
-    p.state_->work = backend_->pg->_allgather_base(out, in, c10d::AllgatherOptions{});
+  return launch(op, what, in, [&](Pending& p, std::vector<at::Tensor>&) {
+    at::Tensor o = out.view({-1}), i = in.view({-1});
+    p.state_->work = gather ? backend_->pg->_allgather_base(o, i, c10d::AllgatherOptions{})
+                            : backend_->pg->_reduce_scatter_base(o, i, c10d::ReduceScatterOptions{});
   });
 }
 
+Pending Group::all_gather_async(const at::Tensor& whole, const at::Tensor& shard, const std::string& what) {
+  return shard_collective(true, whole, shard, what);
+}
+
 Pending Group::reduce_scatter_async(const at::Tensor& shard, const at::Tensor& whole, const std::string& what) {
-  check_shards("reduce_scatter", whole, shard, what);
-  if (!backend_) {
-    shard.copy_(whole.view(shard.sizes()));
-    return {};
-  }
-  return launch("reduce_scatter", what, whole, [&](Pending& p, std::vector<at::Tensor>&) {
-    at::Tensor out = shard.view({-1}), in = whole.view({-1});
-    p.state_->work = backend_->pg->_reduce_scatter_base(out, in, c10d::ReduceScatterOptions{});
-  });
+  return shard_collective(false, whole, shard, what);
 }
 
 void Group::all_gather(const at::Tensor& whole, const at::Tensor& shard, const std::string& what) {

@@ -86,6 +86,8 @@ class Group {
   // launch + wait, staging `t` through the communication device when it lives elsewhere.
   void blocking(const std::string& op, const std::string& what, at::Tensor& t, const Start& start);
   [[noreturn]] void fail(const Pending& p, const std::string& cause);
+  // All-gather (`gather`) or reduce-scatter between `whole` and this rank's `shard`.
+  Pending shard_collective(bool gather, const at::Tensor& whole, const at::Tensor& shard, const std::string& what);
   // Error unless `whole` is size() shards of `shard`'s dtype and device.
   void check_shards(const char* op, const at::Tensor& whole, const at::Tensor& shard, const std::string& what) const;
 

@@ -75,6 +75,18 @@ at::Tensor part_of(const at::Tensor& whole, size_t i, size_t parts) {
   return whole.narrow(0, static_cast<int64_t>(i) * rows, rows);
 }
 
+// The stored tensor `stored` into `dst` (part of one of our tensors, in our layout), after checking its
+// shape and that it holds floating-point values; read now and released after the copy.
+void copy_hf_part(const HfWeights& weights, const std::string& stored, const nn::HfTarget& target, at::Tensor dst) {
+  const at::Tensor t = weights.get(stored);
+  if (t.sizes() != hf_shape(dst, target))
+    throw Error("checkpoint " + weights.file_of(stored) + ": tensor \"" + stored + "\" has shape " + c10::str(t.sizes()) +
+                " but the model expects " + c10::str(c10::IntArrayRef(hf_shape(dst, target))));
+  if (!at::isFloatingType(t.scalar_type()))
+    throw Error("checkpoint " + weights.file_of(stored) + ": tensor \"" + stored + "\" holds " + c10::toString(t.scalar_type()) +
+                " values (expected floating point)");
+  dst.copy_(from_hf_layout(t, target));
+}
 
 void rotate(const std::string& dir, int64_t keep_last, const std::string& keep) {
   static const std::regex pattern("step-[0-9]+");
@@ -192,15 +204,7 @@ void load_model_state(nn::Model& model, const HfWeights& weights) {
     for (size_t i = 0; i < target.names.size(); ++i) {
       auto it = stored.find(target.names[i]);
       if (it == stored.end()) throw Error("checkpoint " + weights.describe() + ": tensor \"" + target.names[i] + "\" is missing");
-      const at::Tensor t = weights.get(it->second);   // read now, released after the copy
-      at::Tensor dst = part_of(param, i, target.names.size());
-      if (t.sizes() != hf_shape(dst, target))
-        throw Error("checkpoint " + weights.file_of(it->second) + ": tensor \"" + it->second + "\" has shape " +
-                    c10::str(t.sizes()) + " but the model expects " + c10::str(c10::IntArrayRef(hf_shape(dst, target))));
-      if (!at::isFloatingType(t.scalar_type()))
-        throw Error("checkpoint " + weights.file_of(it->second) + ": tensor \"" + it->second + "\" holds " +
-                    c10::toString(t.scalar_type()) + " values (expected floating point)");
-      dst.copy_(from_hf_layout(t, target));
+      copy_hf_part(weights, it->second, target, part_of(param, i, target.names.size()));
     }
   }
 }
@@ -281,7 +285,9 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
       for (auto& item : s.model->named_parameters())   // frozen tensors live outside the store
         if (!in_store.count(item.key()))
           for (auto& piece : hf_pieces(names.to_hf(item.key()), item.value().detach())) weights.push_back(std::move(piece));
+      const size_t first_rng = states.size();
       add_rng_state(states, store.params().front());
+      for (size_t k = first_rng; k < states.size(); ++k) state_map[states[k].name] = optim_file;
       // The index: every tensor's file, from the layout alone (each rank's share is known to all).
       for (int64_t i = 0; i < static_cast<int64_t>(store.layout().slots.size()); ++i) {
         const auto hf = names.to_hf(store.layout().slots[static_cast<size_t>(i)].name);
@@ -292,9 +298,6 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
         }
       }
       for (const auto& w : weights) weight_map[w.name] = model_file;
-      for (const char* rng : {kRngName, kCudaRngName})
-        for (const auto& st : states)
-          if (st.name == rng) state_map[rng] = optim_file;
     }
   } else if (rank == 0) {
     weights = export_model_state(*s.model);
@@ -376,18 +379,7 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
 
 void read_hf_pieces(const nn::HfTarget& target, const std::string& suffix, const HfWeights& weights, at::Tensor whole) {
   at::NoGradGuard no_grad;
-  for (size_t i = 0; i < target.names.size(); ++i) {
-    const std::string name = target.names[i] + suffix;
-    const at::Tensor t = weights.get(name);   // read now, released after the copy
-    at::Tensor dst = part_of(whole, i, target.names.size());
-    if (t.sizes() != hf_shape(dst, target))
-      throw Error("checkpoint " + weights.file_of(name) + ": \"" + name + "\" has shape " + c10::str(t.sizes()) + ", expected " +
-                  c10::str(c10::IntArrayRef(hf_shape(dst, target))));
-    if (!at::isFloatingType(t.scalar_type()))
-      throw Error("checkpoint " + weights.file_of(name) + ": \"" + name + "\" holds " + c10::toString(t.scalar_type()) +
-                  " values (expected floating point)");
-    dst.copy_(from_hf_layout(t, target));
-  }
+  for (size_t i = 0; i < target.names.size(); ++i) copy_hf_part(weights, target.names[i] + suffix, target, part_of(whole, i, target.names.size()));
 }
 
 void load_optimizer_state(nn::Model& model, memory::TrainStrategy& strategy, const std::string& dir) {

@@ -225,7 +225,7 @@ int run_loop(TrainPlan& p) {
     nlohmann::json record = {{"step", state.step}, {"loss", loss_sum}, {"lr", lr}, {"grad_norm", grad_norm},
                              {"tokens_per_s", tps}, {"step_ms", step_s * 1e3}, {"mem_mb", static_cast<double>(mem) / 1048576.0}};
     if (r.precision.dtype == "fp16") {   // the scale this step's loss used, and the overflowed steps so far
-      record["loss_scale"] = report.skipped ? p.strategy->loss_scale() / r.precision.backoff_factor : p.strategy->loss_scale();
+      record["loss_scale"] = report.loss_scale;
       record["skipped"] = report.skipped;
       record["skipped_steps"] = p.strategy->skipped_steps();
     }

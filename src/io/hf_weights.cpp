@@ -69,13 +69,14 @@ void HfWeights::add(const std::string& name, Entry entry) {
   order_.push_back(name);
 }
 
-void HfWeights::add_safetensors(const std::string& path, const std::function<void(const std::string&)>& check) {
+std::map<std::string, std::string> HfWeights::add_safetensors(const std::string& path, const std::function<void(const std::string&)>& check) {
   auto header = std::make_shared<const SafetensorsHeader>(read_safetensors_header(path));
   for (size_t i = 0; i < header->entries.size(); ++i) {
     const std::string& name = header->entries[i].name;
     if (check) check(name);
     add(name, Entry{{}, path, header, i});
   }
+  return header->metadata;
 }
 
 HfWeights HfWeights::from_file(SafetensorsFile file, const std::string& path) {
@@ -103,8 +104,7 @@ HfWeights HfWeights::open(const std::string& dir, const std::string& stem) {
     if (is_bin(path)) {
       for (auto& [name, t] : load_torch_state_dict(path)) w.add(name, Entry{std::move(t), path, nullptr, 0});
     } else {
-      w.add_safetensors(path);
-      w.metadata_ = w.tensors_.empty() ? read_safetensors_header(path).metadata : w.tensors_.begin()->second.header->metadata;
+      w.metadata_ = w.add_safetensors(path);
     }
     return w;
   }

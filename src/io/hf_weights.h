@@ -43,8 +43,9 @@ class HfWeights {
     size_t index = 0;
   };
   void add(const std::string& name, Entry entry);
-  // Every tensor of a safetensors file, read later by get(); `check` may refuse a name.
-  void add_safetensors(const std::string& path, const std::function<void(const std::string&)>& check = {});
+  // Every tensor of a safetensors file, read later by get(); `check` may refuse a name. Returns the
+  // file's metadata.
+  std::map<std::string, std::string> add_safetensors(const std::string& path, const std::function<void(const std::string&)>& check = {});
   std::map<std::string, Entry> tensors_;
   std::vector<std::string> order_;
   std::string description_;

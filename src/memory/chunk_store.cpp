@@ -70,11 +70,9 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
         throw Error("chunk store: parameter \"" + slot.name + "\" is " + c10::toString(p.scalar_type()) + " on " + p.device().str() +
                     ", the first is " + c10::toString(first.scalar_type()) + " on " + first.device().str() +
                     " (one dtype and device per model)");
-      if (mixed_) {   // this rank's part of the tensor, at full precision
-        const int64_t lo = shard_begin(c), hi = lo + shard_numel(c);
-        const int64_t a = std::max(lo, slot.offset), b = std::min(hi, slot.offset + slot.numel);
-        if (a < b) master_[k].narrow(0, a - lo, b - a).copy_(p.detach().reshape({-1}).narrow(0, a - slot.offset, b - a));
-      }
+      if (mixed_)   // this rank's part of the tensor, at full precision
+        if (const auto part = shard_part(i))
+          master_[k].narrow(0, part->in_shard, part->numel).copy_(p.detach().reshape({-1}).narrow(0, part->in_tensor, part->numel));
       auto view = params_[k].narrow(0, slot.offset, slot.numel).view(p.sizes());
       view.copy_(p);
       p.set_data(view);
@@ -94,8 +92,20 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
   }
 }
 
+void ChunkStore::set_state(int64_t slot, TensorState to) {
+  transition(states_[static_cast<size_t>(slot)], to, layout_.slots[static_cast<size_t>(slot)].name);
+}
+
+std::optional<ChunkStore::ShardPart> ChunkStore::shard_part(int64_t slot) const {
+  const auto& s = layout_.slots[static_cast<size_t>(slot)];
+  const int64_t lo = shard_begin(s.chunk), hi = lo + shard_numel(s.chunk);
+  const int64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.numel);
+  if (a >= b) return std::nullopt;
+  return ShardPart{a - s.offset, a - lo, b - a};
+}
+
 void ChunkStore::release(int64_t chunk) {
-  for (int64_t i : layout_.chunk_slots[static_cast<size_t>(chunk)]) transition(states_[static_cast<size_t>(i)], TensorState::free, layout_.slots[static_cast<size_t>(i)].name);
+  for (int64_t i : layout_.chunk_slots[static_cast<size_t>(chunk)]) set_state(i, TensorState::free);
   set_storage_bytes(params_[static_cast<size_t>(chunk)], 0);
 }
 
@@ -106,7 +116,7 @@ const at::Tensor& ChunkStore::materialize(int64_t chunk) {
 }
 
 void ChunkStore::gathered(int64_t chunk) {
-  for (int64_t i : layout_.chunk_slots[static_cast<size_t>(chunk)]) transition(states_[static_cast<size_t>(i)], TensorState::hold, layout_.slots[static_cast<size_t>(i)].name);
+  for (int64_t i : layout_.chunk_slots[static_cast<size_t>(chunk)]) set_state(i, TensorState::hold);
 }
 
 bool ChunkStore::present(int64_t chunk) const { return params_[static_cast<size_t>(chunk)].storage().nbytes() > 0; }
@@ -151,20 +161,18 @@ std::vector<optim::ParamPiece> ChunkStore::pieces(const std::vector<std::string>
   std::vector<std::vector<at::Tensor>*> states;
   for (const auto& n : state_names) states.push_back(&state(n));
   std::vector<optim::ParamPiece> out;
-  for (int64_t c = 0; c < layout_.chunks(); ++c) {
-    const int64_t lo = shard_begin(c), hi = lo + shard_numel(c);
-    for (int64_t i : layout_.chunk_slots[static_cast<size_t>(c)]) {
-      const auto& s = layout_.slots[static_cast<size_t>(i)];
-      const int64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.numel);
-      if (a >= b) continue;
-      optim::ParamPiece piece;
-      piece.param = master_[static_cast<size_t>(c)].narrow(0, a - lo, b - a);
-      piece.grad = master_grads_[static_cast<size_t>(c)].narrow(0, a - lo, b - a);
-      for (auto* st : states) piece.state.push_back((*st)[static_cast<size_t>(c)].narrow(0, a - lo, b - a));
-      piece.weight_decay = s.decay ? weight_decay : 0.0;
-      piece.tensor = i;
-      out.push_back(std::move(piece));
-    }
+  for (int64_t i = 0; i < static_cast<int64_t>(layout_.slots.size()); ++i) {
+    const auto part = shard_part(i);
+    if (!part) continue;
+    const auto& s = layout_.slots[static_cast<size_t>(i)];
+    const auto c = static_cast<size_t>(s.chunk);
+    optim::ParamPiece piece;
+    piece.param = master_[c].narrow(0, part->in_shard, part->numel);
+    piece.grad = master_grads_[c].narrow(0, part->in_shard, part->numel);
+    for (auto* st : states) piece.state.push_back((*st)[c].narrow(0, part->in_shard, part->numel));
+    piece.weight_decay = s.decay ? weight_decay : 0.0;
+    piece.tensor = i;
+    out.push_back(std::move(piece));
   }
   return out;
 }

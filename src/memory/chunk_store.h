@@ -83,7 +83,14 @@ class ChunkStore {
   // The pieces of every tensor inside this rank's shards, with `state_names` states, for the optimizer.
   std::vector<optim::ParamPiece> pieces(const std::vector<std::string>& state_names, double weight_decay);
 
-  TensorState& tensor_state(int64_t slot) { return states_[static_cast<size_t>(slot)]; }
+  TensorState tensor_state(int64_t slot) const { return states_[static_cast<size_t>(slot)]; }
+  // Moves slot's tensor to `to` through the transition table (an Error naming it when not allowed).
+  void set_state(int64_t slot, TensorState to);
+  // The part of slot's tensor inside this rank's shard of its chunk (none when it lies outside).
+  struct ShardPart {
+    int64_t in_tensor = 0, in_shard = 0, numel = 0;   // offsets into the flat tensor and the shard
+  };
+  std::optional<ShardPart> shard_part(int64_t slot) const;
   int64_t block_of_slot(int64_t slot) const { return slot_block_[static_cast<size_t>(slot)]; }
 
   // ZeRO-3. A releasable chunk keeps only this rank's shard of its parameters (param_shard) between

@@ -30,8 +30,9 @@ class TrainStrategy {
   // update, parameters made whole again, gradients zeroed. An fp16 step whose gradients overflowed
   // is skipped instead (and the loss scale backs off).
   struct StepReport {
-    double grad_norm = 0;   // before clipping
+    double grad_norm = 0;    // before clipping
     bool skipped = false;
+    double loss_scale = 1;   // what this step's loss was scaled by (fp16; 1 otherwise)
   };
   virtual StepReport optimizer_step(double lr, double max_norm) = 0;
   // The loss-scale state, for metrics and checkpoints (empty without a scaler).

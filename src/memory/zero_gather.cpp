@@ -44,9 +44,7 @@ void ZeroStrategy::enter_block(int64_t b, int direction) {
     ensure(c);
     ++refs_[static_cast<size_t>(c)];
   }
-  for (int64_t i = 0; i < static_cast<int64_t>(store_.layout().slots.size()); ++i)
-    if (store_.block_of_slot(i) == b && store_.releasable(store_.layout().slots[static_cast<size_t>(i)].chunk))
-      transition(store_.tensor_state(i), TensorState::compute, store_.layout().slots[static_cast<size_t>(i)].name);
+  for (int64_t i : block_slots_[static_cast<size_t>(b)]) store_.set_state(i, TensorState::compute);
   // Prefetch: the next block's chunks (the following one in forward, the preceding one in backward)
   // are gathered while this block computes.
   const int64_t next = b + direction;
@@ -61,11 +59,8 @@ void ZeroStrategy::leave_block(int64_t b, int direction) {
   if (store_.stage() < 3) return;
   // After forward the tensors are held again; after backward they wait for their gradients (unless a
   // gradient was already final and reduced).
-  for (int64_t i = 0; i < static_cast<int64_t>(store_.layout().slots.size()); ++i) {
-    if (store_.block_of_slot(i) != b || !store_.releasable(store_.layout().slots[static_cast<size_t>(i)].chunk)) continue;
-    if (store_.tensor_state(i) != TensorState::compute) continue;
-    transition(store_.tensor_state(i), direction > 0 ? TensorState::hold : TensorState::hold_after_bwd, store_.layout().slots[static_cast<size_t>(i)].name);
-  }
+  for (int64_t i : block_slots_[static_cast<size_t>(b)])
+    if (store_.tensor_state(i) == TensorState::compute) store_.set_state(i, direction > 0 ? TensorState::hold : TensorState::hold_after_bwd);
   for (int64_t c : block_chunks_[static_cast<size_t>(b)]) {
     --refs_[static_cast<size_t>(c)];
     maybe_release(c);
@@ -89,9 +84,8 @@ void ZeroStrategy::settle_chunks() {
     if (fetching_[static_cast<size_t>(c)]) ensure(c);
     for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(c)]) {
       if (store_.tensor_state(i) != TensorState::hold_after_bwd) continue;   // no gradient came (unused in this loss)
-      const std::string& name = store_.layout().slots[static_cast<size_t>(i)].name;
-      transition(store_.tensor_state(i), TensorState::ready_for_reduce, name);
-      transition(store_.tensor_state(i), TensorState::hold, name);
+      store_.set_state(i, TensorState::ready_for_reduce);
+      store_.set_state(i, TensorState::hold);
     }
     maybe_release(c);
   }

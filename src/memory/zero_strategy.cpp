@@ -1,4 +1,4 @@
-// ZeRO stages 0-2 over the chunk store: see zero_strategy.h.
+// ZeRO stages 0-3 over the chunk store: see zero_strategy.h (ZeRO-3's gathering: zero_gather.cpp).
 #include "src/memory/zero_strategy.h"
 
 #include <ATen/ATen.h>
@@ -94,14 +94,15 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group
     // from 1 the whole ones, all-gathered after each update, are waited for only when first read (a
     // block's before its forward, the embeddings' and head's at before_forward), so the gather overlaps
     // the start of the next forward.
-    auto* model = dynamic_cast<nn::Model*>(&module);
-    const size_t blocks = model ? model->blocks().size() : 0;
-    block_chunks_.resize(blocks);
-    block_whole_chunks_.resize(blocks);
+    int64_t blocks = 0;   // the store knows each tensor's block (none without a model with blocks)
+    for (int64_t i = 0; i < static_cast<int64_t>(layout.slots.size()); ++i) blocks = std::max(blocks, store_.block_of_slot(i) + 1);
+    block_chunks_.resize(static_cast<size_t>(blocks));
+    block_whole_chunks_.resize(static_cast<size_t>(blocks));
+    block_slots_.resize(static_cast<size_t>(blocks));
     for (int64_t i = 0; i < static_cast<int64_t>(layout.slots.size()); ++i) {
       const int64_t b = store_.block_of_slot(i), c = layout.slots[static_cast<size_t>(i)].chunk;
+      if (b >= 0 && store_.releasable(c)) block_slots_[static_cast<size_t>(b)].push_back(i);
       auto& list = b < 0 ? outer_chunks_ : (store_.releasable(c) ? block_chunks_ : block_whole_chunks_)[static_cast<size_t>(b)];
-      if (b < 0 && store_.releasable(c)) continue;   // cannot happen: releasable chunks hold block tensors only
       if (std::find(list.begin(), list.end(), c) == list.end()) list.push_back(c);
     }
     refs_.assign(chunks, 0);
@@ -172,7 +173,7 @@ void ZeroStrategy::ready(int64_t slot) {
     }
   }
   if (!reducing_) return;
-  transition(store_.tensor_state(slot), TensorState::ready_for_reduce, s.name);
+  store_.set_state(slot, TensorState::ready_for_reduce);
   if (--cs.waiting == 0 && !cs.launched) launch(s.chunk);
 }
 
@@ -198,7 +199,11 @@ void ZeroStrategy::launch(int64_t chunk) {
     cs.pending = group_.reduce_scatter_async(cs.reduced, whole, what);
   }
   in_flight_.push_back(chunk);
-  while (stage >= 2 && in_flight_.size() > kStage2InFlight) {
+  if (stage >= 2) complete_until(kStage2InFlight);
+}
+
+void ZeroStrategy::complete_until(size_t in_flight) {
+  while (in_flight_.size() > in_flight) {
     complete(in_flight_.front());
     in_flight_.pop_front();
   }
@@ -213,8 +218,7 @@ void ZeroStrategy::complete(int64_t chunk) {
   cs.reduced = at::Tensor();
   cs.full = at::Tensor();
   for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(chunk)])
-    if (store_.tensor_state(i) == TensorState::ready_for_reduce)
-      transition(store_.tensor_state(i), TensorState::hold, store_.layout().slots[static_cast<size_t>(i)].name);
+    if (store_.tensor_state(i) == TensorState::ready_for_reduce) store_.set_state(i, TensorState::hold);
   if (store_.stage() == 3) maybe_release(chunk);   // its gradients are reduced: its parameters can go
 }
 
@@ -223,18 +227,16 @@ void ZeroStrategy::after_backward() {
   reducing_ = false;
   for (int64_t c = 0; c < static_cast<int64_t>(sync_.size()); ++c)
     if (!sync_[static_cast<size_t>(c)].launched) launch(c);   // chunks some of whose tensors got no gradient
-  while (!in_flight_.empty()) {
-    complete(in_flight_.front());
-    in_flight_.pop_front();
-  }
+  complete_until(0);
   if (store_.stage() == 3) settle_chunks();
 }
 
 at::Tensor ZeroStrategy::scale_loss(const at::Tensor& loss) { return scaler_ ? loss * scaler_->scale() : loss; }
 
 TrainStrategy::StepReport ZeroStrategy::optimizer_step(double lr, double max_norm) {
-  store_.collect_grads(scaler_ ? 1.0 / scaler_->scale() : 1.0);
   StepReport r;
+  r.loss_scale = loss_scale();   // the scale this step's loss was multiplied by, before the scaler updates it
+  store_.collect_grads(1.0 / r.loss_scale);
   r.grad_norm = clip_grad_norm(max_norm);
   // A non-finite norm means some gradient overflowed fp16's range: every rank sees the same norm (it
   // is reduced across shards), so every rank skips the same step.
@@ -252,12 +254,9 @@ void ZeroStrategy::load_scaler_state(const std::map<std::string, std::string>& s
 
 double ZeroStrategy::clip_grad_norm(double max_norm) {
   at::NoGradGuard no_grad;
-  double local = 0;
-  for (const auto& g : store_.master_grads()) {
-    const double n = g.norm().item<double>();
-    local += n * n;
-  }
-  at::Tensor sq = at::tensor({local}, at::kDouble);
+  std::vector<at::Tensor> norms;   // one per chunk on its device, brought to the host in one transfer
+  for (const auto& g : store_.master_grads()) norms.push_back(at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kDouble));
+  at::Tensor sq = at::stack(norms).pow(2).sum().cpu().reshape({1});
   if (store_.stage() > 0) group_.all_reduce(sq, dist::Reduce::sum, "gradient norm");   // shards: sum over ranks
   const double norm = std::sqrt(sq.item<double>());
   if (max_norm > 0 && norm > max_norm && std::isfinite(norm)) {
@@ -328,13 +327,11 @@ void ZeroStrategy::for_each_owned(const OwnedFn& fn) {
 }
 
 void ZeroStrategy::load_state(int64_t slot, size_t k, const at::Tensor& full) {
-  const auto& s = store_.layout().slots[static_cast<size_t>(slot)];
-  const int64_t lo = store_.shard_begin(s.chunk), hi = lo + store_.shard_numel(s.chunk);
-  const int64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.numel);
-  if (a >= b) return;
-  at::Tensor& shard = store_.state(optimizer_->state_names()[k])[static_cast<size_t>(s.chunk)];
+  const auto part = store_.shard_part(slot);
+  if (!part) return;
+  at::Tensor& shard = store_.state(optimizer_->state_names()[k])[static_cast<size_t>(store_.layout().slots[static_cast<size_t>(slot)].chunk)];
   at::NoGradGuard no_grad;
-  shard.narrow(0, a - lo, b - a).copy_(full.reshape({-1}).narrow(0, a - s.offset, b - a));
+  shard.narrow(0, part->in_shard, part->numel).copy_(full.reshape({-1}).narrow(0, part->in_tensor, part->numel));
 }
 
 }  // namespace colossal::memory

@@ -85,6 +85,7 @@ class ZeroStrategy : public TrainStrategy {
   void ready(int64_t slot);
   void launch(int64_t chunk);
   void complete(int64_t chunk);
+  void complete_until(size_t in_flight);   // the oldest reductions, until at most `in_flight` remain
   class GatherHook;
   void enter_block(int64_t block, int direction);
   void leave_block(int64_t block, int direction);
@@ -106,6 +107,7 @@ class ZeroStrategy : public TrainStrategy {
   // ZeRO-3
   std::vector<std::vector<int64_t>> block_chunks_;   // releasable chunks each block uses
   std::vector<std::vector<int64_t>> block_whole_chunks_;   // and the whole ones
+  std::vector<std::vector<int64_t>> block_slots_;          // each block's tensors in releasable chunks
   std::vector<int64_t> outer_chunks_;                 // whole chunks holding tensors outside the blocks
   std::vector<dist::Pending> publishing_;            // all-gathers of updated parameters, by chunk
   std::vector<at::Tensor> publish_src_;              // what each sends (defined while it runs)

@@ -19,4 +19,8 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& c) {
   throw Error("optimizer \"" + c.name + "\" is not one of adamw, lamb, lars, lion, sgd (internal: the recipe checks the name)");
 }
 
+int64_t states_per_parameter(const OptimConfig& config) {
+  return static_cast<int64_t>(make_optimizer(config)->state_names().size());
+}
+
 }  // namespace colossal::optim

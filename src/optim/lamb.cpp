@@ -22,13 +22,11 @@ void Lamb::step(std::vector<ParamPiece>& pieces, const StepContext& ctx) {
     if (p.weight_decay != 0) u.add_(p.param, p.weight_decay);
     r.push_back(u);
   }
-  std::vector<ParamPiece> updates = pieces;   // the same tensors, with r as the gradient slot
-  for (size_t i = 0; i < r.size(); ++i) updates[i].grad = r[i];
-  const at::Tensor w2 = squared_norms(pieces, ctx, [](const ParamPiece& p) { return p.param; });
-  const at::Tensor r2 = squared_norms(updates, ctx, [](const ParamPiece& p) { return p.grad; });
+  const at::Tensor sq = squared_norms(pieces, ctx, {[&](size_t i) { return pieces[i].param; }, [&](size_t i) { return r[i]; }});
+  const double *w2 = sq[0].data_ptr<double>(), *r2 = sq[1].data_ptr<double>();
   for (size_t i = 0; i < pieces.size(); ++i) {
     const int64_t t = pieces[i].tensor;
-    const double wn = std::sqrt(w2.data_ptr<double>()[t]), rn = std::sqrt(r2.data_ptr<double>()[t]);
+    const double wn = std::sqrt(w2[t]), rn = std::sqrt(r2[t]);
     const bool adapt = pieces[i].weight_decay != 0;
     const double phi = adapt && wn > 0 && rn > 0 ? wn / rn : 1.0;
     pieces[i].param.add_(r[i], -ctx.lr * phi);

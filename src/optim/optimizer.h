@@ -27,9 +27,10 @@ struct StepContext {
   std::function<void(at::Tensor&)> sum_across_shards = [](at::Tensor&) {};
 };
 
-// Squared L2 norms of `of(piece)` summed per tensor over all shards: a [ctx.tensors] double CPU tensor.
-at::Tensor squared_norms(const std::vector<ParamPiece>& pieces, const StepContext& ctx,
-                         const std::function<at::Tensor(const ParamPiece&)>& of);
+// Per tensor, over all shards, the squared L2 norm of each quantity `of[k](i)` (piece i's part of it):
+// a [of.size(), ctx.tensors] double CPU tensor, from one transfer and one sum across shards.
+using PieceValue = std::function<at::Tensor(size_t piece)>;
+at::Tensor squared_norms(const std::vector<ParamPiece>& pieces, const StepContext& ctx, const std::vector<PieceValue>& of);
 
 class Optimizer {
  public:
