@@ -114,7 +114,9 @@ const Family& family_of(const Recipe& recipe) {
 }  // namespace
 
 std::shared_ptr<nn::Model> build_model(const ModelConfig& config, nn::LayerFactory& factory) {
-  return family_of(config).build(config, factory);
+  auto model = family_of(config).build(config, factory);
+  if (factory.storage() == nn::ParamStorage::allocated) model->init_weights();
+  return model;
 }
 
 void check_model_recipe(const Recipe& recipe) {
@@ -128,7 +130,7 @@ void check_model_recipe(const Recipe& recipe) {
 
 std::shared_ptr<nn::Model> build_model(const Recipe& recipe, nn::LayerFactory& factory) {
   check_model_recipe(recipe);
-  return family_of(recipe).build(recipe.model, factory);
+  return build_model(recipe.model, factory);
 }
 
 std::string model_task(const ModelConfig& config) { return family_of(config).task(config); }

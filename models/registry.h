@@ -13,6 +13,8 @@
 
 namespace colossal {
 
+// The model the config describes, its parameters from `factory`: initialised from the default
+// generator (Model::init_weights) when allocated, shapes only when deferred (the chunk store fills them).
 std::shared_ptr<nn::Model> build_model(const Recipe& recipe, nn::LayerFactory& factory);
 // The recipe's [model] section is one its family can build: RecipeError at the offending key if not.
 void check_model_recipe(const Recipe& recipe);

@@ -3,10 +3,18 @@
 // block does not fit, e.g. after GPT-2's position table), and the tensor-state transition table.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <map>
 #include <set>
 
+#include <ATen/ATen.h>
+
+#include "models/bert/bert.h"
+#include "models/gpt/gpt.h"
 #include "src/memory/chunk_layout.h"
+#include "src/memory/chunk_store.h"
 #include "src/memory/tensor_state.h"
+#include "src/nn/block.h"
 #include "tests/support/test_support.h"
 
 using namespace colossal;
@@ -110,4 +118,82 @@ TEST(TensorState, EveryTransitionOutsideTheTableIsRejectedNamingTheTensorAndBoth
         EXPECT_EQ(state, from);   // unchanged
       }
     }
+}
+
+namespace {
+
+// A tiny GPT or BERT (BERT's rules zero the [PAD] row and the MLM bias after drawing them), its
+// parameters allocated and initialised in place, or deferred.
+std::shared_ptr<nn::Model> tiny_model(const std::string& family, nn::ParamStorage storage) {
+  nn::LayerFactory f(storage);
+  std::shared_ptr<nn::Model> m;
+  if (family == "gpt") {
+    gpt::GptConfig c;
+    c.n_layer = 3, c.n_head = 2, c.n_embd = 16, c.block_size = 12, c.vocab_size = 50;
+    m = std::make_shared<gpt::Gpt>(c, f);
+  } else {
+    bert::BertConfig c;
+    c.n_layer = 3, c.n_head = 2, c.n_embd = 16, c.intermediate = 24, c.max_positions = 12, c.vocab_size = 50, c.pad_token_id = 3;
+    m = bert::build(c, f);
+  }
+  if (storage == nn::ParamStorage::allocated) m->init_weights();
+  return m;
+}
+
+std::function<int64_t(const at::Tensor&)> blocks_of(const nn::Model& m) {
+  auto owner = std::make_shared<std::map<const void*, int64_t>>();
+  for (size_t b = 0; b < m.blocks().size(); ++b)
+    for (const auto& p : m.blocks()[b]->parameters()) (*owner)[p.unsafeGetTensorImpl()] = static_cast<int64_t>(b);
+  return [owner](const at::Tensor& p) {
+    auto it = owner->find(p.unsafeGetTensorImpl());
+    return it == owner->end() ? int64_t{-1} : it->second;
+  };
+}
+
+}  // namespace
+
+// What makes a ZeRO-3 run start from a plain run's weights without any rank building the model: a
+// deferred model has no parameter memory, and its store, filled one initial value at a time
+// (for_each_initial_value), holds on every rank, stage and precision exactly what a store built from
+// the model initialised in place holds: full chunks, ZeRO-3 shards and fp32 master shards.
+TEST(ChunkStore, ADeferredModelFilledTensorByTensorHoldsWhatTheInitialisedModelDoes) {
+  for (const std::string family : {"gpt", "bert"})
+    for (int stage = 0; stage <= 3; ++stage)
+      for (const auto compute : {std::optional<at::ScalarType>{}, std::optional<at::ScalarType>{at::kBFloat16}})
+        for (int64_t rank = 0; rank < 2; ++rank) {
+          SCOPED_TRACE(family + " stage " + std::to_string(stage) + (compute ? " bf16" : " fp32") + " rank " + std::to_string(rank));
+          at::manual_seed(11);
+          auto built = tiny_model(family, nn::ParamStorage::allocated);
+          ChunkStore want(*built, stage, 1024, 2, rank, compute, blocks_of(*built));
+
+          auto shapes = tiny_model(family, nn::ParamStorage::deferred);
+          for (const auto& p : shapes->parameters()) ASSERT_TRUE(nn::is_unallocated(p));
+          ChunkStore got(*shapes, stage, 1024, 2, rank, compute, blocks_of(*shapes));
+          std::map<std::string, int64_t> slot_of;
+          for (size_t i = 0; i < got.layout().slots.size(); ++i) slot_of[got.layout().slots[i].name] = static_cast<int64_t>(i);
+          at::manual_seed(11);
+          int64_t written = 0;
+          nn::for_each_initial_value(*shapes, [&](const std::string& name, const at::Tensor& v) {
+            got.write(slot_of.at(name), v);
+            ++written;
+          });
+          EXPECT_EQ(written, static_cast<int64_t>(slot_of.size()));
+          ASSERT_EQ(got.layout().chunks(), want.layout().chunks());
+          for (int64_t c = 0; c < got.layout().chunks(); ++c) {
+            EXPECT_EQ(got.present(c), want.present(c));
+            EXPECT_EQ(got.releasable(c), want.releasable(c));
+            EXPECT_TRUE(at::equal(got.param_shard(c), want.param_shard(c))) << "chunk " << c;
+            EXPECT_TRUE(at::equal(got.master()[static_cast<size_t>(c)], want.master()[static_cast<size_t>(c)])) << "chunk " << c;
+            if (want.present(c)) EXPECT_TRUE(at::equal(got.params()[static_cast<size_t>(c)], want.params()[static_cast<size_t>(c)]));
+          }
+          if (stage == 3) {   // some block chunks are released: the model is never whole on this rank
+            int64_t released = 0;
+            for (int64_t c = 0; c < got.layout().chunks(); ++c) released += !got.present(c);
+            EXPECT_GT(released, 0);
+          }
+          // The parameters are views of the chunks: a present one reads the initial value.
+          const auto a = built->named_parameters(), b = shapes->named_parameters();
+          for (size_t i = 0; i < a.size(); ++i)
+            if (!nn::is_unallocated(b[i].value())) EXPECT_TRUE(at::equal(a[i].value(), b[i].value())) << b[i].key();
+        }
 }

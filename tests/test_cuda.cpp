@@ -35,7 +35,9 @@ std::shared_ptr<gpt::Gpt> make_gpt(uint64_t seed) {
   c.n_layer = 2, c.n_head = 4, c.n_embd = 64, c.block_size = 48, c.vocab_size = 300, c.dropout = 0.0;
   at::manual_seed(seed);
   nn::LayerFactory f;
-  return std::make_shared<gpt::Gpt>(c, f);
+  auto m = std::make_shared<gpt::Gpt>(c, f);
+  m->init_weights();
+  return m;
 }
 
 double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {

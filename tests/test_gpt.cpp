@@ -26,7 +26,9 @@ gpt::GptConfig tiny(double dropout = 0.0) {
 std::shared_ptr<gpt::Gpt> make(const gpt::GptConfig& c, uint64_t seed = 0) {
   at::manual_seed(seed);
   nn::LayerFactory f;
-  return std::make_shared<gpt::Gpt>(c, f);
+  auto m = std::make_shared<gpt::Gpt>(c, f);
+  m->init_weights();
+  return m;
 }
 
 }  // namespace

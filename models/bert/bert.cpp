@@ -60,9 +60,8 @@ at::Tensor BertEncoder::forward(const nn::EncoderInputs& in, const nn::BlockHook
   return nn::run_blocks(blocks_, x, o, hooks);
 }
 
-void BertEncoder::zero_padding_row() {
-  at::NoGradGuard no_grad;
-  if (cfg_.pad_token_id < cfg_.vocab_size) word_embeddings->weight()[cfg_.pad_token_id].zero_();
+void bert_padding_row(const BertConfig& c, const std::string& prefix, const std::string& name, const at::Tensor& value) {
+  if (name == prefix + "word_embeddings.weight" && c.pad_token_id < c.vocab_size) value[c.pad_token_id].zero_();
 }
 
 BertForMaskedLM::BertForMaskedLM(const BertConfig& c, nn::LayerFactory& f) : cfg_(c) {
@@ -70,8 +69,7 @@ BertForMaskedLM::BertForMaskedLM(const BertConfig& c, nn::LayerFactory& f) : cfg
   blocks_ = bert->blocks();
   mlm_dense = register_module("mlm_dense", f.linear({.in = c.n_embd, .out = c.n_embd}));
   ln_mlm = register_module("ln_mlm", f.layer_norm(c.n_embd, c.layer_norm_eps));
-  mlm_bias = register_parameter("mlm_bias", at::zeros({c.vocab_size}));
-  init_weights();
+  mlm_bias = register_parameter("mlm_bias", f.parameter({c.vocab_size}));
 }
 
 at::Tensor BertForMaskedLM::mlm_logits(const at::Tensor& hidden) {
@@ -79,11 +77,10 @@ at::Tensor BertForMaskedLM::mlm_logits(const at::Tensor& hidden) {
   return at::linear(ln_mlm->forward(h), bert->token_embedding(), mlm_bias);   // [N, V]
 }
 
-void BertForMaskedLM::init_weights() {
-  nn::init_normal_weights(*this, cfg_.init_std);
-  at::NoGradGuard no_grad;
-  mlm_bias.zero_();
-  bert->zero_padding_row();
+void BertForMaskedLM::init_parameter(const std::string& name, const at::Tensor& value) const {
+  nn::init_normal(name, value, cfg_.init_std);   // drawn for every parameter, so the stream is the same
+  if (name == "mlm_bias") value.zero_();
+  bert_padding_row(cfg_, "bert.", name, value);
 }
 
 const nn::HfNameMap& BertForMaskedLM::hf_names() const {
@@ -103,7 +100,6 @@ BertForClassification::BertForClassification(const BertConfig& c, nn::LayerFacto
   blocks_ = bert->blocks();
   pooler = register_module("pooler", f.linear({.in = c.n_embd, .out = c.n_embd}));
   classifier = register_module("classifier", f.linear({.in = c.n_embd, .out = c.num_labels}));
-  init_weights();
 }
 
 at::Tensor BertForClassification::pooled(const nn::EncoderInputs& in) {
@@ -116,9 +112,9 @@ at::Tensor BertForClassification::classify(const nn::EncoderInputs& in) {
   return classifier->forward(p > 0 ? at::dropout(x, p, true) : x);   // [B, labels]
 }
 
-void BertForClassification::init_weights() {
-  nn::init_normal_weights(*this, cfg_.init_std);
-  bert->zero_padding_row();
+void BertForClassification::init_parameter(const std::string& name, const at::Tensor& value) const {
+  nn::init_normal(name, value, cfg_.init_std);
+  bert_padding_row(cfg_, "bert.", name, value);
 }
 
 const nn::HfNameMap& BertForClassification::hf_names() const {

@@ -16,6 +16,10 @@
 
 namespace colossal::bert {
 
+// HF initialises the [PAD] row of the token embedding to zeros: applied to `value` when `name` is the
+// trunk's token embedding under `prefix`.
+void bert_padding_row(const BertConfig& c, const std::string& prefix, const std::string& name, const at::Tensor& value);
+
 // The shared trunk, registered as "bert" in either head's model.
 class BertEncoder : public nn::Module {
  public:
@@ -24,7 +28,6 @@ class BertEncoder : public nn::Module {
   at::Tensor forward(const nn::EncoderInputs& in, const nn::BlockHooks* hooks = nullptr);
   const std::vector<std::shared_ptr<nn::TransformerBlock>>& blocks() const { return blocks_; }
   at::Tensor& token_embedding() { return word_embeddings->weight(); }
-  void zero_padding_row();   // HF initialises the [PAD] row of the token embedding to zeros
 
  private:
   BertConfig cfg_;
@@ -40,7 +43,7 @@ class BertForMaskedLM : public nn::MaskedLM {
   at::Tensor mlm_logits(const at::Tensor& hidden) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t context_length() const override { return cfg_.max_positions; }
-  void init_weights() override;
+  void init_parameter(const std::string& name, const at::Tensor& value) const override;
   const nn::HfNameMap& hf_names() const override;
   nlohmann::json hf_config() const override { return to_hf_config(cfg_); }
 
@@ -58,7 +61,7 @@ class BertForClassification : public nn::SequenceClassifier {
   at::Tensor classify(const nn::EncoderInputs& in) override;
   at::Tensor pooled(const nn::EncoderInputs& in);   // [B, C]: tanh(pooler(h[:, 0]))
   int64_t num_labels() const override { return cfg_.num_labels; }
-  void init_weights() override;
+  void init_parameter(const std::string& name, const at::Tensor& value) const override;
   const nn::HfNameMap& hf_names() const override;
   nlohmann::json hf_config() const override { return to_hf_config(cfg_); }
 

@@ -36,10 +36,9 @@ Bloom::Bloom(const BloomConfig& c, nn::LayerFactory& f) : cfg_(c), names_(name_m
       .pre_norm = true};
   blocks_ = nn::add_blocks(*this, spec, c.n_layer, f);
   ln_f = register_module("ln_f", f.layer_norm(e, c.layer_norm_eps));
-  init_weights();
 }
 
-void Bloom::init_weights() { nn::init_normal_weights(*this, cfg_.init_std); }
+void Bloom::init_parameter(const std::string& name, const at::Tensor& value) const { nn::init_normal(name, value, cfg_.init_std); }
 
 at::Tensor Bloom::features(const at::Tensor& ids, const nn::ForwardOptions& o) {
   (void)nn::positions_of(ids, o, cfg_.max_positions);   // refuses a sequence past the context; ALiBi needs no ids

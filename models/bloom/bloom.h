@@ -22,7 +22,7 @@ class Bloom : public nn::CausalLM {
   nn::KvCache make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const override;
   int64_t context_length() const override { return cfg_.max_positions; }
   int64_t vocab_size() const override { return cfg_.vocab_size; }
-  void init_weights() override;
+  void init_parameter(const std::string& name, const at::Tensor& value) const override;
   const nn::HfNameMap& hf_names() const override { return names_; }
   nlohmann::json hf_config() const override { return to_hf_config(cfg_); }
   const BloomConfig& config() const { return cfg_; }

@@ -23,26 +23,20 @@ Gpt::Gpt(const GptConfig& c, nn::LayerFactory& f) : cfg_(c) {
   wpe = register_module("wpe", f.embedding(c.block_size, c.n_embd));
   blocks_ = nn::add_blocks(*this, block_spec(c), c.n_layer, f);
   ln_f = register_module("ln_f", f.layer_norm(c.n_embd, c.layer_norm_eps));
-  init_weights();
 }
 
-void Gpt::init_weights() {
-  at::NoGradGuard no_grad;
+void Gpt::init_parameter(const std::string& name, const at::Tensor& p) const {
   // GPT-2's scheme: N(0, 0.02) for matrices and embeddings, residual projections scaled down by
   // sqrt(2 * n_layer) so the residual stream's variance does not grow with depth.
   const double proj_std = cfg_.init_std / std::sqrt(2.0 * cfg_.n_layer);
-  for (auto& item : named_parameters()) {
-    const std::string& name = item.key();
-    at::Tensor& p = item.value();
-    const bool is_norm = name.find("ln_") != std::string::npos;
-    if (is_norm) {
-      name.size() > 7 && name.substr(name.size() - 7) == ".weight" ? p.fill_(1.0) : p.zero_();
-    } else if (name.size() > 5 && name.substr(name.size() - 5) == ".bias") {
-      p.zero_();
-    } else {
-      const bool residual = name.find(".proj.weight") != std::string::npos;
-      p.normal_(0.0, residual ? proj_std : cfg_.init_std);
-    }
+  const bool is_norm = name.find("ln_") != std::string::npos;
+  if (is_norm) {
+    name.size() > 7 && name.substr(name.size() - 7) == ".weight" ? p.fill_(1.0) : p.zero_();
+  } else if (name.size() > 5 && name.substr(name.size() - 5) == ".bias") {
+    p.zero_();
+  } else {
+    const bool residual = name.find(".proj.weight") != std::string::npos;
+    p.normal_(0.0, residual ? proj_std : cfg_.init_std);
   }
 }
 

@@ -20,10 +20,9 @@ Opt::Opt(const OptConfig& c, nn::LayerFactory& f) : cfg_(c) {
       .pre_norm = c.pre_norm};
   blocks_ = nn::add_blocks(*this, spec, c.n_layer, f);
   if (c.pre_norm) ln_f = register_module("ln_f", f.layer_norm(e, 1e-5));
-  init_weights();
 }
 
-void Opt::init_weights() { nn::init_normal_weights(*this, cfg_.init_std); }
+void Opt::init_parameter(const std::string& name, const at::Tensor& value) const { nn::init_normal(name, value, cfg_.init_std); }
 
 at::Tensor Opt::embed(const at::Tensor& ids, const at::Tensor& positions) {
   auto x = embed_tokens->forward(ids);             // [B, T, embed_dim]

@@ -9,9 +9,9 @@ namespace colossal::vit {
 
 Vit::Vit(const VitConfig& c, nn::LayerFactory& f) : cfg_(c) {
   const int64_t e = c.n_embd;
-  patch = register_module("patch", std::make_shared<nn::PatchEmbedding>(c.channels, e, c.patch_size));
-  cls_token = register_parameter("cls_token", at::zeros({1, 1, e}));
-  position_embeddings = register_parameter("position_embeddings", at::zeros({1, c.patches() + 1, e}));
+  patch = register_module("patch", std::make_shared<nn::PatchEmbedding>(c.channels, e, c.patch_size, f));
+  cls_token = register_parameter("cls_token", f.parameter({1, 1, e}));
+  position_embeddings = register_parameter("position_embeddings", f.parameter({1, c.patches() + 1, e}));
   const nn::BlockSpec spec{
       .attn = {.width = e, .heads = c.n_head, .causal = false, .bias = true, .dropout = c.dropout, .attn_dropout = c.attn_dropout},
       .mlp = {.width = e, .hidden = c.intermediate, .act = activation_of(c), .bias = true, .dropout = c.dropout},
@@ -20,10 +20,9 @@ Vit::Vit(const VitConfig& c, nn::LayerFactory& f) : cfg_(c) {
   blocks_ = nn::add_blocks(*this, spec, c.n_layer, f);
   ln_f = register_module("ln_f", f.layer_norm(e, c.layer_norm_eps));
   classifier = register_module("classifier", f.linear({.in = e, .out = c.num_labels}));
-  init_weights();
 }
 
-void Vit::init_weights() { nn::init_normal_weights(*this, cfg_.init_std); }
+void Vit::init_parameter(const std::string& name, const at::Tensor& value) const { nn::init_normal(name, value, cfg_.init_std); }
 
 at::Tensor Vit::features(const at::Tensor& images) {
   TORCH_CHECK(images.dim() == 4 && images.size(1) == cfg_.channels && images.size(2) == cfg_.image_size &&

@@ -183,9 +183,11 @@ std::vector<NamedTensor> export_model_state(nn::Model& model) {
   return out;
 }
 
-void load_model_state(nn::Model& model, const HfWeights& weights) {
+void read_model_state(const nn::Model& model, const HfWeights& weights,
+                      const std::function<void(const std::string& name, const at::Tensor& value)>& take) {
   const auto& names = model.hf_names();
-  auto params = named_parameters_map(model);
+  std::map<std::string, at::Tensor> params;
+  for (const auto& item : model.named_parameters()) params.emplace(item.key(), item.value());
   std::map<std::string, std::string> stored;   // canonical HF name -> the name in the files
   for (const auto& name : weights.names()) {
     const auto source = names.from_hf(name);
@@ -199,14 +201,22 @@ void load_model_state(nn::Model& model, const HfWeights& weights) {
     stored[source->hf] = name;
   }
   at::NoGradGuard no_grad;
-  for (auto& [ours, param] : params) {
-    const auto target = names.to_hf(ours);
+  for (const auto& item : model.named_parameters()) {   // in the model's order, one tensor at a time
+    const auto target = names.to_hf(item.key());
+    // fp32 whatever the parameter computes in: a chunk store's master weights take it at full precision
+    const at::Tensor value = at::empty(item.value().sizes(), at::kFloat);
     for (size_t i = 0; i < target.names.size(); ++i) {
       auto it = stored.find(target.names[i]);
       if (it == stored.end()) throw Error("checkpoint " + weights.describe() + ": tensor \"" + target.names[i] + "\" is missing");
-      copy_hf_part(weights, it->second, target, part_of(param, i, target.names.size()));
+      copy_hf_part(weights, it->second, target, part_of(value, i, target.names.size()));
     }
+    take(item.key(), value);
   }
+}
+
+void load_model_state(nn::Model& model, const HfWeights& weights) {
+  auto params = named_parameters_map(model);
+  read_model_state(model, weights, [&](const std::string& name, const at::Tensor& value) { params.at(name).copy_(value); });
 }
 
 std::shared_ptr<nn::Model> load_pretrained(const std::string& dir, nn::LayerFactory& factory) {

@@ -19,6 +19,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <map>
 #include <string>
@@ -88,6 +89,11 @@ std::vector<NamedTensor> export_model_state(nn::Model& model);
 // Every parameter must be there with its shape (any floating dtype: fp16 and bf16 checkpoints are
 // converted); a tensor that is neither ours nor one HF saves redundantly is an error.
 void load_model_state(nn::Model& model, const HfWeights& weights);
+// The same reading, one parameter at a time in the model's order: each value (our layout, fp32, on
+// the CPU) is handed to `take` and dropped after, so a model whose parameters
+// are deferred (the chunk store's) loads without any process holding the whole checkpoint.
+void read_model_state(const nn::Model& model, const HfWeights& weights,
+                      const std::function<void(const std::string& name, const at::Tensor& value)>& take);
 // A model directory as transformers' save_pretrained writes it (our checkpoints are such directories):
 // the family and sizes from config.json, the weights in any format HfWeights reads.
 std::shared_ptr<nn::Model> load_pretrained(const std::string& dir, nn::LayerFactory& factory);

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <spdlog/spdlog.h>
 
 #include "src/core/device.h"
@@ -90,23 +91,15 @@ void load_data(TrainPlan& p) {
   p.task->load_data();
 }
 
-// Step 3: the model, built from the seed on every rank (so every rank holds the same initial weights),
-// placed on the device and, when starting from a directory or resuming, loaded from it: in the model's
-// own dtype, before the chunk store takes the values (mixed precision keeps them as master weights).
-void build_model_weights(TrainPlan& p, const std::string& init_ckpt, bool resuming) {
+// Step 3: the model's structure, parameters deferred: no memory until the chunk store gives it (step 4).
+void build_model_shapes(TrainPlan& p) {
   const Recipe& r = p.recipe;
   nn::set_kernel_policy({nn::parse_kernel_path(r.kernels.attention), nn::parse_kernel_path(r.kernels.gelu),
                          nn::parse_kernel_path(r.kernels.gemv), nn::parse_kernel_path(r.kernels.layer_norm),
                          nn::parse_kernel_path(r.kernels.gemm)});
-  at::manual_seed(static_cast<uint64_t>(r.train.seed));
-  nn::LayerFactory factory;   // parallel layout: tensor-parallel layers come from the factory here
+  nn::LayerFactory factory(nn::ParamStorage::deferred);   // parallel layout: tensor-parallel layers come from here
   p.model = build_model(r.model, factory);
   p.task->check_model(*p.model);
-  p.model->to(p.device);
-  if (!init_ckpt.empty()) {
-    load_model_state(*p.model, HfWeights::open(init_ckpt));
-    if (!resuming) spdlog::info("initialised from {}", init_ckpt);
-  }
   p.model->train();
 }
 
@@ -130,21 +123,35 @@ void apply_memory(TrainPlan& p) {
   if (r.precision.dtype == "fp16")
     zo.loss_scale = memory::LossScaleOptions{r.precision.initial_scale, r.precision.growth_factor, r.precision.backoff_factor,
                                              r.precision.growth_interval};
-  // Every rank starts from rank 0's values (built from the same seed they agree already; this guards
-  // against any difference in initialisation or loading), taken before the store casts them.
-  if (dp.active()) {
-    at::NoGradGuard no_grad;
-    for (auto& item : p.model->named_parameters()) {
-      at::Tensor t = item.value().detach();
-      dp.broadcast(t, 0, "initial parameters");
-    }
-  }
+  zo.device = p.device;
   p.strategy = std::make_unique<memory::ZeroStrategy>(*p.model, zo, dp, optim::make_optimizer(r.optim));
   // The block-hook chain: ZeRO-3's gather and release (recompute and the profiler will follow it).
   auto chain = std::make_shared<nn::BlockHooks>();
   if (auto hook = p.strategy->block_hook()) chain->add(hook);
   if (!chain->empty()) p.model->set_block_hooks(chain);
   if (p.dp_size > 1 || zo.stage > 0 || zo.compute) spdlog::info("{}", p.strategy->describe());
+}
+
+// Step 5: the parameters' values, streamed one tensor at a time into what each rank holds of it: from
+// the directory the run starts from or resumes, else drawn from the seed by the model's init rules.
+// Every rank computes the same values (the same seed, the same files), so nothing is broadcast and no
+// rank holds the whole model (ZeRO-3) or a second copy of it.
+void fill_parameters(TrainPlan& p, const std::string& from, bool resuming) {
+  memory::ChunkStore& store = p.strategy->store();
+  std::map<std::string, int64_t> slot_of;
+  for (int64_t i = 0; i < static_cast<int64_t>(store.layout().slots.size()); ++i) slot_of[store.layout().slots[static_cast<size_t>(i)].name] = i;
+  auto take = [&](const std::string& name, const at::Tensor& value) {
+    auto it = slot_of.find(name);
+    if (it == slot_of.end()) throw Error("parameter \"" + name + "\" is not in the chunk store (frozen parameters are not supported yet)");
+    store.write(it->second, value);
+  };
+  at::manual_seed(static_cast<uint64_t>(p.recipe.train.seed));   // the init draws, then dropout and data
+  if (from.empty()) {
+    nn::for_each_initial_value(*p.model, take);
+    return;
+  }
+  read_model_state(*p.model, HfWeights::open(from), take);
+  if (!resuming) spdlog::info("initialised from {}", from);
 }
 
 // The checkpoint a resume continues, checked against the recipe before anything is built from it.
@@ -176,7 +183,7 @@ std::string resume_checkpoint(TrainPlan& p) {
   return from;
 }
 
-// Step 5: the resumed optimizer state (states, step count, loss scale, RNG), the same on every rank.
+// Step 6: the resumed optimizer state (states, step count, loss scale, RNG), the same on every rank.
 void resume(TrainPlan& p, const std::string& from) {
   load_optimizer_state(*p.model, *p.strategy, from);   // also restores the RNG state
   nn::restore_kernel_choices(p.state.kernel_choices);
@@ -265,9 +272,12 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
   });
   load_data(*p);                                                  // 2. data
   const std::string resume_from = opt.resume ? resume_checkpoint(*p) : "";
-  build_model_weights(*p, opt.resume ? resume_from : effective.init_checkpoint, opt.resume);   // 3. model
-  apply_memory(*p);                                               // 4. memory layout, data parallelism, optimizer
-  if (opt.resume) resume(*p, resume_from);                        // 5. state
+  p->rss_before_model = current_rss_bytes();
+  build_model_shapes(*p);                                         // 3. model (shapes only)
+  apply_memory(*p);
+  fill_parameters(*p, opt.resume ? resume_from : effective.init_checkpoint, opt.resume);   // 5. weights
+  p->peak_rss_after_setup = peak_rss_bytes();
+  if (opt.resume) resume(*p, resume_from);                        // 6. state
   if (p->is_root()) create_output_dir(r.checkpoint.dir, r.where("checkpoint.dir"));   // now, not at the first save
   return p;
 }

@@ -35,6 +35,9 @@ struct TrainPlan {
   std::shared_ptr<nn::Model> model;
   std::unique_ptr<memory::TrainStrategy> strategy;   // memory layout, gradient sync and the optimizer
   TrainerState state;             // step 0, or the checkpoint's when resuming
+  // This process's resident memory just before the model was built, and its peak once the weights
+  // were in place: what building, initialising or loading the model cost this rank.
+  size_t rss_before_model = 0, peak_rss_after_setup = 0;
 
   bool is_root() const { return runtime->is_root(); }
   int64_t tokens_per_step() const {

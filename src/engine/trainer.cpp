@@ -115,6 +115,25 @@ StepAgreement agree(TrainPlan& p, double local_loss, bool local_stop) {
   return {v[0].item<double>() / static_cast<double>(p.runtime->world()), v[1].item<double>() > 0};
 }
 
+// Every rank's resident memory in MiB: before the model was built, at its peak once the weights were in
+// place, and at its peak over the run (summary.json's "rss_mb"; a collective on every rank). The
+// growth from the first to the second is what holding this rank's part of the model cost it.
+nlohmann::json rank_memory(TrainPlan& p, double peak_rss) {
+  dist::Group& world = p.runtime->world_group();
+  at::Tensor t = at::zeros({3, world.size()}, at::kDouble);
+  const int64_t me = world.rank();
+  t[0][me] = static_cast<double>(p.rss_before_model) / 1048576.0;
+  t[1][me] = static_cast<double>(p.peak_rss_after_setup) / 1048576.0;
+  t[2][me] = peak_rss / 1048576.0;
+  if (world.active()) world.all_reduce(t, dist::Reduce::sum, "memory report");
+  auto row = [&](int64_t i) {
+    std::vector<double> v(static_cast<size_t>(world.size()));
+    for (int64_t k = 0; k < world.size(); ++k) v[static_cast<size_t>(k)] = t[i][k].item<double>();
+    return v;
+  };
+  return {{"before_model", row(0)}, {"after_setup_peak", row(1)}, {"peak", row(2)}};
+}
+
 int run_loop(TrainPlan& p) {
   const Recipe& r = p.recipe;
   const TrainOptions& opt = p.options;
@@ -265,12 +284,14 @@ int run_loop(TrainPlan& p) {
   const double wall = seconds_since(start);
   const double steady_tps = static_cast<double>(counted_steps * tokens_per_step) / counted_s;
   const auto peak_rss = static_cast<double>(peak_rss_bytes()), peak_device = static_cast<double>(device_peak_allocated_bytes(p.device));
+  const nlohmann::json rank_rss = rank_memory(p, peak_rss);   // collective
   if (!root) return g_interrupted ? 130 : 0;
   nlohmann::json summary = {{"steps", state.step},
                             {"steps_this_run", steps_this_run},
                             {"tokens_per_s", steady_tps},
                             {"peak_rss_mb", peak_rss / 1048576.0},
                             {"peak_device_mb", peak_device / 1048576.0},
+                            {"rss_mb", rank_rss},
                             {"final_loss", state.train_loss},
                             {"final_eval_loss", state.eval_loss},
                             {"task", task.name()},

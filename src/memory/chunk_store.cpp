@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "src/core/error.h"
+#include "src/nn/factory.h"
 
 namespace colossal::memory {
 
@@ -32,7 +33,8 @@ void set_storage_bytes(const at::Tensor& t, size_t nbytes) {
 }  // namespace
 
 ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64_t shards, int64_t rank,
-                       std::optional<at::ScalarType> compute, const std::function<int64_t(const at::Tensor&)>& block_of)
+                       std::optional<at::ScalarType> compute, const std::function<int64_t(const at::Tensor&)>& block_of,
+                       std::optional<c10::Device> device)
     : stage_(stage), rank_(stage == 0 ? 0 : rank) {
   if (stage < 0 || stage > 3) throw Error("chunk store: ZeRO stage " + std::to_string(stage) + " (internal: 0 to 3)");
   if (stage == 3 && !block_of) throw Error("chunk store: ZeRO-3 needs the model's blocks (internal)");
@@ -41,19 +43,30 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
   layout_ = plan_chunks(specs, chunk_numel, stage == 0 ? 1 : shards);
   std::map<std::string, at::Tensor> by_name;
   for (auto& item : module.named_parameters()) by_name[item.key()] = item.value();
-  const at::Tensor first = by_name.at(specs.front().name).detach().clone();   // before set_data changes it
-  const auto master_options = first.options();
-  const auto options = master_options.dtype(compute.value_or(first.scalar_type()));
+  const at::ScalarType dtype = by_name.at(specs.front().name).scalar_type();   // read now: set_data changes it
+  const auto master_options = at::TensorOptions().dtype(dtype).device(device.value_or(by_name.at(specs.front().name).device()));
+  const auto options = master_options.dtype(compute.value_or(dtype));
   mixed_ = options.dtype() != master_options.dtype();
   at::NoGradGuard no_grad;
   releasable_.assign(static_cast<size_t>(layout_.chunks()), false);
   param_shards_.resize(static_cast<size_t>(layout_.chunks()));
-  // Chunk by chunk, so that under ZeRO-3 a chunk is cut to its shard before the next is allocated: the
-  // model's own tensors go as their chunk takes them, and the peak is the model plus one chunk.
+  // Chunk by chunk. A parameter that already has values (an allocated model) gives them to the chunk
+  // and its own memory goes; a deferred one takes its values later through write(). Under ZeRO-3 a
+  // releasable chunk's whole buffer is never written: views are cut from it, then it is released and
+  // only this rank's shard is filled, so the peak is one untouched chunk, never the model.
   for (int64_t c = 0; c < layout_.chunks(); ++c) {
     const auto k = static_cast<size_t>(c);
     const int64_t size = layout_.chunk_sizes[k];
-    params_.push_back(at::zeros({size}, options));   // padding stays zero
+    bool all_in_blocks = true;
+    for (int64_t i : layout_.chunk_slots[k]) {
+      slot_block_.push_back(block_of ? block_of(by_name.at(layout_.slots[static_cast<size_t>(i)].name)) : -1);
+      all_in_blocks &= slot_block_.back() >= 0;
+    }
+    // ZeRO-3: a chunk whose tensors all belong to blocks keeps only its shard between uses (the blocks'
+    // hooks gather it); the embeddings, final norm and head stay whole.
+    releasable_[k] = stage_ == 3 && all_in_blocks;
+    params_.push_back(releasable_[k] ? at::empty({size}, options) : at::zeros({size}, options));   // padding stays zero
+    if (releasable_[k]) param_shards_[k] = at::zeros({shard_numel(c)}, options);
     if (stage_ <= 1) full_grads_.push_back(at::zeros({size}, options));
     if (stage_ == 0) grad_shards_.push_back(full_grads_.back());
     if (stage_ == 1) grad_shards_.push_back(full_grads_.back().narrow(0, shard_begin(c), shard_numel(c)));
@@ -61,35 +74,41 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
     master_grads_.push_back(grad_shards_.back().scalar_type() == master_options.dtype().toScalarType()
                                 ? grad_shards_.back()
                                 : at::zeros({shard_numel(c)}, master_options));
-    master_.push_back(mixed_ ? at::zeros({shard_numel(c)}, master_options) : params_.back().narrow(0, shard_begin(c), shard_numel(c)));
-    bool all_in_blocks = true;
+    master_.push_back(mixed_ ? at::zeros({shard_numel(c)}, master_options) : param_shard(c));
+    std::vector<std::pair<int64_t, at::Tensor>> values;   // the allocated parameters' own values
     for (int64_t i : layout_.chunk_slots[k]) {
       const auto& slot = layout_.slots[static_cast<size_t>(i)];
       at::Tensor p = by_name.at(slot.name);
-      if (p.scalar_type() != first.scalar_type() || p.device() != first.device())
+      const bool deferred = nn::is_unallocated(p);
+      if (p.scalar_type() != dtype || (!deferred && p.device() != master_options.device()))
         throw Error("chunk store: parameter \"" + slot.name + "\" is " + c10::toString(p.scalar_type()) + " on " + p.device().str() +
-                    ", the first is " + c10::toString(first.scalar_type()) + " on " + first.device().str() +
+                    ", the chunks are " + c10::toString(dtype) + " on " + master_options.device().str() +
                     " (one dtype and device per model)");
-      if (mixed_)   // this rank's part of the tensor, at full precision
-        if (const auto part = shard_part(i))
-          master_[k].narrow(0, part->in_shard, part->numel).copy_(p.detach().reshape({-1}).narrow(0, part->in_tensor, part->numel));
-      auto view = params_[k].narrow(0, slot.offset, slot.numel).view(p.sizes());
-      view.copy_(p);
-      p.set_data(view);
+      if (!deferred) values.emplace_back(i, p.detach());   // keeps the old storage past set_data
+      p.set_data(params_[k].narrow(0, slot.offset, slot.numel).view(p.sizes()));
       if (stage_ <= 1) p.mutable_grad() = full_grads_[k].narrow(0, slot.offset, slot.numel).view(p.sizes());
-      slot_block_.push_back(block_of ? block_of(p) : -1);
-      all_in_blocks &= slot_block_.back() >= 0;
       tensors_.push_back(p);
       states_.push_back(TensorState::hold);
     }
-    // ZeRO-3: a chunk whose tensors all belong to blocks keeps only its shard between uses (the blocks'
-    // hooks gather it); the embeddings, final norm and head stay whole.
-    if (stage_ != 3 || !all_in_blocks) continue;
-    releasable_[k] = true;
-    param_shards_[k] = params_[k].narrow(0, shard_begin(c), shard_numel(c)).clone();
-    if (!mixed_) master_[k] = param_shards_[k];
-    release(c);
+    if (releasable_[k]) release(c);
+    for (const auto& [i, value] : values) write(i, value);
   }
+}
+
+void ChunkStore::write(int64_t slot, const at::Tensor& value) {
+  const auto& s = layout_.slots[static_cast<size_t>(slot)];
+  if (value.sizes() != c10::IntArrayRef(s.shape))
+    throw Error("chunk store: \"" + s.name + "\" written with shape " + c10::str(value.sizes()) + ", expected " +
+                c10::str(c10::IntArrayRef(s.shape)) + " (internal)");
+  at::NoGradGuard no_grad;
+  const auto k = static_cast<size_t>(s.chunk);
+  const at::Tensor flat = value.detach().reshape({-1});
+  if (present(s.chunk)) params_[k].narrow(0, s.offset, s.numel).copy_(flat);
+  const auto part = shard_part(slot);
+  if (!part) return;
+  const at::Tensor mine = flat.narrow(0, part->in_tensor, part->numel);
+  if (releasable_[k]) param_shards_[k].narrow(0, part->in_shard, part->numel).copy_(mine);
+  if (mixed_) master_[k].narrow(0, part->in_shard, part->numel).copy_(mine);   // at full precision
 }
 
 void ChunkStore::set_state(int64_t slot, TensorState to) {

@@ -40,13 +40,22 @@ struct ChunkBytes {       // what this rank holds, in bytes
 
 class ChunkStore {
  public:
-  // Moves `module`'s trainable parameters (their current values) into chunks of `chunk_numel` elements
-  // cut into `shards` shards, of which this rank is `rank`. Stage 0 keeps one shard = the whole chunk.
+  // Moves `module`'s trainable parameters into chunks of `chunk_numel` elements cut into `shards`
+  // shards, of which this rank is `rank`. Stage 0 keeps one shard = the whole chunk. Allocated
+  // parameters bring their current values; deferred ones (nn::ParamStorage::deferred) only their
+  // shapes, and take their values through write().
   // `compute`: the dtype the model then computes in (undefined: its own, the master's).
   // `block_of`: the block a parameter belongs to, or -1 (ZeRO-3 releases chunks of block tensors only).
+  // `device`: where the chunks live (undefined: where the parameters are; deferred ones are nowhere).
   ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64_t shards, int64_t rank,
              std::optional<at::ScalarType> compute = std::nullopt,
-             const std::function<int64_t(const at::Tensor&)>& block_of = {});
+             const std::function<int64_t(const at::Tensor&)>& block_of = {},
+             std::optional<c10::Device> device = std::nullopt);
+
+  // Slot's tensor takes `value` (its full value, any dtype and device) in whatever this rank holds of
+  // it: the whole tensor in a present chunk, its part of a ZeRO-3 shard, its part of the fp32 master.
+  // How initial and loaded values stream in one tensor at a time.
+  void write(int64_t slot, const at::Tensor& value);
 
   int stage() const { return stage_; }
   int64_t rank() const { return rank_; }

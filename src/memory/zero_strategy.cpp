@@ -79,7 +79,7 @@ class ZeroStrategy::GatherHook : public nn::BlockHook {
 
 ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group& group, std::unique_ptr<optim::Optimizer> optimizer)
     : group_(group),
-      store_(module, o.stage, o.chunk_numel, group.size(), group.rank(), o.compute, block_map(module, o.stage)),
+      store_(module, o.stage, o.chunk_numel, group.size(), group.rank(), o.compute, block_map(module, o.stage), o.device),
       optimizer_(std::move(optimizer)),
       scaler_(o.loss_scale ? std::make_unique<LossScaler>(*o.loss_scale) : nullptr),
       hooks_(std::make_unique<Hooks>()) {

@@ -33,6 +33,7 @@ struct ZeroOptions {
   double weight_decay = 0.0;                     // for tensors that take it (ChunkSlot::decay)
   std::optional<at::ScalarType> compute;         // mixed precision: the model computes in this dtype
   std::optional<LossScaleOptions> loss_scale;    // fp16: dynamic loss scaling
+  std::optional<c10::Device> device;             // where the chunks live (unset: where the parameters are)
 };
 
 class ZeroStrategy : public TrainStrategy {

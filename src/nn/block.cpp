@@ -33,17 +33,12 @@ std::vector<std::shared_ptr<TransformerBlock>> add_blocks(Module& owner, const B
   return blocks;
 }
 
-void init_normal_weights(Module& model, double std) {
-  at::NoGradGuard no_grad;
-  for (auto& item : model.named_parameters()) {
-    const std::string& name = item.key();
-    at::Tensor& p = item.value();
-    const bool is_norm = name.find("ln_") != std::string::npos;
-    const bool is_bias = name.size() > 5 && name.substr(name.size() - 5) == ".bias";
-    if (is_norm && !is_bias) p.fill_(1.0);
-    else if (is_bias) p.zero_();
-    else p.normal_(0.0, std);
-  }
+void init_normal(const std::string& name, const at::Tensor& value, double std) {
+  const bool is_norm = name.find("ln_") != std::string::npos;
+  const bool is_bias = name.size() > 5 && name.substr(name.size() - 5) == ".bias";
+  if (is_norm && !is_bias) value.fill_(1.0);
+  else if (is_bias) value.zero_();
+  else value.normal_(0.0, std);
 }
 
 }  // namespace colossal::nn

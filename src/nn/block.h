@@ -39,8 +39,9 @@ class TransformerBlock : public Module {
 // and returned in order, as run_blocks takes them.
 std::vector<std::shared_ptr<TransformerBlock>> add_blocks(Module& owner, const BlockSpec& spec, int64_t n, LayerFactory& f);
 
-// OPT's and BLOOM's initialisation, as transformers does it: N(0, std) for every matrix and
-// embedding, zero biases, unit LayerNorm scales (parameters under a module named "ln_*").
-void init_normal_weights(Module& model, double std);
+// OPT's, BLOOM's, BERT's and ViT's initialisation rule for parameter `name`, as transformers does it:
+// N(0, std) for every matrix and embedding, zero biases, unit LayerNorm scales (parameters under a
+// module named "ln_*"). Fills `value` (Model::init_parameter's contract).
+void init_normal(const std::string& name, const at::Tensor& value, double std);
 
 }  // namespace colossal::nn

@@ -2,6 +2,10 @@
 #include "src/nn/causal_lm.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <stdexcept>
+
+#include "src/nn/factory.h"
 
 #include "src/nn/linear_forward.h"
 #include "src/nn/lm_head_loss.h"
@@ -48,6 +52,24 @@ at::Tensor run_blocks(const std::vector<std::shared_ptr<TransformerBlock>>& bloc
 std::string Model::model_type() const {
   const auto config = hf_config();
   return config.contains("model_type") && config["model_type"].is_string() ? config["model_type"].get<std::string>() : "unnamed";
+}
+
+void Model::init_weights() {
+  at::NoGradGuard no_grad;
+  for (auto& item : named_parameters()) {
+    if (is_unallocated(item.value()))
+      throw std::logic_error("init_weights: parameter \"" + item.key() + "\" is deferred (the chunk store initialises it)");
+    init_parameter(item.key(), item.value());
+  }
+}
+
+void for_each_initial_value(const Model& model, const std::function<void(const std::string&, const at::Tensor&)>& take) {
+  at::NoGradGuard no_grad;
+  for (const auto& item : model.named_parameters()) {
+    const at::Tensor value = at::empty(item.value().sizes(), at::kFloat);
+    model.init_parameter(item.key(), value);
+    take(item.key(), value);
+  }
 }
 
 int64_t Model::parameter_count() const {

@@ -13,9 +13,9 @@ namespace {
 
 class DenseLinear : public Linear {
  public:
-  explicit DenseLinear(const LinearSpec& s) {
-    weight_ = register_parameter("weight", at::empty({s.out, s.in}));
-    if (s.bias) bias_ = register_parameter("bias", at::zeros({s.out}));
+  DenseLinear(const LinearSpec& s, const LayerFactory& f) {
+    weight_ = register_parameter("weight", f.parameter({s.out, s.in}));
+    if (s.bias) bias_ = register_parameter("bias", f.parameter({s.out}));
   }
   at::Tensor forward(const at::Tensor& x) override { return linear_forward(x, weight_, bias_); }
   at::Tensor& weight() override { return weight_; }
@@ -26,7 +26,7 @@ class DenseLinear : public Linear {
 
 class DenseEmbedding : public Embedding {
  public:
-  DenseEmbedding(int64_t num, int64_t dim) { weight_ = register_parameter("weight", at::empty({num, dim})); }
+  DenseEmbedding(int64_t num, int64_t dim, const LayerFactory& f) { weight_ = register_parameter("weight", f.parameter({num, dim})); }
   at::Tensor forward(const at::Tensor& ids) override { return at::embedding(weight_, ids); }
   at::Tensor& weight() override { return weight_; }
 
@@ -36,14 +36,26 @@ class DenseEmbedding : public Embedding {
 
 }  // namespace
 
-std::shared_ptr<Linear> LayerFactory::linear(const LinearSpec& spec) { return std::make_shared<DenseLinear>(spec); }
+at::Tensor unallocated_tensor(at::IntArrayRef shape) {
+  at::Tensor t = at::empty({0});
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);   // sizes only: the storage stays empty
+  return t;
+}
+
+bool is_unallocated(const at::Tensor& t) { return t.numel() > 0 && t.storage().nbytes() == 0; }
+
+at::Tensor LayerFactory::parameter(at::IntArrayRef shape) const {
+  return storage_ == ParamStorage::deferred ? unallocated_tensor(shape) : at::empty(shape);
+}
+
+std::shared_ptr<Linear> LayerFactory::linear(const LinearSpec& spec) { return std::make_shared<DenseLinear>(spec, *this); }
 
 std::shared_ptr<Embedding> LayerFactory::embedding(int64_t num, int64_t dim, Split) {
-  return std::make_shared<DenseEmbedding>(num, dim);
+  return std::make_shared<DenseEmbedding>(num, dim, *this);
 }
 
 std::shared_ptr<LayerNorm> LayerFactory::layer_norm(int64_t dim, double eps) {
-  return std::make_shared<LayerNorm>(dim, eps);
+  return std::make_shared<LayerNorm>(dim, eps, *this);
 }
 
 std::shared_ptr<Attention> LayerFactory::attention(const AttentionSpec& spec) {

@@ -60,14 +60,34 @@ class Attention;
 class Mlp;
 class LayerNorm;
 
+// Where a model's parameters get their memory. `allocated`: at construction (the values then come from
+// the model's init rules, which build_model applies, or from a load). `deferred`: shapes only, tensors
+// with no storage, for a training run whose chunk store provides every parameter's memory and streams
+// the initial or loaded values into it one tensor at a time (under ZeRO-3 no rank ever holds the whole
+// model). A deferred parameter must not be read before the store has taken it.
+enum class ParamStorage { allocated, deferred };
+
+// A tensor of `shape` whose storage holds nothing yet (what deferred parameters are made of).
+at::Tensor unallocated_tensor(at::IntArrayRef shape);
+// Whether `t` has elements but no memory behind them (a deferred parameter, or a released ZeRO-3 chunk).
+bool is_unallocated(const at::Tensor& t);
+
 class LayerFactory {
  public:
+  explicit LayerFactory(ParamStorage storage = ParamStorage::allocated) : storage_(storage) {}
   virtual ~LayerFactory() = default;
+  ParamStorage storage() const { return storage_; }
+  // A new parameter tensor of `shape` (fp32, CPU): uninitialised memory, or none when deferred.
+  at::Tensor parameter(at::IntArrayRef shape) const;
+
   virtual std::shared_ptr<Linear> linear(const LinearSpec& spec);
   virtual std::shared_ptr<Embedding> embedding(int64_t num, int64_t dim, Split split = Split::Replicated);
   virtual std::shared_ptr<LayerNorm> layer_norm(int64_t dim, double eps);
   virtual std::shared_ptr<Attention> attention(const AttentionSpec& spec);
   virtual std::shared_ptr<Mlp> mlp(const MlpSpec& spec);
+
+ private:
+  ParamStorage storage_;
 };
 
 }  // namespace colossal::nn

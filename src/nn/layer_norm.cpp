@@ -78,9 +78,9 @@ at::Tensor aten_layer_norm(const at::Tensor& x, const at::Tensor& weight, const 
   return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
 }
 
-LayerNorm::LayerNorm(int64_t dim, double eps) : dim_(dim), eps_(eps) {
-  weight = register_parameter("weight", at::ones({dim}));
-  bias = register_parameter("bias", at::zeros({dim}));
+LayerNorm::LayerNorm(int64_t dim, double eps, const LayerFactory& f) : dim_(dim), eps_(eps) {
+  weight = register_parameter("weight", f.parameter({dim}));
+  bias = register_parameter("bias", f.parameter({dim}));
 }
 
 at::Tensor LayerNorm::forward(const at::Tensor& x) {

@@ -5,13 +5,14 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include "src/nn/factory.h"
 #include "src/nn/module.h"
 
 namespace colossal::nn {
 
 class LayerNorm : public Module {
  public:
-  LayerNorm(int64_t dim, double eps);
+  LayerNorm(int64_t dim, double eps, const LayerFactory& f);   // parameters from f (values: the model's init rules)
   at::Tensor forward(const at::Tensor& x);   // [..., dim] -> [..., dim]
 
   at::Tensor weight, bias;

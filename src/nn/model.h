@@ -2,6 +2,7 @@
 // the optimizer and the trainer work on this; a task (src/tasks) reaches for the narrower interface it
 // drives (CausalLM, MaskedLM, Classifier), so the engine never names a family.
 #pragma once
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -19,7 +20,12 @@ class BlockHooks;
 
 class Model : public Module {
  public:
-  virtual void init_weights() = 0;                       // draws from LibTorch's default generator
+  // The initial value of parameter `name` (a key of named_parameters()), written into `value` (its
+  // shape, fp32), drawing from LibTorch's default generator. init_weights and for_each_initial_value
+  // call it for every parameter in named_parameters() order, so both draw the same numbers: a run whose
+  // chunk store takes the values one tensor at a time (ZeRO-3) starts from the weights a plain run does.
+  virtual void init_parameter(const std::string& name, const at::Tensor& value) const = 0;
+  void init_weights();   // every parameter in place (they must be allocated)
   virtual const HfNameMap& hf_names() const = 0;
   virtual nlohmann::json hf_config() const = 0;          // config.json as transformers writes it
 
@@ -39,6 +45,11 @@ class Model : public Module {
  private:
   std::shared_ptr<const BlockHooks> hooks_;
 };
+
+// Each parameter's initial value, in named_parameters() order, handed to `take` in a fresh fp32 CPU
+// tensor of its shape: what init_weights would write, one tensor at a time, for a model whose
+// parameters are deferred (factory.h).
+void for_each_initial_value(const Model& model, const std::function<void(const std::string& name, const at::Tensor& value)>& take);
 
 // `model` as the interface T a task or tool drives (T::kWhat says what that is); an Error naming
 // `user` and the model's type if it is not one.

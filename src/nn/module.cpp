@@ -59,12 +59,18 @@ void Module::train(bool on) {
   training_ = on;
 }
 
+namespace {
+void check_allocated(const at::Tensor& p) {   // a deferred parameter has no values to move or convert
+  if (p.numel() > 0 && p.storage().nbytes() == 0) throw std::logic_error("Module::to: a parameter has no storage yet (deferred)");
+}
+}  // namespace
+
 void Module::to(const c10::Device& device) {
-  for (auto& p : parameters()) p.set_data(p.to(device));
+  for (auto& p : parameters()) check_allocated(p), p.set_data(p.to(device));
 }
 
 void Module::to(c10::ScalarType dtype) {
-  for (auto& p : parameters()) p.set_data(p.to(dtype));
+  for (auto& p : parameters()) check_allocated(p), p.set_data(p.to(dtype));
 }
 
 }  // namespace colossal::nn

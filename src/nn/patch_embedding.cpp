@@ -5,9 +5,9 @@
 
 namespace colossal::nn {
 
-PatchEmbedding::PatchEmbedding(int64_t channels, int64_t width, int64_t patch) : patch_(patch) {
-  weight = register_parameter("weight", at::empty({width, channels, patch, patch}));
-  bias = register_parameter("bias", at::zeros({width}));
+PatchEmbedding::PatchEmbedding(int64_t channels, int64_t width, int64_t patch, const LayerFactory& f) : patch_(patch) {
+  weight = register_parameter("weight", f.parameter({width, channels, patch, patch}));
+  bias = register_parameter("bias", f.parameter({width}));
 }
 
 at::Tensor PatchEmbedding::forward(const at::Tensor& images) {

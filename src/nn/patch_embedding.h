@@ -4,13 +4,14 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include "src/nn/factory.h"
 #include "src/nn/module.h"
 
 namespace colossal::nn {
 
 class PatchEmbedding : public Module {
  public:
-  PatchEmbedding(int64_t channels, int64_t width, int64_t patch);
+  PatchEmbedding(int64_t channels, int64_t width, int64_t patch, const LayerFactory& f);
   at::Tensor forward(const at::Tensor& images);   // [B, channels, H, W] -> [B, (H/p)(W/p), C]
 
   at::Tensor weight, bias;

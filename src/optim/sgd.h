@@ -15,7 +15,10 @@ class Sgd : public Optimizer {
  public:
   explicit Sgd(const SgdOptions& options) : opt_(options) {}
   std::string name() const override { return "sgd"; }
-  std::vector<std::string> state_names() const override { return {"momentum_buffer"}; }
+  // Without momentum there is no buffer to keep (torch keeps none either): no memory, nothing saved.
+  std::vector<std::string> state_names() const override {
+    return opt_.momentum == 0 ? std::vector<std::string>{} : std::vector<std::string>{"momentum_buffer"};
+  }
   void step(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
 
  private:
