@@ -259,7 +259,7 @@ namespace {
 
 ModelConfig tiny_model() {
   ModelConfig m;
-  m.n_layer = 2;
+  m.n_layer = 4;   // enough blocks that a chunk left gathered far from the running block shows
   m.n_head = 2;
   m.n_embd = 32;   // multiples of 16: the dense layers write weight gradients straight into the buffer
   m.block_size = 16;
@@ -274,6 +274,12 @@ std::shared_ptr<nn::CausalLM> make_replica() {
   model->train();
   return model;
 }
+
+// Runs `check(block)` before each block's backward, after the hooks before it in the chain.
+struct BackwardProbe : nn::BlockHook {
+  std::function<void(int64_t)> check;
+  void before_backward(int64_t block) override { check(block); }
+};
 
 // AdamW unless another [optim] name is given (eps 1e-5 for AdamW and LAMB: see tests/test_dist_e2e.cpp).
 std::unique_ptr<memory::ZeroStrategy> zero(nn::Module& m, Group& g, int stage, int64_t chunk_numel, const std::string& optimizer) {
@@ -312,12 +318,26 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
   auto body = [&](int64_t rank, Group& g) {
     auto& model = *replicas[static_cast<size_t>(rank)];
     auto zs = zero(model, g, stage, chunk_numel, optimizer);
+    const int64_t chunks = zs->store().layout().chunks();
     if (auto hook = zs->block_hook()) {   // ZeRO-3 gathers and releases around each block
       auto chain = std::make_shared<nn::BlockHooks>();
       chain->add(hook);
+      // ZeRO-3 holds in backward only the chunks of the running block, of the one before it (being
+      // prefetched) and of the one after it (its gradients still being reduced), never the model.
+      auto probe = std::make_shared<BackwardProbe>();
+      probe->check = [&zs, chunks, rank](int64_t block) {
+        const auto& store = zs->store();
+        for (int64_t c = 0; c < chunks; ++c) {
+          if (!store.releasable(c) || !store.present(c)) continue;
+          bool near = false;
+          for (size_t i = 0; i < store.layout().slots.size(); ++i)
+            near |= store.layout().slots[i].chunk == c && std::abs(store.block_of_slot(static_cast<int64_t>(i)) - block) <= 1;
+          EXPECT_TRUE(near) << "rank " << rank << ": chunk " << c << " still gathered at block " << block << "'s backward";
+        }
+      };
+      if (stage == 3) chain->add(probe);
       model.set_block_hooks(chain);
     }
-    const int64_t chunks = zs->store().layout().chunks();
     for (int64_t step = 0; step < steps; ++step) {
       const auto& batch = batches[static_cast<size_t>(step)];
       const int64_t rows = 8 / micro / world;
@@ -401,6 +421,9 @@ TEST(Zero, StagesOneTwoAndThreeEqualPlainDataParallelWithAccumulationAndClipping
     const auto plain = train_ranks(0, world, 2, 3, 1000)[0];
     for (int stage : {1, 2, 3})
       expect_same(train_ranks(stage, world, 2, 3, 1000), plain, 1e-6, "stage " + std::to_string(stage) + " at " + std::to_string(world));
+    // Chunks about a block long, so chunks span blocks and a block's backward launches one reduction:
+    // the probe in train_ranks checks that each is released one block later, not after the window.
+    if (world == 2) expect_same(train_ranks(3, world, 2, 3, 12000), plain, 1e-6, "stage 3, block-sized chunks");
   }
 }
 

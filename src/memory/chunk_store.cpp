@@ -20,15 +20,9 @@ std::vector<ChunkTensorSpec> chunk_specs(nn::Module& module) {
 
 namespace {
 
-// A tensor's storage given `nbytes` of fresh memory from the allocator that made it, or none (0): how
-// a ZeRO-3 chunk is released and gathered again without replacing the storage object, so every view of
-// it (the model's parameters, and the views autograd saved for backward) sees the gathered values.
-void set_storage_bytes(const at::Tensor& t, size_t nbytes) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  if (nbytes == s->nbytes()) return;
-  s->set_data_ptr_noswap(nbytes == 0 ? at::DataPtr(nullptr, t.device()) : s->allocator()->allocate(nbytes));
-  s->set_nbytes(nbytes);
-}
+// Spare buffers kept per size: a block's chunks, the next block's being prefetched, and the overlap of
+// a backward's gathers with the release of the block before.
+constexpr size_t kSpareBuffers = 4;
 
 }  // namespace
 
@@ -123,14 +117,35 @@ std::optional<ChunkStore::ShardPart> ChunkStore::shard_part(int64_t slot) const 
   return ShardPart{a - s.offset, a - lo, b - a};
 }
 
+// A ZeRO-3 chunk is released and gathered again without replacing its storage object, only the memory
+// behind it, so every view of it (the model's parameters, and the views autograd saved for backward)
+// sees the gathered values. The memory goes to a few spare buffers rather than back to malloc: every
+// block's chunks are gathered and released twice a step, and returning them each time fragmented
+// glibc's heap, whose resident size then grew by several chunks a step.
 void ChunkStore::release(int64_t chunk) {
   for (int64_t i : layout_.chunk_slots[static_cast<size_t>(chunk)]) set_state(i, TensorState::free);
-  set_storage_bytes(params_[static_cast<size_t>(chunk)], 0);
+  c10::StorageImpl* s = params_[static_cast<size_t>(chunk)].storage().unsafeGetStorageImpl();
+  const size_t nbytes = s->nbytes();
+  if (nbytes == 0) return;
+  at::DataPtr memory = s->set_data_ptr(at::DataPtr(nullptr, s->device()));
+  s->set_nbytes(0);
+  auto& spare = spare_[nbytes];
+  if (spare.size() < kSpareBuffers) spare.push_back(std::move(memory));   // else freed here
 }
 
 const at::Tensor& ChunkStore::materialize(int64_t chunk) {
   const at::Tensor& whole = params_[static_cast<size_t>(chunk)];
-  set_storage_bytes(whole, whole.nbytes());
+  c10::StorageImpl* s = whole.storage().unsafeGetStorageImpl();
+  const size_t nbytes = whole.nbytes();
+  if (s->nbytes() == nbytes) return whole;
+  auto& spare = spare_[nbytes];
+  if (spare.empty()) {
+    s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  } else {
+    s->set_data_ptr_noswap(std::move(spare.back()));
+    spare.pop_back();
+  }
+  s->set_nbytes(nbytes);
   return whole;
 }
 

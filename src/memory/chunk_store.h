@@ -112,7 +112,7 @@ class ChunkStore {
   void release(int64_t chunk);
   // This rank's shard of a chunk's parameters, compute dtype: what an all-gather sends.
   at::Tensor param_shard(int64_t chunk) const;
-  ChunkBytes bytes() const;   // what this rank holds now (stage 2's in-flight gradient chunks excluded)
+  ChunkBytes bytes() const;   // what this rank holds now (stage 2's in-flight gradient chunks and spare gather buffers excluded)
 
  private:
   int stage_;
@@ -126,6 +126,7 @@ class ChunkStore {
   bool mixed_ = false;
   std::vector<at::Tensor> params_, master_, full_grads_, grad_shards_, master_grads_;
   std::map<std::string, std::vector<at::Tensor>> optimizer_states_;   // a map: references stay valid
+  std::map<size_t, std::vector<at::DataPtr>> spare_;   // released chunks' memory by size, for the next gather
 };
 
 // The trainable parameters of `module` as chunk specs, in registration (execution) order; decay for

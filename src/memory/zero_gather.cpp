@@ -40,6 +40,7 @@ void ZeroStrategy::maybe_release(int64_t c) {
 void ZeroStrategy::enter_block(int64_t b, int direction) {
   for (int64_t c : block_whole_chunks_[static_cast<size_t>(b)]) wait_published(c);
   if (store_.stage() < 3) return;
+  if (direction < 0) launched_before_block_ = launched_;
   for (int64_t c : block_chunks_[static_cast<size_t>(b)]) {
     ensure(c);
     ++refs_[static_cast<size_t>(c)];
@@ -57,6 +58,10 @@ void ZeroStrategy::enter_block(int64_t b, int direction) {
 
 void ZeroStrategy::leave_block(int64_t b, int direction) {
   if (store_.stage() < 3) return;
+  // The reductions launched before this block's backward have overlapped it: completed now, so their
+  // chunks' parameters are released one block after their last use instead of piling up behind the
+  // in-flight window (with blocks spanning chunks, that kept most of the model gathered in backward).
+  if (direction < 0) complete_until(static_cast<size_t>(std::max<int64_t>(0, launched_ - launched_before_block_)));
   // After forward the tensors are held again; after backward they wait for their gradients (unless a
   // gradient was already final and reduced).
   for (int64_t i : block_slots_[static_cast<size_t>(b)])

@@ -161,7 +161,13 @@ void ZeroStrategy::ready(int64_t slot) {
       const auto& tensors = store_.layout().chunk_slots[static_cast<size_t>(s.chunk)];
       const auto& last = store_.layout().slots[static_cast<size_t>(tensors.back())];
       const int64_t size = store_.layout().chunk_sizes[static_cast<size_t>(s.chunk)], used = last.offset + last.numel;
-      cs.full = at::empty({size}, p.options());
+      auto& spare = spare_grads_[size];   // a buffer a completed chunk left, else a new one
+      if (spare.empty()) {
+        cs.full = at::empty({size}, p.options());
+      } else {
+        cs.full = std::move(spare.back());
+        spare.pop_back();
+      }
       cs.full.narrow(0, used, size - used).zero_();
     }
     at::Tensor range = cs.full.narrow(0, s.offset, s.numel);
@@ -199,6 +205,7 @@ void ZeroStrategy::launch(int64_t chunk) {
     cs.pending = group_.reduce_scatter_async(cs.reduced, whole, what);
   }
   in_flight_.push_back(chunk);
+  ++launched_;
   if (stage >= 2) complete_until(kStage2InFlight);
 }
 
@@ -216,6 +223,10 @@ void ZeroStrategy::complete(int64_t chunk) {
   if (store_.stage() == 1) shard.copy_(cs.reduced);
   if (store_.stage() >= 2) shard.add_(cs.reduced);   // accumulates over the step's micro-batches
   cs.reduced = at::Tensor();
+  if (store_.stage() >= 2 && cs.full.defined()) {   // kept for the next chunk of its size (as ChunkStore keeps gather buffers)
+    auto& spare = spare_grads_[cs.full.numel()];
+    if (spare.size() < kStage2InFlight + 1) spare.push_back(std::move(cs.full));
+  }
   cs.full = at::Tensor();
   for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(chunk)])
     if (store_.tensor_state(i) == TensorState::ready_for_reduce) store_.set_state(i, TensorState::hold);

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -104,6 +105,9 @@ class ZeroStrategy : public TrainStrategy {
   std::vector<optim::ParamPiece> pieces_;
   std::vector<ChunkSync> sync_;
   std::deque<int64_t> in_flight_;
+  int64_t launched_ = 0;                   // reductions launched so far
+  int64_t launched_before_block_ = 0;      // launched_ when the running block's backward began
+  std::map<int64_t, std::vector<at::Tensor>> spare_grads_;   // stage 2-3: reduced chunks' gradient buffers, by size
   bool reducing_ = false;   // this backward's gradients are reduced
   // ZeRO-3
   std::vector<std::vector<int64_t>> block_chunks_;   // releasable chunks each block uses
