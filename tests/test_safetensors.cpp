@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <fstream>
+#include <functional>
 
 #include "src/core/error.h"
 #include "src/io/safetensors.h"
@@ -55,6 +56,39 @@ TEST(Safetensors, RoundTripsDtypesShapesAndMetadata) {
     EXPECT_TRUE(at::equal(out.tensors[i].tensor, in[i].tensor.contiguous())) << in[i].name;
   }
   EXPECT_EQ(out.metadata.at("step"), "7");
+}
+
+// The streaming writer behind checkpoints: the header first, then one tensor at a time in its order.
+// A tensor out of order, of another shape or dtype, or one never written is an Error, not a file whose
+// header lies about its data.
+TEST(Safetensors, TheWriterTakesTensorsOneAtATimeInItsHeadersOrderOnly) {
+  TempDir dir;
+  const std::vector<SafetensorsWriter::Entry> entries = {{"a", at::kFloat, {2, 3}}, {"b", at::kHalf, {4}}};
+  {
+    SafetensorsWriter w(dir / "ok.safetensors", entries, {{"format", "pt"}});
+    const at::Tensor a = at::randn({3, 2}).t();   // any strides
+    w.write("a", a);
+    w.write("b", at::ones({4}, at::kHalf));
+    w.finish();
+    auto f = load_safetensors(dir / "ok.safetensors");
+    EXPECT_TRUE(at::equal(f.at("a", "ok"), a.contiguous()));
+    EXPECT_EQ(f.metadata.at("format"), "pt");
+  }
+  auto fails = [&](const std::function<void(SafetensorsWriter&)>& use) {
+    SafetensorsWriter w(dir / "bad.safetensors", entries);
+    try {
+      use(w);
+      w.finish();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("bad.safetensors"), std::string::npos) << e.what();
+      return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(fails([](SafetensorsWriter& w) { w.write("b", at::ones({4}, at::kHalf)); }));          // out of order
+  EXPECT_TRUE(fails([](SafetensorsWriter& w) { w.write("a", at::ones({3, 2})); }));                  // another shape
+  EXPECT_TRUE(fails([](SafetensorsWriter& w) { w.write("a", at::ones({2, 3}, at::kDouble)); }));     // another dtype
+  EXPECT_TRUE(fails([](SafetensorsWriter& w) { w.write("a", at::ones({2, 3})); }));                  // "b" never written
 }
 
 TEST(Safetensors, DataSectionStartsEightByteAligned) {

@@ -277,52 +277,80 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
   const std::string optim_file = sharded ? shard_file("optimizer", rank, ranks) : "optimizer.safetensors";
   const auto& names = s.model->hf_names();
 
-  // This rank's tensors: the parameters it owns and their optimizer states (collective under ZeRO).
-  std::vector<NamedTensor> weights, states;
+  const std::string steps = s.strategy ? std::to_string(s.strategy->optimizer().steps()) : "0";
+  const std::string optimizer_name = s.strategy ? s.strategy->optimizer().name() : "";
+  std::map<std::string, std::string> optim_meta = {{"optimizer", optimizer_name}, {"step", steps}};
+  if (s.strategy)
+    for (const auto& [k, v] : s.strategy->scaler_state()) optim_meta[k] = v;   // fp16's loss scale
+
+  // This rank's tensors: the parameters it owns and their optimizer states (collective under ZeRO),
+  // written into its files as for_each_owned hands them over, so no rank holds its files' contents.
   nlohmann::json weight_map = nlohmann::json::object(), state_map = nlohmann::json::object();
   if (s.strategy) {
     auto& store = s.strategy->store();
+    const auto& layout = store.layout();
     const auto state_names = s.strategy->optimizer().state_names();
+    const bool writes = rank == 0 || sharded;
+    // The files' headers first, from shapes alone (meta tensors through the same HF layout), in the
+    // order for_each_owned visits the tensors; then, on rank 0, frozen tensors and the RNG state.
+    const auto dtype = store.master().front().scalar_type();
+    std::vector<SafetensorsWriter::Entry> model_entries, state_entries;
+    auto add_entries = [&](std::vector<SafetensorsWriter::Entry>& to, const nn::HfTarget& hf, const std::vector<int64_t>& shape,
+                           const std::string& suffix) {
+      for (const auto& piece : hf_pieces(hf, at::empty(shape, at::TensorOptions().dtype(dtype).device(at::kMeta)), suffix))
+        to.push_back({piece.name, dtype, piece.tensor.sizes().vec()});
+    };
     std::set<std::string> in_store;
-    for (const auto& slot : store.layout().slots) in_store.insert(slot.name);
-    s.strategy->for_each_owned([&](int64_t i, const at::Tensor& param, const std::vector<at::Tensor>& st) {
-      const auto hf = names.to_hf(store.layout().slots[static_cast<size_t>(i)].name);
-      for (auto& piece : hf_pieces(hf, param)) weights.push_back(std::move(piece));
-      for (size_t k = 0; k < st.size(); ++k)
-        for (auto& piece : hf_pieces(hf, st[k], "." + state_names[k])) states.push_back(std::move(piece));
-    });
+    for (int64_t i = 0; i < static_cast<int64_t>(layout.slots.size()); ++i) {
+      const auto& slot = layout.slots[static_cast<size_t>(i)];
+      in_store.insert(slot.name);
+      if (!writes || store.owner(i) != (sharded ? rank : 0)) continue;
+      const auto hf = names.to_hf(slot.name);
+      add_entries(model_entries, hf, slot.shape, "");
+      for (const auto& sn : state_names) add_entries(state_entries, hf, slot.shape, "." + sn);
+    }
+    std::vector<NamedTensor> extra_weights, extra_states;   // rank 0's
     if (rank == 0) {
       for (auto& item : s.model->named_parameters())   // frozen tensors live outside the store
         if (!in_store.count(item.key()))
-          for (auto& piece : hf_pieces(names.to_hf(item.key()), item.value().detach())) weights.push_back(std::move(piece));
-      const size_t first_rng = states.size();
-      add_rng_state(states, store.params().front());
-      for (size_t k = first_rng; k < states.size(); ++k) state_map[states[k].name] = optim_file;
+          for (auto& piece : hf_pieces(names.to_hf(item.key()), item.value().detach())) extra_weights.push_back(std::move(piece));
+      add_rng_state(extra_states, store.params().front());
+      for (const auto& w : extra_weights) model_entries.push_back({w.name, w.tensor.scalar_type(), w.tensor.sizes().vec()});
+      for (const auto& w : extra_states) state_entries.push_back({w.name, w.tensor.scalar_type(), w.tensor.sizes().vec()});
+      for (const auto& w : extra_weights) weight_map[w.name] = model_file;
+      for (const auto& w : extra_states) state_map[w.name] = optim_file;
       // The index: every tensor's file, from the layout alone (each rank's share is known to all).
-      for (int64_t i = 0; i < static_cast<int64_t>(store.layout().slots.size()); ++i) {
-        const auto hf = names.to_hf(store.layout().slots[static_cast<size_t>(i)].name);
+      for (int64_t i = 0; i < static_cast<int64_t>(layout.slots.size()); ++i) {
+        const auto hf = names.to_hf(layout.slots[static_cast<size_t>(i)].name);
         const std::string owner_model = shard_file("model", store.owner(i), ranks), owner_optim = shard_file("optimizer", store.owner(i), ranks);
         for (const auto& n : hf.names) {
           weight_map[n] = owner_model;
           for (const auto& sn : state_names) state_map[n + "." + sn] = owner_optim;
         }
       }
-      for (const auto& w : weights) weight_map[w.name] = model_file;
+    }
+    std::unique_ptr<SafetensorsWriter> model_out, state_out;
+    if (writes) {
+      model_out = std::make_unique<SafetensorsWriter>((tmp / model_file).string(), std::move(model_entries),
+                                                      std::map<std::string, std::string>{{"format", "pt"}});
+      state_out = std::make_unique<SafetensorsWriter>((tmp / optim_file).string(), std::move(state_entries), optim_meta);
+    }
+    s.strategy->for_each_owned([&](int64_t i, const at::Tensor& param, const std::vector<at::Tensor>& st) {
+      if (!model_out) throw Error("checkpoint: rank " + std::to_string(rank) + " owns a tensor but writes no file (internal)");
+      const auto hf = names.to_hf(layout.slots[static_cast<size_t>(i)].name);
+      for (const auto& piece : hf_pieces(hf, param)) model_out->write(piece.name, piece.tensor);
+      for (size_t k = 0; k < st.size(); ++k)
+        for (const auto& piece : hf_pieces(hf, st[k], "." + state_names[k])) state_out->write(piece.name, piece.tensor);
+    });
+    if (writes) {
+      for (const auto& w : extra_weights) model_out->write(w.name, w.tensor);
+      for (const auto& w : extra_states) state_out->write(w.name, w.tensor);
+      model_out->finish();
+      state_out->finish();
     }
   } else if (rank == 0) {
-    weights = export_model_state(*s.model);
+    save_safetensors((tmp / model_file).string(), export_model_state(*s.model), {{"format", "pt"}});
   }
-  const std::string steps = s.strategy ? std::to_string(s.strategy->optimizer().steps()) : "0";
-  const std::string optimizer_name = s.strategy ? s.strategy->optimizer().name() : "";
-  std::map<std::string, std::string> optim_meta = {{"optimizer", optimizer_name}, {"step", steps}};
-  if (s.strategy)
-    for (const auto& [k, v] : s.strategy->scaler_state()) optim_meta[k] = v;   // fp16's loss scale
-  if (rank == 0 || sharded) {
-    save_safetensors((tmp / model_file).string(), weights, {{"format", "pt"}});
-    if (s.strategy) save_safetensors((tmp / optim_file).string(), states, optim_meta);
-  }
-  weights.clear();
-  states.clear();
   barrier("every rank's files");
 
   if (rank == 0) {

@@ -36,35 +36,55 @@ const char* dtype_name(at::ScalarType t) {
 
 }  // namespace
 
-void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<Entry> entries, const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)), entries_(std::move(entries)) {
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> cpu;
-  cpu.reserve(tensors.size());
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    if (header.contains(name)) throw Error("safetensors " + path + ": duplicate tensor name \"" + name + "\"");
-    at::Tensor c = t.detach().to(at::kCPU).contiguous();
-    uint64_t bytes = c.numel() * c.element_size();
-    header[name] = {{"dtype", dtype_name(c.scalar_type())}, {"shape", c.sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
+  for (const auto& e : entries_) {
+    if (header.contains(e.name)) throw Error("safetensors " + path_ + ": duplicate tensor name \"" + e.name + "\"");
+    uint64_t bytes = c10::elementSize(e.dtype);
+    for (int64_t d : e.shape) bytes *= static_cast<uint64_t>(d);
+    header[e.name] = {{"dtype", dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    cpu.push_back(std::move(c));
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');   // keeps the data section 8-byte aligned
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw Error("cannot write " + path + ": " + std::strerror(errno));
+  out_.open(path_, std::ios::binary | std::ios::trunc);
+  if (!out_) throw Error("cannot write " + path_ + ": " + std::strerror(errno));
   uint64_t n = json.size();
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(json.data(), static_cast<std::streamsize>(json.size()));
-  for (const auto& c : cpu)
-    out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.numel() * c.element_size()));
-  out.flush();
-  if (!out) throw Error("cannot write " + path + ": " + std::strerror(errno) + " (disk full?)");
+  out_.write(reinterpret_cast<const char*>(len), 8);
+  out_.write(json.data(), static_cast<std::streamsize>(json.size()));
+}
+
+void SafetensorsWriter::write(const std::string& name, const at::Tensor& t) {
+  if (next_ >= entries_.size() || entries_[next_].name != name || entries_[next_].dtype != t.scalar_type() ||
+      t.sizes() != c10::IntArrayRef(entries_[next_].shape))
+    throw Error("safetensors " + path_ + ": tensor \"" + name + "\" (" + c10::toString(t.scalar_type()) + " " + c10::str(t.sizes()) +
+                ") is not the next one its header lists (internal)");
+  const at::Tensor c = t.detach().to(at::kCPU).contiguous();
+  out_.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.numel() * c.element_size()));
+  if (!out_) throw Error("cannot write " + path_ + ": " + std::strerror(errno) + " (disk full?)");
+  ++next_;
+}
+
+void SafetensorsWriter::finish() {
+  if (next_ != entries_.size())
+    throw Error("safetensors " + path_ + ": " + std::to_string(entries_.size() - next_) + " tensor(s) of its header never written (internal)");
+  out_.flush();
+  if (!out_) throw Error("cannot write " + path_ + ": " + std::strerror(errno) + " (disk full?)");
+  out_.close();
+}
+
+void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsWriter::Entry> entries;
+  for (const auto& [name, t] : tensors) entries.push_back({name, t.scalar_type(), t.sizes().vec()});
+  SafetensorsWriter w(path, std::move(entries), metadata);
+  for (const auto& [name, t] : tensors) w.write(name, t);
+  w.finish();
 }
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {

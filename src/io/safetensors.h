@@ -4,6 +4,7 @@
 // corrupt file is an Error naming the file, never a crash or a silently wrong tensor.
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -19,6 +20,28 @@ struct NamedTensor {
 // order. The file is written whole to `path` (callers make it atomic at the directory level).
 void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+
+// Writes a safetensors file one tensor at a time: the header (every tensor's name, dtype and shape, in
+// file order) first, then each tensor's bytes as the caller produces them, in that order. Writing a
+// checkpoint so holds one tensor beside the model, not a copy of the file's contents.
+class SafetensorsWriter {
+ public:
+  struct Entry {
+    std::string name;
+    at::ScalarType dtype;
+    std::vector<int64_t> shape;
+  };
+  SafetensorsWriter(std::string path, std::vector<Entry> entries, const std::map<std::string, std::string>& metadata = {});
+  // The next entry's values (any device and strides); Error when it is not what the header promised.
+  void write(const std::string& name, const at::Tensor& t);
+  void finish();   // Error unless every entry was written; the file is whole after it
+
+ private:
+  std::string path_;
+  std::vector<Entry> entries_;
+  size_t next_ = 0;
+  std::ofstream out_;
+};
 
 struct SafetensorsFile {
   std::vector<NamedTensor> tensors;               // in file order, CPU, contiguous
