@@ -83,14 +83,16 @@ TEST(ChunkLayout, TheSearchKeepsPaddingSmallOnTheZoosShapes) {
                                {"vit-b16", transformer(1000, 197, 768, 12, 768)},
                                {"opt-1.3b", transformer(50272, 2050, 2048, 24)}};
   for (const auto& m : zoo)
-    for (int64_t shards : {1, 2, 4, 8}) {
-      const int64_t chunk = choose_chunk_numel(m.specs, 0, shards);
-      const ChunkLayout l = plan_chunks(m.specs, chunk, shards);
-      const double waste = static_cast<double>(l.padding()) / static_cast<double>(elements(m.specs));
-      EXPECT_LT(waste, 0.02) << m.name << " at " << shards << " shards: chunk " << chunk << ", " << l.chunks() << " chunks";
-      EXPECT_GE(l.chunks(), 4) << m.name;   // fine enough to overlap communication
-      for (auto size : l.chunk_sizes) EXPECT_EQ(size % (kAlign * shards), 0);
-    }
+    for (int stage : {0, 3})
+      for (int64_t shards : {1, 2, 4, 8}) {
+        const int64_t chunk = choose_chunk_numel(m.specs, 0, shards, stage);
+        const ChunkLayout l = plan_chunks(m.specs, chunk, shards);
+        const double waste = static_cast<double>(l.padding()) / static_cast<double>(elements(m.specs));
+        EXPECT_LT(waste, 0.02) << m.name << " at " << shards << " shards, stage " << stage << ": chunk " << chunk << ", " << l.chunks() << " chunks";
+        EXPECT_GE(l.chunks(), stage == 3 ? 16 : 4) << m.name;   // fine enough to overlap communication (and, at 3, to bound memory)
+        if (stage == 3) EXPECT_LE(chunk, (elements(m.specs) / 32 + kAlign * shards)) << m.name;
+        for (auto size : l.chunk_sizes) EXPECT_EQ(size % (kAlign * shards), 0);
+      }
   // An explicit size is MiB of fp32.
   EXPECT_EQ(choose_chunk_numel(transformer(100, 10, 16, 1), 2, 1), 2 * 1024 * 1024 / 4);
 }

@@ -117,7 +117,7 @@ void apply_memory(TrainPlan& p) {
   dist::Group& dp = p.runtime->group(dist::Dim::dp);
   memory::ZeroOptions zo;
   zo.stage = static_cast<int>(r.memory.zero);
-  zo.chunk_numel = memory::choose_chunk_numel(memory::chunk_specs(*p.model), r.memory.chunk_size_mb, dp.size());
+  zo.chunk_numel = memory::choose_chunk_numel(memory::chunk_specs(*p.model), r.memory.chunk_size_mb, dp.size(), zo.stage);
   zo.weight_decay = r.optim.weight_decay;
   zo.compute = compute_dtype(r.precision);
   if (r.precision.dtype == "fp16")

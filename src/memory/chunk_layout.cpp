@@ -80,12 +80,12 @@ int64_t search_chunk_numel(const std::vector<ChunkTensorSpec>& tensors, int64_t 
   return round_up(best, kAlign * shards);
 }
 
-int64_t choose_chunk_numel(const std::vector<ChunkTensorSpec>& tensors, double chunk_mb, int64_t shards) {
+int64_t choose_chunk_numel(const std::vector<ChunkTensorSpec>& tensors, double chunk_mb, int64_t shards, int stage) {
   if (chunk_mb > 0) return std::max<int64_t>(1, static_cast<int64_t>(chunk_mb * 1024 * 1024 / 4));
   int64_t total = 0;
   for (const auto& t : tensors) total += numel_of(t.shape);
   const int64_t lo = std::clamp<int64_t>(total / 64, 64 * 1024, 64 << 20);
-  const int64_t hi = std::clamp<int64_t>(total / 8, lo, 64 << 20);
+  const int64_t hi = std::clamp<int64_t>(total / (stage == 3 ? 32 : 8), lo, 64 << 20);
   return search_chunk_numel(tensors, lo, hi, std::max<int64_t>((hi - lo) / 128, kAlign), shards);
 }
 

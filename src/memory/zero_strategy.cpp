@@ -149,6 +149,34 @@ void ZeroStrategy::before_backward(bool last) {
     s.waiting = s.params;
     s.launched = false;
   }
+  // ZeRO-3's whole chunks (the embeddings, final norm and head, and chunks mixing them with a block)
+  // collect gradients from both ends of backward (GPT-2's tied embedding: the head's first, the
+  // lookup's last), so their buffer lives through backward anyway: it is given to autograd as the
+  // tensors' .grad from the start, and every contribution is summed into it in place, rather than
+  // each arriving as a tensor of its own, summed into a third and copied into the buffer (six copies
+  // of a 50k-row embedding at the peak).
+  if (store_.stage() != 3) return;
+  at::NoGradGuard no_grad;
+  for (int64_t c = 0; c < store_.layout().chunks(); ++c) {
+    if (store_.releasable(c)) continue;
+    auto& cs = sync_[static_cast<size_t>(c)];
+    cs.full = spare_grad_buffer(store_.layout().chunk_sizes[static_cast<size_t>(c)], store_.params()[static_cast<size_t>(c)].options());
+    cs.full.zero_();
+    cs.in_place = true;
+    for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(c)]) {
+      const auto& t = store_.layout().slots[static_cast<size_t>(i)];
+      at::Tensor p = store_.param_of(i);
+      p.mutable_grad() = cs.full.narrow(0, t.offset, t.numel).view(p.sizes());
+    }
+  }
+}
+
+at::Tensor ZeroStrategy::spare_grad_buffer(int64_t numel, const at::TensorOptions& options) {
+  auto& spare = spare_grads_[numel];   // a buffer a completed chunk left, else a new one
+  if (spare.empty()) return at::empty({numel}, options);
+  at::Tensor t = std::move(spare.back());
+  spare.pop_back();
+  return t;
 }
 
 void ZeroStrategy::ready(int64_t slot) {
@@ -161,17 +189,13 @@ void ZeroStrategy::ready(int64_t slot) {
       const auto& tensors = store_.layout().chunk_slots[static_cast<size_t>(s.chunk)];
       const auto& last = store_.layout().slots[static_cast<size_t>(tensors.back())];
       const int64_t size = store_.layout().chunk_sizes[static_cast<size_t>(s.chunk)], used = last.offset + last.numel;
-      auto& spare = spare_grads_[size];   // a buffer a completed chunk left, else a new one
-      if (spare.empty()) {
-        cs.full = at::empty({size}, p.options());
-      } else {
-        cs.full = std::move(spare.back());
-        spare.pop_back();
-      }
+      cs.full = spare_grad_buffer(size, p.options());
       cs.full.narrow(0, used, size - used).zero_();
     }
     at::Tensor range = cs.full.narrow(0, s.offset, s.numel);
-    if (p.grad().defined()) {
+    if (cs.in_place) {
+      // summed in place already (before_backward)
+    } else if (p.grad().defined()) {
       range.copy_(p.grad().reshape({-1}));
       p.mutable_grad().reset();
     } else {
@@ -223,6 +247,10 @@ void ZeroStrategy::complete(int64_t chunk) {
   if (store_.stage() == 1) shard.copy_(cs.reduced);
   if (store_.stage() >= 2) shard.add_(cs.reduced);   // accumulates over the step's micro-batches
   cs.reduced = at::Tensor();
+  if (cs.in_place) {   // the tensors' .grad views go with the buffer
+    for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(chunk)]) store_.param_of(i).mutable_grad().reset();
+    cs.in_place = false;
+  }
   if (store_.stage() >= 2 && cs.full.defined()) {   // kept for the next chunk of its size (as ChunkStore keeps gather buffers)
     auto& spare = spare_grads_[cs.full.numel()];
     if (spare.size() < kStage2InFlight + 1) spare.push_back(std::move(cs.full));
