@@ -14,13 +14,16 @@ COMMAND="scripts/bench/zero_largest.sh"
 
 usage() {
   cat <<EOF
-usage: scripts/bench/zero_largest.sh [--budget-gb N] [--steps N] [--seq-len T] [--colossal BIN] [--python PY]
+usage: scripts/bench/zero_largest.sh [--budget-gb N] [--steps N] [--seq-len T] [--mmap-threshold-mb N] [--colossal BIN] [--python PY]
   --budget-gb  memory for both workers together, GiB; default 12
   --steps      optimizer steps each attempt runs (then it saves a checkpoint); default 2
   --seq-len    tokens per sequence (batch 1 per worker); default 64
+  --mmap-threshold-mb  run both modes with glibc's MALLOC_MMAP_THRESHOLD_ at N MiB: allocations that
+               large go back to the system when freed (Gloo's per-collective copies otherwise stay in
+               glibc's heaps), for memory at some speed; default: glibc's own adaptive threshold
 EOF
 }
-budget=12 steps=2 T=64
+budget=12 steps=2 T=64 mmap_mb=
 COLOSSAL=build/colossal
 PY=.venv/bin/python
 while (($#)); do
@@ -28,6 +31,7 @@ while (($#)); do
     --budget-gb) budget="${2:?}"; shift 2 ;;
     --steps) steps="${2:?}"; shift 2 ;;
     --seq-len) T="${2:?}"; shift 2 ;;
+    --mmap-threshold-mb) mmap_mb="${2:?}"; shift 2 ;;
     --colossal) COLOSSAL="${2:?}"; shift 2 ;;
     --python) PY="${2:?}"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -37,6 +41,9 @@ done
 [[ "$budget" =~ ^[1-9][0-9]*$ ]] || { echo "zero_largest: error: --budget-gb '$budget' is not a positive whole number" >&2; exit 2; }
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "zero_largest: error: --steps '$steps' is not a positive whole number" >&2; exit 2; }
 [[ "$T" =~ ^[1-9][0-9]*$ ]] || { echo "zero_largest: error: --seq-len '$T' is not a positive whole number" >&2; exit 2; }
+[ -z "$mmap_mb" ] || [[ "$mmap_mb" =~ ^[1-9][0-9]*$ ]] || { echo "zero_largest: error: --mmap-threshold-mb '$mmap_mb' is not a positive whole number" >&2; exit 2; }
+malloc_env=()
+[ -z "$mmap_mb" ] || malloc_env=("MALLOC_MMAP_THRESHOLD_=$((mmap_mb * 1024 * 1024))")
 [ -x "$COLOSSAL" ] || { echo "zero_largest: error: $COLOSSAL not found; build it with scripts/build.sh" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || { echo "zero_largest: error: the memory cgroup needs root" >&2; exit 1; }
 
@@ -83,7 +90,7 @@ attempt() {
   local status=0
   (
     echo $BASHPID >"$CG/cgroup.procs"
-    exec env OMP_NUM_THREADS=1 "$COLOSSAL" train "$recipe" --quiet --nproc-per-node 2 --set "model.n_layer=$layers" \
+    exec env OMP_NUM_THREADS=1 "${malloc_env[@]}" "$COLOSSAL" train "$recipe" --quiet --nproc-per-node 2 --set "model.n_layer=$layers" \
       --set "train.max_steps=$steps" --set "train.seq_len=$T" --set train.batch_size=1 --set train.grad_accum=1 \
       --set train.eval_every=0 --set train.eval_batches=1 --set checkpoint.every=0 --set checkpoint.keep_last=1 \
       --set "memory.zero=$zero" --set "output.dir=$out" --set "checkpoint.dir=$out/checkpoints"
@@ -120,7 +127,7 @@ largest() {
   echo "$good"
 }
 
-echo "zero_largest: budget ${budget} GiB for 2 workers (1 thread each), T=$T, batch 1, $steps steps + checkpoint" >&2
+echo "zero_largest: budget ${budget} GiB for 2 workers (1 thread each), T=$T, batch 1, $steps steps + checkpoint${mmap_mb:+, MALLOC_MMAP_THRESHOLD_ $mmap_mb MiB}" >&2
 echo "plain data parallelism (ZeRO-0):" >&2
 plain=$(largest 0)
 echo "ZeRO-3:" >&2
@@ -128,7 +135,7 @@ zero3=$(largest 3)
 ((plain > 0)) || { echo "zero_largest: error: not even 4 layers train at ZeRO-0 in ${budget} GiB" >&2; exit 1; }
 p0=$(params_of "$plain") p3=$(params_of "$zero3")
 echo
-echo "largest GPT (n_embd $C, vocabulary $V) training at dp = 2 in ${budget} GiB:"
+echo "largest GPT (n_embd $C, vocabulary $V) training at dp = 2 in ${budget} GiB${mmap_mb:+ (MALLOC_MMAP_THRESHOLD_ $mmap_mb MiB)}:"
 echo "| mode | n_layer | parameters | vs plain |"
 echo "| --- | --- | --- | --- |"
 echo "| plain data parallelism (ZeRO-0) | $plain | $(awk "BEGIN{printf \"%.0fM\", $p0/1e6}") | 1.00x |"

@@ -47,7 +47,8 @@ class TrainStrategy {
   virtual std::string describe() const = 0;   // one line for the log
 
   // Checkpoints. Every tensor this rank writes, with its full value and its full optimizer states (in
-  // optimizer().state_names() order); collective: every rank calls it.
+  // optimizer().state_names() order); collective: every rank calls it. The tensors may be views of
+  // buffers reused after the call returns: write them, do not keep them.
   using OwnedFn = std::function<void(int64_t slot, const at::Tensor& param, const std::vector<at::Tensor>& states)>;
   virtual void for_each_owned(const OwnedFn& fn) = 0;
   // This rank's part of slot's optimizer state `k`, copied from the tensor's full value.

@@ -354,10 +354,8 @@ void ZeroStrategy::for_each_owned(const OwnedFn& fn) {
     for (int64_t i : layout.chunk_slots[static_cast<size_t>(c)]) {
       if (store_.owner(i) != group_.rank()) continue;
       const auto& s = layout.slots[static_cast<size_t>(i)];
-      auto piece = [&](const at::Tensor& w) {
-        at::Tensor v = w.narrow(0, s.offset, s.numel).view(s.shape);
-        return gather ? v.clone() : v;   // a clone lets the gathered chunk go
-      };
+      // A view into the gathered chunk: the checkpoint writes it before the next chunk is gathered.
+      auto piece = [&](const at::Tensor& w) { return w.narrow(0, s.offset, s.numel).view(s.shape); };
       std::vector<at::Tensor> states;
       for (const auto& w : whole) states.push_back(piece(w));
       fn(i, master.defined() ? piece(master) : store_.param_of(i).detach(), states);
