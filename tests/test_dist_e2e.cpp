@@ -275,6 +275,9 @@ TEST(DistributedTraining, FinetuningUnderEveryStageStartsFromTheLoadedWeights) {
 // a ZeRO-3 rank's by its quarter of both plus the chunks that stay whole (the embeddings), below P.
 // Measured by each rank's resident set (summary.json "rss_mb"), not by the store's own accounting.
 TEST(DistributedTraining, UnderZeroThreeNoRankHoldsTheWholeModel) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's allocator (freed memory held in quarantine) decides resident memory here, not the engine";
+#endif
   TempDir dir;
   const std::string shape =
       " --nproc-per-node 4 --set model.n_layer=8 --set model.n_embd=512 --set model.n_head=8 --set train.batch_size=1"
