@@ -188,8 +188,12 @@ int run_attempt(const LaunchOptions& o, int64_t attempt, std::string& failure) {
       signal_all(g_signal == SIGTERM ? SIGTERM : SIGINT);
     }
     if (first_bad && !stopping) {
+      // A rank that gave up (exited with an error) may have been waiting for one frozen here; a rank
+      // killed by a signal is the cause itself (and the others may be stopped only for a moment, as
+      // LeakSanitizer stops a process's threads while it checks for leaks on the way out).
+      const bool gave_up = WIFEXITED(first_bad->status);
       for (auto& w : workers)   // the rank the others were waiting for, if it is frozen here
-        if (w.running && is_stopped(w.pid))
+        if (gave_up && w.running && is_stopped(w.pid))
           stopped_note = "rank " + std::to_string(w.rank) + " (node " + host + ", pid " + std::to_string(w.pid) +
                          ") was found stopped (SIGSTOP or a debugger) and never answered";
       stopping = true;
