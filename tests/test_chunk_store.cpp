@@ -90,7 +90,9 @@ TEST(ChunkLayout, TheSearchKeepsPaddingSmallOnTheZoosShapes) {
         const double waste = static_cast<double>(l.padding()) / static_cast<double>(elements(m.specs));
         EXPECT_LT(waste, 0.02) << m.name << " at " << shards << " shards, stage " << stage << ": chunk " << chunk << ", " << l.chunks() << " chunks";
         EXPECT_GE(l.chunks(), stage == 3 ? 16 : 4) << m.name;   // fine enough to overlap communication (and, at 3, to bound memory)
-        if (stage == 3) EXPECT_LE(chunk, (elements(m.specs) / 32 + kAlign * shards)) << m.name;
+        if (stage == 3) {
+          EXPECT_LE(chunk, (elements(m.specs) / 32 + kAlign * shards)) << m.name;
+        }
         for (auto size : l.chunk_sizes) EXPECT_EQ(size % (kAlign * shards), 0);
       }
   // An explicit size is MiB of fp32.
@@ -142,16 +144,6 @@ std::shared_ptr<nn::Model> tiny_model(const std::string& family, nn::ParamStorag
   return m;
 }
 
-std::function<int64_t(const at::Tensor&)> blocks_of(const nn::Model& m) {
-  auto owner = std::make_shared<std::map<const void*, int64_t>>();
-  for (size_t b = 0; b < m.blocks().size(); ++b)
-    for (const auto& p : m.blocks()[b]->parameters()) (*owner)[p.unsafeGetTensorImpl()] = static_cast<int64_t>(b);
-  return [owner](const at::Tensor& p) {
-    auto it = owner->find(p.unsafeGetTensorImpl());
-    return it == owner->end() ? int64_t{-1} : it->second;
-  };
-}
-
 }  // namespace
 
 // What makes a ZeRO-3 run start from a plain run's weights without any rank building the model: a
@@ -166,27 +158,27 @@ TEST(ChunkStore, ADeferredModelFilledTensorByTensorHoldsWhatTheInitialisedModelD
           SCOPED_TRACE(family + " stage " + std::to_string(stage) + (compute ? " bf16" : " fp32") + " rank " + std::to_string(rank));
           at::manual_seed(11);
           auto built = tiny_model(family, nn::ParamStorage::allocated);
-          ChunkStore want(*built, stage, 1024, 2, rank, compute, blocks_of(*built));
+          ChunkStore want(*built, stage, 1024, 2, rank, compute, parameter_blocks(*built));
 
           auto shapes = tiny_model(family, nn::ParamStorage::deferred);
           for (const auto& p : shapes->parameters()) ASSERT_TRUE(nn::is_unallocated(p));
-          ChunkStore got(*shapes, stage, 1024, 2, rank, compute, blocks_of(*shapes));
-          std::map<std::string, int64_t> slot_of;
-          for (size_t i = 0; i < got.layout().slots.size(); ++i) slot_of[got.layout().slots[i].name] = static_cast<int64_t>(i);
+          ChunkStore got(*shapes, stage, 1024, 2, rank, compute, parameter_blocks(*shapes));
           at::manual_seed(11);
           int64_t written = 0;
           nn::for_each_initial_value(*shapes, [&](const std::string& name, const at::Tensor& v) {
-            got.write(slot_of.at(name), v);
+            got.write(got.slot_of(name).value(), v);
             ++written;
           });
-          EXPECT_EQ(written, static_cast<int64_t>(slot_of.size()));
+          EXPECT_EQ(written, static_cast<int64_t>(got.layout().slots.size()));
           ASSERT_EQ(got.layout().chunks(), want.layout().chunks());
           for (int64_t c = 0; c < got.layout().chunks(); ++c) {
             EXPECT_EQ(got.present(c), want.present(c));
             EXPECT_EQ(got.releasable(c), want.releasable(c));
             EXPECT_TRUE(at::equal(got.param_shard(c), want.param_shard(c))) << "chunk " << c;
             EXPECT_TRUE(at::equal(got.master()[static_cast<size_t>(c)], want.master()[static_cast<size_t>(c)])) << "chunk " << c;
-            if (want.present(c)) EXPECT_TRUE(at::equal(got.params()[static_cast<size_t>(c)], want.params()[static_cast<size_t>(c)]));
+            if (want.present(c)) {
+              EXPECT_TRUE(at::equal(got.params()[static_cast<size_t>(c)], want.params()[static_cast<size_t>(c)]));
+            }
           }
           if (stage == 3) {   // some block chunks are released: the model is never whole on this rank
             int64_t released = 0;
@@ -196,6 +188,8 @@ TEST(ChunkStore, ADeferredModelFilledTensorByTensorHoldsWhatTheInitialisedModelD
           // The parameters are views of the chunks: a present one reads the initial value.
           const auto a = built->named_parameters(), b = shapes->named_parameters();
           for (size_t i = 0; i < a.size(); ++i)
-            if (!nn::is_unallocated(b[i].value())) EXPECT_TRUE(at::equal(a[i].value(), b[i].value())) << b[i].key();
+            if (!nn::is_unallocated(b[i].value())) {
+              EXPECT_TRUE(at::equal(a[i].value(), b[i].value())) << b[i].key();
+            }
         }
 }

@@ -60,8 +60,8 @@ at::Tensor BertEncoder::forward(const nn::EncoderInputs& in, const nn::BlockHook
   return nn::run_blocks(blocks_, x, o, hooks);
 }
 
-void bert_padding_row(const BertConfig& c, const std::string& prefix, const std::string& name, const at::Tensor& value) {
-  if (name == prefix + "word_embeddings.weight" && c.pad_token_id < c.vocab_size) value[c.pad_token_id].zero_();
+void bert_padding_row(const BertConfig& c, const std::string& name, const at::Tensor& value) {
+  if (name == "bert.word_embeddings.weight" && c.pad_token_id < c.vocab_size) value[c.pad_token_id].zero_();
 }
 
 BertForMaskedLM::BertForMaskedLM(const BertConfig& c, nn::LayerFactory& f) : cfg_(c) {
@@ -80,7 +80,7 @@ at::Tensor BertForMaskedLM::mlm_logits(const at::Tensor& hidden) {
 void BertForMaskedLM::init_parameter(const std::string& name, const at::Tensor& value) const {
   nn::init_normal(name, value, cfg_.init_std);   // drawn for every parameter, so the stream is the same
   if (name == "mlm_bias") value.zero_();
-  bert_padding_row(cfg_, "bert.", name, value);
+  bert_padding_row(cfg_, name, value);
 }
 
 const nn::HfNameMap& BertForMaskedLM::hf_names() const {
@@ -114,7 +114,7 @@ at::Tensor BertForClassification::classify(const nn::EncoderInputs& in) {
 
 void BertForClassification::init_parameter(const std::string& name, const at::Tensor& value) const {
   nn::init_normal(name, value, cfg_.init_std);
-  bert_padding_row(cfg_, "bert.", name, value);
+  bert_padding_row(cfg_, name, value);
 }
 
 const nn::HfNameMap& BertForClassification::hf_names() const {

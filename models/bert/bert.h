@@ -17,8 +17,8 @@
 namespace colossal::bert {
 
 // HF initialises the [PAD] row of the token embedding to zeros: applied to `value` when `name` is the
-// trunk's token embedding under `prefix`.
-void bert_padding_row(const BertConfig& c, const std::string& prefix, const std::string& name, const at::Tensor& value);
+// trunk's token embedding ("bert.word_embeddings.weight" in either head's model).
+void bert_padding_row(const BertConfig& c, const std::string& name, const at::Tensor& value);
 
 // The shared trunk, registered as "bert" in either head's model.
 class BertEncoder : public nn::Module {

@@ -2,7 +2,6 @@
 #include "models/gpt/gpt.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
 #include <cmath>
 
 namespace colossal::gpt {
@@ -28,16 +27,9 @@ Gpt::Gpt(const GptConfig& c, nn::LayerFactory& f) : cfg_(c) {
 void Gpt::init_parameter(const std::string& name, const at::Tensor& p) const {
   // GPT-2's scheme: N(0, 0.02) for matrices and embeddings, residual projections scaled down by
   // sqrt(2 * n_layer) so the residual stream's variance does not grow with depth.
-  const double proj_std = cfg_.init_std / std::sqrt(2.0 * cfg_.n_layer);
-  const bool is_norm = name.find("ln_") != std::string::npos;
-  if (is_norm) {
-    name.size() > 7 && name.substr(name.size() - 7) == ".weight" ? p.fill_(1.0) : p.zero_();
-  } else if (name.size() > 5 && name.substr(name.size() - 5) == ".bias") {
-    p.zero_();
-  } else {
-    const bool residual = name.find(".proj.weight") != std::string::npos;
-    p.normal_(0.0, residual ? proj_std : cfg_.init_std);
-  }
+  // Norms and biases as every family (nn::init_normal).
+  const bool residual = name.find(".proj.weight") != std::string::npos;
+  nn::init_normal(name, p, residual ? cfg_.init_std / std::sqrt(2.0 * cfg_.n_layer) : cfg_.init_std);
 }
 
 at::Tensor Gpt::embed(const at::Tensor& ids, const at::Tensor& positions) {

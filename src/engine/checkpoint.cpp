@@ -9,7 +9,6 @@
 #include <fstream>
 #include <limits>
 #include <regex>
-#include <set>
 
 #include "src/core/error.h"
 #include "src/core/json_value.h"
@@ -300,34 +299,33 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
       for (const auto& piece : hf_pieces(hf, at::empty(shape, at::TensorOptions().dtype(dtype).device(at::kMeta)), suffix))
         to.push_back({piece.name, dtype, piece.tensor.sizes().vec()});
     };
-    std::set<std::string> in_store;
+    // Each tensor's HF names once: for this rank's headers, and on rank 0 for the index, which names
+    // every tensor's file from the layout alone (each rank's share is known to all).
+    std::vector<nn::HfTarget> hf_of;
     for (int64_t i = 0; i < static_cast<int64_t>(layout.slots.size()); ++i) {
       const auto& slot = layout.slots[static_cast<size_t>(i)];
-      in_store.insert(slot.name);
-      if (!writes || store.owner(i) != (sharded ? rank : 0)) continue;
-      const auto hf = names.to_hf(slot.name);
-      add_entries(model_entries, hf, slot.shape, "");
-      for (const auto& sn : state_names) add_entries(state_entries, hf, slot.shape, "." + sn);
-    }
-    std::vector<NamedTensor> extra_weights, extra_states;   // rank 0's
-    if (rank == 0) {
-      for (auto& item : s.model->named_parameters())   // frozen tensors live outside the store
-        if (!in_store.count(item.key()))
-          for (auto& piece : hf_pieces(names.to_hf(item.key()), item.value().detach())) extra_weights.push_back(std::move(piece));
-      add_rng_state(extra_states, store.params().front());
-      for (const auto& w : extra_weights) model_entries.push_back({w.name, w.tensor.scalar_type(), w.tensor.sizes().vec()});
-      for (const auto& w : extra_states) state_entries.push_back({w.name, w.tensor.scalar_type(), w.tensor.sizes().vec()});
-      for (const auto& w : extra_weights) weight_map[w.name] = model_file;
-      for (const auto& w : extra_states) state_map[w.name] = optim_file;
-      // The index: every tensor's file, from the layout alone (each rank's share is known to all).
-      for (int64_t i = 0; i < static_cast<int64_t>(layout.slots.size()); ++i) {
-        const auto hf = names.to_hf(layout.slots[static_cast<size_t>(i)].name);
+      const auto& hf = hf_of.emplace_back(names.to_hf(slot.name));
+      if (rank == 0) {
         const std::string owner_model = shard_file("model", store.owner(i), ranks), owner_optim = shard_file("optimizer", store.owner(i), ranks);
         for (const auto& n : hf.names) {
           weight_map[n] = owner_model;
           for (const auto& sn : state_names) state_map[n + "." + sn] = owner_optim;
         }
       }
+      if (!writes || store.owner(i) != (sharded ? rank : 0)) continue;
+      add_entries(model_entries, hf, slot.shape, "");
+      for (const auto& sn : state_names) add_entries(state_entries, hf, slot.shape, "." + sn);
+    }
+    std::vector<NamedTensor> extra_weights, extra_states;   // rank 0's
+    if (rank == 0) {
+      for (auto& item : s.model->named_parameters())   // frozen tensors live outside the store
+        if (!store.slot_of(item.key()))
+          for (auto& piece : hf_pieces(names.to_hf(item.key()), item.value().detach())) extra_weights.push_back(std::move(piece));
+      add_rng_state(extra_states, store.params().front());
+      for (const auto& w : extra_weights) model_entries.push_back({w.name, w.tensor.scalar_type(), w.tensor.sizes().vec()});
+      for (const auto& w : extra_states) state_entries.push_back({w.name, w.tensor.scalar_type(), w.tensor.sizes().vec()});
+      for (const auto& w : extra_weights) weight_map[w.name] = model_file;
+      for (const auto& w : extra_states) state_map[w.name] = optim_file;
     }
     std::unique_ptr<SafetensorsWriter> model_out, state_out;
     if (writes) {
@@ -337,7 +335,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
     }
     s.strategy->for_each_owned([&](int64_t i, const at::Tensor& param, const std::vector<at::Tensor>& st) {
       if (!model_out) throw Error("checkpoint: rank " + std::to_string(rank) + " owns a tensor but writes no file (internal)");
-      const auto hf = names.to_hf(layout.slots[static_cast<size_t>(i)].name);
+      const auto& hf = hf_of[static_cast<size_t>(i)];
       for (const auto& piece : hf_pieces(hf, param)) model_out->write(piece.name, piece.tensor);
       for (size_t k = 0; k < st.size(); ++k)
         for (const auto& piece : hf_pieces(hf, st[k], "." + state_names[k])) state_out->write(piece.name, piece.tensor);

@@ -7,7 +7,6 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <map>
 #include <spdlog/spdlog.h>
 
 #include "src/core/device.h"
@@ -138,12 +137,10 @@ void apply_memory(TrainPlan& p) {
 // rank holds the whole model (ZeRO-3) or a second copy of it.
 void fill_parameters(TrainPlan& p, const std::string& from, bool resuming) {
   memory::ChunkStore& store = p.strategy->store();
-  std::map<std::string, int64_t> slot_of;
-  for (int64_t i = 0; i < static_cast<int64_t>(store.layout().slots.size()); ++i) slot_of[store.layout().slots[static_cast<size_t>(i)].name] = i;
   auto take = [&](const std::string& name, const at::Tensor& value) {
-    auto it = slot_of.find(name);
-    if (it == slot_of.end()) throw Error("parameter \"" + name + "\" is not in the chunk store (frozen parameters are not supported yet)");
-    store.write(it->second, value);
+    const auto slot = store.slot_of(name);
+    if (!slot) throw Error("parameter \"" + name + "\" is not in the chunk store (frozen parameters are not supported yet)");
+    store.write(*slot, value);
   };
   at::manual_seed(static_cast<uint64_t>(p.recipe.train.seed));   // the init draws, then dropout and data
   if (from.empty()) {
@@ -274,7 +271,7 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
   const std::string resume_from = opt.resume ? resume_checkpoint(*p) : "";
   p->rss_before_model = current_rss_bytes();
   build_model_shapes(*p);                                         // 3. model (shapes only)
-  apply_memory(*p);
+  apply_memory(*p);                                               // 4. memory layout, data parallelism, optimizer
   fill_parameters(*p, opt.resume ? resume_from : effective.init_checkpoint, opt.resume);   // 5. weights
   p->peak_rss_after_setup = peak_rss_bytes();
   if (opt.resume) resume(*p, resume_from);                        // 6. state

@@ -5,7 +5,9 @@
 #include <ATen/core/grad_mode.h>
 
 #include "src/core/error.h"
+#include "src/nn/block.h"
 #include "src/nn/factory.h"
+#include "src/nn/model.h"
 
 namespace colossal::memory {
 
@@ -16,6 +18,18 @@ std::vector<ChunkTensorSpec> chunk_specs(nn::Module& module) {
     specs.push_back({item.key(), item.value().sizes().vec(), item.value().dim() >= 2});
   }
   return specs;
+}
+
+std::function<int64_t(const at::Tensor&)> parameter_blocks(nn::Module& module) {
+  auto* model = dynamic_cast<nn::Model*>(&module);
+  if (!model || model->blocks().empty()) return {};
+  auto owner = std::make_shared<std::map<const void*, int64_t>>();
+  for (size_t b = 0; b < model->blocks().size(); ++b)
+    for (const auto& p : model->blocks()[b]->parameters()) (*owner)[p.unsafeGetTensorImpl()] = static_cast<int64_t>(b);
+  return [owner](const at::Tensor& p) {
+    auto it = owner->find(p.unsafeGetTensorImpl());
+    return it == owner->end() ? int64_t{-1} : it->second;
+  };
 }
 
 namespace {
@@ -35,6 +49,7 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
   const auto specs = chunk_specs(module);
   if (specs.empty()) throw Error("chunk store: the model has no trainable parameters");
   layout_ = plan_chunks(specs, chunk_numel, stage == 0 ? 1 : shards);
+  for (size_t i = 0; i < layout_.slots.size(); ++i) slot_by_name_[layout_.slots[i].name] = static_cast<int64_t>(i);
   std::map<std::string, at::Tensor> by_name;
   for (auto& item : module.named_parameters()) by_name[item.key()] = item.value();
   const at::ScalarType dtype = by_name.at(specs.front().name).scalar_type();   // read now: set_data changes it
@@ -103,6 +118,11 @@ void ChunkStore::write(int64_t slot, const at::Tensor& value) {
   const at::Tensor mine = flat.narrow(0, part->in_tensor, part->numel);
   if (releasable_[k]) param_shards_[k].narrow(0, part->in_shard, part->numel).copy_(mine);
   if (mixed_) master_[k].narrow(0, part->in_shard, part->numel).copy_(mine);   // at full precision
+}
+
+std::optional<int64_t> ChunkStore::slot_of(const std::string& name) const {
+  auto it = slot_by_name_.find(name);
+  return it == slot_by_name_.end() ? std::nullopt : std::optional<int64_t>(it->second);
 }
 
 void ChunkStore::set_state(int64_t slot, TensorState to) {

@@ -101,6 +101,7 @@ class ChunkStore {
   };
   std::optional<ShardPart> shard_part(int64_t slot) const;
   int64_t block_of_slot(int64_t slot) const { return slot_block_[static_cast<size_t>(slot)]; }
+  std::optional<int64_t> slot_of(const std::string& name) const;   // none: not a chunked parameter
 
   // ZeRO-3. A releasable chunk keeps only this rank's shard of its parameters (param_shard) between
   // uses; materialize gives its whole buffer memory again (to all-gather into; the model's parameters
@@ -121,6 +122,7 @@ class ChunkStore {
   std::vector<at::Tensor> tensors_;   // the model's parameters, by slot
   std::vector<TensorState> states_;   // by slot
   std::vector<int64_t> slot_block_;   // by slot: its block, or -1
+  std::map<std::string, int64_t> slot_by_name_;
   std::vector<bool> releasable_;      // by chunk (ZeRO-3)
   std::vector<at::Tensor> param_shards_;   // by chunk: a releasable one's persistent shard
   bool mixed_ = false;
@@ -132,5 +134,9 @@ class ChunkStore {
 // The trainable parameters of `module` as chunk specs, in registration (execution) order; decay for
 // tensors of two or more dimensions, as GPT-2, nanoGPT and the HF recipes do.
 std::vector<ChunkTensorSpec> chunk_specs(nn::Module& module);
+
+// The block each parameter of `module` belongs to (-1: none), when it is a model with blocks; empty
+// otherwise. What ChunkStore's `block_of` takes.
+std::function<int64_t(const at::Tensor&)> parameter_blocks(nn::Module& module);
 
 }  // namespace colossal::memory

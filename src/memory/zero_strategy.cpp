@@ -52,14 +52,7 @@ std::function<int64_t(const at::Tensor&)> block_map(nn::Module& module, int stag
   auto* model = dynamic_cast<nn::Model*>(&module);
   if (stage == 3 && (!model || model->blocks().empty()))
     throw Error("zero: stage 3 gathers parameters block by block, and this module has no blocks");
-  if (stage == 0 || !model || model->blocks().empty()) return {};
-  auto owner = std::make_shared<std::map<const void*, int64_t>>();
-  for (size_t b = 0; b < model->blocks().size(); ++b)
-    for (const auto& p : model->blocks()[b]->parameters()) (*owner)[p.unsafeGetTensorImpl()] = static_cast<int64_t>(b);
-  return [owner](const at::Tensor& p) {
-    auto it = owner->find(p.unsafeGetTensorImpl());
-    return it == owner->end() ? int64_t{-1} : it->second;
-  };
+  return stage == 0 ? std::function<int64_t(const at::Tensor&)>{} : parameter_blocks(module);
 }
 
 }  // namespace
@@ -155,14 +148,12 @@ void ZeroStrategy::before_backward(bool last) {
   // tensors' .grad from the start, and every contribution is summed into it in place, rather than
   // each arriving as a tensor of its own, summed into a third and copied into the buffer (six copies
   // of a 50k-row embedding at the peak).
-  if (store_.stage() != 3) return;
   at::NoGradGuard no_grad;
   for (int64_t c = 0; c < store_.layout().chunks(); ++c) {
-    if (store_.releasable(c)) continue;
+    if (!sums_in_place(c)) continue;
     auto& cs = sync_[static_cast<size_t>(c)];
     cs.full = spare_grad_buffer(store_.layout().chunk_sizes[static_cast<size_t>(c)], store_.params()[static_cast<size_t>(c)].options());
     cs.full.zero_();
-    cs.in_place = true;
     for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(c)]) {
       const auto& t = store_.layout().slots[static_cast<size_t>(i)];
       at::Tensor p = store_.param_of(i);
@@ -193,7 +184,7 @@ void ZeroStrategy::ready(int64_t slot) {
       cs.full.narrow(0, used, size - used).zero_();
     }
     at::Tensor range = cs.full.narrow(0, s.offset, s.numel);
-    if (cs.in_place) {
+    if (sums_in_place(s.chunk)) {
       // summed in place already (before_backward)
     } else if (p.grad().defined()) {
       range.copy_(p.grad().reshape({-1}));
@@ -247,10 +238,8 @@ void ZeroStrategy::complete(int64_t chunk) {
   if (store_.stage() == 1) shard.copy_(cs.reduced);
   if (store_.stage() >= 2) shard.add_(cs.reduced);   // accumulates over the step's micro-batches
   cs.reduced = at::Tensor();
-  if (cs.in_place) {   // the tensors' .grad views go with the buffer
+  if (sums_in_place(chunk))   // the tensors' .grad views go with the buffer
     for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(chunk)]) store_.param_of(i).mutable_grad().reset();
-    cs.in_place = false;
-  }
   if (store_.stage() >= 2 && cs.full.defined()) {   // kept for the next chunk of its size (as ChunkStore keeps gather buffers)
     auto& spare = spare_grads_[cs.full.numel()];
     if (spare.size() < kStage2InFlight + 1) spare.push_back(std::move(cs.full));

@@ -81,15 +81,16 @@ class ZeroStrategy : public TrainStrategy {
   struct ChunkSync {
     int64_t params = 0, waiting = 0;   // gradients it waits for; still outstanding this backward
     bool launched = false;
-    bool in_place = false;             // ZeRO-3 whole chunk: autograd sums into `full` through .grad views
     dist::Pending pending;
     at::Tensor full, reduced;          // stage 2's gathered chunk; the shard a reduce-scatter fills
   };
   void ready(int64_t slot);
   void launch(int64_t chunk);
   void complete(int64_t chunk);
-  void complete_until(size_t in_flight);
-  at::Tensor spare_grad_buffer(int64_t numel, const at::TensorOptions& options);   // uninitialised   // the oldest reductions, until at most `in_flight` remain
+  void complete_until(size_t in_flight);   // the oldest reductions, until at most `in_flight` remain
+  at::Tensor spare_grad_buffer(int64_t numel, const at::TensorOptions& options);   // uninitialised
+  // ZeRO-3's whole chunks: autograd sums their gradients into the chunk's buffer through .grad views.
+  bool sums_in_place(int64_t chunk) const { return store_.stage() == 3 && !store_.releasable(chunk); }
   class GatherHook;
   void enter_block(int64_t block, int direction);
   void leave_block(int64_t block, int direction);

@@ -1,6 +1,8 @@
 // Module: see module.h.
 #include "src/nn/module.h"
 
+#include "src/nn/factory.h"
+
 #include <stdexcept>
 
 namespace colossal::nn {
@@ -61,7 +63,7 @@ void Module::train(bool on) {
 
 namespace {
 void check_allocated(const at::Tensor& p) {   // a deferred parameter has no values to move or convert
-  if (p.numel() > 0 && p.storage().nbytes() == 0) throw std::logic_error("Module::to: a parameter has no storage yet (deferred)");
+  if (is_unallocated(p)) throw std::logic_error("Module::to: a parameter has no storage yet (deferred)");
 }
 }  // namespace
 
