@@ -11,6 +11,7 @@
 
 #include "models/bert/bert.h"
 #include "models/gpt/gpt.h"
+#include "src/core/spare_buffers.h"
 #include "src/memory/chunk_layout.h"
 #include "src/memory/chunk_store.h"
 #include "src/memory/tensor_state.h"
@@ -97,6 +98,27 @@ TEST(ChunkLayout, TheSearchKeepsPaddingSmallOnTheZoosShapes) {
       }
   // An explicit size is MiB of fp32.
   EXPECT_EQ(choose_chunk_numel(transformer(100, 10, 16, 1), 2, 1), 2 * 1024 * 1024 / 4);
+}
+
+TEST(SpareBuffers, ReusesABufferOfTheSameSizeAndTypeKeepsAFewAndDropsViews) {
+  SpareBuffers spares(2);
+  at::Tensor a = spares.take(16, at::kFloat);
+  const void* memory = a.data_ptr();
+  spares.give(a);
+  a = at::Tensor();
+  EXPECT_EQ(spares.take(16, at::kDouble).numel(), 16);     // another dtype: a new buffer
+  EXPECT_NE(spares.take(8, at::kFloat).data_ptr(), memory);   // another size: a new buffer
+  at::Tensor again = spares.take(16, at::kFloat);
+  EXPECT_EQ(again.data_ptr(), memory);                      // the same memory back
+  EXPECT_EQ(spares.kept(), 0u);
+  // At most two of a size are kept; a view (whose storage is larger than it) is never kept.
+  for (int i = 0; i < 3; ++i) spares.give(at::empty({16}));
+  EXPECT_EQ(spares.kept(), 2u);
+  spares.give(at::empty({32}).narrow(0, 0, 16));
+  spares.give(at::empty({4, 4}));
+  EXPECT_EQ(spares.kept(), 2u);
+  spares.clear();
+  EXPECT_EQ(spares.kept(), 0u);
 }
 
 TEST(TensorState, EveryTransitionOutsideTheTableIsRejectedNamingTheTensorAndBothStates) {

@@ -164,6 +164,41 @@ TEST(Group, AllGatherAndReduceScatterMoveShardsInRankOrderAcrossFourRanks) {
     // Sizes that are not ranks x shard are refused, naming the operation and the purpose.
     const std::string e = test::error_of([&] { g.all_gather(at::empty({10}), shard, "bad gather"); });
     EXPECT_NE(e.find("all_gather on group dp (bad gather): 10 Float values on cpu for 4 shards of 3 Float"), std::string::npos) << e;
+    // A shard overlapping the whole is refused for a reduce-scatter; an all-gather may be in place (the
+    // shard this rank's part of the whole), as ZeRO republishes updated chunks.
+    at::Tensor buffer = at::arange(12, at::kFloat);
+    const std::string overlap = test::error_of([&] { g.reduce_scatter(buffer.narrow(0, 0, 3), buffer, "overlap"); });
+    EXPECT_NE(overlap.find("reduce_scatter on group dp (overlap)"), std::string::npos) << overlap;
+    at::Tensor in_place = at::full({12}, -1.0f);
+    in_place.narrow(0, rank * 3, 3).fill_(static_cast<float>(rank));
+    g.all_gather(in_place, in_place.narrow(0, rank * 3, 3), "in place");
+    for (int64_t r = 0; r < 4; ++r) EXPECT_TRUE(at::equal(in_place.narrow(0, r * 3, 3), at::full({3}, static_cast<float>(r)))) << r;
+    // Several in flight at once, waited for in another order than launched, twice (the second round
+    // reuses the first's receive buffers): each lands where it belongs.
+    for (int round = 0; round < 2; ++round) {
+      std::vector<at::Tensor> shards, wholes;
+      std::vector<Pending> pending;
+      for (int k = 0; k < 3; ++k) {
+        wholes.push_back(at::full({8}, static_cast<float>((k + 1) * (rank + 1) + round)));
+        shards.push_back(at::empty({2}));
+        pending.push_back(g.reduce_scatter_async(shards.back(), wholes.back(), "in flight " + std::to_string(k)));
+      }
+      at::Tensor gathered = at::empty({8});
+      at::Tensor own = at::full({2}, static_cast<float>(rank + round));
+      Pending gp = g.all_gather_async(gathered, own, "in flight gather");
+      g.wait(gp);
+      for (int k = 2; k >= 0; --k) {
+        g.wait(pending[static_cast<size_t>(k)]);
+        EXPECT_TRUE(at::equal(shards[static_cast<size_t>(k)], at::full({2}, static_cast<float>((k + 1) * 10 + 4 * round)))) << k;
+      }
+      for (int64_t r = 0; r < 4; ++r) EXPECT_TRUE(at::equal(gathered.narrow(0, r * 2, 2), at::full({2}, static_cast<float>(r + round))));
+    }
+    // Gather to one rank: rank 2 receives every shard; the others only send (no whole of their own).
+    at::Tensor to_two = rank == 2 ? at::full({8}, -1.0f) : at::Tensor();
+    g.gather(to_two, at::full({2}, static_cast<float>(rank * 3)), 2, "to rank 2");
+    if (rank == 2)
+      for (int64_t r = 0; r < 4; ++r) EXPECT_TRUE(at::equal(to_two.narrow(0, r * 2, 2), at::full({2}, static_cast<float>(r * 3)))) << r;
+    g.take_counters();
   });
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   // A group without a backend copies: the gathered whole is the shard, the scattered shard the whole.
@@ -201,6 +236,33 @@ TEST(Group, AHungRankIsNamedByTheRanksThatTimedOutWaitingForIt) {
     EXPECT_NE(errors[r].find("stopped responding during all_reduce on group dp (gradient bucket 0) after 2 s"), std::string::npos)
         << errors[r];
     EXPECT_NE(errors[r].find("seen from rank " + std::to_string(r)), std::string::npos) << errors[r];
+  }
+}
+
+TEST(Group, ARankMissingFromAShardExchangeIsNamed) {
+  // Gloo's shards move by point-to-point sends and receives: their timeouts reach the same error.
+  auto errors = run_ranks(
+      3,
+      [](int64_t rank, Runtime& rt) {
+        Group& g = rt.group(Dim::dp);
+        at::Tensor whole = at::empty({6});
+        g.all_gather(whole, at::ones({2}), "warm-up");
+        if (rank == 1) {
+          std::this_thread::sleep_for(std::chrono::seconds(4));
+          return;
+        }
+        try {
+          g.all_gather(whole, at::ones({2}), "parameter chunk 7");
+        } catch (...) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          throw;
+        }
+      },
+      /*timeout_s=*/2);
+  for (int r : {0, 2}) {
+    EXPECT_NE(errors[r].find("rank 1 (node "), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("stopped responding during all_gather on group dp (parameter chunk 7) after 2 s"), std::string::npos)
+        << errors[r];
   }
 }
 

@@ -10,6 +10,7 @@
 #include "src/engine/checkpoint.h"
 #include "models/registry.h"
 #include "src/nn/activation.h"
+#include "src/nn/embedding_lookup.h"
 #include "src/nn/kernel_choice.h"
 #include "src/nn/lm_head_loss.h"
 
@@ -229,6 +230,48 @@ TEST(LmHeadCrossEntropy, AWeightWhoseGradIsABufferAccumulatesIntoItInPlace) {
       EXPECT_TRUE(at::equal(flat.narrow(0, 0, 7), before.narrow(0, 0, 7))) << gemm;   // the rest untouched
     }
   });
+}
+
+TEST(EmbeddingLookup, AddsItsRowsIntoTheTablesGradBufferInPlaceAndEqualsAtenOtherwise) {
+  // Repeated ids (their rows sum), ids of two dimensions, an upstream gradient that is not ones.
+  at::manual_seed(6);
+  auto ids = at::tensor({3, 1, 3, 0, 7, 3}, at::kLong).view({2, 3});
+  auto dy = at::randn({2, 3, 5}, at::kDouble);
+  auto ref_w = at::randn({9, 5}, at::kDouble).requires_grad_(true);
+  at::embedding(ref_w, ids).backward(dy);
+
+  // Without a buffer: a gradient of its own, ATen's.
+  auto w = ref_w.detach().clone().requires_grad_(true);
+  auto y = nn::embedding_lookup(w, ids);
+  EXPECT_TRUE(at::equal(y, at::embedding(ref_w.detach(), ids)));
+  y.backward(dy);
+  EXPECT_LT((w.grad() - ref_w.grad()).abs().max().item<double>(), 1e-12);
+
+  // With a buffer holding an earlier sum (a tied head's): the rows are added into that storage, and
+  // the rest of the buffer is untouched.
+  auto flat = at::randn({9 * 5 + 4}, at::kDouble);
+  const auto before = flat.clone();
+  w.mutable_grad() = flat.narrow(0, 4, 45).view({9, 5});
+  const void* storage = w.grad().data_ptr();
+  nn::embedding_lookup(w, ids).backward(dy);
+  EXPECT_EQ(w.grad().data_ptr(), storage);
+  auto added = flat.narrow(0, 4, 45).view({9, 5}) - before.narrow(0, 4, 45).view({9, 5});
+  EXPECT_LT((added - ref_w.grad()).abs().max().item<double>(), 1e-12);
+  EXPECT_TRUE(at::equal(flat.narrow(0, 0, 4), before.narrow(0, 0, 4)));
+
+  // Added row by row into the buffer itself, not summed apart and then added (a dense [V, C] table):
+  // the two round differently when a row repeats. 1e16 + 1 rounds back to 1e16 (doubles there are 2
+  // apart), twice; the dense sum would add 2 and give 1e16 + 2.
+  auto big = at::zeros({3, 1}, at::kDouble);
+  big[2][0] = 1e16;
+  auto table = at::zeros({3, 1}, at::kDouble).requires_grad_(true);
+  table.mutable_grad() = big;
+  nn::embedding_lookup(table, at::tensor({2, 2}, at::kLong)).backward(at::ones({2, 1}, at::kDouble));
+  EXPECT_EQ(table.grad()[2][0].item<double>(), 1e16);
+
+  // No gradient wanted: a plain lookup, no graph.
+  at::NoGradGuard no_grad;
+  EXPECT_FALSE(nn::embedding_lookup(w, ids).requires_grad());
 }
 
 TEST(LmHeadCrossEntropy, DoublePrecisionPathAgreesToo) {

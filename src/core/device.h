@@ -11,8 +11,8 @@ namespace colossal {
 // "auto" -> CUDA when LibTorch has it and a GPU is visible, else CPU; "cuda" without one is an error
 // naming `where` (the recipe key's location).
 c10::Device resolve_device(const std::string& spec, const std::string& where);
-std::string describe_device(const c10::Device& device);
-int64_t cuda_device_count();   // GPUs visible to this process (0 without CUDA)   // "cpu (2 threads)" or "cuda:0 (NVIDIA H100 ...)"
+std::string describe_device(const c10::Device& device);   // "cpu (2 threads)" or "cuda:0 (NVIDIA H100 ...)"
+int64_t cuda_device_count();   // GPUs visible to this process (0 without CUDA)
 
 // This machine's name as the system reports it ("unknown" if it cannot), for messages naming a node.
 std::string host_name();

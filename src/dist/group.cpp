@@ -9,6 +9,7 @@
 #include <cmath>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "src/core/error.h"
 #include "src/core/text.h"
@@ -57,7 +58,8 @@ CommCounters& CommCounters::operator+=(const CommCounters& o) {
 }
 
 struct Pending::State {
-  c10::intrusive_ptr<c10d::Work> work;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;   // one collective, or a shard exchange's sends and receives
+  std::function<void()> finish;                         // after every work completed (a reduce-scatter's sum)
   std::string op, what;
   int64_t seq = 0, bytes = 0;
   Clock::time_point launched;
@@ -69,7 +71,11 @@ Group::Group(std::string name) : name_(std::move(name)), ranks_{0} {}
 Group::Group(std::string name, std::vector<int64_t> ranks, int64_t index, std::unique_ptr<BackendHandle> backend,
              std::shared_ptr<Roster> roster, c10::Device comm_device)
     : name_(std::move(name)), ranks_(std::move(ranks)), index_(index), backend_(std::move(backend)),
-      roster_(std::move(roster)), comm_device_(comm_device) {
+      roster_(std::move(roster)), comm_device_(comm_device),
+      // Gloo's shard collectives copy the whole through a flat buffer its worker thread allocates on
+      // every call (and glibc's per-thread heaps keep); its point-to-point operations read and write
+      // the caller's memory directly, so on Gloo the shards are exchanged with sends and receives.
+      point_to_point_(backend_ && backend_->pg->getBackendName() == "gloo") {
   if (ranks_.size() != static_cast<size_t>(backend_->pg->getSize()))
     throw Error("group " + name_ + ": backend has " + std::to_string(backend_->pg->getSize()) + " ranks, expected " +
                 std::to_string(ranks_.size()));
@@ -98,10 +104,12 @@ Pending Group::launch(const std::string& op, const std::string& what, const at::
     fail(p, e.what());
   }
   // Completion time from the backend's future, so busy time is the collective's own duration even
-  // when the caller waits for it much later (the overlap figure depends on it).
+  // when the caller waits for it much later (the overlap figure depends on it). Point-to-point
+  // exchanges have no future: their busy time is launch to wait.
+  if (s.works.size() != 1) return p;
   try {
     std::weak_ptr<Pending::State> weak = p.state_;
-    s.work->getFuture()->addCallback([weak](c10::ivalue::Future&) {
+    s.works[0]->getFuture()->addCallback([weak](c10::ivalue::Future&) {
       if (auto state = weak.lock()) state->done_ns = Clock::now().time_since_epoch().count();
     });
   } catch (const std::exception&) {
@@ -134,7 +142,8 @@ void Group::wait(Pending& p) {
   auto& s = *p.state_;
   const auto t0 = Clock::now();
   try {
-    if (s.work) s.work->wait();
+    for (auto& w : s.works) w->wait();
+    if (s.finish) s.finish();
   } catch (const std::exception& e) {
     fail(p, e.what());
   }
@@ -149,17 +158,27 @@ void Group::wait(Pending& p) {
 Pending Group::all_reduce_async(const at::Tensor& t, const std::string& what) {
   if (!backend_) return {};
   return launch("all_reduce", what, t, [&](Pending& p, std::vector<at::Tensor>& v) {
-    p.state_->work = backend_->pg->allreduce(v, c10d::AllreduceOptions{});
+    p.state_->works = {backend_->pg->allreduce(v, c10d::AllreduceOptions{})};
   });
 }
 
+bool Group::in_place(const at::Tensor& whole, const at::Tensor& shard) const {
+  return shard.data_ptr() == static_cast<const char*>(whole.data_ptr()) + index_ * shard.nbytes() && shard.nbytes() > 0;
+}
+
 void Group::check_shards(const char* op, const at::Tensor& whole, const at::Tensor& shard, const std::string& what) const {
-  if (whole.numel() != shard.numel() * size() || whole.scalar_type() != shard.scalar_type() ||
-      whole.device() != shard.device() || !whole.is_contiguous() || !shard.is_contiguous())
+  const bool fits = whole.numel() == shard.numel() * size() && whole.scalar_type() == shard.scalar_type() &&
+                    whole.device() == shard.device() && whole.is_contiguous() && shard.is_contiguous();
+  const auto* w = static_cast<const char*>(whole.data_ptr());
+  const auto* h = static_cast<const char*>(shard.data_ptr());
+  const bool overlaps = h < w + whole.nbytes() && w < h + shard.nbytes();
+  const bool allowed = !overlaps || (std::string(op) == "all_gather" && in_place(whole, shard));
+  if (!fits || !allowed)
     throw Error(std::string(op) + " on group " + name_ + " (" + what + "): " + std::to_string(whole.numel()) + " " +
                 c10::toString(whole.scalar_type()) + " values on " + whole.device().str() + " for " + std::to_string(size()) +
                 " shards of " + std::to_string(shard.numel()) + " " + c10::toString(shard.scalar_type()) + " on " +
-                shard.device().str() + " (internal: both contiguous, whole = ranks x shard, one dtype and device)");
+                shard.device().str() + " (internal: both contiguous, whole = ranks x shard, one dtype and device, the shard " +
+                "apart from the whole or, for all_gather, this rank's part of it)");
 }
 
 Pending Group::shard_collective(bool gather, const at::Tensor& whole, const at::Tensor& shard, const std::string& what) {
@@ -168,14 +187,90 @@ Pending Group::shard_collective(bool gather, const at::Tensor& whole, const at::
   const at::Tensor& in = gather ? shard : whole;   // what is sent (and counted)
   const at::Tensor& out = gather ? whole : shard;
   if (!backend_) {   // one rank: the whole is its shard
-    out.copy_(in.view(out.sizes()));
+    if (!in_place(whole, shard)) out.copy_(in.view(out.sizes()));
     return {};
   }
+  if (point_to_point_) return exchange(gather, whole.view({-1}), shard.view({-1}), op, what);
   return launch(op, what, in, [&](Pending& p, std::vector<at::Tensor>&) {
     at::Tensor o = out.view({-1}), i = in.view({-1});
-    p.state_->work = gather ? backend_->pg->_allgather_base(o, i, c10d::AllgatherOptions{})
-                            : backend_->pg->_reduce_scatter_base(o, i, c10d::ReduceScatterOptions{});
+    if (gather && in_place(whole, shard)) i = i.clone();   // the backend's in-place contract is its own
+    p.state_->works = {gather ? backend_->pg->_allgather_base(o, i, c10d::AllgatherOptions{})
+                              : backend_->pg->_reduce_scatter_base(o, i, c10d::ReduceScatterOptions{})};
   });
+}
+
+Pending Group::exchange(bool gather, const at::Tensor& whole, const at::Tensor& shard, const char* op, const std::string& what) {
+  const int64_t n = shard.numel(), me = index_;
+  auto part = [&](int64_t j) { return whole.narrow(0, j * n, n); };
+  const int tag = next_tag();
+  return launch(op, what, gather ? shard : whole, [&](Pending& p, std::vector<at::Tensor>&) {
+    auto& s = *p.state_;
+    auto send = [&](const at::Tensor& t, int64_t j) { post(s, true, t, j, tag); };
+    auto recv = [&](const at::Tensor& t, int64_t j) { post(s, false, t, j, tag); };
+    if (gather) {   // each peer's shard straight into its part of the whole
+      if (!in_place(whole, shard)) part(me).copy_(shard);
+      for (int64_t j = 0; j < size(); ++j)
+        if (j != me) {
+          send(shard, j);
+          recv(part(j), j);
+        }
+      return;
+    }
+    // Reduce-scatter: each peer's part j goes to rank j; the peers' parts of this rank's shard arrive
+    // in spare buffers and are summed, in rank order, when the caller waits.
+    std::vector<at::Tensor> parts(static_cast<size_t>(size()));
+    for (int64_t j = 0; j < size(); ++j) {
+      if (j == me) {
+        parts[static_cast<size_t>(j)] = part(me);
+        continue;
+      }
+      send(part(j), j);
+      parts[static_cast<size_t>(j)] = scratch_.take(n, shard.options());
+      recv(parts[static_cast<size_t>(j)], j);
+    }
+    s.finish = [this, parts, out = at::Tensor(shard), me]() mutable {
+      if (parts.size() == 1) out.copy_(parts[0]);
+      else at::add_out(out, parts[0], parts[1]);
+      for (size_t j = 2; j < parts.size(); ++j) out.add_(parts[j]);
+      for (size_t j = 0; j < parts.size(); ++j)
+        if (static_cast<int64_t>(j) != me) scratch_.give(parts[j]);
+    };
+  });
+}
+
+int Group::next_tag() {
+  // Every rank issues the group's collectives in the same order, so the same count names the same
+  // exchange on every rank; matching is by (peer, tag), so exchanges in flight together never mix.
+  return static_cast<int>(exchanges_++ % (int64_t{1} << 30));
+}
+
+void Group::post(Pending::State& s, bool send, const at::Tensor& t, int64_t peer, int tag) {
+  std::vector<at::Tensor> v{t};
+  s.works.push_back(send ? backend_->pg->send(v, static_cast<int>(peer), tag) : backend_->pg->recv(v, static_cast<int>(peer), tag));
+}
+
+void Group::gather(const at::Tensor& whole, const at::Tensor& shard, int64_t root, const std::string& what) {
+  const bool mine = root == index_;
+  if (mine) check_shards("gather", whole, shard, what);
+  if (!backend_) {
+    whole.view({-1}).copy_(shard.view({-1}));
+    return;
+  }
+  if (!point_to_point_) {   // an all-gather whose copy the other ranks drop
+    all_gather(mine ? whole : at::empty({shard.numel() * size()}, shard.options()), shard, what);
+    return;
+  }
+  const int tag = next_tag();
+  Pending p = launch("gather", what, shard, [&](Pending& pending, std::vector<at::Tensor>&) {
+    auto& s = *pending.state_;
+    if (!mine) return post(s, true, shard, root, tag);
+    const int64_t n = shard.numel();
+    at::Tensor flat = whole.view({-1});
+    flat.narrow(0, index_ * n, n).copy_(shard.view({-1}));
+    for (int64_t j = 0; j < size(); ++j)
+      if (j != index_) post(s, false, flat.narrow(0, j * n, n), j, tag);
+  });
+  wait(p);
 }
 
 Pending Group::all_gather_async(const at::Tensor& whole, const at::Tensor& shard, const std::string& what) {
@@ -211,13 +306,13 @@ void Group::blocking(const std::string& op, const std::string& what, at::Tensor&
 void Group::all_reduce(at::Tensor& t, Reduce op, const std::string& what) {
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
-  blocking("all_reduce", what, t, [&](Pending& p, std::vector<at::Tensor>& v) { p.state_->work = backend_->pg->allreduce(v, o); });
+  blocking("all_reduce", what, t, [&](Pending& p, std::vector<at::Tensor>& v) { p.state_->works = {backend_->pg->allreduce(v, o)}; });
 }
 
 void Group::broadcast(at::Tensor& t, int64_t root_index, const std::string& what) {
   c10d::BroadcastOptions o;
   o.rootRank = root_index;
-  blocking("broadcast", what, t, [&](Pending& p, std::vector<at::Tensor>& v) { p.state_->work = backend_->pg->broadcast(v, o); });
+  blocking("broadcast", what, t, [&](Pending& p, std::vector<at::Tensor>& v) { p.state_->works = {backend_->pg->broadcast(v, o)}; });
 }
 
 void Group::barrier(const std::string& what) {

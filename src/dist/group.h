@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "src/core/spare_buffers.h"
+
 namespace colossal::dist {
 
 class Roster;
@@ -33,6 +35,9 @@ enum class Reduce { sum, max, min };
 
 // An asynchronous collective in flight; Group::wait finishes it (and reports its failure).
 class Pending {
+ public:
+  bool active() const { return state_ != nullptr; }   // launched and not yet waited for
+
  private:
   friend class Group;
   struct State;
@@ -68,12 +73,19 @@ class Group {
   // shards in group-rank order, each shard.numel() long):
   //   all-gather     every rank's `shard` into `whole` on every rank;
   //   reduce-scatter the sum over ranks of `whole`, of which this rank keeps its own shard in `shard`.
-  // A group without a backend copies one into the other. `shard` must not overlap `whole`.
+  // A group without a backend copies one into the other. `shard` must not overlap `whole`, except that
+  // an all-gather may be in place: `shard` this rank's part of `whole`.
   void all_gather(const at::Tensor& whole, const at::Tensor& shard, const std::string& what);
   void reduce_scatter(const at::Tensor& shard, const at::Tensor& whole, const std::string& what);
   Pending all_gather_async(const at::Tensor& whole, const at::Tensor& shard, const std::string& what);
   Pending reduce_scatter_async(const at::Tensor& shard, const at::Tensor& whole, const std::string& what);
+  // Every rank's `shard` into `whole` on group rank `root` only (elsewhere `whole` is not touched and
+  // may be undefined): what a checkpoint's writer of a chunk's tensors needs, without a copy per rank.
+  void gather(const at::Tensor& whole, const at::Tensor& shard, int64_t root, const std::string& what);
   void wait(Pending& p);
+
+  // Frees the receive buffers kept for the next reduce-scatters (before a phase that runs none).
+  void free_spares() { scratch_.clear(); }
 
   // Counters since the last take (then reset).
   CommCounters take_counters();
@@ -88,6 +100,11 @@ class Group {
   [[noreturn]] void fail(const Pending& p, const std::string& cause);
   // All-gather (`gather`) or reduce-scatter between `whole` and this rank's `shard`.
   Pending shard_collective(bool gather, const at::Tensor& whole, const at::Tensor& shard, const std::string& what);
+  // On Gloo: the shards exchanged by point-to-point sends and receives on the caller's memory.
+  Pending exchange(bool gather, const at::Tensor& whole, const at::Tensor& shard, const char* op, const std::string& what);
+  bool in_place(const at::Tensor& whole, const at::Tensor& shard) const;   // shard is this rank's part of whole
+  int next_tag();   // the tag of the next point-to-point exchange
+  void post(Pending::State& s, bool send, const at::Tensor& t, int64_t peer, int tag);   // one send or receive of an exchange
   // Error unless `whole` is size() shards of `shard`'s dtype and device.
   void check_shards(const char* op, const at::Tensor& whole, const at::Tensor& shard, const std::string& what) const;
 
@@ -99,6 +116,9 @@ class Group {
   c10::Device comm_device_{c10::kCPU};
   std::mutex counters_mu_;   // buckets launch on the autograd thread
   CommCounters counters_;
+  bool point_to_point_ = false;   // shards exchanged by sends and receives (Gloo)
+  int64_t exchanges_ = 0;         // point-to-point exchanges so far: each one's tag
+  SpareBuffers scratch_{4};       // reduce-scatter's receive buffers, reused
 };
 
 }  // namespace colossal::dist

@@ -113,6 +113,7 @@ class ChunkStore {
   void release(int64_t chunk);
   // This rank's shard of a chunk's parameters, compute dtype: what an all-gather sends.
   at::Tensor param_shard(int64_t chunk) const;
+  void free_spares() { spare_.clear(); }   // the released chunks' memory kept for the next gathers
   ChunkBytes bytes() const;   // what this rank holds now (stage 2's in-flight gradient chunks and spare gather buffers excluded)
 
  private:

@@ -70,6 +70,9 @@ void ZeroStrategy::leave_block(int64_t b, int direction) {
     --refs_[static_cast<size_t>(c)];
     maybe_release(c);
   }
+  // The first block's backward is the step's last gather: the spares would sit idle through the
+  // embedding's backward, the last reductions and the update.
+  if (direction < 0 && b == 0) free_spares();
 }
 
 void ZeroStrategy::gather_all() {
@@ -98,9 +101,7 @@ void ZeroStrategy::settle_chunks() {
 
 void ZeroStrategy::wait_published(int64_t c) {
   const auto k = static_cast<size_t>(c);
-  if (!publish_src_[k].defined()) return;
-  group_.wait(publishing_[k]);
-  publish_src_[k] = at::Tensor();
+  if (publishing_[k].active()) group_.wait(publishing_[k]);
 }
 
 void ZeroStrategy::wait_published() {

@@ -75,13 +75,13 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group
       store_(module, o.stage, o.chunk_numel, group.size(), group.rank(), o.compute, block_map(module, o.stage), o.device),
       optimizer_(std::move(optimizer)),
       scaler_(o.loss_scale ? std::make_unique<LossScaler>(*o.loss_scale) : nullptr),
+      spare_grads_(kStage2InFlight + 1),
       hooks_(std::make_unique<Hooks>()) {
   pieces_ = store_.pieces(optimizer_->state_names(), o.weight_decay);
   const auto& layout = store_.layout();
   sync_.resize(static_cast<size_t>(layout.chunks()));
   const auto chunks = static_cast<size_t>(layout.chunks());
   publishing_.resize(chunks);
-  publish_src_.resize(chunks);
   if (o.stage >= 1) {
     // Which chunks each block reads: ZeRO-3 gathers the releasable ones around the block; at every stage
     // from 1 the whole ones, all-gathered after each update, are waited for only when first read (a
@@ -152,7 +152,7 @@ void ZeroStrategy::before_backward(bool last) {
   for (int64_t c = 0; c < store_.layout().chunks(); ++c) {
     if (!sums_in_place(c)) continue;
     auto& cs = sync_[static_cast<size_t>(c)];
-    cs.full = spare_grad_buffer(store_.layout().chunk_sizes[static_cast<size_t>(c)], store_.params()[static_cast<size_t>(c)].options());
+    cs.full = spare_grads_.take(store_.layout().chunk_sizes[static_cast<size_t>(c)], store_.params()[static_cast<size_t>(c)].options());
     cs.full.zero_();
     for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(c)]) {
       const auto& t = store_.layout().slots[static_cast<size_t>(i)];
@@ -160,14 +160,6 @@ void ZeroStrategy::before_backward(bool last) {
       p.mutable_grad() = cs.full.narrow(0, t.offset, t.numel).view(p.sizes());
     }
   }
-}
-
-at::Tensor ZeroStrategy::spare_grad_buffer(int64_t numel, const at::TensorOptions& options) {
-  auto& spare = spare_grads_[numel];   // a buffer a completed chunk left, else a new one
-  if (spare.empty()) return at::empty({numel}, options);
-  at::Tensor t = std::move(spare.back());
-  spare.pop_back();
-  return t;
 }
 
 void ZeroStrategy::ready(int64_t slot) {
@@ -180,7 +172,7 @@ void ZeroStrategy::ready(int64_t slot) {
       const auto& tensors = store_.layout().chunk_slots[static_cast<size_t>(s.chunk)];
       const auto& last = store_.layout().slots[static_cast<size_t>(tensors.back())];
       const int64_t size = store_.layout().chunk_sizes[static_cast<size_t>(s.chunk)], used = last.offset + last.numel;
-      cs.full = spare_grad_buffer(size, p.options());
+      cs.full = spare_grads_.take(size, p.options());
       cs.full.narrow(0, used, size - used).zero_();
     }
     at::Tensor range = cs.full.narrow(0, s.offset, s.numel);
@@ -216,7 +208,7 @@ void ZeroStrategy::launch(int64_t chunk) {
   if (stage == 0) {
     cs.pending = group_.all_reduce_async(whole, what);
   } else {
-    cs.reduced = at::empty({store_.shard_numel(chunk)}, whole.options());
+    cs.reduced = spare_grads_.take(store_.shard_numel(chunk), whole.options());
     cs.pending = group_.reduce_scatter_async(cs.reduced, whole, what);
   }
   in_flight_.push_back(chunk);
@@ -237,13 +229,11 @@ void ZeroStrategy::complete(int64_t chunk) {
   at::Tensor& shard = store_.grad_shards()[static_cast<size_t>(chunk)];
   if (store_.stage() == 1) shard.copy_(cs.reduced);
   if (store_.stage() >= 2) shard.add_(cs.reduced);   // accumulates over the step's micro-batches
+  spare_grads_.give(std::move(cs.reduced));
   cs.reduced = at::Tensor();
   if (sums_in_place(chunk))   // the tensors' .grad views go with the buffer
     for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(chunk)]) store_.param_of(i).mutable_grad().reset();
-  if (store_.stage() >= 2 && cs.full.defined()) {   // kept for the next chunk of its size (as ChunkStore keeps gather buffers)
-    auto& spare = spare_grads_[cs.full.numel()];
-    if (spare.size() < kStage2InFlight + 1) spare.push_back(std::move(cs.full));
-  }
+  if (store_.stage() >= 2) spare_grads_.give(std::move(cs.full));   // for the next chunk of its size
   cs.full = at::Tensor();
   for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(chunk)])
     if (store_.tensor_state(i) == TensorState::ready_for_reduce) store_.set_state(i, TensorState::hold);
@@ -259,10 +249,20 @@ void ZeroStrategy::after_backward() {
   if (store_.stage() == 3) settle_chunks();
 }
 
+void ZeroStrategy::free_spares() {
+  // The buffers backward reused (gathered chunks, full gradient chunks, receive buffers) sit idle
+  // through the update and a checkpoint, the phases where a rank's memory peaks (at GPT-2 medium's
+  // width, eight or more chunks): freed here, they come back from malloc as the next forward gathers.
+  store_.free_spares();
+  spare_grads_.clear();
+  group_.free_spares();
+}
+
 at::Tensor ZeroStrategy::scale_loss(const at::Tensor& loss) { return scaler_ ? loss * scaler_->scale() : loss; }
 
 TrainStrategy::StepReport ZeroStrategy::optimizer_step(double lr, double max_norm) {
   StepReport r;
+  free_spares();
   r.loss_scale = loss_scale();   // the scale this step's loss was multiplied by, before the scaler updates it
   store_.collect_grads(1.0 / r.loss_scale);
   r.grad_norm = clip_grad_norm(max_norm);
@@ -282,9 +282,17 @@ void ZeroStrategy::load_scaler_state(const std::map<std::string, std::string>& s
 
 double ZeroStrategy::clip_grad_norm(double max_norm) {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> norms;   // one per chunk on its device, brought to the host in one transfer
-  for (const auto& g : store_.master_grads()) norms.push_back(at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kDouble));
-  at::Tensor sq = at::stack(norms).pow(2).sum().cpu().reshape({1});
+  // Squares summed in double, one slice of a chunk at a time: a norm asked for in double converts its
+  // whole input first, a copy twice the size of the largest shard (the embedding's) at the step's
+  // peak. Summed into one value as they come: results kept beside each slice's converted copy pinned
+  // glibc's heap, which grew by every copy (a gigabyte at 150M parameters).
+  constexpr int64_t kSlice = int64_t{1} << 20;
+  const auto& grads = store_.master_grads();
+  at::Tensor sq = at::zeros({}, at::TensorOptions(at::kDouble).device(grads.empty() ? c10::Device(c10::kCPU) : grads[0].device()));
+  for (const auto& g : grads)
+    for (int64_t from = 0; from < g.numel(); from += kSlice)
+      sq.add_(at::linalg_vector_norm(g.narrow(0, from, std::min(kSlice, g.numel() - from)), 2, c10::nullopt, false, at::kDouble).square());
+  sq = sq.cpu().reshape({1});   // one transfer from the chunks' device
   if (store_.stage() > 0) group_.all_reduce(sq, dist::Reduce::sum, "gradient norm");   // shards: sum over ranks
   const double norm = std::sqrt(sq.item<double>());
   if (max_norm > 0 && norm > max_norm && std::isfinite(norm)) {
@@ -308,9 +316,8 @@ void ZeroStrategy::step(double lr) {
   // run while the next forward starts: each chunk is waited for where it is first read.
   for (int64_t c = 0; c < store_.layout().chunks(); ++c) {
     if (store_.releasable(c)) continue;   // ZeRO-3: gathered when its block next runs
-    const auto k = static_cast<size_t>(c);
-    publish_src_[k] = store_.param_shard(c).clone();
-    publishing_[k] = group_.all_gather_async(store_.params()[k], publish_src_[k], "parameter chunk " + std::to_string(c));
+    const auto k = static_cast<size_t>(c);   // in place: this rank's shard is its part of the chunk
+    publishing_[k] = group_.all_gather_async(store_.params()[k], store_.param_shard(c), "parameter chunk " + std::to_string(c));
   }
   if (!gather_hook_) wait_published();   // nothing tells this strategy when blocks run: wait now
 }
@@ -324,17 +331,32 @@ void ZeroStrategy::zero_grad() {
 
 void ZeroStrategy::for_each_owned(const OwnedFn& fn) {
   wait_published();   // the parameters are read whole below
+  free_spares();
   const auto& layout = store_.layout();
   const auto names = optimizer_->state_names();
   const bool gather = store_.stage() > 0 && group_.active();
-  // The whole chunk of one of this rank's shard tensors (gathered from every rank's shard).
+  int64_t writer = -1;   // the one rank writing the chunk's tensors, or -1 when several do
+  // The whole chunk of one of this rank's shard tensors, gathered from every rank's shard: on its one
+  // writer only (a chunk holding one large tensor, such as the embedding), else on every rank.
   auto whole_of = [&](const at::Tensor& shard, int64_t c, const std::string& what) {
     if (!gather) return shard;
+    const std::string purpose = what + " of chunk " + std::to_string(c);
+    if (writer >= 0 && writer != group_.rank()) {
+      group_.gather(at::Tensor(), shard, writer, purpose);
+      return at::Tensor();
+    }
     at::Tensor w = at::empty({layout.chunk_sizes[static_cast<size_t>(c)]}, shard.options());
-    group_.all_gather(w, shard, what + " of chunk " + std::to_string(c));
+    if (writer >= 0) group_.gather(w, shard, writer, purpose);
+    else group_.all_gather(w, shard, purpose);
     return w;
   };
   for (int64_t c = 0; c < layout.chunks(); ++c) {
+    writer = -1;
+    for (int64_t i : layout.chunk_slots[static_cast<size_t>(c)]) {
+      const int64_t o = store_.owner(i);
+      writer = writer == -1 || writer == o ? o : -2;
+    }
+    if (writer < 0) writer = -1;
     std::vector<at::Tensor> whole;   // each state of the whole chunk
     for (const auto& n : names) whole.push_back(whole_of(store_.state(n)[static_cast<size_t>(c)], c, "optimizer state " + n));
     // Mixed precision saves the master weights, the full-precision values.

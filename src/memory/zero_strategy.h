@@ -87,8 +87,8 @@ class ZeroStrategy : public TrainStrategy {
   void ready(int64_t slot);
   void launch(int64_t chunk);
   void complete(int64_t chunk);
-  void complete_until(size_t in_flight);   // the oldest reductions, until at most `in_flight` remain
-  at::Tensor spare_grad_buffer(int64_t numel, const at::TensorOptions& options);   // uninitialised
+  void complete_until(size_t in_flight);
+  void free_spares();   // the oldest reductions, until at most `in_flight` remain
   // ZeRO-3's whole chunks: autograd sums their gradients into the chunk's buffer through .grad views.
   bool sums_in_place(int64_t chunk) const { return store_.stage() == 3 && !store_.releasable(chunk); }
   class GatherHook;
@@ -110,7 +110,7 @@ class ZeroStrategy : public TrainStrategy {
   std::deque<int64_t> in_flight_;
   int64_t launched_ = 0;                   // reductions launched so far
   int64_t launched_before_block_ = 0;      // launched_ when the running block's backward began
-  std::map<int64_t, std::vector<at::Tensor>> spare_grads_;   // stage 2-3: reduced chunks' gradient buffers, by size
+  SpareBuffers spare_grads_;   // stage 2-3's full gradient chunks and every stage's reduced shards, reused
   bool reducing_ = false;   // this backward's gradients are reduced
   // ZeRO-3
   std::vector<std::vector<int64_t>> block_chunks_;   // releasable chunks each block uses
@@ -118,7 +118,6 @@ class ZeroStrategy : public TrainStrategy {
   std::vector<std::vector<int64_t>> block_slots_;          // each block's tensors in releasable chunks
   std::vector<int64_t> outer_chunks_;                 // whole chunks holding tensors outside the blocks
   std::vector<dist::Pending> publishing_;            // all-gathers of updated parameters, by chunk
-  std::vector<at::Tensor> publish_src_;              // what each sends (defined while it runs)
   std::vector<int> refs_;                            // blocks running on each chunk
   std::vector<dist::Pending> fetches_;
   std::vector<bool> fetching_;

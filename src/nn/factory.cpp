@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "src/nn/attention.h"
+#include "src/nn/embedding_lookup.h"
 #include "src/nn/layer_norm.h"
 #include "src/nn/linear_forward.h"
 #include "src/nn/mlp.h"
@@ -27,7 +28,7 @@ class DenseLinear : public Linear {
 class DenseEmbedding : public Embedding {
  public:
   DenseEmbedding(int64_t num, int64_t dim, const LayerFactory& f) { weight_ = register_parameter("weight", f.parameter({num, dim})); }
-  at::Tensor forward(const at::Tensor& ids) override { return at::embedding(weight_, ids); }
+  at::Tensor forward(const at::Tensor& ids) override { return embedding_lookup(weight_, ids); }
   at::Tensor& weight() override { return weight_; }
 
  private:
