@@ -386,9 +386,15 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
       chain->add(hook);
       // ZeRO-3 holds in backward only the chunks of the running block, of the one before it (being
       // prefetched) and of the one after it (its gradients still being reduced), never the model.
+      // From stage 2 the block's gradients are summed into their chunk's buffer where they are
+      // computed: its parameters' .grad are the buffer's views before the block's backward runs.
       auto probe = std::make_shared<BackwardProbe>();
-      probe->check = [&zs, chunks, rank](int64_t block) {
+      probe->check = [&zs, chunks, rank, stage](int64_t block) {
         const auto& store = zs->store();
+        for (size_t i = 0; i < store.layout().slots.size(); ++i)
+          if (store.block_of_slot(static_cast<int64_t>(i)) == block)
+            EXPECT_TRUE(store.param_of(static_cast<int64_t>(i)).grad().defined()) << "rank " << rank << ": slot " << i << " has no gradient buffer at block " << block << "'s backward";
+        if (stage < 3) return;
         for (int64_t c = 0; c < chunks; ++c) {
           if (!store.releasable(c) || !store.present(c)) continue;
           bool near = false;
@@ -397,7 +403,7 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
           EXPECT_TRUE(near) << "rank " << rank << ": chunk " << c << " still gathered at block " << block << "'s backward";
         }
       };
-      if (stage == 3) chain->add(probe);
+      if (stage >= 2) chain->add(probe);
       model.set_block_hooks(chain);
     }
     for (int64_t step = 0; step < steps; ++step) {

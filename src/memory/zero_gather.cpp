@@ -39,6 +39,10 @@ void ZeroStrategy::maybe_release(int64_t c) {
 
 void ZeroStrategy::enter_block(int64_t b, int direction) {
   for (int64_t c : block_whole_chunks_[static_cast<size_t>(b)]) wait_published(c);
+  if (direction < 0 && store_.stage() >= 2) {   // the block's gradients are summed where they are computed
+    for (int64_t c : block_chunks_[static_cast<size_t>(b)]) sum_in_place(c);
+    for (int64_t c : block_whole_chunks_[static_cast<size_t>(b)]) sum_in_place(c);
+  }
   if (store_.stage() < 3) return;
   if (direction < 0) launched_before_block_ = launched_;
   for (int64_t c : block_chunks_[static_cast<size_t>(b)]) {

@@ -81,6 +81,7 @@ class ZeroStrategy : public TrainStrategy {
   struct ChunkSync {
     int64_t params = 0, waiting = 0;   // gradients it waits for; still outstanding this backward
     bool launched = false;
+    bool in_place = false;             // its tensors' .grad are views of `full` (sum_in_place)
     dist::Pending pending;
     at::Tensor full, reduced;          // stage 2's gathered chunk; the shard a reduce-scatter fills
   };
@@ -89,8 +90,8 @@ class ZeroStrategy : public TrainStrategy {
   void complete(int64_t chunk);
   void complete_until(size_t in_flight);
   void free_spares();   // the oldest reductions, until at most `in_flight` remain
-  // ZeRO-3's whole chunks: autograd sums their gradients into the chunk's buffer through .grad views.
-  bool sums_in_place(int64_t chunk) const { return store_.stage() == 3 && !store_.releasable(chunk); }
+  // Stages 2-3: autograd sums the chunk's gradients into its full buffer through .grad views.
+  void sum_in_place(int64_t chunk);
   class GatherHook;
   void enter_block(int64_t block, int direction);
   void leave_block(int64_t block, int direction);
