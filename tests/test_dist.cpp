@@ -211,19 +211,22 @@ TEST(Group, AllGatherAndReduceScatterMoveShardsInRankOrderAcrossFourRanks) {
   EXPECT_TRUE(at::equal(shard, at::full({4}, 2.0f)));
 }
 
-TEST(Group, AHungRankIsNamedByTheRanksThatTimedOutWaitingForIt) {
-  auto errors = run_ranks(
+namespace {
+
+// Three ranks with a 2 s timeout: all run `op(g, "warm-up")`, then rank 1 stops taking part, as a
+// SIGSTOPped process would, while the others run `op(g, what)`. Returns each rank's error.
+std::vector<std::string> with_rank_one_stopped(const std::function<void(Group&, const std::string&)>& op, const std::string& what) {
+  return run_ranks(
       3,
-      [](int64_t rank, Runtime& rt) {
+      [&](int64_t rank, Runtime& rt) {
         Group& g = rt.group(Dim::dp);
-        at::Tensor t = at::ones({4});
-        g.all_reduce(t, Reduce::sum, "warm-up");
-        if (rank == 1) {   // stops taking part, as a SIGSTOPped process would
+        op(g, "warm-up");
+        if (rank == 1) {
           std::this_thread::sleep_for(std::chrono::seconds(4));
           return;
         }
         try {
-          g.all_reduce(t, Reduce::sum, "gradient bucket 0");
+          op(g, what);
         } catch (...) {
           // Keep this rank's store and connections up while the other rank reports (rank 0 hosts the store).
           std::this_thread::sleep_for(std::chrono::milliseconds(1500));
@@ -231,6 +234,17 @@ TEST(Group, AHungRankIsNamedByTheRanksThatTimedOutWaitingForIt) {
         }
       },
       /*timeout_s=*/2);
+}
+
+}  // namespace
+
+TEST(Group, AHungRankIsNamedByTheRanksThatTimedOutWaitingForIt) {
+  auto errors = with_rank_one_stopped(
+      [](Group& g, const std::string& what) {
+        at::Tensor t = at::ones({4});
+        g.all_reduce(t, Reduce::sum, what);
+      },
+      "gradient bucket 0");
   for (int r : {0, 2}) {
     EXPECT_NE(errors[r].find("rank 1 (node "), std::string::npos) << errors[r];
     EXPECT_NE(errors[r].find("stopped responding during all_reduce on group dp (gradient bucket 0) after 2 s"), std::string::npos)
@@ -241,24 +255,8 @@ TEST(Group, AHungRankIsNamedByTheRanksThatTimedOutWaitingForIt) {
 
 TEST(Group, ARankMissingFromAShardExchangeIsNamed) {
   // Gloo's shards move by point-to-point sends and receives: their timeouts reach the same error.
-  auto errors = run_ranks(
-      3,
-      [](int64_t rank, Runtime& rt) {
-        Group& g = rt.group(Dim::dp);
-        at::Tensor whole = at::empty({6});
-        g.all_gather(whole, at::ones({2}), "warm-up");
-        if (rank == 1) {
-          std::this_thread::sleep_for(std::chrono::seconds(4));
-          return;
-        }
-        try {
-          g.all_gather(whole, at::ones({2}), "parameter chunk 7");
-        } catch (...) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-          throw;
-        }
-      },
-      /*timeout_s=*/2);
+  auto errors = with_rank_one_stopped(
+      [](Group& g, const std::string& what) { g.all_gather(at::empty({6}), at::ones({2}), what); }, "parameter chunk 7");
   for (int r : {0, 2}) {
     EXPECT_NE(errors[r].find("rank 1 (node "), std::string::npos) << errors[r];
     EXPECT_NE(errors[r].find("stopped responding during all_gather on group dp (parameter chunk 7) after 2 s"), std::string::npos)
