@@ -145,8 +145,10 @@ void ZeroStrategy::before_backward(bool last) {
   // From stage 2 the chunks holding the embeddings, final norm or head collect gradients from both
   // ends of backward (GPT-2's tied embedding: the head's first, the lookup's last), so their buffer
   // lives through backward anyway: it is given to autograd as the tensors' .grad from the start.
-  // A block's chunks get theirs as the block's backward begins (enter_block).
-  if (store_.stage() < 2) return;
+  // A block's chunks get theirs as the block's backward begins (enter_block). A module without blocks
+  // has every chunk outside them: its gradients keep arriving as tensors, copied into a buffer taken
+  // as each chunk's first one comes, so at most the in-flight window is ever full.
+  if (store_.stage() < 2 || !gather_hook_) return;
   for (int64_t c : outer_chunks_) sum_in_place(c);
 }
 
