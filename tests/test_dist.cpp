@@ -196,8 +196,9 @@ TEST(Group, AllGatherAndReduceScatterMoveShardsInRankOrderAcrossFourRanks) {
     // Gather to one rank: rank 2 receives every shard; the others only send (no whole of their own).
     at::Tensor to_two = rank == 2 ? at::full({8}, -1.0f) : at::Tensor();
     g.gather(to_two, at::full({2}, static_cast<float>(rank * 3)), 2, "to rank 2");
-    if (rank == 2)
+    if (rank == 2) {
       for (int64_t r = 0; r < 4; ++r) EXPECT_TRUE(at::equal(to_two.narrow(0, r * 2, 2), at::full({2}, static_cast<float>(r * 3)))) << r;
+    }
     g.take_counters();
   });
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
@@ -389,9 +390,11 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
       auto probe = std::make_shared<BackwardProbe>();
       probe->check = [&zs, chunks, rank, stage](int64_t block) {
         const auto& store = zs->store();
-        for (size_t i = 0; i < store.layout().slots.size(); ++i)
-          if (store.block_of_slot(static_cast<int64_t>(i)) == block)
-            EXPECT_TRUE(store.param_of(static_cast<int64_t>(i)).grad().defined()) << "rank " << rank << ": slot " << i << " has no gradient buffer at block " << block << "'s backward";
+        for (size_t i = 0; i < store.layout().slots.size(); ++i) {
+          if (store.block_of_slot(static_cast<int64_t>(i)) != block) continue;
+          EXPECT_TRUE(store.param_of(static_cast<int64_t>(i)).grad().defined())
+              << "rank " << rank << ": slot " << i << " has no gradient buffer at block " << block << "'s backward";
+        }
         if (stage < 3) return;
         for (int64_t c = 0; c < chunks; ++c) {
           if (!store.releasable(c) || !store.present(c)) continue;

@@ -199,21 +199,31 @@ Pending Group::shard_collective(bool gather, const at::Tensor& whole, const at::
   });
 }
 
-Pending Group::exchange(bool gather, const at::Tensor& whole, const at::Tensor& shard, const char* op, const std::string& what) {
+Pending Group::exchange(bool gather, const at::Tensor& whole, const at::Tensor& shard, const char* op, const std::string& what,
+                        int64_t root) {
   const int64_t n = shard.numel(), me = index_;
   auto part = [&](int64_t j) { return whole.narrow(0, j * n, n); };
-  const int tag = next_tag();
+  // Every rank issues the group's collectives in the same order, so the same count names the same
+  // exchange on every rank; matching is by (peer, tag), so exchanges in flight together never mix.
+  const int tag = static_cast<int>(exchanges_++ % (int64_t{1} << 30));
   return launch(op, what, gather ? shard : whole, [&](Pending& p, std::vector<at::Tensor>&) {
-    auto& s = *p.state_;
-    auto send = [&](const at::Tensor& t, int64_t j) { post(s, true, t, j, tag); };
-    auto recv = [&](const at::Tensor& t, int64_t j) { post(s, false, t, j, tag); };
-    if (gather) {   // each peer's shard straight into its part of the whole
-      if (!in_place(whole, shard)) part(me).copy_(shard);
-      for (int64_t j = 0; j < size(); ++j)
-        if (j != me) {
-          send(shard, j);
-          recv(part(j), j);
-        }
+    auto& works = p.state_->works;
+    auto send = [&](const at::Tensor& t, int64_t j) {
+      std::vector<at::Tensor> v{t};
+      works.push_back(backend_->pg->send(v, static_cast<int>(j), tag));
+    };
+    auto recv = [&](const at::Tensor& t, int64_t j) {
+      std::vector<at::Tensor> v{t};
+      works.push_back(backend_->pg->recv(v, static_cast<int>(j), tag));
+    };
+    if (gather) {   // each peer's shard straight into its part of the whole (on `root` only, when given)
+      const bool receives = root < 0 || root == me;
+      if (receives && !in_place(whole, shard)) part(me).copy_(shard);
+      for (int64_t j = 0; j < size(); ++j) {
+        if (j == me) continue;
+        if (root < 0 || j == root) send(shard, j);
+        if (receives) recv(part(j), j);
+      }
       return;
     }
     // Reduce-scatter: each peer's part j goes to rank j; the peers' parts of this rank's shard arrive
@@ -228,7 +238,7 @@ Pending Group::exchange(bool gather, const at::Tensor& whole, const at::Tensor& 
       parts[static_cast<size_t>(j)] = scratch_.take(n, shard.options());
       recv(parts[static_cast<size_t>(j)], j);
     }
-    s.finish = [this, parts, out = at::Tensor(shard), me]() mutable {
+    p.state_->finish = [this, parts, out = at::Tensor(shard), me]() mutable {
       if (parts.size() == 1) out.copy_(parts[0]);
       else at::add_out(out, parts[0], parts[1]);
       for (size_t j = 2; j < parts.size(); ++j) out.add_(parts[j]);
@@ -238,17 +248,6 @@ Pending Group::exchange(bool gather, const at::Tensor& whole, const at::Tensor& 
   });
 }
 
-int Group::next_tag() {
-  // Every rank issues the group's collectives in the same order, so the same count names the same
-  // exchange on every rank; matching is by (peer, tag), so exchanges in flight together never mix.
-  return static_cast<int>(exchanges_++ % (int64_t{1} << 30));
-}
-
-void Group::post(Pending::State& s, bool send, const at::Tensor& t, int64_t peer, int tag) {
-  std::vector<at::Tensor> v{t};
-  s.works.push_back(send ? backend_->pg->send(v, static_cast<int>(peer), tag) : backend_->pg->recv(v, static_cast<int>(peer), tag));
-}
-
 void Group::gather(const at::Tensor& whole, const at::Tensor& shard, int64_t root, const std::string& what) {
   const bool mine = root == index_;
   if (mine) check_shards("gather", whole, shard, what);
@@ -256,20 +255,9 @@ void Group::gather(const at::Tensor& whole, const at::Tensor& shard, int64_t roo
     whole.view({-1}).copy_(shard.view({-1}));
     return;
   }
-  if (!point_to_point_) {   // an all-gather whose copy the other ranks drop
-    all_gather(mine ? whole : at::empty({shard.numel() * size()}, shard.options()), shard, what);
-    return;
-  }
-  const int tag = next_tag();
-  Pending p = launch("gather", what, shard, [&](Pending& pending, std::vector<at::Tensor>&) {
-    auto& s = *pending.state_;
-    if (!mine) return post(s, true, shard, root, tag);
-    const int64_t n = shard.numel();
-    at::Tensor flat = whole.view({-1});
-    flat.narrow(0, index_ * n, n).copy_(shard.view({-1}));
-    for (int64_t j = 0; j < size(); ++j)
-      if (j != index_) post(s, false, flat.narrow(0, j * n, n), j, tag);
-  });
+  Pending p = point_to_point_ ? exchange(true, mine ? whole.view({-1}) : at::Tensor(), shard.view({-1}), "gather", what, root)
+                              // elsewhere an all-gather, whose copy the other ranks drop
+                              : all_gather_async(mine ? whole : at::empty({shard.numel() * size()}, shard.options()), shard, what);
   wait(p);
 }
 

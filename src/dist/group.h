@@ -100,11 +100,11 @@ class Group {
   [[noreturn]] void fail(const Pending& p, const std::string& cause);
   // All-gather (`gather`) or reduce-scatter between `whole` and this rank's `shard`.
   Pending shard_collective(bool gather, const at::Tensor& whole, const at::Tensor& shard, const std::string& what);
-  // On Gloo: the shards exchanged by point-to-point sends and receives on the caller's memory.
-  Pending exchange(bool gather, const at::Tensor& whole, const at::Tensor& shard, const char* op, const std::string& what);
+  // On Gloo: the shards exchanged by point-to-point sends and receives on the caller's memory. A gather
+  // with `root` >= 0 fills `whole` on that rank only (elsewhere it is undefined).
+  Pending exchange(bool gather, const at::Tensor& whole, const at::Tensor& shard, const char* op, const std::string& what,
+                   int64_t root = -1);
   bool in_place(const at::Tensor& whole, const at::Tensor& shard) const;   // shard is this rank's part of whole
-  int next_tag();   // the tag of the next point-to-point exchange
-  void post(Pending::State& s, bool send, const at::Tensor& t, int64_t peer, int tag);   // one send or receive of an exchange
   // Error unless `whole` is size() shards of `shard`'s dtype and device.
   void check_shards(const char* op, const at::Tensor& whole, const at::Tensor& shard, const std::string& what) const;
 

@@ -158,7 +158,7 @@ void ZeroStrategy::sum_in_place(int64_t c) {
   // freshly allocated (page faults on every step's gradients) and copied into the buffer: ZeRO-2 ran
   // at 0.93x of plain data parallelism at GPT-2 350M with the copies.
   auto& cs = sync_[static_cast<size_t>(c)];
-  if (cs.in_place || cs.full.defined() || !reducing_) return;
+  if (cs.full.defined() || !reducing_) return;   // in place already, or collecting by copies
   at::NoGradGuard no_grad;
   cs.full = spare_grads_.take(store_.layout().chunk_sizes[static_cast<size_t>(c)], store_.params()[static_cast<size_t>(c)].options());
   cs.full.zero_();
@@ -344,33 +344,32 @@ void ZeroStrategy::for_each_owned(const OwnedFn& fn) {
   const auto& layout = store_.layout();
   const auto names = optimizer_->state_names();
   const bool gather = store_.stage() > 0 && group_.active();
-  int64_t writer = -1;   // the one rank writing the chunk's tensors, or -1 when several do
-  // The whole chunk of one of this rank's shard tensors, gathered from every rank's shard: on its one
-  // writer only (a chunk holding one large tensor, such as the embedding), else on every rank.
-  auto whole_of = [&](const at::Tensor& shard, int64_t c, const std::string& what) {
+  // The one rank writing chunk c's tensors (a chunk holding one large tensor, such as the embedding),
+  // or none when several do.
+  auto sole_writer = [&](int64_t c) -> std::optional<int64_t> {
+    const auto& slots = layout.chunk_slots[static_cast<size_t>(c)];
+    const int64_t first = store_.owner(slots.front());
+    for (int64_t i : slots)
+      if (store_.owner(i) != first) return std::nullopt;
+    return first;
+  };
+  // The whole chunk of one of this rank's shard tensors, gathered from every rank's shard: on its sole
+  // writer only when it has one (undefined elsewhere), else on every rank.
+  auto whole_of = [&](const at::Tensor& shard, int64_t c, std::optional<int64_t> writer, const std::string& what) {
     if (!gather) return shard;
     const std::string purpose = what + " of chunk " + std::to_string(c);
-    if (writer >= 0 && writer != group_.rank()) {
-      group_.gather(at::Tensor(), shard, writer, purpose);
-      return at::Tensor();
-    }
-    at::Tensor w = at::empty({layout.chunk_sizes[static_cast<size_t>(c)]}, shard.options());
-    if (writer >= 0) group_.gather(w, shard, writer, purpose);
+    at::Tensor w = !writer || *writer == group_.rank() ? at::empty({layout.chunk_sizes[static_cast<size_t>(c)]}, shard.options()) : at::Tensor();
+    if (writer) group_.gather(w, shard, *writer, purpose);
     else group_.all_gather(w, shard, purpose);
     return w;
   };
   for (int64_t c = 0; c < layout.chunks(); ++c) {
-    writer = -1;
-    for (int64_t i : layout.chunk_slots[static_cast<size_t>(c)]) {
-      const int64_t o = store_.owner(i);
-      writer = writer == -1 || writer == o ? o : -2;
-    }
-    if (writer < 0) writer = -1;
+    const auto writer = sole_writer(c);
     std::vector<at::Tensor> whole;   // each state of the whole chunk
-    for (const auto& n : names) whole.push_back(whole_of(store_.state(n)[static_cast<size_t>(c)], c, "optimizer state " + n));
+    for (const auto& n : names) whole.push_back(whole_of(store_.state(n)[static_cast<size_t>(c)], c, writer, "optimizer state " + n));
     // Mixed precision saves the master weights, the full-precision values.
     const bool from_master = store_.mixed() || store_.releasable(c);   // the parameters' own values are not whole here
-    const at::Tensor master = from_master ? whole_of(store_.master()[static_cast<size_t>(c)], c, "master weights") : at::Tensor();
+    const at::Tensor master = from_master ? whole_of(store_.master()[static_cast<size_t>(c)], c, writer, "master weights") : at::Tensor();
     for (int64_t i : layout.chunk_slots[static_cast<size_t>(c)]) {
       if (store_.owner(i) != group_.rank()) continue;
       const auto& s = layout.slots[static_cast<size_t>(i)];

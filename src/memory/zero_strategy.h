@@ -88,8 +88,8 @@ class ZeroStrategy : public TrainStrategy {
   void ready(int64_t slot);
   void launch(int64_t chunk);
   void complete(int64_t chunk);
-  void complete_until(size_t in_flight);
-  void free_spares();   // the oldest reductions, until at most `in_flight` remain
+  void complete_until(size_t in_flight);   // the oldest reductions, until at most `in_flight` remain
+  void free_spares();   // the reused buffers of chunks, gradients and receives, before phases that use none
   // Stages 2-3: autograd sums the chunk's gradients into its full buffer through .grad views.
   void sum_in_place(int64_t chunk);
   class GatherHook;
