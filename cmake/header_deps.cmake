@@ -1,7 +1,7 @@
 # Dependencies found by path rather than pkg-config, so the same CMakeLists also configures where
 # Debian's -dev packages are only unpacked under a prefix (CMAKE_PREFIX_PATH) and no pkg-config exists,
 # as on the GPU machine (scripts/dev/gpu_check.sh). Exports colossal::sentencepiece,
-# colossal::tomlplusplus and COLOSSAL_FMT_SHIM.
+# colossal::tomlplusplus, colossal::liburing and COLOSSAL_FMT_SHIM.
 
 find_path(SENTENCEPIECE_INCLUDE_DIR sentencepiece_processor.h REQUIRED)
 find_library(SENTENCEPIECE_LIBRARY sentencepiece REQUIRED)
@@ -25,3 +25,16 @@ set(COLOSSAL_FMT_SHIM "${CMAKE_BINARY_DIR}/fmt-shim")
 file(MAKE_DIRECTORY "${COLOSSAL_FMT_SHIM}")
 file(REMOVE "${COLOSSAL_FMT_SHIM}/fmt")
 file(CREATE_LINK "${COLOSSAL_FMT_INCLUDE_DIR}/fmt" "${COLOSSAL_FMT_SHIM}/fmt" SYMBOLIC)
+
+# liburing (Debian's liburing-dev) for the NVMe offload tier's asynchronous I/O. Optional: without it
+# (the GPU machine has no -dev packages) the offload file runs its transfers through pread/pwrite.
+find_path(LIBURING_INCLUDE_DIR liburing.h)
+find_library(LIBURING_LIBRARY uring)
+add_library(colossal::liburing INTERFACE IMPORTED)
+if(LIBURING_INCLUDE_DIR AND LIBURING_LIBRARY)
+  set_target_properties(colossal::liburing PROPERTIES
+    INTERFACE_LINK_LIBRARIES "${LIBURING_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${LIBURING_INCLUDE_DIR}")   # the source tests __has_include(<liburing.h>)
+else()
+  message(STATUS "liburing not found: NVMe offload uses pread/pwrite")
+endif()

@@ -161,11 +161,18 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters, int
   e.weights = stage >= 3 ? 4 * p / shards : 4 * p;
   e.gradients = stage >= 2 ? 4 * p / shards : 4 * p;
   e.optimizer = 4 * p * static_cast<double>(optim::states_per_parameter(r.optim)) / (stage >= 1 ? shards : 1.0);
+  const ModelConfig m = family_of(r.model).canonical(r.model);
+  if (r.memory.offload_optimizer == "nvme") {
+    // Three chunks' shards are staged; a chunk holds at least the largest tensor (the embedding) or
+    // the chunk size asked for.
+    const double chunk = std::max(static_cast<double>(m.vocab_size) * static_cast<double>(m.n_embd), r.memory.chunk_size_mb * 262144.0);
+    e.nvme = e.optimizer;
+    e.optimizer = std::min(e.optimizer, 3 * 4 * chunk * static_cast<double>(optim::states_per_parameter(r.optim)) / (stage >= 1 ? shards : 1.0));
+  }
   // Activations kept for backward per layer, fp32, with fused attention (no T x T scores kept):
   // about 17 values of [B, T, C] per block (inputs of norms, qkv, attention output, MLP in/out
   // with its 4x hidden) plus the logits [B, T, V] and their gradient. T and V as the family builds
   // the model (a ViT sees its patches and has no vocabulary).
-  const ModelConfig m = family_of(r.model).canonical(r.model);
   const double b = static_cast<double>(r.train.batch_size), t = static_cast<double>(tokens_per_sample(r));
   const double c = static_cast<double>(m.n_embd), v = static_cast<double>(m.vocab_size);
   e.activations = 4 * (b * t * c * 17 * static_cast<double>(m.n_layer) + 2 * b * t * v);

@@ -33,9 +33,12 @@ int64_t tokens_per_sample(const Recipe& recipe);
 // Bytes one rank holds for parameters, gradients and optimizer states (fp32) at the recipe's ZeRO stage
 // over `dp` data-parallel ranks (the ZeRO paper's formulas: stage 1 divides the optimizer states by dp,
 // stage 2 the gradients too, stage 3 the parameters too), plus a per-micro-batch activation estimate.
+// With optimizer offload, `optimizer` is the host staging (three chunks' states) and `nvme` the states
+// in the offload file.
 struct MemoryEstimate {
   int64_t parameters = 0;
   double weights = 0, gradients = 0, optimizer = 0, activations = 0;
+  double nvme = 0;   // not in total(): on disk
   double total() const { return weights + gradients + optimizer + activations; }
 };
 MemoryEstimate estimate_training_memory(const Recipe& recipe, int64_t parameters, int64_t dp = 1);

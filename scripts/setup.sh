@@ -12,6 +12,7 @@ SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 DEBS=(build-essential cmake ninja-build ccache pkg-config git time python3 python3-venv python3-pip
       libgloo-dev libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libsentencepiece-dev
       sentencepiece libhdf5-dev zlib1g-dev libspdlog-dev libfmt-dev libgtest-dev googletest
+      liburing-dev            # the NVMe offload tier's asynchronous reads and writes (io_uring)
       dataset-fashion-mnist   # ViT recipes train on its IDX files
       iproute2 slurm-wlm munge)   # the two-node (network namespaces) and one-node SLURM tests
 missing=()

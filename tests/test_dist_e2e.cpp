@@ -213,6 +213,25 @@ TEST(DistributedTraining, ResumeReshardsAcrossStagesAndRanksAndContinuesTheSameR
   for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << "step " << i + 1;
 }
 
+TEST(DistributedTraining, OptimizerStatesOnNvmeFollowTheInMemoryRunAndResumeAcrossStages) {
+  // ZeRO-3 over 2 ranks with the optimizer states on NVMe for 3 steps, then one plain process, still
+  // offloaded, to step 6: the states are saved from the files and loaded back into them.
+  TempDir dir;
+  ASSERT_EQ(train(write_recipe(dir, "ref"), "").exit_code, 0);
+  const std::string nvme = dir / "nvme";
+  fs::create_directory(nvme);
+  const std::string a = write_recipe(dir, "a", "[memory]\nchunk_size_mb = 0.01\noffload_optimizer = \"nvme\"\nnvme_path = \"" + nvme + "\"\n");
+  auto r = train(a, "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=3 --set train.max_steps=3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = train(a, "--resume");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(max_relative_difference(dir / "a", dir / "ref"), 1e-6);
+  std::ifstream log(dir / "a/train.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find(" of them on NVMe, "), std::string::npos) << text;
+  EXPECT_TRUE(fs::is_empty(nvme));   // the offload files went with their processes
+}
+
 TEST(DistributedTraining, MaskedLmAtTwoRanksEqualsOneProcessOnTheGlobalBatch) {
   // Each rank masks a different number of positions; the loss divides by the count over both ranks.
   TempDir dir;

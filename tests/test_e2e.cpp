@@ -161,6 +161,31 @@ TEST(EndToEnd, BadInputEndsInOneErrorLine) {
   EXPECT_NE(dry.output.find("does not fit: training would stop here"), std::string::npos) << dry.output;
 }
 
+TEST(EndToEnd, OptimizerOffloadToNvmeIsPlannedPerTierAndABadPathIsRefusedBeforeTraining) {
+  TempDir dir;
+  const std::string nvme = dir / "nvme";
+  std::filesystem::create_directory(nvme);
+  const std::string offload = " --set memory.offload_optimizer=nvme --set memory.nvme_path=";
+  auto r = run_colossal("train recipes/gpt2-124m.toml --dry-run --set train.batch_size=2" + offload + nvme);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double p = 124475904;   // AdamW's two moments go to the disk; three chunks' worth stay staged
+  EXPECT_NE(r.output.find("  nvme        " + colossal::human_bytes(8 * p) + " optimizer states in " + nvme + " ("), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" free: fits)"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("  optimizer   " + colossal::human_bytes(8 * p) + "\n"), std::string::npos) << r.output;
+
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set memory.offload_optimizer=nvme" + into(dir)),
+                        "offload_optimizer: = \"nvme\" needs nvme_path, a directory on a local disk");
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set memory.offload_optimizer=disk" + into(dir)), "offload_optimizer");
+  const std::string missing = dir / "missing";
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --dry-run" + offload + missing),
+                        "nvme_path " + missing + ": " + missing + " does not exist");
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml" + offload + missing + into(dir)),
+                        "nvme_path " + missing + " (optimizer states): " + missing + " does not exist");
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set optim.name=sgd --set optim.momentum=0" + offload + nvme + into(dir)),
+                        "sgd as configured keeps no optimizer state to offload");
+  EXPECT_FALSE(std::filesystem::exists(dir / "run/checkpoints/latest"));   // refused before training
+}
+
 TEST(EndToEnd, DataCommandsBuildATokenizerAndDataset) {
   TempDir dir;
   auto docs = read_file(colossal::test::source_dir() + "/data/kjv/kjv.txt").substr(0, 300000);

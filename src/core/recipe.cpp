@@ -282,6 +282,10 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   auto mem = section("memory");
   r.memory.zero = mem.integer("zero", r.memory.zero, 0, 3);
   r.memory.chunk_size_mb = mem.real_or_word("chunk_size_mb", r.memory.chunk_size_mb, 1.0 / 1024, 1 << 20, "auto", 0);
+  r.memory.offload_optimizer = mem.string("offload_optimizer", r.memory.offload_optimizer, {"none", "nvme"});
+  r.memory.nvme_path = mem.string("nvme_path", r.memory.nvme_path);
+  if (r.memory.offload_optimizer == "nvme" && r.memory.nvme_path.empty())
+    mem.fail("offload_optimizer", "= \"nvme\" needs nvme_path, a directory on a local disk (e.g. nvme_path = \"/mnt/nvme\")");
   mem.finish();
 
   auto pr = section("precision");
@@ -354,7 +358,7 @@ std::string Recipe::to_toml() const {
                               {"layer_norm", kernels.layer_norm}, {"gemm", kernels.gemm}}},
       {"parallel", toml::table{{"tensor", parallel.tensor}, {"pipeline", parallel.pipeline}, {"sequence", parallel.sequence},
                                {"timeout_s", parallel.timeout_s}, {"backend", parallel.backend}}},
-      {"memory", toml::table{{"zero", memory.zero}}},
+      {"memory", toml::table{{"zero", memory.zero}, {"offload_optimizer", memory.offload_optimizer}, {"nvme_path", memory.nvme_path}}},
       {"precision", toml::table{{"dtype", precision.dtype}, {"initial_scale", precision.initial_scale},
                                 {"growth_factor", precision.growth_factor}, {"backoff_factor", precision.backoff_factor},
                                 {"growth_interval", precision.growth_interval}}},

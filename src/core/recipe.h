@@ -109,6 +109,9 @@ struct MemoryConfig {               // [memory]: where parameters, gradients and
   int64_t zero = 0;                  // ZeRO stage: 0 (plain data parallelism), 1 (optimizer states
                                      // sharded), 2 (and gradients), 3 (and parameters)
   double chunk_size_mb = 0;          // fp32 MiB per chunk; 0 = "auto" (searched to minimise padding)
+  std::string offload_optimizer = "none";   // none | nvme: optimizer states in a file under nvme_path,
+                                            // streamed through host memory chunk by chunk at each step
+  std::string nvme_path;             // a directory on a local disk (required by nvme offload)
 };
 
 struct PrecisionConfig {            // [precision]

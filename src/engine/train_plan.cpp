@@ -123,12 +123,13 @@ void apply_memory(TrainPlan& p) {
     zo.loss_scale = memory::LossScaleOptions{r.precision.initial_scale, r.precision.growth_factor, r.precision.backoff_factor,
                                              r.precision.growth_interval};
   zo.device = p.device;
+  if (r.memory.offload_optimizer == "nvme") zo.offload_dir = r.memory.nvme_path;
   p.strategy = std::make_unique<memory::ZeroStrategy>(*p.model, zo, dp, optim::make_optimizer(r.optim));
   // The block-hook chain: ZeRO-3's gather and release (recompute and the profiler will follow it).
   auto chain = std::make_shared<nn::BlockHooks>();
   if (auto hook = p.strategy->block_hook()) chain->add(hook);
   if (!chain->empty()) p.model->set_block_hooks(chain);
-  if (p.dp_size > 1 || zo.stage > 0 || zo.compute) spdlog::info("{}", p.strategy->describe());
+  if (p.dp_size > 1 || zo.stage > 0 || zo.compute || !zo.offload_dir.empty()) spdlog::info("{}", p.strategy->describe());
 }
 
 // Step 5: the parameters' values, streamed one tensor at a time into what each rank holds of it: from

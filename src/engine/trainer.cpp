@@ -27,6 +27,7 @@
 #include "src/dist/runtime.h"
 #include "src/nn/kernel_choice.h"
 #include "src/io/atomic_dir.h"
+#include "src/memory/offload_file.h"
 #include "src/optim/schedule.h"
 
 namespace fs = std::filesystem;
@@ -71,6 +72,10 @@ EvalResult evaluate(TrainPlan& p) {
 // `r` with its [model] as training will build it (from the checkpoint when finetuning).
 void print_dry_run(const Recipe& r, const c10::Device& device, int64_t launch_world) {
   const ModelConfig& m = r.model;
+  // The plan's disk tier, checked as the run checks it before training (an error before any output).
+  const double free_bytes = r.memory.offload_optimizer == "nvme"
+                                ? static_cast<double>(memory::offload_dir_free_bytes(r.memory.nvme_path, "nvme_path " + r.memory.nvme_path))
+                                : 0.0;
   const int64_t params = count_parameters(m);
   std::printf("# resolved recipe (%s)\n%s\n", r.path.c_str(), r.to_toml().c_str());
   std::printf("model:       %s, %s parameters (%lld)\n", m.family.c_str(), human_count(static_cast<double>(params)).c_str(),
@@ -96,6 +101,12 @@ void print_dry_run(const Recipe& r, const c10::Device& device, int64_t launch_wo
   std::printf("  weights     %s\n  gradients   %s\n  optimizer   %s\n  activations %s (one micro-batch)\n  total       %s\n",
               human_bytes(mem.weights).c_str(), human_bytes(mem.gradients).c_str(), human_bytes(mem.optimizer).c_str(),
               human_bytes(mem.activations).c_str(), human_bytes(mem.total()).c_str());
+  if (r.memory.offload_optimizer == "nvme") {
+    const double disk = mem.nvme * static_cast<double>(workers);
+    std::printf("  nvme        %s optimizer states%s in %s (%s free: %s)\n", human_bytes(mem.nvme).c_str(),
+                workers > 1 ? (" per rank, " + human_bytes(disk) + " in all").c_str() : "", r.memory.nvme_path.c_str(),
+                human_bytes(free_bytes).c_str(), disk <= free_bytes ? "fits" : "does not fit: training would stop here");
+  }
   const double have = static_cast<double>(physical_memory_bytes()), need = mem.total() * static_cast<double>(workers);
   const std::string here = workers > 1 ? " for its " + std::to_string(workers) + " ranks (" + human_bytes(need) + ")" : "";
   std::printf("  machine     %s (%s)\n", human_bytes(have).c_str(),

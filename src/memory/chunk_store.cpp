@@ -205,29 +205,54 @@ int64_t ChunkStore::owner(int64_t slot) const {
 }
 
 std::vector<at::Tensor>& ChunkStore::state(const std::string& name) {
+  if (offloaded_) throw Error("chunk store: optimizer state \"" + name + "\" is offloaded; read it chunk by chunk (internal)");
   auto [it, added] = optimizer_states_.try_emplace(name);
   if (added)
     for (int64_t c = 0; c < layout_.chunks(); ++c) it->second.push_back(at::zeros({shard_numel(c)}, master_.front().options()));
   return it->second;
 }
 
-std::vector<optim::ParamPiece> ChunkStore::pieces(const std::vector<std::string>& state_names, double weight_decay) {
-  std::vector<std::vector<at::Tensor>*> states;
-  for (const auto& n : state_names) states.push_back(&state(n));
+std::vector<optim::ParamPiece> ChunkStore::chunk_pieces(int64_t chunk, const std::vector<at::Tensor>& states, double weight_decay) {
+  const auto c = static_cast<size_t>(chunk);
   std::vector<optim::ParamPiece> out;
-  for (int64_t i = 0; i < static_cast<int64_t>(layout_.slots.size()); ++i) {
+  for (int64_t i : layout_.chunk_slots[c]) {
     const auto part = shard_part(i);
     if (!part) continue;
-    const auto& s = layout_.slots[static_cast<size_t>(i)];
-    const auto c = static_cast<size_t>(s.chunk);
     optim::ParamPiece piece;
     piece.param = master_[c].narrow(0, part->in_shard, part->numel);
     piece.grad = master_grads_[c].narrow(0, part->in_shard, part->numel);
-    for (auto* st : states) piece.state.push_back((*st)[c].narrow(0, part->in_shard, part->numel));
-    piece.weight_decay = s.decay ? weight_decay : 0.0;
+    for (const auto& st : states) piece.state.push_back(st.narrow(0, part->in_shard, part->numel));
+    piece.weight_decay = layout_.slots[static_cast<size_t>(i)].decay ? weight_decay : 0.0;
     piece.tensor = i;
     out.push_back(std::move(piece));
   }
+  return out;
+}
+
+std::vector<optim::ParamPiece> ChunkStore::pieces(const std::vector<std::string>& state_names, double weight_decay) {
+  std::vector<optim::ParamPiece> out;
+  for (int64_t c = 0; c < layout_.chunks(); ++c)
+    for (auto& piece : chunk_pieces(c, chunk_states(c, state_names, false), weight_decay)) out.push_back(std::move(piece));
+  return out;
+}
+
+void ChunkStore::offload_states(const std::vector<std::string>& state_names, const std::string& dir) {
+  if (state_names.empty() || !optimizer_states_.empty() || offloaded_)
+    throw Error("chunk store: optimizer states are offloaded once, before any is written (internal)");
+  std::vector<int64_t> numels;
+  for (int64_t c = 0; c < layout_.chunks(); ++c) numels.push_back(shard_numel(c));
+  offloaded_ = std::make_unique<OffloadedStates>(numels, static_cast<int>(state_names.size()), master_.front().scalar_type(), dir,
+                                                 "nvme_path " + dir + " (optimizer states)");
+  offloaded_names_ = state_names;
+}
+
+std::vector<at::Tensor> ChunkStore::chunk_states(int64_t chunk, const std::vector<std::string>& state_names, bool change) {
+  if (offloaded_) {
+    if (state_names != offloaded_names_) throw Error("chunk store: asked for optimizer states other than the offloaded ones (internal)");
+    return offloaded_->acquire(chunk, change);
+  }
+  std::vector<at::Tensor> out;
+  for (const auto& n : state_names) out.push_back(state(n)[static_cast<size_t>(chunk)]);
   return out;
 }
 
@@ -246,6 +271,10 @@ ChunkBytes ChunkStore::bytes() const {
   for (size_t c = 0; c < master_grads_.size(); ++c)
     if (!master_grads_[c].is_same(grad_shards_[c])) b.grads += static_cast<int64_t>(master_grads_[c].nbytes());
   for (const auto& [n, shards] : optimizer_states_) b.optimizer += sum(shards);
+  if (offloaded_) {
+    b.optimizer += offloaded_->staged_bytes();
+    b.nvme = offloaded_->file_bytes();
+  }
   return b;
 }
 

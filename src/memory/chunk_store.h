@@ -22,19 +22,22 @@
 #include <ATen/core/Tensor.h>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "src/memory/chunk_layout.h"
+#include "src/memory/offloaded_states.h"
 #include "src/memory/tensor_state.h"
 #include "src/nn/module.h"
 #include "src/optim/optimizer.h"
 
 namespace colossal::memory {
 
-struct ChunkBytes {       // what this rank holds, in bytes
+struct ChunkBytes {       // what this rank holds in memory, in bytes
   int64_t params = 0, grads = 0, optimizer = 0;
+  int64_t nvme = 0;       // and in its offload file (not in total)
   int64_t total() const { return params + grads + optimizer; }
 };
 
@@ -86,11 +89,23 @@ class ChunkStore {
   void collect_grads(double inv_scale);
   // The compute chunks' shards take the updated master values (nothing to do when not mixed).
   void publish();
-  // This rank's shard of optimizer state `name` for each chunk (zeros when first asked for).
+  // This rank's shard of optimizer state `name` for each chunk (zeros when first asked for); resident
+  // states only (not offloaded).
   std::vector<at::Tensor>& state(const std::string& name);
 
   // The pieces of every tensor inside this rank's shards, with `state_names` states, for the optimizer.
   std::vector<optim::ParamPiece> pieces(const std::vector<std::string>& state_names, double weight_decay);
+  // The pieces of chunk c's tensors, with `states` (one tensor per state, this rank's shard of c).
+  std::vector<optim::ParamPiece> chunk_pieces(int64_t chunk, const std::vector<at::Tensor>& states, double weight_decay);
+
+  // Optimizer offload to NVMe: states `state_names` move to a file under `dir` (zeros: call before
+  // any state is written) and come back chunk by chunk through a few host staging buffers.
+  void offload_states(const std::vector<std::string>& state_names, const std::string& dir);
+  OffloadedStates* offloaded() { return offloaded_.get(); }
+  const OffloadedStates* offloaded() const { return offloaded_.get(); }
+  // Chunk c's states (this rank's shard, in state_names order), resident or staged from the file;
+  // `change`: the caller writes them. Staged ones stay valid until two other chunks are staged.
+  std::vector<at::Tensor> chunk_states(int64_t chunk, const std::vector<std::string>& state_names, bool change);
 
   TensorState tensor_state(int64_t slot) const { return states_[static_cast<size_t>(slot)]; }
   // Moves slot's tensor to `to` through the transition table (an Error naming it when not allowed).
@@ -129,6 +144,8 @@ class ChunkStore {
   bool mixed_ = false;
   std::vector<at::Tensor> params_, master_, full_grads_, grad_shards_, master_grads_;
   std::map<std::string, std::vector<at::Tensor>> optimizer_states_;   // a map: references stay valid
+  std::unique_ptr<OffloadedStates> offloaded_;   // the states on NVMe instead (optimizer offload)
+  std::vector<std::string> offloaded_names_;
   std::map<size_t, std::vector<at::DataPtr>> spare_;   // released chunks' memory by size, for the next gather
 };
 

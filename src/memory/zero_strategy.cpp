@@ -77,7 +77,14 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group
       scaler_(o.loss_scale ? std::make_unique<LossScaler>(*o.loss_scale) : nullptr),
       spare_grads_(kStage2InFlight + 1),
       hooks_(std::make_unique<Hooks>()) {
-  pieces_ = store_.pieces(optimizer_->state_names(), o.weight_decay);
+  weight_decay_ = o.weight_decay;
+  if (o.offload_dir.empty()) {
+    pieces_ = store_.pieces(optimizer_->state_names(), o.weight_decay);
+  } else {
+    if (optimizer_->state_names().empty())
+      throw Error("offload_optimizer = \"nvme\": " + optimizer_->name() + " as configured keeps no optimizer state to offload (set it to \"none\")");
+    store_.offload_states(optimizer_->state_names(), o.offload_dir);
+  }
   const auto& layout = store_.layout();
   sync_.resize(static_cast<size_t>(layout.chunks()));
   const auto chunks = static_cast<size_t>(layout.chunks());
@@ -125,6 +132,11 @@ ZeroStrategy::~ZeroStrategy() {
   }
 }
 
+std::string ZeroStrategy::offload_how() const {
+  const OffloadFile& f = store_.offloaded()->file();
+  return std::string(f.io_uring() ? "io_uring" : "pread/pwrite") + (f.direct() ? ", O_DIRECT" : ", page cache");
+}
+
 std::string ZeroStrategy::describe() const {
   const auto& l = store_.layout();
   const ChunkBytes b = store_.bytes();
@@ -132,7 +144,8 @@ std::string ZeroStrategy::describe() const {
          std::to_string(group_.size()) + " rank(s): " + std::to_string(l.chunks()) + " chunk(s) of " +
          human_count(static_cast<double>(l.chunk_numel)) + " elements (" + human_bytes(static_cast<double>(l.padding()) * 4) +
          " padding); this rank holds " + human_bytes(static_cast<double>(b.params)) + " parameters, " +
-         human_bytes(static_cast<double>(b.grads)) + " gradients, " + human_bytes(static_cast<double>(b.optimizer)) + " optimizer states";
+         human_bytes(static_cast<double>(b.grads)) + " gradients, " + human_bytes(static_cast<double>(b.optimizer)) + " optimizer states" +
+         (b.nvme > 0 ? " (staging; " + human_bytes(static_cast<double>(b.nvme)) + " of them on NVMe, " + offload_how() + ")" : "");
 }
 
 void ZeroStrategy::before_backward(bool last) {
@@ -269,6 +282,20 @@ void ZeroStrategy::free_spares() {
 
 at::Tensor ZeroStrategy::scale_loss(const at::Tensor& loss) { return scaler_ ? loss * scaler_->scale() : loss; }
 
+void ZeroStrategy::streamed_update(const optim::StepContext& ctx) {
+  OffloadedStates& states = *store_.offloaded();
+  const auto names = optimizer_->state_names();
+  optimizer_->begin_step();
+  const int64_t chunks = store_.layout().chunks();
+  states.prefetch(0);
+  for (int64_t c = 0; c < chunks; ++c) {
+    states.prefetch(c + 1);
+    auto pieces = store_.chunk_pieces(c, store_.chunk_states(c, names, true), weight_decay_);
+    optimizer_->update(pieces, ctx);
+    states.writeback(c);
+  }
+}
+
 TrainStrategy::StepReport ZeroStrategy::optimizer_step(double lr, double max_norm) {
   StepReport r;
   free_spares();
@@ -318,7 +345,11 @@ void ZeroStrategy::step(double lr) {
   ctx.tensors = static_cast<int64_t>(store_.layout().slots.size());
   if (store_.stage() > 0 && group_.active())   // a tensor may straddle two ranks' shards
     ctx.sum_across_shards = [this](at::Tensor& t) { group_.all_reduce(t, dist::Reduce::sum, "optimizer norms"); };
-  optimizer_->step(pieces_, ctx);
+  if (store_.offloaded()) {
+    streamed_update(ctx);
+  } else {
+    optimizer_->step(pieces_, ctx);
+  }
   store_.publish();
   if (store_.stage() == 0 || !group_.active()) return;
   // Every rank updated its shard; all-gather makes each chunk whole again on every rank. The gathers
@@ -366,7 +397,8 @@ void ZeroStrategy::for_each_owned(const OwnedFn& fn) {
   for (int64_t c = 0; c < layout.chunks(); ++c) {
     const auto writer = sole_writer(c);
     std::vector<at::Tensor> whole;   // each state of the whole chunk
-    for (const auto& n : names) whole.push_back(whole_of(store_.state(n)[static_cast<size_t>(c)], c, writer, "optimizer state " + n));
+    const auto shards = store_.chunk_states(c, names, false);   // staged from NVMe if offloaded
+    for (size_t k = 0; k < names.size(); ++k) whole.push_back(whole_of(shards[k], c, writer, "optimizer state " + names[k]));
     // Mixed precision saves the master weights, the full-precision values.
     const bool from_master = store_.mixed() || store_.releasable(c);   // the parameters' own values are not whole here
     const at::Tensor master = from_master ? whole_of(store_.master()[static_cast<size_t>(c)], c, writer, "master weights") : at::Tensor();
@@ -385,7 +417,8 @@ void ZeroStrategy::for_each_owned(const OwnedFn& fn) {
 void ZeroStrategy::load_state(int64_t slot, size_t k, const at::Tensor& full) {
   const auto part = store_.shard_part(slot);
   if (!part) return;
-  at::Tensor& shard = store_.state(optimizer_->state_names()[k])[static_cast<size_t>(store_.layout().slots[static_cast<size_t>(slot)].chunk)];
+  const int64_t chunk = store_.layout().slots[static_cast<size_t>(slot)].chunk;
+  const at::Tensor shard = store_.chunk_states(chunk, optimizer_->state_names(), true)[k];
   at::NoGradGuard no_grad;
   shard.narrow(0, part->in_shard, part->numel).copy_(full.reshape({-1}).narrow(0, part->in_tensor, part->numel));
 }

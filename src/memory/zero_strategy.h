@@ -35,6 +35,7 @@ struct ZeroOptions {
   std::optional<at::ScalarType> compute;         // mixed precision: the model computes in this dtype
   std::optional<LossScaleOptions> loss_scale;    // fp16: dynamic loss scaling
   std::optional<c10::Device> device;             // where the chunks live (unset: where the parameters are)
+  std::string offload_dir;                       // optimizer states on NVMe in a file here ("": in memory)
 };
 
 class ZeroStrategy : public TrainStrategy {
@@ -101,12 +102,17 @@ class ZeroStrategy : public TrainStrategy {
   void maybe_release(int64_t chunk);
   void wait_published(int64_t chunk);   // the all-gather after the last update, if still running
   void wait_published();
+  // The update with the optimizer states on NVMe: chunk by chunk, the next chunk's states read and the
+  // last one's written back while this one is updated.
+  void streamed_update(const optim::StepContext& ctx);
+  std::string offload_how() const;   // "io_uring, O_DIRECT"
 
   dist::Group& group_;
   ChunkStore store_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<LossScaler> scaler_;
-  std::vector<optim::ParamPiece> pieces_;
+  std::vector<optim::ParamPiece> pieces_;   // every chunk's, when the states are in memory
+  double weight_decay_ = 0;
   std::vector<ChunkSync> sync_;
   std::deque<int64_t> in_flight_;
   int64_t launched_ = 0;                   // reductions launched so far

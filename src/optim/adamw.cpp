@@ -9,8 +9,7 @@
 
 namespace colossal::optim {
 
-void AdamW::step(std::vector<ParamPiece>& pieces, const StepContext& ctx) {
-  ++step_;
+void AdamW::update(std::vector<ParamPiece>& pieces, const StepContext& ctx) {
   const double lr = ctx.lr;
   for (auto& piece : pieces) {
     at::Tensor &p = piece.param, &grad = piece.grad, &m = piece.state[0], &v = piece.state[1];

@@ -14,7 +14,7 @@ class AdamW : public Optimizer {
   explicit AdamW(const AdamWOptions& options) : opt_(options) {}
   std::string name() const override { return "adamw"; }
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
-  void step(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
+  void update(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
 
  private:
   AdamWOptions opt_;

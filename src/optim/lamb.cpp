@@ -7,8 +7,7 @@
 
 namespace colossal::optim {
 
-void Lamb::step(std::vector<ParamPiece>& pieces, const StepContext& ctx) {
-  ++step_;
+void Lamb::update(std::vector<ParamPiece>& pieces, const StepContext& ctx) {
   at::NoGradGuard no_grad;
   const double bc1 = 1 - std::pow(opt_.beta1, static_cast<double>(step_));
   const double bc2 = 1 - std::pow(opt_.beta2, static_cast<double>(step_));

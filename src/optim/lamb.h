@@ -21,7 +21,7 @@ class Lamb : public Optimizer {
   explicit Lamb(const LambOptions& options) : opt_(options) {}
   std::string name() const override { return "lamb"; }
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
-  void step(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
+  void update(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
 
  private:
   LambOptions opt_;

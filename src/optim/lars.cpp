@@ -7,8 +7,7 @@
 
 namespace colossal::optim {
 
-void Lars::step(std::vector<ParamPiece>& pieces, const StepContext& ctx) {
-  ++step_;
+void Lars::update(std::vector<ParamPiece>& pieces, const StepContext& ctx) {
   at::NoGradGuard no_grad;
   const at::Tensor sq = squared_norms(pieces, ctx, {[&](size_t i) { return pieces[i].param; }, [&](size_t i) { return pieces[i].grad; }});
   const double *w2 = sq[0].data_ptr<double>(), *g2 = sq[1].data_ptr<double>();

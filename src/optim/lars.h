@@ -20,7 +20,7 @@ class Lars : public Optimizer {
   explicit Lars(const LarsOptions& options) : opt_(options) {}
   std::string name() const override { return "lars"; }
   std::vector<std::string> state_names() const override { return {"momentum_buffer"}; }
-  void step(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
+  void update(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
 
  private:
   LarsOptions opt_;

@@ -6,8 +6,7 @@
 
 namespace colossal::optim {
 
-void Lion::step(std::vector<ParamPiece>& pieces, const StepContext& ctx) {
-  ++step_;
+void Lion::update(std::vector<ParamPiece>& pieces, const StepContext& ctx) {
   at::NoGradGuard no_grad;
   for (auto& p : pieces) {
     at::Tensor& m = p.state[0];

@@ -15,7 +15,7 @@ class Lion : public Optimizer {
   explicit Lion(const LionOptions& options) : opt_(options) {}
   std::string name() const override { return "lion"; }
   std::vector<std::string> state_names() const override { return {"exp_avg"}; }
-  void step(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
+  void update(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
 
  private:
   LionOptions opt_;

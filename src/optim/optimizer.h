@@ -38,7 +38,16 @@ class Optimizer {
   virtual std::string name() const = 0;                      // "adamw"
   virtual std::vector<std::string> state_names() const = 0;  // "exp_avg", ...: checkpoint suffixes too
   // One update of every piece (counts the step first: bias corrections see 1, 2, ...).
-  virtual void step(std::vector<ParamPiece>& pieces, const StepContext& ctx) = 0;
+  void step(std::vector<ParamPiece>& pieces, const StepContext& ctx) {
+    begin_step();
+    update(pieces, ctx);
+  }
+  // The same step in parts, for memory that reaches the optimizer a chunk at a time (NVMe offload):
+  // the step is counted once, then every piece is updated exactly once across the update calls. A
+  // layer-wise rule needs all of a tensor's pieces in one call (a tensor lies within one chunk), and
+  // every rank must make the same calls (sum_across_shards is a collective).
+  void begin_step() { ++step_; }
+  virtual void update(std::vector<ParamPiece>& pieces, const StepContext& ctx) = 0;
 
   int64_t steps() const { return step_; }
   void set_steps(int64_t s) { step_ = s; }

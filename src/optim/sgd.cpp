@@ -6,8 +6,7 @@
 
 namespace colossal::optim {
 
-void Sgd::step(std::vector<ParamPiece>& pieces, const StepContext& ctx) {
-  ++step_;
+void Sgd::update(std::vector<ParamPiece>& pieces, const StepContext& ctx) {
   at::NoGradGuard no_grad;
   for (auto& p : pieces) {
     const at::Tensor d = p.weight_decay != 0 ? p.grad.add(p.param, p.weight_decay) : p.grad;

@@ -19,7 +19,7 @@ class Sgd : public Optimizer {
   std::vector<std::string> state_names() const override {
     return opt_.momentum == 0 ? std::vector<std::string>{} : std::vector<std::string>{"momentum_buffer"};
   }
-  void step(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
+  void update(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
 
  private:
   SgdOptions opt_;

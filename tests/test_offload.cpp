@@ -1,0 +1,162 @@
+// The NVMe tier: the offload file's transfers (io_uring and pread/pwrite, unaligned lengths, short
+// transfers continued, many requests in flight), its errors for a bad directory, a file that leaves
+// nothing behind, and the staging buffers the optimizer streams chunks through.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+
+#include <ATen/ATen.h>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "src/core/error.h"
+#include "src/memory/offload_file.h"
+#include "src/memory/offloaded_states.h"
+#include "tests/support/test_support.h"
+
+using namespace colossal;
+using namespace colossal::memory;
+using colossal::test::TempDir;
+
+namespace {
+
+void fill(AlignedBuffer& b, int64_t bytes, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (int64_t i = 0; i < bytes; ++i) b.data()[i] = static_cast<char>(rng());
+}
+
+int entries(const std::string& dir) {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++n;
+  return n;
+}
+
+// Writes regions of awkward lengths, all in flight at once, reads them back into fresh buffers, and
+// checks every byte.
+void round_trip(const OffloadFileOptions& options) {
+  TempDir dir;
+  const std::vector<int64_t> lengths = {4000, 1, 12345, 3 * 1048576 + 7, 4096, 65536};
+  std::vector<int64_t> offsets;
+  int64_t total = 0;
+  for (int64_t n : lengths) {
+    offsets.push_back(total);
+    total += io_round_up(n);
+  }
+  OffloadFile f(dir.path(), total, "test file", options);
+  if (options.io_uring && !f.io_uring()) GTEST_SKIP() << "this kernel refuses io_uring; the pread/pwrite case covers the path";
+  EXPECT_EQ(f.size(), total);
+  std::vector<AlignedBuffer> out, in;
+  std::vector<OffloadFile::Ticket> tickets;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    out.emplace_back(lengths[i]);
+    fill(out.back(), lengths[i], static_cast<uint32_t>(i + 1));
+    tickets.push_back(f.write(offsets[i], out.back().data(), lengths[i]));
+  }
+  for (auto t : tickets) f.wait(t);
+  tickets.clear();
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    in.emplace_back(lengths[i]);
+    tickets.push_back(f.read(offsets[i], in.back().data(), lengths[i]));
+  }
+  for (size_t i = lengths.size(); i-- > 0;) f.wait(tickets[i]);   // out of order
+  for (size_t i = 0; i < lengths.size(); ++i)
+    EXPECT_EQ(std::memcmp(in[i].data(), out[i].data(), static_cast<size_t>(lengths[i])), 0) << "region " << i << " of " << lengths[i] << " bytes";
+  EXPECT_EQ(f.bytes_written(), total);
+  EXPECT_EQ(f.bytes_read(), total);
+}
+
+}  // namespace
+
+TEST(OffloadFile, UnalignedRegionsRoundTripWithManyRequestsInFlightThroughIoUring) {
+  round_trip({.queue_depth = 3, .request_bytes = 8192, .io_uring = true});
+}
+
+TEST(OffloadFile, UnalignedRegionsRoundTripThroughPreadAndPwrite) {
+  round_trip({.queue_depth = 3, .request_bytes = 8192, .io_uring = false});
+}
+
+TEST(OffloadFile, ShortTransfersAreContinuedUntilTheRegionIsComplete) {
+  // Every system call moves at most 4 KiB of a 64 KiB request, as a device returning short reads would.
+  round_trip({.queue_depth = 2, .request_bytes = 65536, .io_uring = true, .max_transfer = 4096});
+  round_trip({.queue_depth = 2, .request_bytes = 65536, .io_uring = false, .max_transfer = 4096});
+}
+
+TEST(OffloadFile, TheFileHasNoNameSoNothingIsLeftBehind) {
+  TempDir dir;
+  {
+    OffloadFile f(dir.path(), 1 << 20, "test file");
+    EXPECT_EQ(entries(dir.path()), 0);   // O_TMPFILE or unlinked at once: gone with the process, even killed
+    AlignedBuffer b(100);
+    f.wait(f.write(0, b.data(), 100));
+    EXPECT_EQ(entries(dir.path()), 0);
+  }
+  EXPECT_EQ(entries(dir.path()), 0);
+}
+
+TEST(OffloadFile, ABadDirectoryOrTooLittleSpaceIsOneLineErrorNamingIt) {
+  TempDir dir;
+  auto message = [&](const std::string& path, int64_t bytes) -> std::string {
+    try {
+      OffloadFile f(path, bytes, "nvme_path " + path);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string missing = dir / "nope";
+  EXPECT_NE(message(missing, 4096).find("nvme_path " + missing + ": " + missing + " does not exist"), std::string::npos) << message(missing, 4096);
+  colossal::test::write_file(dir / "a_file", "x");
+  EXPECT_NE(message(dir / "a_file", 4096).find("is not a directory"), std::string::npos);
+  const std::string huge = message(dir.path(), int64_t{1} << 50);
+  EXPECT_NE(huge.find("the offload needs 1024.00 TiB in " + dir.path()), std::string::npos) << huge;
+  EXPECT_NE(huge.find("free"), std::string::npos) << huge;
+  for (const auto& m : {message(missing, 4096), huge}) EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  EXPECT_EQ(entries(dir.path()), 1);   // the failed attempts left nothing beside a_file
+}
+
+TEST(OffloadFile, TransfersUnalignedOrPastTheEndAreRefused) {
+  TempDir dir;
+  OffloadFile f(dir.path(), 8192, "test file");
+  AlignedBuffer b(8192);
+  EXPECT_THROW(f.read(100, b.data(), 10), Error);          // offset not aligned
+  EXPECT_THROW(f.read(0, b.data() + 8, 10), Error);        // buffer not aligned
+  EXPECT_THROW(f.write(4096, b.data(), 4097), Error);      // rounds up past the end
+  f.wait(f.write(4096, b.data(), 4096));
+}
+
+TEST(OffloadedStates, ChunksStreamedThroughThreeBuffersKeepEveryValueAndStartAtZero) {
+  TempDir dir;
+  // Seven chunks of uneven lengths, two states each: more chunks than staging buffers, so every pass
+  // evicts, writes back and reads again.
+  const std::vector<int64_t> numels = {1000, 4096, 17, 30000, 1, 5000, 1024};
+  OffloadedStates s(numels, 2, at::kFloat, dir.path(), "test states", 3, {.queue_depth = 4, .request_bytes = 16384});
+  for (int64_t c = 0; c < s.chunks(); ++c) {
+    const auto& st = s.acquire(c, false);
+    ASSERT_EQ(st.size(), 2u);
+    EXPECT_EQ(st[0].numel(), numels[static_cast<size_t>(c)]);
+    EXPECT_TRUE(at::all(st[0] == 0).item<bool>() && at::all(st[1] == 0).item<bool>()) << "chunk " << c << " starts at zero";
+  }
+  // Three passes as the optimizer makes them: prefetch the next chunk, change this one, write it back.
+  for (int pass = 0; pass < 3; ++pass) {
+    s.prefetch(0);
+    for (int64_t c = 0; c < s.chunks(); ++c) {
+      s.prefetch(c + 1);
+      const auto& st = s.acquire(c, true);
+      st[0].add_(static_cast<double>(c + 1));
+      st[1].add_(at::arange(st[1].numel(), st[1].options()));
+      s.writeback(c);
+    }
+  }
+  // A change left in its buffer (no writeback) reaches the file when the buffer is taken for another chunk.
+  s.acquire(3, true)[0].add_(1000.0);
+  for (int64_t c : {6, 2, 5, 0, 4, 1, 3}) {   // out of order: reads, evictions and write-backs mixed
+    const auto& st = s.acquire(c, false);
+    const double first = 3.0 * static_cast<double>(c + 1) + (c == 3 ? 1000.0 : 0.0);
+    EXPECT_TRUE(at::all(st[0] == first).item<bool>()) << "chunk " << c;
+    EXPECT_TRUE(at::equal(st[1], at::arange(st[1].numel(), st[1].options()) * 3)) << "chunk " << c;
+  }
+  s.flush();
+  EXPECT_EQ(s.staged_bytes(), 3 * 2 * io_round_up(30000 * 4));   // three buffers of the largest chunk's two states
+  EXPECT_GE(s.file_bytes(), 2 * 4 * (1000 + 4096 + 17 + 30000 + 1 + 5000 + 1024));
+}
