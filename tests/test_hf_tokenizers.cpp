@@ -42,7 +42,8 @@ TEST_P(HfTokenizerFixture, IdsMatchTransformersOnEveryFixtureString) {
 
 TEST_P(HfTokenizerFixture, DecodesAsTransformersDoes) {
   const auto tok = Tokenizer::load(fixture(GetParam()));
-  for (const auto& c : expected(GetParam())["cases"]) {
+  const auto cases = expected(GetParam())["cases"];   // kept: a range-for over a temporary's member dangles
+  for (const auto& c : cases) {
     const auto ids = c["ids"].get<std::vector<int>>(), with_special = c["ids_with_special"].get<std::vector<int>>();
     EXPECT_EQ(tok.decode(ids), c["decoded"].get<std::string>()) << shown(c["text"]);
     EXPECT_EQ(tok.decode(with_special), c["decoded_with_special"].get<std::string>()) << shown(c["text"]);
@@ -63,7 +64,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfTokenizerFixture,
 TEST(ByteLevelBpe, EveryFixtureStringDecodesBackExactly) {
   for (const char* name : {"gpt2-bpe", "gpt2-bpe-files", "opt-tiny", "bloom-tiny"}) {
     const auto tok = Tokenizer::load(fixture(name));
-    for (const auto& c : expected(name)["cases"]) EXPECT_EQ(tok.decode(tok.encode(c["text"])), c["text"].get<std::string>()) << name;
+    const auto cases = expected(name)["cases"];
+    for (const auto& c : cases) EXPECT_EQ(tok.decode(tok.encode(c["text"])), c["text"].get<std::string>()) << name;
   }
 }
 

@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "src/core/error.h"
+#include "src/io/hf_weights.h"
 #include "src/io/safetensors.h"
 #include "tests/support/test_support.h"
 
@@ -190,4 +191,28 @@ TEST(Safetensors, RejectsMetadataThatIsNotStrings) {
 
 TEST(Safetensors, MissingFileIsAnError) {
   EXPECT_NE(load_error("/nonexistent/model.safetensors").find("no such file"), std::string::npos);
+}
+
+TEST(TorchSaveArchive, ACentralDirectoryOutsideTheFileOrNoEndRecordIsRefusedBeforeTorchReadsIt) {
+  test::TempDir dir;
+  auto error = [&](const std::string& bytes) {
+    test::write_file(dir / "w.bin", bytes);
+    try {
+      load_torch_state_dict(dir / "w.bin");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // An end record at the very end whose central directory (100 bytes at offset 1000) is past the end.
+  std::string end_record("PK\x05\x06", 4);
+  end_record += std::string(6, '\0') + std::string("\x01\x00", 2);                       // disks, entries
+  end_record += std::string("\x64\x00\x00\x00", 4) + std::string("\xe8\x03\x00\x00", 4);   // size 100, offset 1000
+  end_record += std::string(2, '\0');                                                      // no comment
+  std::string e = error(std::string(40, 'x') + end_record);
+  EXPECT_NE(e.find("truncated or damaged: its central directory (100 bytes at 1000) lies outside the 62 bytes"), std::string::npos) << e;
+  e = error(std::string(40, 'x') + end_record + "trailing");   // the end record is not at the end: truncated
+  EXPECT_NE(e.find("no end-of-central-directory record at the end"), std::string::npos) << e;
+  e = error("PK");
+  EXPECT_NE(e.find("shorter than a zip archive's end record"), std::string::npos) << e;
 }

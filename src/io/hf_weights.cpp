@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include "src/core/error.h"
@@ -38,10 +39,50 @@ std::vector<std::string> shard_files(const std::string& index_path, std::map<std
   return files;
 }
 
+uint64_t little_endian(const std::string& b, size_t at, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(b[at + static_cast<size_t>(i)]);
+  return v;
+}
+
+// torch.save writes a zip archive. LibTorch's reader hands miniz a memory reader that copies whatever
+// range it is asked for, so a truncated or damaged archive whose central directory points past the
+// end made it read beyond the buffer (AddressSanitizer found it on a half-length shard). The end
+// record, and its zip64 form, must sit at the end and place the central directory inside the file.
+void check_zip_layout(const std::string& b, const std::string& path) {
+  auto damaged = [&](const std::string& why) {
+    return Error("weights file " + path + ": not a readable torch.save archive (truncated or damaged: " + why + ")");
+  };
+  constexpr size_t kEnd = 22;   // the end-of-central-directory record without its comment
+  if (b.size() < kEnd) throw damaged(std::to_string(b.size()) + " bytes is shorter than a zip archive's end record");
+  std::optional<size_t> end;
+  const size_t lowest = b.size() >= kEnd + 65535 ? b.size() - kEnd - 65535 : 0;
+  for (size_t at = b.size() - kEnd + 1; at-- > lowest;)
+    if (little_endian(b, at, 4) == 0x06054b50 && at + kEnd + little_endian(b, at + 20, 2) == b.size()) {
+      end = at;
+      break;
+    }
+  if (!end) throw damaged("no end-of-central-directory record at the end of its " + std::to_string(b.size()) + " bytes");
+  uint64_t dir_size = little_endian(b, *end + 12, 4), dir_offset = little_endian(b, *end + 16, 4), dir_end = *end;
+  if (dir_size == 0xFFFFFFFF || dir_offset == 0xFFFFFFFF) {   // zip64: the locator sits just before the end record
+    if (*end < 20 || little_endian(b, *end - 20, 4) != 0x07064b50) throw damaged("zip64 sizes without a zip64 locator");
+    const uint64_t record = little_endian(b, *end - 20 + 8, 8);
+    if (record > *end - 20 || *end - 20 - record < 56 || little_endian(b, record, 4) != 0x06064b50)
+      throw damaged("the zip64 end record is not where its locator says");
+    dir_size = little_endian(b, record + 40, 8);
+    dir_offset = little_endian(b, record + 48, 8);
+    dir_end = record;
+  }
+  if (dir_offset > dir_end || dir_size > dir_end - dir_offset)
+    throw damaged("its central directory (" + std::to_string(dir_size) + " bytes at " + std::to_string(dir_offset) +
+                  ") lies outside the " + std::to_string(b.size()) + " bytes");
+}
+
 }  // namespace
 
 std::vector<NamedTensor> load_torch_state_dict(const std::string& path) {
   const std::string text = read_text_file(path);
+  check_zip_layout(text, path);
   const std::vector<char> bytes(text.begin(), text.end());   // the form pickle_load takes
   c10::IValue value;
   try {
