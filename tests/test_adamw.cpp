@@ -1,9 +1,10 @@
-// AdamW over the chunk store's pieces against torch::optim::AdamW (fp32, to 1e-6) and against the
+// AdamW over the chunk store's pieces against torch's clipping and torch::optim::AdamW (fp32, to 1e-6) and against the
 // published update rule evaluated independently in double precision; gradient clipping; the schedule.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 #include <cmath>
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 
 #include "kernels/cpu/adamw.h"
@@ -34,7 +35,7 @@ std::unique_ptr<memory::ZeroStrategy> plain(nn::Module& m, dist::Group& alone, d
 
 }  // namespace
 
-TEST(AdamW, MatchesTorchAdamWToOneInAMillionOverTwentySteps) {
+TEST(AdamW, MatchesTorchClippingAndAdamWToOneInAMillionOverTwentySteps) {
   at::manual_seed(0);
   Toy ours, ref;
   {
@@ -51,6 +52,12 @@ TEST(AdamW, MatchesTorchAdamWToOneInAMillionOverTwentySteps) {
     auto x = at::randn({5, 11});
     ((at::matmul(x, ours.w.t()) + ours.b).pow(2).sum()).backward();
     ((at::matmul(x, ref.w.t()) + ref.b).pow(2).sum()).backward();
+    // Clipping that acts on every step: ours folds the scale into the update's pass, torch scales the
+    // gradients in place first.
+    const double norm = adamw->clip_grad_norm(1.0);
+    const double torch_norm = torch::nn::utils::clip_grad_norm_(std::vector<at::Tensor>{ref.w, ref.b}, 1.0);
+    EXPECT_GT(norm, 1.0);
+    EXPECT_NEAR(norm, torch_norm, 1e-5 * torch_norm) << "step " << step;
     adamw->step(lr);
     adamw->zero_grad();
     torch_opt.step();

@@ -228,7 +228,16 @@ TEST(DistributedTraining, OptimizerStatesOnNvmeFollowTheInMemoryRunAndResumeAcro
   EXPECT_LT(max_relative_difference(dir / "a", dir / "ref"), 1e-6);
   std::ifstream log(dir / "a/train.log");
   const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
-  EXPECT_NE(text.find(" of them on NVMe, "), std::string::npos) << text;
+  EXPECT_NE(text.find(" of optimizer states on NVMe, "), std::string::npos) << text;
+  // bf16 compute: the fp32 master weights go to the file too, and the run is the in-memory one bit for bit.
+  const std::string bf16 = "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=2 --set train.max_steps=3 --set precision.dtype=bf16";
+  ASSERT_EQ(train(write_recipe(dir, "b", "[memory]\nchunk_size_mb = 0.01\n"), bf16).exit_code, 0);
+  r = train(write_recipe(dir, "c", "[memory]\nchunk_size_mb = 0.01\noffload_optimizer = \"nvme\"\nnvme_path = \"" + nvme + "\"\n"), bf16);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(max_relative_difference(dir / "c", dir / "b"), 0.0);
+  std::ifstream log_c(dir / "c/train.log");
+  const std::string text_c((std::istreambuf_iterator<char>(log_c)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text_c.find(" of optimizer states and master weights on NVMe, "), std::string::npos) << text_c;
   EXPECT_TRUE(fs::is_empty(nvme));   // the offload files went with their processes
 }
 

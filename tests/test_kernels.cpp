@@ -254,13 +254,15 @@ TEST(CpuKernels, SoftmaxCrossEntropyMatchesDoublePrecisionOnEveryInstructionSet)
 }
 
 TEST(CpuKernels, AdamWFollowsThePublishedRuleOnEveryInstructionSet) {
-  // The published rule (Loshchilov & Hutter, as torch.optim.AdamW orders it), in double, five steps.
+  // The published rule (Loshchilov & Hutter, as torch.optim.AdamW orders it), in double, five steps;
+  // the even steps' gradients clipped by 0.7, which the kernel applies as it reads them.
   const kernels::AdamWHyper h0{1e-2, 0.9, 0.95, 1e-8, 0.1, 0};
   const int64_t n = 1037;
+  auto clip = [](int64_t s) { return s % 2 == 0 ? 0.7 : 1.0; };
   auto p0 = at::randn({n}, at::kDouble), grads = at::randn({5, n}, at::kDouble);
   auto ref = p0.clone(), m = at::zeros({n}, at::kDouble), v = at::zeros({n}, at::kDouble);
   for (int64_t s = 1; s <= 5; ++s) {
-    auto g = grads[s - 1];
+    auto g = grads[s - 1] * clip(s);
     ref.mul_(1 - h0.lr * h0.weight_decay);
     m = m * h0.beta1 + g * (1 - h0.beta1);
     v = v * h0.beta2 + g * g * (1 - h0.beta2);
@@ -274,6 +276,7 @@ TEST(CpuKernels, AdamWFollowsThePublishedRuleOnEveryInstructionSet) {
     for (int64_t s = 1; s <= 5; ++s) {
       auto h = h0;
       h.step = s;
+      h.grad_scale = clip(s);
       auto g = grads[s - 1].contiguous();
       auto gf = g.to(at::kFloat);
       kernels::adamw_step<double>(pd.mutable_data_ptr<double>(), g.const_data_ptr<double>(), md.mutable_data_ptr<double>(),
@@ -284,6 +287,27 @@ TEST(CpuKernels, AdamWFollowsThePublishedRuleOnEveryInstructionSet) {
     EXPECT_LT(max_abs_diff(pd, ref), 1e-12) << kernels::isa_name(isa);
     EXPECT_LT(max_abs_diff(pf, ref), 1e-5) << kernels::isa_name(isa);
   }
+}
+
+TEST(CpuKernels, SumOfSquaresIsTheDoubleSumOnEveryInstructionSetWhateverTheThreads) {
+  // Several blocks and a ragged tail; values spread over six decades so float accumulation would drift.
+  const int64_t n = 5 * 65536 + 1234;
+  const auto x = (at::randn({n}) * at::pow(10.0, at::randint(-3, 3, {n}).to(at::kFloat))).contiguous();
+  const double ref = x.to(at::kDouble).pow(2).sum().item<double>();
+  const auto xd = x.to(at::kDouble).contiguous();
+  const int threads = at::get_num_threads();
+  for (Isa isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    at::set_num_threads(1);
+    const double one = kernels::sum_squares(x.const_data_ptr<float>(), n);
+    at::set_num_threads(std::max(2, threads));
+    const double many = kernels::sum_squares(x.const_data_ptr<float>(), n);
+    EXPECT_NEAR(one, ref, 1e-11 * ref) << kernels::isa_name(isa);
+    EXPECT_EQ(one, many) << kernels::isa_name(isa) << ": the sum depends on the thread count";
+    EXPECT_NEAR(kernels::sum_squares(xd.const_data_ptr<double>(), n), ref, 1e-11 * ref) << kernels::isa_name(isa);
+    EXPECT_EQ(kernels::sum_squares(x.const_data_ptr<float>(), 0), 0.0);
+  }
+  at::set_num_threads(threads);
 }
 
 TEST(CpuKernels, GemvMatchesDoublePrecisionMatmulOnEveryInstructionSet) {

@@ -2,8 +2,10 @@
 // instruction set's loop (adamw_isa.cpp).
 #include "kernels/cpu/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/isa_kernels.h"
 
@@ -17,7 +19,7 @@ AdamWConsts<T> consts(const AdamWHyper& h) {
   return {static_cast<T>(h.beta1),          static_cast<T>(h.beta2),
           static_cast<T>(1 - h.beta1),      static_cast<T>(1 - h.beta2),
           static_cast<T>(1 - h.lr * h.weight_decay), static_cast<T>(h.lr / bias_correction1),
-          static_cast<T>(1 / std::sqrt(bias_correction2)), static_cast<T>(h.eps)};
+          static_cast<T>(1 / std::sqrt(bias_correction2)), static_cast<T>(h.eps), static_cast<T>(h.grad_scale)};
 }
 
 }  // namespace
@@ -37,6 +39,25 @@ void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n, c
     chunk(param + start, grad + start, exp_avg + start, exp_avg_sq + start, len, c);
   }
 }
+
+template <typename T>
+double sum_squares(const T* x, int64_t n) {
+  const auto block_sum = [] {
+    if constexpr (std::is_same_v<T, float>) return active_kernels().sum_squares_f32;
+    else return active_kernels().sum_squares_f64;
+  }();
+  constexpr int64_t kBlock = 1 << 16;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> sums(static_cast<size_t>(blocks));
+#pragma omp parallel for schedule(static) if (blocks > 4)
+  for (int64_t b = 0; b < blocks; ++b) sums[static_cast<size_t>(b)] = block_sum(x + b * kBlock, std::min(kBlock, n - b * kBlock));
+  double total = 0;
+  for (double s : sums) total += s;
+  return total;
+}
+
+template double sum_squares<float>(const float*, int64_t);
+template double sum_squares<double>(const double*, int64_t);
 
 template void adamw_step<float>(float*, const float*, float*, float*, int64_t, const AdamWHyper&);
 template void adamw_step<double>(double*, const double*, double*, double*, int64_t, const AdamWHyper&);

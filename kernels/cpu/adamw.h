@@ -1,5 +1,7 @@
 // Fused AdamW over flat buffers: one pass reads param, grad and both moments once and writes
-// param and moments once (torch's per-tensor AdamW makes several passes). Raw pointers, no LibTorch:
+// param and moments once (torch's per-tensor AdamW makes several passes). Clipping's scale is applied
+// to each gradient as it is read, so clipping costs no pass of its own (torch scales the gradients in
+// place first: the same float product, one more read and write of every gradient). Raw pointers, no LibTorch:
 // the same call serves a whole model, a ZeRO shard or a Gemini chunk.
 #pragma once
 #include <cstdint>
@@ -12,10 +14,16 @@ struct AdamWHyper {
   double eps;
   double weight_decay;   // decoupled: p -= lr * wd * p
   int64_t step;          // 1-based step count after this update (for bias correction)
+  double grad_scale = 1;   // gradients are read times this (gradient clipping folded into the pass)
 };
 
 // Updates n elements in place. T = float or double. Parallel over OpenMP threads, vectorised inside.
 template <typename T>
 void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n, const AdamWHyper& h);
+
+// The sum of x[i]^2 in double: one read of the buffer, on OpenMP threads over fixed blocks whose sums
+// are added in block order, so the result does not depend on the number of threads.
+template <typename T>
+double sum_squares(const T* x, int64_t n);
 
 }  // namespace colossal::kernels

@@ -1,4 +1,5 @@
-// Fused AdamW, one instruction set's copy of the per-chunk loop: see adamw.h. The arithmetic follows
+// Fused AdamW and the gradient norm's sum of squares, one instruction set's copy of the per-chunk
+// loops: see adamw.h. The arithmetic follows
 // torch.optim.AdamW's order of operations (decay, moment updates, bias-corrected denominator, step)
 // so results match it to float rounding. The loop is memory-bound: vector width is all it needs.
 #include <cmath>
@@ -14,7 +15,7 @@ COLOSSAL_INLINE void chunk(T* __restrict param, const T* __restrict grad, T* __r
                            int64_t n, const AdamWConsts<T>& c) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    const T g = grad[i];
+    const T g = grad[i] * c.grad_scale;   // exact when 1
     const T p = param[i] * c.decay;
     const T m = exp_avg[i] * c.beta1 + c.one_minus_beta1 * g;
     const T v = exp_avg_sq[i] * c.beta2 + c.one_minus_beta2 * g * g;
@@ -25,7 +26,23 @@ COLOSSAL_INLINE void chunk(T* __restrict param, const T* __restrict grad, T* __r
   }
 }
 
+// Squares summed in double lanes: the gradient norm in one read of the gradients, exact enough
+// that a norm over millions of float gradients does not drift with their order.
+template <typename T>
+COLOSSAL_INLINE double sum_sq(const T* __restrict x, int64_t n) {
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = static_cast<double>(x[i]);
+    s += v * v;
+  }
+  return s;
+}
+
 }  // namespace
+
+double sum_squares_f32(const float* x, int64_t n) { return sum_sq(x, n); }
+double sum_squares_f64(const double* x, int64_t n) { return sum_sq(x, n); }
 
 void adamw_chunk_f32(float* p, const float* g, float* m, float* v, int64_t n, const AdamWConsts<float>& c) {
   chunk(p, g, m, v, n, c);

@@ -18,6 +18,8 @@ void gelu_forward_grad_chunk(const float* x, float* y, float* dydx, int64_t n);
 float softmax_ce_row(float* row, int64_t target, int64_t cols, float grad_scale);
 void adamw_chunk_f32(float* p, const float* g, float* m, float* v, int64_t n, const AdamWConsts<float>& c);
 void adamw_chunk_f64(double* p, const double* g, double* m, double* v, int64_t n, const AdamWConsts<double>& c);
+double sum_squares_f32(const float* x, int64_t n);
+double sum_squares_f64(const double* x, int64_t n);
 void gemv(const float* x, int64_t rows, int64_t in, const float* w, const float* bias, float* y, int64_t ldy,
           int64_t o_begin, int64_t o_end);
 void attention_decode_head(const float* q, const float* k, const float* v, int64_t n, int64_t d, float scale,

@@ -30,7 +30,7 @@ static constexpr int64_t attention_ld(int64_t seq) { return (seq + kAttentionPad
 
 template <typename T>
 struct AdamWConsts {
-  T beta1, beta2, one_minus_beta1, one_minus_beta2, decay, step_size, inv_sqrt_bc2, eps;
+  T beta1, beta2, one_minus_beta1, one_minus_beta2, decay, step_size, inv_sqrt_bc2, eps, grad_scale;
 };
 
 struct IsaKernels {
@@ -63,6 +63,9 @@ struct IsaKernels {
   // scratch: kGemmScratchFloats of the calling thread's own.
   void (*gemm_rows)(const GemmProblem& p, int64_t m_begin, int64_t m_end, float* scratch);
   int gemm_tile_rows;   // rows of gemm_rows' register tile: threads split C's rows in multiples of it
+  // The sum of x[i]^2 in double (the gradient norm's pass).
+  double (*sum_squares_f32)(const float* x, int64_t n);
+  double (*sum_squares_f64)(const double* x, int64_t n);
 };
 
 // The table of `isa` (which the caller has checked the machine can run).

@@ -292,7 +292,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
     const bool writes = rank == 0 || sharded;
     // The files' headers first, from shapes alone (meta tensors through the same HF layout), in the
     // order for_each_owned visits the tensors; then, on rank 0, frozen tensors and the RNG state.
-    const auto dtype = store.master().front().scalar_type();
+    const auto dtype = store.master_options().dtype().toScalarType();
     std::vector<SafetensorsWriter::Entry> model_entries, state_entries;
     auto add_entries = [&](std::vector<SafetensorsWriter::Entry>& to, const nn::HfTarget& hf, const std::vector<int64_t>& shape,
                            const std::string& suffix) {
@@ -432,7 +432,7 @@ void load_optimizer_state(nn::Model& model, memory::TrainStrategy& strategy, con
     const auto& slot = store.layout().slots[static_cast<size_t>(i)];
     const auto hf = names.to_hf(slot.name);
     for (size_t k = 0; k < state_names.size(); ++k) {
-      at::Tensor whole = at::empty(slot.shape, store.master().front().options());
+      at::Tensor whole = at::empty(slot.shape, store.master_options());
       read_hf_pieces(hf, "." + state_names[k], file, whole);
       strategy.load_state(i, k, whole);
     }

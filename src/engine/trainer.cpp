@@ -253,7 +253,12 @@ int run_loop(TrainPlan& p) {
       dp_wait_s += dp_comm.wait_s;
     }
     nlohmann::json record = {{"step", state.step}, {"loss", loss_sum}, {"lr", lr}, {"grad_norm", grad_norm},
-                             {"tokens_per_s", tps}, {"step_ms", step_s * 1e3}, {"mem_mb", static_cast<double>(mem) / 1048576.0}};
+                             {"tokens_per_s", tps}, {"step_ms", step_s * 1e3}, {"mem_mb", static_cast<double>(mem) / 1048576.0},
+                             {"update_ms", report.update_s * 1e3}};   // norm, clipping and update
+    if (r.memory.offload_optimizer == "nvme") {   // rank 0's offload file during the update
+      record["nvme_read_mb"] = static_cast<double>(report.nvme_read) / 1048576.0;
+      record["nvme_write_mb"] = static_cast<double>(report.nvme_written) / 1048576.0;
+    }
     if (r.precision.dtype == "fp16") {   // the scale this step's loss used, and the overflowed steps so far
       record["loss_scale"] = report.loss_scale;
       record["skipped"] = report.skipped;

@@ -56,6 +56,7 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
   const auto master_options = at::TensorOptions().dtype(dtype).device(device.value_or(by_name.at(specs.front().name).device()));
   const auto options = master_options.dtype(compute.value_or(dtype));
   mixed_ = options.dtype() != master_options.dtype();
+  master_options_ = master_options;
   at::NoGradGuard no_grad;
   releasable_.assign(static_cast<size_t>(layout_.chunks()), false);
   param_shards_.resize(static_cast<size_t>(layout_.chunks()));
@@ -117,7 +118,7 @@ void ChunkStore::write(int64_t slot, const at::Tensor& value) {
   if (!part) return;
   const at::Tensor mine = flat.narrow(0, part->in_tensor, part->numel);
   if (releasable_[k]) param_shards_[k].narrow(0, part->in_shard, part->numel).copy_(mine);
-  if (mixed_) master_[k].narrow(0, part->in_shard, part->numel).copy_(mine);   // at full precision
+  if (mixed_) master_chunk(s.chunk, true).narrow(0, part->in_shard, part->numel).copy_(mine);   // at full precision
 }
 
 std::optional<int64_t> ChunkStore::slot_of(const std::string& name) const {
@@ -190,9 +191,19 @@ void ChunkStore::collect_grads(double inv_scale) {
 }
 
 void ChunkStore::publish() {
+  if (!mixed_ || offloaded_) return;
+  for (int64_t c = 0; c < layout_.chunks(); ++c) publish_chunk(c, master_[static_cast<size_t>(c)]);
+}
+
+void ChunkStore::publish_chunk(int64_t chunk, const at::Tensor& master) {
   if (!mixed_) return;
   at::NoGradGuard no_grad;
-  for (int64_t c = 0; c < layout_.chunks(); ++c) param_shard(c).copy_(master_[static_cast<size_t>(c)]);
+  param_shard(chunk).copy_(master);
+}
+
+at::Tensor ChunkStore::master_chunk(int64_t chunk, bool change) {
+  if (offloaded_ && mixed_) return offloaded_->acquire(chunk, change).back();
+  return master_[static_cast<size_t>(chunk)];
 }
 
 int64_t ChunkStore::shard_begin(int64_t chunk) const { return stage_ == 0 ? 0 : rank_ * layout_.shard_numel(chunk); }
@@ -208,18 +219,19 @@ std::vector<at::Tensor>& ChunkStore::state(const std::string& name) {
   if (offloaded_) throw Error("chunk store: optimizer state \"" + name + "\" is offloaded; read it chunk by chunk (internal)");
   auto [it, added] = optimizer_states_.try_emplace(name);
   if (added)
-    for (int64_t c = 0; c < layout_.chunks(); ++c) it->second.push_back(at::zeros({shard_numel(c)}, master_.front().options()));
+    for (int64_t c = 0; c < layout_.chunks(); ++c) it->second.push_back(at::zeros({shard_numel(c)}, master_options_));
   return it->second;
 }
 
-std::vector<optim::ParamPiece> ChunkStore::chunk_pieces(int64_t chunk, const std::vector<at::Tensor>& states, double weight_decay) {
+std::vector<optim::ParamPiece> ChunkStore::chunk_pieces(int64_t chunk, const at::Tensor& master, const std::vector<at::Tensor>& states,
+                                                        double weight_decay) {
   const auto c = static_cast<size_t>(chunk);
   std::vector<optim::ParamPiece> out;
   for (int64_t i : layout_.chunk_slots[c]) {
     const auto part = shard_part(i);
     if (!part) continue;
     optim::ParamPiece piece;
-    piece.param = master_[c].narrow(0, part->in_shard, part->numel);
+    piece.param = master.narrow(0, part->in_shard, part->numel);
     piece.grad = master_grads_[c].narrow(0, part->in_shard, part->numel);
     for (const auto& st : states) piece.state.push_back(st.narrow(0, part->in_shard, part->numel));
     piece.weight_decay = layout_.slots[static_cast<size_t>(i)].decay ? weight_decay : 0.0;
@@ -232,7 +244,7 @@ std::vector<optim::ParamPiece> ChunkStore::chunk_pieces(int64_t chunk, const std
 std::vector<optim::ParamPiece> ChunkStore::pieces(const std::vector<std::string>& state_names, double weight_decay) {
   std::vector<optim::ParamPiece> out;
   for (int64_t c = 0; c < layout_.chunks(); ++c)
-    for (auto& piece : chunk_pieces(c, chunk_states(c, state_names, false), weight_decay)) out.push_back(std::move(piece));
+    for (auto& piece : chunk_pieces(c, master_chunk(c, false), chunk_states(c, state_names, false), weight_decay)) out.push_back(std::move(piece));
   return out;
 }
 
@@ -241,15 +253,24 @@ void ChunkStore::offload_states(const std::vector<std::string>& state_names, con
     throw Error("chunk store: optimizer states are offloaded once, before any is written (internal)");
   std::vector<int64_t> numels;
   for (int64_t c = 0; c < layout_.chunks(); ++c) numels.push_back(shard_numel(c));
-  offloaded_ = std::make_unique<OffloadedStates>(numels, static_cast<int>(state_names.size()), master_.front().scalar_type(), dir,
-                                                 "nvme_path " + dir + " (optimizer states)");
+  // Segments per chunk: the states, then (mixed precision) the master weights.
+  const int segments = static_cast<int>(state_names.size()) + (mixed_ ? 1 : 0);
+  offloaded_ = std::make_unique<OffloadedStates>(numels, segments, master_options_.dtype().toScalarType(), dir,
+                                                 "nvme_path " + dir + (mixed_ ? " (optimizer states and master weights)" : " (optimizer states)"));
   offloaded_names_ = state_names;
+  if (!mixed_) return;
+  for (int64_t c = 0; c < layout_.chunks(); ++c) {   // the master's values so far go to the file, its memory goes
+    auto& master = master_[static_cast<size_t>(c)];
+    offloaded_->acquire(c, true).back().copy_(master);
+    master = at::Tensor();
+  }
 }
 
 std::vector<at::Tensor> ChunkStore::chunk_states(int64_t chunk, const std::vector<std::string>& state_names, bool change) {
   if (offloaded_) {
     if (state_names != offloaded_names_) throw Error("chunk store: asked for optimizer states other than the offloaded ones (internal)");
-    return offloaded_->acquire(chunk, change);
+    const auto& staged = offloaded_->acquire(chunk, change);
+    return {staged.begin(), staged.begin() + static_cast<std::ptrdiff_t>(state_names.size())};
   }
   std::vector<at::Tensor> out;
   for (const auto& n : state_names) out.push_back(state(n)[static_cast<size_t>(chunk)]);
@@ -258,9 +279,10 @@ std::vector<at::Tensor> ChunkStore::chunk_states(int64_t chunk, const std::vecto
 
 ChunkBytes ChunkStore::bytes() const {
   ChunkBytes b;
-  auto sum = [](const std::vector<at::Tensor>& ts) {
+  auto sum = [](const std::vector<at::Tensor>& ts) {   // an offloaded master's entries are undefined
     int64_t n = 0;
-    for (const auto& t : ts) n += static_cast<int64_t>(t.nbytes());
+    for (const auto& t : ts)
+      if (t.defined()) n += static_cast<int64_t>(t.nbytes());
     return n;
   };
   for (const auto& t : params_) b.params += static_cast<int64_t>(t.storage().nbytes());   // 0 for a released chunk

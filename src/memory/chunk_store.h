@@ -65,8 +65,10 @@ class ChunkStore {
   const ChunkLayout& layout() const { return layout_; }
   const std::vector<at::Tensor>& params() const { return params_; }   // full chunk buffers, compute dtype
   bool mixed() const { return mixed_; }                                // compute dtype != master dtype
-  // This rank's master shard of each chunk (the model's dtype; a view of params() when not mixed).
-  const std::vector<at::Tensor>& master() const { return master_; }
+  // This rank's master shard of chunk c (the model's dtype; a view of params() when not mixed; staged
+  // from the offload file when mixed and offloaded, `change` as for chunk_states).
+  at::Tensor master_chunk(int64_t chunk, bool change);
+  at::TensorOptions master_options() const { return master_options_; }
   const at::Tensor& param_of(int64_t slot) const { return tensors_[static_cast<size_t>(slot)]; }   // the model's parameter
 
   // This rank's range of chunk c: [begin, begin + numel). Stage 0: the whole chunk.
@@ -87,19 +89,24 @@ class ChunkStore {
   std::vector<at::Tensor>& master_grads() { return master_grads_; }
   // master_grads = grad_shards * inv_scale (a loss scale undone, or 1).
   void collect_grads(double inv_scale);
-  // The compute chunks' shards take the updated master values (nothing to do when not mixed).
+  // The compute chunks' shards take the updated master values (nothing to do when not mixed); with the
+  // master offloaded, publish_chunk does it for each chunk while it is staged.
   void publish();
+  void publish_chunk(int64_t chunk, const at::Tensor& master);
   // This rank's shard of optimizer state `name` for each chunk (zeros when first asked for); resident
   // states only (not offloaded).
   std::vector<at::Tensor>& state(const std::string& name);
 
   // The pieces of every tensor inside this rank's shards, with `state_names` states, for the optimizer.
   std::vector<optim::ParamPiece> pieces(const std::vector<std::string>& state_names, double weight_decay);
-  // The pieces of chunk c's tensors, with `states` (one tensor per state, this rank's shard of c).
-  std::vector<optim::ParamPiece> chunk_pieces(int64_t chunk, const std::vector<at::Tensor>& states, double weight_decay);
+  // The pieces of chunk c's tensors: its master shard `master`, with `states` (one tensor per state,
+  // this rank's shard of c).
+  std::vector<optim::ParamPiece> chunk_pieces(int64_t chunk, const at::Tensor& master, const std::vector<at::Tensor>& states,
+                                              double weight_decay);
 
-  // Optimizer offload to NVMe: states `state_names` move to a file under `dir` (zeros: call before
-  // any state is written) and come back chunk by chunk through a few host staging buffers.
+  // Optimizer offload to NVMe: states `state_names` (zeros: call before any state is written) and, in
+  // mixed precision, the master weights move to a file under `dir` and come back chunk by chunk
+  // through a few host staging buffers.
   void offload_states(const std::vector<std::string>& state_names, const std::string& dir);
   OffloadedStates* offloaded() { return offloaded_.get(); }
   const OffloadedStates* offloaded() const { return offloaded_.get(); }
@@ -142,6 +149,7 @@ class ChunkStore {
   std::vector<bool> releasable_;      // by chunk (ZeRO-3)
   std::vector<at::Tensor> param_shards_;   // by chunk: a releasable one's persistent shard
   bool mixed_ = false;
+  at::TensorOptions master_options_;
   std::vector<at::Tensor> params_, master_, full_grads_, grad_shards_, master_grads_;
   std::map<std::string, std::vector<at::Tensor>> optimizer_states_;   // a map: references stay valid
   std::unique_ptr<OffloadedStates> offloaded_;   // the states on NVMe instead (optimizer offload)

@@ -4,12 +4,14 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "kernels/cpu/adamw.h"
 #include "src/core/error.h"
 #include "src/core/text.h"
 #include "src/nn/block.h"
@@ -132,6 +134,9 @@ ZeroStrategy::~ZeroStrategy() {
   }
 }
 
+int64_t ZeroStrategy::offload_read() const { return store_.offloaded() ? store_.offloaded()->file().bytes_read() : 0; }
+int64_t ZeroStrategy::offload_written() const { return store_.offloaded() ? store_.offloaded()->file().bytes_written() : 0; }
+
 std::string ZeroStrategy::offload_how() const {
   const OffloadFile& f = store_.offloaded()->file();
   return std::string(f.io_uring() ? "io_uring" : "pread/pwrite") + (f.direct() ? ", O_DIRECT" : ", page cache");
@@ -145,7 +150,9 @@ std::string ZeroStrategy::describe() const {
          human_count(static_cast<double>(l.chunk_numel)) + " elements (" + human_bytes(static_cast<double>(l.padding()) * 4) +
          " padding); this rank holds " + human_bytes(static_cast<double>(b.params)) + " parameters, " +
          human_bytes(static_cast<double>(b.grads)) + " gradients, " + human_bytes(static_cast<double>(b.optimizer)) + " optimizer states" +
-         (b.nvme > 0 ? " (staging; " + human_bytes(static_cast<double>(b.nvme)) + " of them on NVMe, " + offload_how() + ")" : "");
+         (b.nvme > 0 ? " (staging; " + human_bytes(static_cast<double>(b.nvme)) + " of optimizer states" +
+                           (store_.mixed() ? " and master weights" : "") + " on NVMe, " + offload_how() + ")"
+                     : "");
 }
 
 void ZeroStrategy::before_backward(bool last) {
@@ -290,8 +297,10 @@ void ZeroStrategy::streamed_update(const optim::StepContext& ctx) {
   states.prefetch(0);
   for (int64_t c = 0; c < chunks; ++c) {
     states.prefetch(c + 1);
-    auto pieces = store_.chunk_pieces(c, store_.chunk_states(c, names, true), weight_decay_);
+    const at::Tensor master = store_.master_chunk(c, true);
+    auto pieces = store_.chunk_pieces(c, master, store_.chunk_states(c, names, true), weight_decay_);
     optimizer_->update(pieces, ctx);
+    store_.publish_chunk(c, master);   // mixed precision: the compute chunk takes it while it is staged
     states.writeback(c);
   }
 }
@@ -301,11 +310,16 @@ TrainStrategy::StepReport ZeroStrategy::optimizer_step(double lr, double max_nor
   free_spares();
   r.loss_scale = loss_scale();   // the scale this step's loss was multiplied by, before the scaler updates it
   store_.collect_grads(1.0 / r.loss_scale);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t read0 = offload_read(), written0 = offload_written();
   r.grad_norm = clip_grad_norm(max_norm);
   // A non-finite norm means some gradient overflowed fp16's range: every rank sees the same norm (it
   // is reduced across shards), so every rank skips the same step.
   r.skipped = scaler_ && scaler_->update(!std::isfinite(r.grad_norm));
   if (!r.skipped) step(lr);
+  r.update_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.nvme_read = offload_read() - read0;
+  r.nvme_written = offload_written() - written0;
   zero_grad();
   return r;
 }
@@ -318,22 +332,37 @@ void ZeroStrategy::load_scaler_state(const std::map<std::string, std::string>& s
 
 double ZeroStrategy::clip_grad_norm(double max_norm) {
   at::NoGradGuard no_grad;
-  // Squares summed in double, one slice of a chunk at a time: a norm asked for in double converts its
-  // whole input first, a copy twice the size of the largest shard (the embedding's) at the step's
-  // peak. Summed into one value as they come: results kept beside each slice's converted copy pinned
-  // glibc's heap, which grew by every copy (a gigabyte at 150M parameters).
+  // Squares summed in double. On the host, the kernel's one read of each gradient shard. Elsewhere,
+  // one slice of a chunk at a time: a norm asked for in double converts its whole input first, a copy
+  // twice the size of the largest shard (the embedding's) at the step's peak; summed into one value
+  // as they come, since results kept beside each slice's converted copy pinned glibc's heap, which
+  // grew by every copy (a gigabyte at 150M parameters).
   constexpr int64_t kSlice = int64_t{1} << 20;
   const auto& grads = store_.master_grads();
+  double host_sq = 0;
   at::Tensor sq = at::zeros({}, at::TensorOptions(at::kDouble).device(grads.empty() ? c10::Device(c10::kCPU) : grads[0].device()));
-  for (const auto& g : grads)
-    for (int64_t from = 0; from < g.numel(); from += kSlice)
-      sq.add_(at::linalg_vector_norm(g.narrow(0, from, std::min(kSlice, g.numel() - from)), 2, c10::nullopt, false, at::kDouble).square());
-  sq = sq.cpu().reshape({1});   // one transfer from the chunks' device
+  for (const auto& g : grads) {
+    if (g.is_cpu() && g.is_contiguous() && g.scalar_type() == at::kFloat) {
+      host_sq += kernels::sum_squares(g.const_data_ptr<float>(), g.numel());
+    } else if (g.is_cpu() && g.is_contiguous() && g.scalar_type() == at::kDouble) {
+      host_sq += kernels::sum_squares(g.const_data_ptr<double>(), g.numel());
+    } else {
+      for (int64_t from = 0; from < g.numel(); from += kSlice)
+        sq.add_(at::linalg_vector_norm(g.narrow(0, from, std::min(kSlice, g.numel() - from)), 2, c10::nullopt, false, at::kDouble).square());
+    }
+  }
+  sq = sq.cpu().reshape({1}).add_(host_sq);   // one transfer from the chunks' device
   if (store_.stage() > 0) group_.all_reduce(sq, dist::Reduce::sum, "gradient norm");   // shards: sum over ranks
-  const double norm = std::sqrt(sq.item<double>());
+  // The gradients as the update will read them: a clipping scale not yet applied counts.
+  const double norm = std::sqrt(sq.item<double>()) * grad_scale_;
   if (max_norm > 0 && norm > max_norm && std::isfinite(norm)) {
     const double scale = max_norm / (norm + 1e-6);   // torch.nn.utils.clip_grad_norm_'s rule
-    for (auto& g : store_.master_grads()) g.mul_(scale);
+    if (optimizer_->folds_grad_scale() && grad_scale_ == 1) {
+      grad_scale_ = scale;   // the update applies it as it reads each gradient: no pass of its own
+    } else {
+      for (auto& g : store_.master_grads()) g.mul_(scale * grad_scale_);
+      grad_scale_ = 1;
+    }
   }
   return norm;
 }
@@ -343,6 +372,8 @@ void ZeroStrategy::step(double lr) {
   optim::StepContext ctx;
   ctx.lr = lr;
   ctx.tensors = static_cast<int64_t>(store_.layout().slots.size());
+  ctx.grad_scale = grad_scale_;   // clipping's, when the optimizer folds it into its pass
+  grad_scale_ = 1;
   if (store_.stage() > 0 && group_.active())   // a tensor may straddle two ranks' shards
     ctx.sum_across_shards = [this](at::Tensor& t) { group_.all_reduce(t, dist::Reduce::sum, "optimizer norms"); };
   if (store_.offloaded()) {
@@ -363,6 +394,7 @@ void ZeroStrategy::step(double lr) {
 }
 
 void ZeroStrategy::zero_grad() {
+  grad_scale_ = 1;   // a skipped step leaves clipping's scale unused
   if (store_.stage() <= 1)
     for (auto& g : store_.full_grads()) g.zero_();
   else
@@ -401,7 +433,7 @@ void ZeroStrategy::for_each_owned(const OwnedFn& fn) {
     for (size_t k = 0; k < names.size(); ++k) whole.push_back(whole_of(shards[k], c, writer, "optimizer state " + names[k]));
     // Mixed precision saves the master weights, the full-precision values.
     const bool from_master = store_.mixed() || store_.releasable(c);   // the parameters' own values are not whole here
-    const at::Tensor master = from_master ? whole_of(store_.master()[static_cast<size_t>(c)], c, writer, "master weights") : at::Tensor();
+    const at::Tensor master = from_master ? whole_of(store_.master_chunk(c, false), c, writer, "master weights") : at::Tensor();
     for (int64_t i : layout.chunk_slots[static_cast<size_t>(c)]) {
       if (store_.owner(i) != group_.rank()) continue;
       const auto& s = layout.slots[static_cast<size_t>(i)];

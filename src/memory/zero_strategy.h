@@ -106,6 +106,8 @@ class ZeroStrategy : public TrainStrategy {
   // last one's written back while this one is updated.
   void streamed_update(const optim::StepContext& ctx);
   std::string offload_how() const;   // "io_uring, O_DIRECT"
+  int64_t offload_read() const;      // bytes through the offload file so far
+  int64_t offload_written() const;
 
   dist::Group& group_;
   ChunkStore store_;
@@ -113,6 +115,7 @@ class ZeroStrategy : public TrainStrategy {
   std::unique_ptr<LossScaler> scaler_;
   std::vector<optim::ParamPiece> pieces_;   // every chunk's, when the states are in memory
   double weight_decay_ = 0;
+  double grad_scale_ = 1;   // clipping's scale, left for an optimizer that folds it into its update
   std::vector<ChunkSync> sync_;
   std::deque<int64_t> in_flight_;
   int64_t launched_ = 0;                   // reductions launched so far

@@ -25,6 +25,9 @@ struct StepContext {
   // Sums a double CPU tensor over the ranks whose shards hold parts of the same tensors (a no-op when
   // this rank holds whole tensors): how a layer-wise rule gets the norm of a tensor split across shards.
   std::function<void(at::Tensor&)> sum_across_shards = [](at::Tensor&) {};
+  // Gradients are to be read times this (clipping), by an optimizer that folds_grad_scale(); others
+  // get gradients already scaled and 1 here.
+  double grad_scale = 1;
 };
 
 // Per tensor, over all shards, the squared L2 norm of each quantity `of[k](i)` (piece i's part of it):
@@ -48,6 +51,8 @@ class Optimizer {
   // every rank must make the same calls (sum_across_shards is a collective).
   void begin_step() { ++step_; }
   virtual void update(std::vector<ParamPiece>& pieces, const StepContext& ctx) = 0;
+  // Applies ctx.grad_scale itself, in the pass it makes anyway (AdamW's fused kernel).
+  virtual bool folds_grad_scale() const { return false; }
 
   int64_t steps() const { return step_; }
   void set_steps(int64_t s) { step_ = s; }
