@@ -26,16 +26,28 @@ COLOSSAL_INLINE void chunk(T* __restrict param, const T* __restrict grad, T* __r
   }
 }
 
-// Squares summed in double lanes: the gradient norm in one read of the gradients, exact enough
-// that a norm over millions of float gradients does not drift with their order.
+// Squares summed in double: the gradient norm in one read of the gradients, exact enough that a norm
+// over millions of float gradients does not drift with their order. The block is read as four
+// interleaved streams, each with its own partial sums: one stream per core left the hardware
+// prefetchers short of requests (23 ms for 103M floats on 2 Xeon cores, against 16 ms with four; AdamW,
+// reading four arrays, already streamed at twice the rate).
 template <typename T>
 COLOSSAL_INLINE double sum_sq(const T* __restrict x, int64_t n) {
-  double s = 0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) {
-    const double v = static_cast<double>(x[i]);
-    s += v * v;
+  constexpr int kLanes = 8, kParts = 4;
+  const int64_t part = n / (kParts * kLanes) * kLanes;
+  double sums[kParts][kLanes] = {};
+  for (int64_t i = 0; i < part; i += kLanes) {
+#pragma omp simd
+    for (int j = 0; j < kLanes; ++j)
+      for (int k = 0; k < kParts; ++k) {
+        const double v = static_cast<double>(x[k * part + i + j]);
+        sums[k][j] += v * v;
+      }
   }
+  double s = 0;
+  for (int64_t i = kParts * part; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  for (const auto& lane : sums)
+    for (double p : lane) s += p;
   return s;
 }
 

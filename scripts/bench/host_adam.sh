@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # host_adam.sh: the host optimizer step on about 100M fp32 parameters (GPT-2 width, 9 blocks: 103M) in
 # alternating rounds. colossal: the update phase of `colossal train` (metrics.jsonl's update_ms: the global
-# norm, clipping folded into the fused AdamW pass, the update) with clipping off and with clipping that
-# acts. Peers (scripts/bench/host_adam.py, same shapes, random gradients): torch.optim.AdamW foreach and
+# norm, clipping folded into the fused AdamW pass, the update), without the norm's time (norm_ms) and
+# with clipping that acts. Peers (scripts/bench/host_adam.py, same shapes, random gradients): torch.optim.AdamW foreach and
 # fused, and DeepSpeed's CPUAdam from --ds-python, each without and with torch's clip_grad_norm_ first.
 # Prints medians and colossal's ratio to each (peer time / colossal time: above 1 is faster).
 set -euo pipefail
@@ -64,11 +64,13 @@ done
 import datetime, glob, json, os, statistics, sys
 tmp, repeat, command = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 med = statistics.median
-def update_ms(clip, r):
+def update_ms(clip, r, without_norm=False):
     rows = [json.loads(l) for l in open(f"{tmp}/colossal-{clip}-{r}/metrics.jsonl") if '"update_ms"' in l][3:]
-    return med(x["update_ms"] for x in rows)
-ours = {"step_ms": med(update_ms("0", r) for r in range(1, repeat + 1)),
-        "clip_step_ms": med(update_ms("0.001", r) for r in range(1, repeat + 1))}
+    return med(x["update_ms"] - (x["norm_ms"] if without_norm else 0) for x in rows)
+# The update alone (the norm's time taken out: torch's step computes none) and with clipping (norm included).
+ours = {"step_ms": med(update_ms("0", r, True) for r in range(1, repeat + 1)),
+        "clip_step_ms": med(update_ms("0.001", r) for r in range(1, repeat + 1)),
+        "norm_ms": med(update_ms("0.001", r) - update_ms("0.001", r, True) for r in range(1, repeat + 1))}
 peers, params, torch_version = {}, 0, ""
 for f in sorted(glob.glob(f"{tmp}/torch-*.json")) + sorted(glob.glob(f"{tmp}/ds-*.json")):
     j = json.loads(open(f).read().strip().splitlines()[-1])
@@ -76,7 +78,7 @@ for f in sorted(glob.glob(f"{tmp}/torch-*.json")) + sorted(glob.glob(f"{tmp}/ds-
     for name in ("foreach", "fused", "deepspeed"):
         if name in j:
             for k in ("step_ms", "clip_step_ms"):
-                peers.setdefault(name, {}).setdefault(k, []).append(j[k])
+                peers.setdefault(name, {}).setdefault(k, []).append(j[name][k])
 label = {"foreach": "torch AdamW foreach", "fused": "torch AdamW fused", "deepspeed": "DeepSpeed CPUAdam"}
 print(f"host AdamW, {params / 1e6:.1f}M fp32 parameters (GPT-2 width, 9 blocks)")
 print(f"  {'':22s} {'update':>10s} {'ratio':>7s} {'clip+update':>12s} {'ratio':>7s}")
@@ -84,7 +86,7 @@ print(f"  {'colossal':22s} {ours['step_ms']:8.0f} ms {'':>7s} {ours['clip_step_m
 for name, v in peers.items():
     s, c = med(v["step_ms"]), med(v["clip_step_ms"])
     print(f"  {label[name]:22s} {s:8.0f} ms {s / ours['step_ms']:6.2f}x {c:10.0f} ms {c / ours['clip_step_ms']:6.2f}x")
-print("  colossal's update includes its global norm (computed every step); its clipping is folded into the AdamW pass")
+print(f"  colossal's clip+update: its global norm ({ours['norm_ms']:.0f} ms), then clipping folded into the AdamW pass")
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown CPU")
 print(f"machine: {os.cpu_count()} cores, {cpu}, torch {torch_version}, {datetime.date.today()}, {command} (median of {repeat})")
 EOF

@@ -313,6 +313,7 @@ TrainStrategy::StepReport ZeroStrategy::optimizer_step(double lr, double max_nor
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t read0 = offload_read(), written0 = offload_written();
   r.grad_norm = clip_grad_norm(max_norm);
+  r.norm_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // A non-finite norm means some gradient overflowed fp16's range: every rank sees the same norm (it
   // is reduced across shards), so every rank skips the same step.
   r.skipped = scaler_ && scaler_->update(!std::isfinite(r.grad_norm));
