@@ -354,6 +354,7 @@ std::unique_ptr<memory::ZeroStrategy> zero(nn::Module& m, Group& g, int stage, i
   c.trust_coefficient = 0.02;
   memory::ZeroOptions o{stage, chunk_numel, 0.1};
   o.offload_dir = offload_dir;
+  o.offload_slice = 300;   // AdamW's update reaches each chunk in several slices
   return std::make_unique<memory::ZeroStrategy>(m, o, g, optim::make_optimizer(c));
 }
 
@@ -522,8 +523,9 @@ TEST(Zero, AtOneRankEveryStageIsTheSameUpdate) {
 }
 
 TEST(ZeroOffload, OptimizerStatesOnNvmeGiveTheSameWeightsBitForBit) {
-  // Chunks of 1000 elements: dozens of chunks through three staging buffers, so every step reads,
-  // evicts and writes back; the arithmetic is the in-memory update's, so the weights are identical.
+  // Chunks of 1000 elements in slices of 300: dozens of chunks through three staging buffers, so every
+  // step reads, evicts and writes back, and AdamW's tensors reach it in pieces (LAMB's whole, a chunk at
+  // a time); the arithmetic is the in-memory update's, so the weights are identical.
   colossal::test::TempDir dir;
   auto expect_identical = [](const std::vector<Weights>& got, const std::vector<Weights>& want, const std::string& what) {
     ASSERT_EQ(got.size(), want.size());

@@ -130,7 +130,8 @@ TEST(OffloadedStates, ChunksStreamedThroughThreeBuffersKeepEveryValueAndStartAtZ
   // Seven chunks of uneven lengths, two states each: more chunks than staging buffers, so every pass
   // evicts, writes back and reads again.
   const std::vector<int64_t> numels = {1000, 4096, 17, 30000, 1, 5000, 1024};
-  OffloadedStates s(numels, 2, at::kFloat, dir.path(), "test states", 3, {.queue_depth = 4, .request_bytes = 16384});
+  OffloadedStates s(numels, 2, at::kFloat, dir.path(), "test states", 0, 3, {.queue_depth = 4, .request_bytes = 16384});
+  ASSERT_EQ(s.slices(), s.chunks());   // whole chunks
   for (int64_t c = 0; c < s.chunks(); ++c) {
     const auto& st = s.acquire(c, false);
     ASSERT_EQ(st.size(), 2u);
@@ -159,4 +160,35 @@ TEST(OffloadedStates, ChunksStreamedThroughThreeBuffersKeepEveryValueAndStartAtZ
   s.flush();
   EXPECT_EQ(s.staged_bytes(), 3 * 2 * io_round_up(30000 * 4));   // three buffers of the largest chunk's two states
   EXPECT_GE(s.file_bytes(), 2 * 4 * (1000 + 4096 + 17 + 30000 + 1 + 5000 + 1024));
+}
+
+TEST(OffloadedStates, SlicesCutEveryChunkAndRangesAcrossThemReadAndWriteThrough) {
+  TempDir dir;
+  // Slices of at most 1000 elements: chunk 1 (4096) is five slices, chunk 3 (30000) thirty.
+  const std::vector<int64_t> numels = {1000, 4096, 17, 30000};
+  OffloadedStates s(numels, 3, at::kFloat, dir.path(), "test states", 1000, 3);
+  EXPECT_EQ(s.slices(), 1 + 5 + 1 + 30);
+  EXPECT_EQ(s.first_slice(1), 1);
+  EXPECT_EQ(s.first_slice(2), 6);
+  EXPECT_EQ(s.slice(5).begin, 4000);
+  EXPECT_EQ(s.slice(5).numel, 96);
+  EXPECT_EQ(s.staged_bytes(), 3 * 3 * io_round_up(1000 * 4));   // three slices, not three of the largest chunk
+  // A range straddling slices goes in and comes back, and lands in the slices it spans.
+  const auto values = at::arange(2500, at::kFloat);
+  s.write(3, 2, 1700, values);
+  auto back = at::empty({2500});
+  s.read(3, 2, 1700, back);
+  EXPECT_TRUE(at::equal(back, values));
+  const auto& third = s.acquire(s.first_slice(3) + 2, false);   // chunk 3's elements [2000, 3000)
+  EXPECT_TRUE(at::equal(third[2], at::arange(300, 1300, at::kFloat)));
+  EXPECT_TRUE(at::all(third[0] == 0).item<bool>());
+  // Everything survives eviction: read the whole chunk after touching all the others.
+  for (int64_t u = 0; u < s.slices(); ++u) s.acquire(u, true)[1].add_(1.0);
+  auto whole = at::empty({30000});
+  s.read(3, 2, 0, whole);
+  EXPECT_TRUE(at::equal(whole.narrow(0, 1700, 2500), values));
+  EXPECT_EQ(whole.narrow(0, 0, 1700).abs().sum().item<double>(), 0.0);
+  s.read(3, 1, 0, whole);
+  EXPECT_TRUE(at::all(whole == 1).item<bool>());
+  EXPECT_THROW(s.read(0, 0, 900, whole), Error);   // past chunk 0's 1000 elements
 }

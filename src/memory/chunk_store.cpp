@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <algorithm>
 
 #include "src/core/error.h"
 #include "src/nn/block.h"
@@ -118,7 +119,7 @@ void ChunkStore::write(int64_t slot, const at::Tensor& value) {
   if (!part) return;
   const at::Tensor mine = flat.narrow(0, part->in_tensor, part->numel);
   if (releasable_[k]) param_shards_[k].narrow(0, part->in_shard, part->numel).copy_(mine);
-  if (mixed_) master_chunk(s.chunk, true).narrow(0, part->in_shard, part->numel).copy_(mine);   // at full precision
+  if (mixed_) write_master(s.chunk, part->in_shard, mine);   // at full precision
 }
 
 std::optional<int64_t> ChunkStore::slot_of(const std::string& name) const {
@@ -192,18 +193,26 @@ void ChunkStore::collect_grads(double inv_scale) {
 
 void ChunkStore::publish() {
   if (!mixed_ || offloaded_) return;
-  for (int64_t c = 0; c < layout_.chunks(); ++c) publish_chunk(c, master_[static_cast<size_t>(c)]);
+  for (int64_t c = 0; c < layout_.chunks(); ++c) publish_range(c, 0, master_[static_cast<size_t>(c)]);
 }
 
-void ChunkStore::publish_chunk(int64_t chunk, const at::Tensor& master) {
+void ChunkStore::publish_range(int64_t chunk, int64_t begin, const at::Tensor& master) {
   if (!mixed_) return;
   at::NoGradGuard no_grad;
-  param_shard(chunk).copy_(master);
+  param_shard(chunk).narrow(0, begin, master.numel()).copy_(master);
 }
 
-at::Tensor ChunkStore::master_chunk(int64_t chunk, bool change) {
-  if (offloaded_ && mixed_) return offloaded_->acquire(chunk, change).back();
-  return master_[static_cast<size_t>(chunk)];
+at::Tensor ChunkStore::master_chunk(int64_t chunk) {
+  if (!offloaded_ || !mixed_) return master_[static_cast<size_t>(chunk)];
+  at::Tensor copy = at::empty({shard_numel(chunk)}, master_options_);
+  offloaded_->read(chunk, static_cast<int>(offloaded_names_.size()), 0, copy);
+  return copy;
+}
+
+void ChunkStore::write_master(int64_t chunk, int64_t begin, const at::Tensor& values) {
+  at::NoGradGuard no_grad;
+  if (offloaded_) offloaded_->write(chunk, static_cast<int>(offloaded_names_.size()), begin, values);
+  else master_[static_cast<size_t>(chunk)].narrow(0, begin, values.numel()).copy_(values);
 }
 
 int64_t ChunkStore::shard_begin(int64_t chunk) const { return stage_ == 0 ? 0 : rank_ * layout_.shard_numel(chunk); }
@@ -223,17 +232,19 @@ std::vector<at::Tensor>& ChunkStore::state(const std::string& name) {
   return it->second;
 }
 
-std::vector<optim::ParamPiece> ChunkStore::chunk_pieces(int64_t chunk, const at::Tensor& master, const std::vector<at::Tensor>& states,
-                                                        double weight_decay) {
+std::vector<optim::ParamPiece> ChunkStore::range_pieces(int64_t chunk, int64_t begin, int64_t numel, const at::Tensor& master,
+                                                        const std::vector<at::Tensor>& states, double weight_decay) {
   const auto c = static_cast<size_t>(chunk);
   std::vector<optim::ParamPiece> out;
   for (int64_t i : layout_.chunk_slots[c]) {
     const auto part = shard_part(i);
     if (!part) continue;
+    const int64_t lo = std::max(begin, part->in_shard), hi = std::min(begin + numel, part->in_shard + part->numel);
+    if (lo >= hi) continue;
     optim::ParamPiece piece;
-    piece.param = master.narrow(0, part->in_shard, part->numel);
-    piece.grad = master_grads_[c].narrow(0, part->in_shard, part->numel);
-    for (const auto& st : states) piece.state.push_back(st.narrow(0, part->in_shard, part->numel));
+    piece.param = master.narrow(0, lo - begin, hi - lo);
+    piece.grad = master_grads_[c].narrow(0, lo, hi - lo);
+    for (const auto& st : states) piece.state.push_back(st.narrow(0, lo - begin, hi - lo));
     piece.weight_decay = layout_.slots[static_cast<size_t>(i)].decay ? weight_decay : 0.0;
     piece.tensor = i;
     out.push_back(std::move(piece));
@@ -244,37 +255,53 @@ std::vector<optim::ParamPiece> ChunkStore::chunk_pieces(int64_t chunk, const at:
 std::vector<optim::ParamPiece> ChunkStore::pieces(const std::vector<std::string>& state_names, double weight_decay) {
   std::vector<optim::ParamPiece> out;
   for (int64_t c = 0; c < layout_.chunks(); ++c)
-    for (auto& piece : chunk_pieces(c, master_chunk(c, false), chunk_states(c, state_names, false), weight_decay)) out.push_back(std::move(piece));
+    for (auto& piece : range_pieces(c, 0, shard_numel(c), master_chunk(c), chunk_states(c, state_names), weight_decay))
+      out.push_back(std::move(piece));
   return out;
 }
 
-void ChunkStore::offload_states(const std::vector<std::string>& state_names, const std::string& dir) {
+void ChunkStore::offload_states(const std::vector<std::string>& state_names, const std::string& dir, int64_t slice_numel) {
   if (state_names.empty() || !optimizer_states_.empty() || offloaded_)
     throw Error("chunk store: optimizer states are offloaded once, before any is written (internal)");
   std::vector<int64_t> numels;
   for (int64_t c = 0; c < layout_.chunks(); ++c) numels.push_back(shard_numel(c));
-  // Segments per chunk: the states, then (mixed precision) the master weights.
+  // Segments per slice: the states, then (mixed precision) the master weights.
   const int segments = static_cast<int>(state_names.size()) + (mixed_ ? 1 : 0);
   offloaded_ = std::make_unique<OffloadedStates>(numels, segments, master_options_.dtype().toScalarType(), dir,
-                                                 "nvme_path " + dir + (mixed_ ? " (optimizer states and master weights)" : " (optimizer states)"));
+                                                 "nvme_path " + dir + (mixed_ ? " (optimizer states and master weights)" : " (optimizer states)"),
+                                                 slice_numel);
   offloaded_names_ = state_names;
   if (!mixed_) return;
   for (int64_t c = 0; c < layout_.chunks(); ++c) {   // the master's values so far go to the file, its memory goes
     auto& master = master_[static_cast<size_t>(c)];
-    offloaded_->acquire(c, true).back().copy_(master);
+    offloaded_->write(c, segments - 1, 0, master);
     master = at::Tensor();
   }
 }
 
-std::vector<at::Tensor> ChunkStore::chunk_states(int64_t chunk, const std::vector<std::string>& state_names, bool change) {
-  if (offloaded_) {
-    if (state_names != offloaded_names_) throw Error("chunk store: asked for optimizer states other than the offloaded ones (internal)");
-    const auto& staged = offloaded_->acquire(chunk, change);
-    return {staged.begin(), staged.begin() + static_cast<std::ptrdiff_t>(state_names.size())};
-  }
+std::vector<at::Tensor> ChunkStore::chunk_states(int64_t chunk, const std::vector<std::string>& state_names) {
   std::vector<at::Tensor> out;
-  for (const auto& n : state_names) out.push_back(state(n)[static_cast<size_t>(chunk)]);
+  if (!offloaded_) {
+    for (const auto& n : state_names) out.push_back(state(n)[static_cast<size_t>(chunk)]);
+    return out;
+  }
+  if (state_names != offloaded_names_) throw Error("chunk store: asked for optimizer states other than the offloaded ones (internal)");
+  for (size_t k = 0; k < state_names.size(); ++k) {
+    out.push_back(at::empty({shard_numel(chunk)}, master_options_));
+    offloaded_->read(chunk, static_cast<int>(k), 0, out.back());
+  }
   return out;
+}
+
+void ChunkStore::write_state(int64_t chunk, const std::string& name, int64_t begin, const at::Tensor& values) {
+  at::NoGradGuard no_grad;
+  if (!offloaded_) {
+    state(name)[static_cast<size_t>(chunk)].narrow(0, begin, values.numel()).copy_(values);
+    return;
+  }
+  const auto k = std::find(offloaded_names_.begin(), offloaded_names_.end(), name) - offloaded_names_.begin();
+  if (k == static_cast<std::ptrdiff_t>(offloaded_names_.size())) throw Error("chunk store: no offloaded state \"" + name + "\" (internal)");
+  offloaded_->write(chunk, static_cast<int>(k), begin, values);
 }
 
 ChunkBytes ChunkStore::bytes() const {

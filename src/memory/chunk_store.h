@@ -65,9 +65,9 @@ class ChunkStore {
   const ChunkLayout& layout() const { return layout_; }
   const std::vector<at::Tensor>& params() const { return params_; }   // full chunk buffers, compute dtype
   bool mixed() const { return mixed_; }                                // compute dtype != master dtype
-  // This rank's master shard of chunk c (the model's dtype; a view of params() when not mixed; staged
-  // from the offload file when mixed and offloaded, `change` as for chunk_states).
-  at::Tensor master_chunk(int64_t chunk, bool change);
+  // This rank's master shard of chunk c (the model's dtype; a view of params() when not mixed). Mixed
+  // and offloaded, a copy read from the offload file: read it, do not change it.
+  at::Tensor master_chunk(int64_t chunk);
   at::TensorOptions master_options() const { return master_options_; }
   const at::Tensor& param_of(int64_t slot) const { return tensors_[static_cast<size_t>(slot)]; }   // the model's parameter
 
@@ -90,29 +90,33 @@ class ChunkStore {
   // master_grads = grad_shards * inv_scale (a loss scale undone, or 1).
   void collect_grads(double inv_scale);
   // The compute chunks' shards take the updated master values (nothing to do when not mixed); with the
-  // master offloaded, publish_chunk does it for each chunk while it is staged.
+  // master offloaded, publish_range does it for each slice while it is staged.
   void publish();
-  void publish_chunk(int64_t chunk, const at::Tensor& master);
+  void publish_range(int64_t chunk, int64_t begin, const at::Tensor& master);
   // This rank's shard of optimizer state `name` for each chunk (zeros when first asked for); resident
   // states only (not offloaded).
   std::vector<at::Tensor>& state(const std::string& name);
 
   // The pieces of every tensor inside this rank's shards, with `state_names` states, for the optimizer.
   std::vector<optim::ParamPiece> pieces(const std::vector<std::string>& state_names, double weight_decay);
-  // The pieces of chunk c's tensors: its master shard `master`, with `states` (one tensor per state,
-  // this rank's shard of c).
-  std::vector<optim::ParamPiece> chunk_pieces(int64_t chunk, const at::Tensor& master, const std::vector<at::Tensor>& states,
-                                              double weight_decay);
+  // The pieces of the tensors in [begin, begin + numel) of this rank's shard of chunk c, with `master`
+  // and `states` (one per state) views of that range.
+  std::vector<optim::ParamPiece> range_pieces(int64_t chunk, int64_t begin, int64_t numel, const at::Tensor& master,
+                                              const std::vector<at::Tensor>& states, double weight_decay);
 
   // Optimizer offload to NVMe: states `state_names` (zeros: call before any state is written) and, in
-  // mixed precision, the master weights move to a file under `dir` and come back chunk by chunk
-  // through a few host staging buffers.
-  void offload_states(const std::vector<std::string>& state_names, const std::string& dir);
+  // mixed precision, the master weights move to a file under `dir` and come back through a few host
+  // staging buffers, in slices of at most `slice_numel` elements (0: whole chunks, which layer-wise
+  // rules need: a tensor's norms come from all its pieces at once). Segments of a slice: the states
+  // in state_names order, then the master.
+  void offload_states(const std::vector<std::string>& state_names, const std::string& dir, int64_t slice_numel);
   OffloadedStates* offloaded() { return offloaded_.get(); }
   const OffloadedStates* offloaded() const { return offloaded_.get(); }
-  // Chunk c's states (this rank's shard, in state_names order), resident or staged from the file;
-  // `change`: the caller writes them. Staged ones stay valid until two other chunks are staged.
-  std::vector<at::Tensor> chunk_states(int64_t chunk, const std::vector<std::string>& state_names, bool change);
+  // Chunk c's states (this rank's shard, in state_names order): the tensors themselves in memory, or
+  // copies read from the offload file (read them, do not change them).
+  std::vector<at::Tensor> chunk_states(int64_t chunk, const std::vector<std::string>& state_names);
+  // Writes `values` into state `name` of chunk c's shard from element `begin`, in memory or in the file.
+  void write_state(int64_t chunk, const std::string& name, int64_t begin, const at::Tensor& values);
 
   TensorState tensor_state(int64_t slot) const { return states_[static_cast<size_t>(slot)]; }
   // Moves slot's tensor to `to` through the transition table (an Error naming it when not allowed).
@@ -154,6 +158,7 @@ class ChunkStore {
   std::map<std::string, std::vector<at::Tensor>> optimizer_states_;   // a map: references stay valid
   std::unique_ptr<OffloadedStates> offloaded_;   // the states on NVMe instead (optimizer offload)
   std::vector<std::string> offloaded_names_;
+  void write_master(int64_t chunk, int64_t begin, const at::Tensor& values);
   std::map<size_t, std::vector<at::DataPtr>> spare_;   // released chunks' memory by size, for the next gather
 };
 

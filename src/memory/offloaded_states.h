@@ -1,11 +1,14 @@
-// OffloadedStates: this rank's optimizer states for every chunk kept on NVMe (an OffloadFile), with a
-// few host staging buffers that hold the chunks being worked on. The optimizer streams through the
-// chunks: while chunk c is updated, chunk c+1 is read and chunk c-1 written back, so with three
-// staging buffers the disk and the update overlap (ZeRO-Infinity's optimizer offload, on our chunks).
+// OffloadedStates: this rank's optimizer states (and, in mixed precision, master weights) for every
+// chunk kept on NVMe (an OffloadFile), with a few host staging buffers that hold the part being worked
+// on. Each chunk's shard is cut into slices of at most `slice_numel` elements, the unit of staging: the
+// optimizer streams through the slices, reading slice u+1 and writing slice u-1 back while slice u is
+// updated, so with three staging buffers the disk and the update overlap (ZeRO-Infinity's optimizer
+// offload, on our chunks), and the memory it takes is three slices whatever the largest chunk (GPT-2's
+// embedding chunk alone is 31% of the model at 124M).
 //
 // Checkpoint saves and loads reach chunks in their own order through the same buffers, which act as a
-// small write-back cache: a staged chunk is read from, or changed in, memory, and a changed one goes
-// back to the file when its buffer is needed for another chunk or at flush().
+// small write-back cache: a staged slice is read from, or changed in, memory, and a changed one goes
+// back to the file when its buffer is needed for another slice or at flush().
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <cstdint>
@@ -19,20 +22,32 @@ namespace colossal::memory {
 
 class OffloadedStates {
  public:
-  // `numels[c]`: the length of chunk c's shard; `segments`: the tensors kept per chunk (one per
-  // optimizer state), each `numels[c]` long, zeros until written. `what` names the file in errors.
+  // `numels[c]`: the length of chunk c's shard; `segments`: the tensors kept per chunk, each
+  // `numels[c]` long, zeros until written; `slice_numel`: the most elements of a chunk staged at once
+  // (0: whole chunks). `what` names the file in errors.
   OffloadedStates(std::vector<int64_t> numels, int segments, at::ScalarType dtype, const std::string& dir, const std::string& what,
-                  int staging = 3, const OffloadFileOptions& options = {});
+                  int64_t slice_numel = 0, int staging = 3, const OffloadFileOptions& options = {});
   ~OffloadedStates();
 
+  struct Slice {
+    int64_t chunk = 0, begin = 0, numel = 0;   // [begin, begin + numel) of the chunk's shard
+  };
   int64_t chunks() const { return static_cast<int64_t>(numels_.size()); }
-  // Chunk c's segments, in a staging buffer (read from the file first, waiting for it, when not staged).
+  int64_t slices() const { return static_cast<int64_t>(slices_.size()); }
+  const Slice& slice(int64_t s) const { return slices_[static_cast<size_t>(s)]; }
+  int64_t first_slice(int64_t chunk) const { return first_[static_cast<size_t>(chunk)]; }   // chunk c: [first(c), first(c+1))
+
+  // Slice s's segments, in a staging buffer (read from the file first, waiting for it, when not staged).
   // `change`: the caller will write them, so they go back to the file later. The tensors stay valid
-  // until `staging - 1` other chunks have been acquired or prefetched.
-  const std::vector<at::Tensor>& acquire(int64_t c, bool change);
-  void prefetch(int64_t c);    // starts reading chunk c into a staging buffer, unless it is staged
-  void writeback(int64_t c);   // starts writing chunk c back now, if it was changed
-  void flush();                // every changed chunk written and waited for
+  // until `staging - 1` other slices have been acquired or prefetched.
+  const std::vector<at::Tensor>& acquire(int64_t s, bool change);
+  void prefetch(int64_t s);    // starts reading slice s into a staging buffer, unless it is staged
+  void writeback(int64_t s);   // starts writing slice s back now, if it was changed
+  void flush();                // every changed slice written and waited for
+
+  // Segment k of chunk c over [begin, begin + out.numel()), copied out of or into the slices it spans.
+  void read(int64_t chunk, int k, int64_t begin, at::Tensor& out);
+  void write(int64_t chunk, int k, int64_t begin, const at::Tensor& in);
 
   int64_t staged_bytes() const;   // host memory of the staging buffers
   int64_t file_bytes() const { return file_.size(); }
@@ -40,12 +55,17 @@ class OffloadedStates {
 
  private:
   struct Slot;
-  int64_t region_bytes(int64_t c) const;   // chunk c's segments in the file, each rounded to kIoAlign
-  Slot& stage(int64_t c);                  // a buffer holding chunk c, its read started
-  Slot& free_slot();                       // the least recently used buffer, emptied
-  void finish_write(Slot& s);
+  Slot& stage(int64_t s);   // a buffer holding slice s, its read started
+  Slot& free_slot();        // the least recently used buffer, emptied
+  void finish_write(Slot& slot);
+  // The slices of chunk c that [begin, begin + numel) overlaps, with each overlap's place in both.
+  template <typename Fn>
+  void each_overlap(int64_t chunk, int64_t begin, int64_t numel, Fn&& fn);
 
-  std::vector<int64_t> numels_, offsets_;   // by chunk: shard length, region's byte offset
+  std::vector<int64_t> numels_;
+  std::vector<Slice> slices_;
+  std::vector<int64_t> first_;      // by chunk: its first slice (one entry more: the end)
+  std::vector<int64_t> offsets_;    // by slice: its region's byte offset in the file
   int segments_;
   at::ScalarType dtype_;
   OffloadFile file_;

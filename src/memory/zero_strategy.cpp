@@ -85,7 +85,9 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group
   } else {
     if (optimizer_->state_names().empty())
       throw Error("offload_optimizer = \"nvme\": " + optimizer_->name() + " as configured keeps no optimizer state to offload (set it to \"none\")");
-    store_.offload_states(optimizer_->state_names(), o.offload_dir);
+    // Elementwise rules stream slices of a few million elements; layer-wise ones whole chunks (a tensor's
+    // norms need all of it in one update call).
+    store_.offload_states(optimizer_->state_names(), o.offload_dir, optimizer_->elementwise() ? o.offload_slice : 0);
   }
   const auto& layout = store_.layout();
   sync_.resize(static_cast<size_t>(layout.chunks()));
@@ -291,17 +293,20 @@ at::Tensor ZeroStrategy::scale_loss(const at::Tensor& loss) { return scaler_ ? l
 
 void ZeroStrategy::streamed_update(const optim::StepContext& ctx) {
   OffloadedStates& states = *store_.offloaded();
-  const auto names = optimizer_->state_names();
+  const size_t names = optimizer_->state_names().size();
   optimizer_->begin_step();
-  const int64_t chunks = store_.layout().chunks();
   states.prefetch(0);
-  for (int64_t c = 0; c < chunks; ++c) {
-    states.prefetch(c + 1);
-    const at::Tensor master = store_.master_chunk(c, true);
-    auto pieces = store_.chunk_pieces(c, master, store_.chunk_states(c, names, true), weight_decay_);
+  for (int64_t s = 0; s < states.slices(); ++s) {
+    states.prefetch(s + 1);
+    const auto& staged = states.acquire(s, true);
+    const auto& sl = states.slice(s);
+    // The master: staged with the states in mixed precision, else the parameters' own shard.
+    const at::Tensor master = store_.mixed() ? staged.back() : store_.master_chunk(sl.chunk).narrow(0, sl.begin, sl.numel);
+    const std::vector<at::Tensor> slice_states(staged.begin(), staged.begin() + static_cast<std::ptrdiff_t>(names));
+    auto pieces = store_.range_pieces(sl.chunk, sl.begin, sl.numel, master, slice_states, weight_decay_);
     optimizer_->update(pieces, ctx);
-    store_.publish_chunk(c, master);   // mixed precision: the compute chunk takes it while it is staged
-    states.writeback(c);
+    store_.publish_range(sl.chunk, sl.begin, master);   // mixed precision: the compute chunk takes it while it is staged
+    states.writeback(s);
   }
 }
 
@@ -430,11 +435,11 @@ void ZeroStrategy::for_each_owned(const OwnedFn& fn) {
   for (int64_t c = 0; c < layout.chunks(); ++c) {
     const auto writer = sole_writer(c);
     std::vector<at::Tensor> whole;   // each state of the whole chunk
-    const auto shards = store_.chunk_states(c, names, false);   // staged from NVMe if offloaded
+    const auto shards = store_.chunk_states(c, names);   // read from NVMe if offloaded
     for (size_t k = 0; k < names.size(); ++k) whole.push_back(whole_of(shards[k], c, writer, "optimizer state " + names[k]));
     // Mixed precision saves the master weights, the full-precision values.
     const bool from_master = store_.mixed() || store_.releasable(c);   // the parameters' own values are not whole here
-    const at::Tensor master = from_master ? whole_of(store_.master_chunk(c, false), c, writer, "master weights") : at::Tensor();
+    const at::Tensor master = from_master ? whole_of(store_.master_chunk(c), c, writer, "master weights") : at::Tensor();
     for (int64_t i : layout.chunk_slots[static_cast<size_t>(c)]) {
       if (store_.owner(i) != group_.rank()) continue;
       const auto& s = layout.slots[static_cast<size_t>(i)];
@@ -451,9 +456,7 @@ void ZeroStrategy::load_state(int64_t slot, size_t k, const at::Tensor& full) {
   const auto part = store_.shard_part(slot);
   if (!part) return;
   const int64_t chunk = store_.layout().slots[static_cast<size_t>(slot)].chunk;
-  const at::Tensor shard = store_.chunk_states(chunk, optimizer_->state_names(), true)[k];
-  at::NoGradGuard no_grad;
-  shard.narrow(0, part->in_shard, part->numel).copy_(full.reshape({-1}).narrow(0, part->in_tensor, part->numel));
+  store_.write_state(chunk, optimizer_->state_names()[k], part->in_shard, full.reshape({-1}).narrow(0, part->in_tensor, part->numel));
 }
 
 }  // namespace colossal::memory

@@ -36,6 +36,10 @@ struct ZeroOptions {
   std::optional<LossScaleOptions> loss_scale;    // fp16: dynamic loss scaling
   std::optional<c10::Device> device;             // where the chunks live (unset: where the parameters are)
   std::string offload_dir;                       // optimizer states on NVMe in a file here ("": in memory)
+  // Offload stages this many elements of a chunk at a time (16 MiB per fp32 state): three slices'
+  // states are what the update holds in memory, and a slice is long enough that its transfer keeps
+  // the disk's queue full. Layer-wise optimizers stage whole chunks.
+  int64_t offload_slice = int64_t{1} << 22;
 };
 
 class ZeroStrategy : public TrainStrategy {

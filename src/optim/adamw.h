@@ -15,6 +15,7 @@ class AdamW : public Optimizer {
   std::string name() const override { return "adamw"; }
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
   void update(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
+  bool elementwise() const override { return true; }
   bool folds_grad_scale() const override { return true; }
 
  private:

@@ -22,6 +22,7 @@ class Lamb : public Optimizer {
   std::string name() const override { return "lamb"; }
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
   void update(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
+  bool elementwise() const override { return false; }
 
  private:
   LambOptions opt_;

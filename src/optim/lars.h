@@ -21,6 +21,7 @@ class Lars : public Optimizer {
   std::string name() const override { return "lars"; }
   std::vector<std::string> state_names() const override { return {"momentum_buffer"}; }
   void update(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
+  bool elementwise() const override { return false; }
 
  private:
   LarsOptions opt_;

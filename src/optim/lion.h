@@ -16,6 +16,7 @@ class Lion : public Optimizer {
   std::string name() const override { return "lion"; }
   std::vector<std::string> state_names() const override { return {"exp_avg"}; }
   void update(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
+  bool elementwise() const override { return true; }
 
  private:
   LionOptions opt_;

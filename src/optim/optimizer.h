@@ -53,6 +53,9 @@ class Optimizer {
   virtual void update(std::vector<ParamPiece>& pieces, const StepContext& ctx) = 0;
   // Applies ctx.grad_scale itself, in the pass it makes anyway (AdamW's fused kernel).
   virtual bool folds_grad_scale() const { return false; }
+  // Each element's update depends on that element alone (no per-tensor norms), so a tensor may reach
+  // update() in pieces across several calls.
+  virtual bool elementwise() const = 0;
 
   int64_t steps() const { return step_; }
   void set_steps(int64_t s) { step_ = s; }

@@ -20,6 +20,7 @@ class Sgd : public Optimizer {
     return opt_.momentum == 0 ? std::vector<std::string>{} : std::vector<std::string>{"momentum_buffer"};
   }
   void update(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
+  bool elementwise() const override { return true; }
 
  private:
   SgdOptions opt_;
