@@ -275,7 +275,7 @@ TEST(DistributedTraining, Bf16UnderZeroTwoFollowsBf16PlainDataParallel) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 2e-3 * a[i]) << "step " << i + 1;
 }
 
-TEST(DistributedTraining, FinetuningUnderEveryStageStartsFromTheLoadedWeights) {
+TEST(DistributedTraining, FinetuningUnderEveryStageAndOffloadStartsFromTheLoadedWeights) {
   TempDir dir;
   ASSERT_EQ(train(write_recipe(dir, "base"), "--set train.max_steps=6").exit_code, 0);
   const std::string from = " --set finetune.from=" + (dir / "base") + " --set train.max_steps=2";
@@ -288,12 +288,17 @@ TEST(DistributedTraining, FinetuningUnderEveryStageStartsFromTheLoadedWeights) {
   const double plain = first_loss("plain", "");
   const double trained = colossal::test::metric_values(dir / "base/metrics.jsonl", "loss").back();
   EXPECT_LT(plain, trained + 0.5);   // far below a fresh model's loss: the weights were loaded
+  const std::string nvme = dir / "nvme";
+  fs::create_directory(nvme);
+  const std::string offload = " --set memory.offload_optimizer=nvme --set memory.nvme_path=" + nvme;
   for (const auto& [name, args] : std::vector<std::pair<std::string, std::string>>{
            {"zero1", "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=1"},
            {"zero2", "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=2 --set memory.chunk_size_mb=0.01"},
            {"zero3", "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=3 --set memory.chunk_size_mb=0.01"},
-           {"bf16", "--set precision.dtype=bf16 --set memory.zero=2"}})
-    EXPECT_NEAR(first_loss(name, args), plain, (name == "bf16" ? 1e-2 : 1e-6) * plain) << name;
+           {"bf16", "--set precision.dtype=bf16 --set memory.zero=2"},
+           {"nvme", offload},
+           {"nvme_zero3_bf16", "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=3 --set precision.dtype=bf16" + offload}})
+    EXPECT_NEAR(first_loss(name, args), plain, (name.find("bf16") != std::string::npos ? 1e-2 : 1e-6) * plain) << name;
 }
 
 // No rank holds the whole model under ZeRO-3, from scratch or loading a checkpoint: the parameters are

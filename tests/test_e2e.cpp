@@ -56,6 +56,14 @@ TEST(EndToEnd, TinyRecipeLearnsAndInferIsDeterministicForASeed) {
   ASSERT_EQ(batch.exit_code, 0) << batch.output;
   auto second = batch.output.substr(batch.output.find('\n') + 1);
   EXPECT_EQ(nlohmann::json::parse(second)["completion"], nlohmann::json::parse(alone.output)["completion"]);
+  // Each block's weights read from the checkpoint as it runs (a model larger than memory): the same
+  // tokens, with two blocks' weights in memory at most (the running one and the one being read).
+  auto streamed = run_colossal("infer " + ckpt + " --prompts " + (dir / "prompts.txt") + " -n 20 --greedy --jsonl -q --stream-weights");
+  ASSERT_EQ(streamed.exit_code, 0) << streamed.output;
+  EXPECT_EQ(streamed.output, batch.output);
+  auto logged = run_colossal("infer " + ckpt + " -p 'In the beginning' -n 5 --greedy --stream-weights");
+  ASSERT_EQ(logged.exit_code, 0) << logged.output;
+  EXPECT_NE(logged.output.find("at most 2 blocks in memory"), std::string::npos) << logged.output;
 
   // A stop string ends the completion before it.
   auto stopped = run_colossal("infer " + ckpt + " -p 'And' -n 60 --greedy --stop ' the' --jsonl -q");
@@ -85,7 +93,7 @@ TEST(EndToEnd, TinyRecipeLearnsAndInferIsDeterministicForASeed) {
   auto huge = nlohmann::json::parse(config);
   huge["n_layer"] = 1024, huge["n_embd"] = 65536, huge["n_head"] = 1, huge["n_inner"] = nullptr;
   write_file(config_path, huge.dump());
-  expect_one_line_error(run_colossal("infer " + ckpt + " -p hi -q"), "(fp32 weights) needs about");
+  expect_one_line_error(run_colossal("infer " + ckpt + " -p hi -q"), "(fp32 weights; --stream-weights reads them block by block instead) needs about");
   write_file(config_path, config);
 
   // A damaged checkpoint: truncated weights.

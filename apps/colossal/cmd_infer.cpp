@@ -16,6 +16,7 @@
 #include "src/core/text.h"
 #include "src/engine/checkpoint.h"
 #include "src/engine/generator.h"
+#include "src/engine/streamed_weights.h"
 #include "models/registry.h"
 #include "src/nn/kernel_choice.h"
 
@@ -33,6 +34,7 @@ struct InferArgs {
   std::string kernels = "auto";
   bool jsonl = false;
   bool quiet = false;
+  bool stream_weights = false;   // each block's weights read from the files as it runs (src/engine/streamed_weights.h)
 };
 
 // One prompt per line; "\n" inside a line stands for a newline.
@@ -83,13 +85,24 @@ void run(InferArgs& a) {
     throw Error("checkpoint " + dir + ": tokenizer has " + std::to_string(tokenizer.vocab_size()) +
                 " pieces but the model only " + std::to_string(info.model.vocab_size) + " rows (mismatched files?)");
   const c10::Device device = resolve_device(a.device, "--device");
-  if (device.is_cpu())
-    require_host_memory(4.0 * static_cast<double>(count_parameters(info.model)), "the model in " + dir + " (fp32 weights)");
-  nn::LayerFactory factory;
+  if (device.is_cpu() && !a.stream_weights)
+    require_host_memory(4.0 * static_cast<double>(count_parameters(info.model)), "the model in " + dir +
+                        " (fp32 weights; --stream-weights reads them block by block instead)");
+  nn::LayerFactory factory(a.stream_weights ? nn::ParamStorage::deferred : nn::ParamStorage::allocated);
   auto model = nn::model_as<nn::CausalLM>(build_model(info.model, factory), "colossal infer (text generation)");
-  load_model_state(*model, HfWeights::open(dir));
-  model->to(device);
-  spdlog::info("loaded {} ({} parameters) on {}", dir, model->parameter_count(), describe_device(device));
+  std::shared_ptr<StreamedWeights> streamed;
+  if (a.stream_weights) {
+    streamed = std::make_shared<StreamedWeights>(*model, std::make_shared<const HfWeights>(HfWeights::open(dir)), device);
+    auto chain = std::make_shared<nn::BlockHooks>();
+    chain->add(streamed);
+    model->set_block_hooks(chain);
+    spdlog::info("streaming {}'s blocks from disk ({} parameters; {} held outside the blocks) on {}", dir, model->parameter_count(),
+                 human_bytes(static_cast<double>(streamed->resident_bytes())), describe_device(device));
+  } else {
+    load_model_state(*model, HfWeights::open(dir));
+    model->to(device);
+    spdlog::info("loaded {} ({} parameters) on {}", dir, model->parameter_count(), describe_device(device));
+  }
 
   const nn::KernelPath kernels = nn::parse_kernel_path(a.kernels);
   nn::set_kernel_policy({kernels, kernels, kernels, kernels, kernels});
@@ -131,6 +144,10 @@ void run(InferArgs& a) {
   spdlog::info("timing: prefill {} tokens in {:.1f} ms | decode {} steps x {} sequences in {:.2f} s ({:.1f} tokens/s)",
                t.prefill_tokens, t.prefill_s * 1e3, t.decode_steps, t.batch, t.decode_s,
                t.decode_s > 0 ? static_cast<double>(t.decode_steps * t.batch) / t.decode_s : 0.0);
+  if (streamed)
+    spdlog::info("streamed weights: {} block reads, {} read ({:.2f} GiB/s over the run), at most {} blocks in memory",
+                 streamed->blocks_read(), human_bytes(static_cast<double>(streamed->bytes_read())),
+                 secs > 0 ? static_cast<double>(streamed->bytes_read()) / secs / 1073741824.0 : 0.0, streamed->most_blocks_held());
 }
 
 }  // namespace
@@ -152,6 +169,8 @@ void add_infer_command(CLI::App& app) {
   cmd->add_option("--kernels", a->kernels, "CPU kernels: auto (time ours against ATen per shape at first use), fused or aten")
       ->capture_default_str()->check(CLI::IsMember({"auto", "fused", "aten"}));
   cmd->add_flag("--jsonl", a->jsonl, "Print one JSON object per prompt instead of text");
+  cmd->add_flag("--stream-weights", a->stream_weights,
+                "Keep the blocks' weights on disk: read each block as it runs, the next one while it computes (a model larger than memory)");
   cmd->add_flag("-q,--quiet", a->quiet, "No log lines, only the generated text");
   cmd->callback([a] {
     for (auto& s : a->sampling.stop) {

@@ -42,6 +42,8 @@ def main():
     ap.add_argument("--prompts", required=True, help="file with one prompt per line; all of them run as one batch")
     ap.add_argument("--tokens", type=int, required=True, help="new tokens per prompt, exactly")
     ap.add_argument("--threads", type=int, required=True, help="torch.set_num_threads")
+    ap.add_argument("--offload-folder", help="accelerate's disk offload: every block's weights in this folder, "
+                    "loaded as the block runs (the peer of colossal infer --stream-weights)")
     args = ap.parse_args()
 
     import torch
@@ -60,7 +62,13 @@ def main():
     sp = spm.SentencePieceProcessor(model_file=str(ckpt / "tokenizer.model"))
     encoded = [sp.encode(p, out_type=int) or [EOS] for p in prompts]
 
-    model, info = GPT2LMHeadModel.from_pretrained(str(ckpt), dtype=torch.float32, output_loading_info=True)
+    offload = {}
+    if args.offload_folder:   # blocks on disk, embeddings, final norm and the tied head in memory
+        n_layer = json.loads((ckpt / "config.json").read_text())["n_layer"]
+        device_map = {"transformer.wte": "cpu", "transformer.wpe": "cpu", "transformer.drop": "cpu", "transformer.ln_f": "cpu",
+                      "lm_head": "cpu", **{f"transformer.h.{i}": "disk" for i in range(n_layer)}}
+        offload = {"device_map": device_map, "offload_folder": args.offload_folder, "offload_state_dict": False}
+    model, info = GPT2LMHeadModel.from_pretrained(str(ckpt), dtype=torch.float32, output_loading_info=True, **offload)
     buffers = (".attn.bias", ".attn.masked_bias")   # causal-mask buffers older checkpoints carry; not weights
     missing = [k for k in info.get("missing_keys", []) if k != "lm_head.weight" and not k.endswith(buffers)]
     unexpected = [k for k in info.get("unexpected_keys", []) if not k.endswith(buffers)]

@@ -183,7 +183,8 @@ std::vector<NamedTensor> export_model_state(nn::Model& model) {
 }
 
 void read_model_state(const nn::Model& model, const HfWeights& weights,
-                      const std::function<void(const std::string& name, const at::Tensor& value)>& take) {
+                      const std::function<void(const std::string& name, const at::Tensor& value)>& take,
+                      const std::function<bool(const std::string& name)>& only) {
   const auto& names = model.hf_names();
   std::map<std::string, at::Tensor> params;
   for (const auto& item : model.named_parameters()) params.emplace(item.key(), item.value());
@@ -201,6 +202,7 @@ void read_model_state(const nn::Model& model, const HfWeights& weights,
   }
   at::NoGradGuard no_grad;
   for (const auto& item : model.named_parameters()) {   // in the model's order, one tensor at a time
+    if (only && !only(item.key())) continue;
     const auto target = names.to_hf(item.key());
     // fp32 whatever the parameter computes in: a chunk store's master weights take it at full precision
     const at::Tensor value = at::empty(item.value().sizes(), at::kFloat);

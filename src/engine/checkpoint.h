@@ -91,9 +91,11 @@ std::vector<NamedTensor> export_model_state(nn::Model& model);
 void load_model_state(nn::Model& model, const HfWeights& weights);
 // The same reading, one parameter at a time in the model's order: each value (our layout, fp32, on
 // the CPU) is handed to `take` and dropped after, so a model whose parameters
-// are deferred (the chunk store's) loads without any process holding the whole checkpoint.
+// are deferred (the chunk store's) loads without any process holding the whole checkpoint. `only`:
+// the parameters to read (all when empty); the files are checked against the whole model either way.
 void read_model_state(const nn::Model& model, const HfWeights& weights,
-                      const std::function<void(const std::string& name, const at::Tensor& value)>& take);
+                      const std::function<void(const std::string& name, const at::Tensor& value)>& take,
+                      const std::function<bool(const std::string& name)>& only = {});
 // A model directory as transformers' save_pretrained writes it (our checkpoints are such directories):
 // the family and sizes from config.json, the weights in any format HfWeights reads.
 std::shared_ptr<nn::Model> load_pretrained(const std::string& dir, nn::LayerFactory& factory);

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# stream_infer.sh: generation with the blocks' weights kept on disk. `colossal infer --stream-weights`
+# (each block read from the checkpoint's safetensors file as it runs, the next one on an I/O thread
+# meanwhile) against transformers with accelerate's disk offload (every block in an offload folder,
+# loaded as it runs: scripts/bench/hf_generate.py --offload-folder), on the same checkpoint, prompts,
+# greedy tokens and threads; colossal with the model in memory as the reference. Alternating rounds,
+# medians: decode tokens/s, peak RSS (/usr/bin/time), and whether the texts agree.
+# Both sides read through the page cache, so on a model smaller than memory the reads come from RAM
+# after the first token: this measures what streaming costs the compute, not the disk.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+COMMAND="scripts/bench/stream_infer.sh"
+(($# == 0)) || COMMAND+="$(printf ' %q' "$@")"
+
+usage() {
+  cat <<EOF
+usage: scripts/bench/stream_infer.sh --hf-python PY [--checkpoint DIR] [--tokens N] [--threads N] [--repeat N] [--colossal BIN]
+  --hf-python   a Python with torch, transformers, accelerate and sentencepiece (the peer)
+  --checkpoint  a colossal GPT-2 checkpoint; default the one scripts/bench/infer_vs_transformers.sh trains
+  --tokens      new tokens per prompt; default 16
+EOF
+}
+CKPT="" tokens=16 threads="$(nproc)" repeat=3 COLOSSAL=build/colossal HF_PY=""
+while (($#)); do
+  case "$1" in
+    --hf-python) HF_PY="${2:?}"; shift 2 ;;
+    --checkpoint) CKPT="${2:?}"; shift 2 ;;
+    --tokens) tokens="${2:?}"; shift 2 ;;
+    --threads) threads="${2:?}"; shift 2 ;;
+    --repeat) repeat="${2:?}"; shift 2 ;;
+    --colossal) COLOSSAL="${2:?}"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "stream_infer: error: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+[ -n "$HF_PY" ] || { echo "stream_infer: error: --hf-python is required (a Python with transformers and accelerate)" >&2; exit 2; }
+"$HF_PY" -c 'import transformers, accelerate, sentencepiece' 2>/dev/null ||
+  { echo "stream_infer: error: $HF_PY cannot import transformers, accelerate and sentencepiece" >&2; exit 1; }
+[ -x "$COLOSSAL" ] || { echo "stream_infer: error: $COLOSSAL not found; build it with scripts/build.sh" >&2; exit 1; }
+if [ -z "$CKPT" ]; then
+  run=runs/bench/gpt2-124m-v8192
+  if [ ! -f "$run/checkpoints/latest" ]; then
+    echo "stream_infer: training a GPT-2 124M checkpoint into $run (2 steps)" >&2
+    "$COLOSSAL" train recipes/gpt2-124m.toml --set model.vocab_size=8192 --set data.text=data/kjv/kjv.txt \
+      --set data.tokenizer=runs/data/kjv-bpe-8192.model --set data.dataset=runs/data/kjv-bpe-8192.h5 \
+      --set data.tokenizer_vocab=8192 --set train.max_steps=2 --set train.batch_size=1 --set train.grad_accum=1 \
+      --set train.seq_len=128 --set train.eval_every=0 --set train.eval_batches=1 --set train.device=cpu \
+      --set optim.warmup_steps=1 --set checkpoint.every=0 --set checkpoint.keep_last=1 \
+      --set "output.dir=$run" --set "checkpoint.dir=$run/checkpoints" --quiet
+  fi
+  CKPT="$run/checkpoints/$(cat "$run/checkpoints/latest")"
+fi
+TMP="$(mktemp -d "${TMPDIR:-/tmp}/stream_infer.XXXXXX")"
+trap 'rm -rf "$TMP"' EXIT
+printf 'In the beginning God created\n' >"$TMP/prompts.txt"
+fail() { echo "stream_infer: error: $1; its output ends:" >&2; tail -n 20 "$2" >&2; exit 1; }
+for ((r = 1; r <= repeat; r++)); do
+  echo "stream_infer: round $r/$repeat" >&2
+  for mode in memory stream; do
+    flag=(); [ "$mode" = stream ] && flag=(--stream-weights)
+    OMP_NUM_THREADS="$threads" /usr/bin/time -f 'maxrss %M' "$COLOSSAL" infer "$CKPT" --prompts "$TMP/prompts.txt" -n "$tokens" --greedy \
+      --jsonl "${flag[@]}" >"$TMP/$mode-$r.out" 2>"$TMP/$mode-$r.err" || fail "colossal infer ($mode) failed" "$TMP/$mode-$r.err"
+  done
+  rm -rf "$TMP/offload"
+  /usr/bin/time -f 'maxrss %M' "$HF_PY" scripts/bench/hf_generate.py --checkpoint "$CKPT" --prompts "$TMP/prompts.txt" \
+    --tokens "$tokens" --threads "$threads" --offload-folder "$TMP/offload" >"$TMP/hf-$r.out" 2>"$TMP/hf-$r.err" ||
+    fail "transformers with disk offload failed" "$TMP/hf-$r.err"
+done
+
+"$HF_PY" - "$TMP" "$repeat" "$CKPT" "$tokens" "$threads" "$COMMAND" <<'EOF'
+import datetime, json, os, re, statistics, sys
+tmp, repeat, ckpt, tokens, threads, command = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
+med = statistics.median
+def rss(f): return int(re.search(r"maxrss (\d+)", open(f).read()).group(1)) / 1024
+def ours(mode, r):
+    err = open(f"{tmp}/{mode}-{r}.err").read()
+    m = re.search(r"decode (\d+) steps x (\d+) sequences in ([\d.]+) s", err)
+    text = json.loads(open(f"{tmp}/{mode}-{r}.out").read().splitlines()[0])["completion"]
+    return int(m.group(1)) * int(m.group(2)) / float(m.group(3)), rss(f"{tmp}/{mode}-{r}.err"), text
+def hf(r):
+    j = json.loads(open(f"{tmp}/hf-{r}.out").read().strip().splitlines()[-1])
+    return j["decode_steps"] * j["batch"] / j["decode_s"], rss(f"{tmp}/hf-{r}.err"), j["texts"][0]
+rows = {"colossal, weights in memory": [ours("memory", r) for r in range(1, repeat + 1)],
+        "colossal --stream-weights": [ours("stream", r) for r in range(1, repeat + 1)],
+        "transformers + accelerate disk offload": [hf(r) for r in range(1, repeat + 1)]}
+ref_text = rows["colossal, weights in memory"][0][2]
+stream_tps = med(x[0] for x in rows["colossal --stream-weights"])
+print(f"checkpoint {ckpt}, greedy, {tokens} new tokens, batch 1, {threads} threads")
+for name, xs in rows.items():
+    tps, peak = med(x[0] for x in xs), med(x[1] for x in xs)
+    same = all(x[2] == ref_text for x in xs)
+    print(f"  {name:40s} {tps:7.1f} tok/s  peak {peak:6.0f} MiB  stream vs it {stream_tps / tps:5.2f}x  "
+          f"text {'same' if same else 'DIFFERS'}")
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown CPU")
+print(f"machine: {os.cpu_count()} cores, {cpu}, {datetime.date.today()}, {command} (median of {repeat})")
+EOF
