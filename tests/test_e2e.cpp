@@ -58,7 +58,7 @@ TEST(EndToEnd, TinyRecipeLearnsAndInferIsDeterministicForASeed) {
   EXPECT_EQ(nlohmann::json::parse(second)["completion"], nlohmann::json::parse(alone.output)["completion"]);
   // Each block's weights read from the checkpoint as it runs (a model larger than memory): the same
   // tokens, with two blocks' weights in memory at most (the running one and the one being read).
-  auto streamed = run_colossal("infer " + ckpt + " --prompts " + (dir / "prompts.txt") + " -n 20 --greedy --jsonl -q --stream-weights");
+  auto streamed = run_colossal("infer " + ckpt + " --prompts " + (dir / "prompts.txt") + " -n 20 --greedy --jsonl -q --stream-weights --stream-cache " + dir.path());
   ASSERT_EQ(streamed.exit_code, 0) << streamed.output;
   EXPECT_EQ(streamed.output, batch.output);
   auto logged = run_colossal("infer " + ckpt + " -p 'In the beginning' -n 5 --greedy --stream-weights");

@@ -34,7 +34,8 @@ struct InferArgs {
   std::string kernels = "auto";
   bool jsonl = false;
   bool quiet = false;
-  bool stream_weights = false;   // each block's weights read from the files as it runs (src/engine/streamed_weights.h)
+  bool stream_weights = false;   // each block's weights read from a cache file as it runs (src/engine/streamed_weights.h)
+  std::string stream_cache = "/var/tmp";   // where that file goes
 };
 
 // One prompt per line; "\n" inside a line stands for a newline.
@@ -91,12 +92,22 @@ void run(InferArgs& a) {
   nn::LayerFactory factory(a.stream_weights ? nn::ParamStorage::deferred : nn::ParamStorage::allocated);
   auto model = nn::model_as<nn::CausalLM>(build_model(info.model, factory), "colossal infer (text generation)");
   std::shared_ptr<StreamedWeights> streamed;
+  // The reading thread uses the model, so any read in flight ends before the model goes, however this
+  // function is left (the hook chain inside the model owns the streamer too).
+  struct StopStreaming {
+    std::shared_ptr<StreamedWeights>& s;
+    ~StopStreaming() {
+      if (s) s->stop();
+    }
+  } stop_streaming{streamed};
   if (a.stream_weights) {
-    streamed = std::make_shared<StreamedWeights>(*model, std::make_shared<const HfWeights>(HfWeights::open(dir)), device);
+    streamed = std::make_shared<StreamedWeights>(*model, HfWeights::open(dir), device, a.stream_cache);
     auto chain = std::make_shared<nn::BlockHooks>();
     chain->add(streamed);
     model->set_block_hooks(chain);
-    spdlog::info("streaming {}'s blocks from disk ({} parameters; {} held outside the blocks) on {}", dir, model->parameter_count(),
+    spdlog::info("streaming {}'s blocks from a {} cache in {} ({}; {} parameters, {} of them kept outside the blocks) on {}", dir,
+                 human_bytes(static_cast<double>(streamed->cache_bytes())), a.stream_cache,
+                 streamed->direct() ? "O_DIRECT" : "page cache", model->parameter_count(),
                  human_bytes(static_cast<double>(streamed->resident_bytes())), describe_device(device));
   } else {
     load_model_state(*model, HfWeights::open(dir));
@@ -144,10 +155,12 @@ void run(InferArgs& a) {
   spdlog::info("timing: prefill {} tokens in {:.1f} ms | decode {} steps x {} sequences in {:.2f} s ({:.1f} tokens/s)",
                t.prefill_tokens, t.prefill_s * 1e3, t.decode_steps, t.batch, t.decode_s,
                t.decode_s > 0 ? static_cast<double>(t.decode_steps * t.batch) / t.decode_s : 0.0);
-  if (streamed)
+  if (streamed) {
+    streamed->stop();   // the first block's read for a token that never comes
     spdlog::info("streamed weights: {} block reads, {} read ({:.2f} GiB/s over the run), at most {} blocks in memory",
                  streamed->blocks_read(), human_bytes(static_cast<double>(streamed->bytes_read())),
                  secs > 0 ? static_cast<double>(streamed->bytes_read()) / secs / 1073741824.0 : 0.0, streamed->most_blocks_held());
+  }
 }
 
 }  // namespace
@@ -171,6 +184,8 @@ void add_infer_command(CLI::App& app) {
   cmd->add_flag("--jsonl", a->jsonl, "Print one JSON object per prompt instead of text");
   cmd->add_flag("--stream-weights", a->stream_weights,
                 "Keep the blocks' weights on disk: read each block as it runs, the next one while it computes (a model larger than memory)");
+  cmd->add_option("--stream-cache", a->stream_cache, "Directory for --stream-weights' cache file (on a fast local disk; removed on exit)")
+      ->capture_default_str();
   cmd->add_flag("-q,--quiet", a->quiet, "No log lines, only the generated text");
   cmd->callback([a] {
     for (auto& s : a->sampling.stop) {

@@ -122,7 +122,7 @@ struct OffloadFile::Impl {
 void OffloadFile::Impl::open_file() {
   const int64_t free_bytes = offload_dir_free_bytes(dir, what);
   // Unnamed where the file system supports it; O_DIRECT where it allows it (tmpfs does not).
-  for (const bool want_direct : {true, false}) {
+  for (const bool want_direct : {options.direct, false}) {
     const int flags = O_RDWR | O_CLOEXEC | (want_direct ? O_DIRECT : 0);
     fd = ::open(dir.c_str(), O_TMPFILE | flags, 0600);
     if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == ENOENT)) {

@@ -46,6 +46,7 @@ struct OffloadFileOptions {
   int queue_depth = 16;               // requests in flight
   int64_t request_bytes = 1 << 20;    // a region's transfer is cut into requests of this size
   bool io_uring = true;               // false: pread/pwrite on the I/O thread
+  bool direct = true;                 // O_DIRECT where allowed; false: through the page cache
   // Tests: the most bytes one system call moves, so transfers come back short as a device may return
   // them (0: no cap).
   int64_t max_transfer = 0;
