@@ -163,11 +163,14 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters, int
   e.optimizer = 4 * p * static_cast<double>(optim::states_per_parameter(r.optim)) / (stage >= 1 ? shards : 1.0);
   const ModelConfig m = family_of(r.model).canonical(r.model);
   if (r.memory.offload_optimizer == "nvme") {
-    // Three chunks' shards are staged; a chunk holds at least the largest tensor (the embedding) or
-    // the chunk size asked for.
+    // Three slices are staged: 4M elements for an elementwise rule (ZeroOptions::offload_slice), a
+    // whole chunk's shard for LAMB and LARS (a chunk holds at least the largest tensor, the embedding,
+    // or the chunk size asked for).
     const double chunk = std::max(static_cast<double>(m.vocab_size) * static_cast<double>(m.n_embd), r.memory.chunk_size_mb * 262144.0);
+    const auto opt = optim::make_optimizer(r.optim);
+    const double slice = opt->elementwise() ? std::min(4194304.0, chunk / (stage >= 1 ? shards : 1.0)) : chunk / (stage >= 1 ? shards : 1.0);
     e.nvme = e.optimizer;
-    e.optimizer = std::min(e.optimizer, 3 * 4 * chunk * static_cast<double>(optim::states_per_parameter(r.optim)) / (stage >= 1 ? shards : 1.0));
+    e.optimizer = std::min(e.optimizer, 3 * 4 * slice * static_cast<double>(opt->state_names().size()));
   }
   // Activations kept for backward per layer, fp32, with fused attention (no T x T scores kept):
   // about 17 values of [B, T, C] per block (inputs of norms, qkv, attention output, MLP in/out

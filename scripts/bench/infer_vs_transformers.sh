@@ -19,10 +19,10 @@
 # for the whole batch; the KV cache is left out), and each side's fraction of it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/bench/default_checkpoint.sh   # DEFAULT_CKPT_RUN, resolve, default_checkpoint
 COMMAND="scripts/bench/infer_vs_transformers.sh"
 (($# == 0)) || COMMAND+="$(printf ' %q' "$@")"
 
-DEFAULT_CKPT_RUN=runs/bench/gpt2-124m-v8192
 usage() {
   cat <<EOF
 usage: scripts/bench/infer_vs_transformers.sh [--batch 1|4|all] [--tokens N] [--threads N] [--repeat N]
@@ -80,30 +80,8 @@ if ! "$PY" -c 'import transformers, sentencepiece' 2>/dev/null; then
     { echo "infer_vs_transformers: error: $PY still cannot import transformers and sentencepiece" >&2; exit 1; }
 fi
 
-# resolve DIR: one checkpoint directory (as colossal infer resolves a run, checkpoints or checkpoint directory).
-resolve() {
-  local d="${1%/}"
-  if [ -f "$d/model.safetensors" ] && [ -f "$d/config.json" ]; then echo "$d"
-  elif [ -f "$d/latest" ]; then echo "$d/$(cat "$d/latest")"
-  elif [ -f "$d/checkpoints/latest" ]; then echo "$d/checkpoints/$(cat "$d/checkpoints/latest")"
-  else return 1
-  fi
-}
-
 if [ -z "$checkpoint" ]; then
-  if ! ckpt="$(resolve "$DEFAULT_CKPT_RUN")"; then
-    # GPT-2 124M's shape with an 8192-piece vocabulary; two tiny steps: weights only need to be a real checkpoint.
-    echo "infer_vs_transformers: no checkpoint in $DEFAULT_CKPT_RUN; training one (tokenizer and dataset too if missing)" >&2
-    "$COLOSSAL" train recipes/gpt2-124m.toml --set model.vocab_size=8192 --set data.text=data/kjv/kjv.txt \
-      --set data.tokenizer=runs/data/kjv-bpe-8192.model --set data.dataset=runs/data/kjv-bpe-8192.h5 \
-      --set data.tokenizer_vocab=8192 --set train.max_steps=2 --set train.batch_size=1 --set train.grad_accum=1 \
-      --set train.seq_len=128 --set train.eval_every=0 --set train.eval_batches=1 --set train.device=cpu \
-      --set optim.warmup_steps=1 --set checkpoint.every=0 --set checkpoint.keep_last=1 \
-      --set "output.dir=$DEFAULT_CKPT_RUN" --set "checkpoint.dir=$DEFAULT_CKPT_RUN/checkpoints" --quiet ||
-      { echo "infer_vs_transformers: error: training the default checkpoint into $DEFAULT_CKPT_RUN failed" >&2; exit 1; }
-    ckpt="$(resolve "$DEFAULT_CKPT_RUN")" ||
-      { echo "infer_vs_transformers: error: colossal train wrote no checkpoint under $DEFAULT_CKPT_RUN" >&2; exit 1; }
-  fi
+  ckpt="$(default_checkpoint infer_vs_transformers "$COLOSSAL")" || exit 1
 else
   [ -e "$checkpoint" ] || { echo "infer_vs_transformers: error: --checkpoint $checkpoint: no such directory" >&2; exit 1; }
   ckpt="$(resolve "$checkpoint")" ||

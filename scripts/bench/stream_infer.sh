@@ -37,18 +37,11 @@ done
 "$HF_PY" -c 'import transformers, accelerate, sentencepiece' 2>/dev/null ||
   { echo "stream_infer: error: $HF_PY cannot import transformers, accelerate and sentencepiece" >&2; exit 1; }
 [ -x "$COLOSSAL" ] || { echo "stream_infer: error: $COLOSSAL not found; build it with scripts/build.sh" >&2; exit 1; }
+source scripts/bench/default_checkpoint.sh   # the checkpoint infer_vs_transformers.sh uses too
 if [ -z "$CKPT" ]; then
-  run=runs/bench/gpt2-124m-v8192
-  if [ ! -f "$run/checkpoints/latest" ]; then
-    echo "stream_infer: training a GPT-2 124M checkpoint into $run (2 steps)" >&2
-    "$COLOSSAL" train recipes/gpt2-124m.toml --set model.vocab_size=8192 --set data.text=data/kjv/kjv.txt \
-      --set data.tokenizer=runs/data/kjv-bpe-8192.model --set data.dataset=runs/data/kjv-bpe-8192.h5 \
-      --set data.tokenizer_vocab=8192 --set train.max_steps=2 --set train.batch_size=1 --set train.grad_accum=1 \
-      --set train.seq_len=128 --set train.eval_every=0 --set train.eval_batches=1 --set train.device=cpu \
-      --set optim.warmup_steps=1 --set checkpoint.every=0 --set checkpoint.keep_last=1 \
-      --set "output.dir=$run" --set "checkpoint.dir=$run/checkpoints" --quiet
-  fi
-  CKPT="$run/checkpoints/$(cat "$run/checkpoints/latest")"
+  CKPT="$(default_checkpoint stream_infer "$COLOSSAL")" || exit 1
+else
+  CKPT="$(resolve "$CKPT")" || { echo "stream_infer: error: --checkpoint: no model.safetensors, latest or checkpoints/latest in it" >&2; exit 1; }
 fi
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/stream_infer.XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT

@@ -300,12 +300,19 @@ void ZeroStrategy::streamed_update(const optim::StepContext& ctx) {
     states.prefetch(s + 1);
     const auto& staged = states.acquire(s, true);
     const auto& sl = states.slice(s);
+    // Chunks on a GPU are updated there: the staged slice goes to the device and comes back.
+    const c10::Device device = store_.master_grads()[static_cast<size_t>(sl.chunk)].device();
+    std::vector<at::Tensor> work(staged.begin(), staged.end());
+    if (!device.is_cpu())
+      for (auto& t : work) t = t.to(device);
     // The master: staged with the states in mixed precision, else the parameters' own shard.
-    const at::Tensor master = store_.mixed() ? staged.back() : store_.master_chunk(sl.chunk).narrow(0, sl.begin, sl.numel);
-    const std::vector<at::Tensor> slice_states(staged.begin(), staged.begin() + static_cast<std::ptrdiff_t>(names));
+    const at::Tensor master = store_.mixed() ? work.back() : store_.master_chunk(sl.chunk).narrow(0, sl.begin, sl.numel);
+    const std::vector<at::Tensor> slice_states(work.begin(), work.begin() + static_cast<std::ptrdiff_t>(names));
     auto pieces = store_.range_pieces(sl.chunk, sl.begin, sl.numel, master, slice_states, weight_decay_);
     optimizer_->update(pieces, ctx);
     store_.publish_range(sl.chunk, sl.begin, master);   // mixed precision: the compute chunk takes it while it is staged
+    if (!device.is_cpu())
+      for (size_t k = 0; k < work.size(); ++k) staged[k].copy_(work[k]);
     states.writeback(s);
   }
 }
