@@ -158,9 +158,17 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters, int
   e.parameters = parameters;
   const double p = static_cast<double>(parameters), shards = static_cast<double>(std::max<int64_t>(dp, 1));
   const int64_t stage = r.memory.zero;
-  e.weights = stage >= 3 ? 4 * p / shards : 4 * p;
-  e.gradients = stage >= 2 ? 4 * p / shards : 4 * p;
-  e.optimizer = 4 * p * static_cast<double>(optim::states_per_parameter(r.optim)) / (stage >= 1 ? shards : 1.0);
+  const double sharded = stage >= 1 ? shards : 1.0;   // what the optimizer side is divided by
+  // As the chunk store holds it (src/memory/chunk_store.h): the model's parameters in the compute dtype
+  // (bf16/fp16: 2 bytes), and under mixed precision fp32 master weights sharded like the optimizer
+  // states; gradients in the compute dtype while whole (stages 0-1, plus an fp32 copy of this rank's
+  // shard for the update), in fp32 shards from stage 2.
+  const bool mixed = r.precision.dtype != "fp32";
+  const double compute = mixed ? 2 : 4;
+  const double master = mixed ? 4 * p / sharded : 0;
+  e.weights = (stage >= 3 ? compute * p / shards : compute * p) + master;
+  e.gradients = stage >= 2 ? 4 * p / shards : compute * p + (mixed ? 4 * p / sharded : 0);
+  e.optimizer = 4 * p * static_cast<double>(optim::states_per_parameter(r.optim)) / sharded;
   const ModelConfig m = family_of(r.model).canonical(r.model);
   if (r.memory.offload_optimizer == "nvme") {
     // Three slices are staged: 4M elements for an elementwise rule (ZeroOptions::offload_slice), a
@@ -169,16 +177,18 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters, int
     const double chunk = std::max(static_cast<double>(m.vocab_size) * static_cast<double>(m.n_embd), r.memory.chunk_size_mb * 262144.0);
     const auto opt = optim::make_optimizer(r.optim);
     const double slice = opt->elementwise() ? std::min(4194304.0, chunk / (stage >= 1 ? shards : 1.0)) : chunk / (stage >= 1 ? shards : 1.0);
-    e.nvme = e.optimizer;
-    e.optimizer = std::min(e.optimizer, 3 * 4 * slice * static_cast<double>(opt->state_names().size()));
+    const double segments = static_cast<double>(opt->state_names().size()) + (mixed ? 1 : 0);   // the master goes too
+    e.nvme = e.optimizer + master;
+    e.weights -= master;
+    e.optimizer = std::min(e.nvme, 3 * 4 * slice * segments);
   }
-  // Activations kept for backward per layer, fp32, with fused attention (no T x T scores kept):
-  // about 17 values of [B, T, C] per block (inputs of norms, qkv, attention output, MLP in/out
-  // with its 4x hidden) plus the logits [B, T, V] and their gradient. T and V as the family builds
-  // the model (a ViT sees its patches and has no vocabulary).
+  // Activations kept for backward per layer, in the compute dtype, with fused attention (no T x T
+  // scores kept): about 17 values of [B, T, C] per block (inputs of norms, qkv, attention output, MLP
+  // in/out with its 4x hidden) plus the logits [B, T, V] and their gradient (fp32). T and V as the
+  // family builds the model (a ViT sees its patches and has no vocabulary).
   const double b = static_cast<double>(r.train.batch_size), t = static_cast<double>(tokens_per_sample(r));
   const double c = static_cast<double>(m.n_embd), v = static_cast<double>(m.vocab_size);
-  e.activations = 4 * (b * t * c * 17 * static_cast<double>(m.n_layer) + 2 * b * t * v);
+  e.activations = compute * b * t * c * 17 * static_cast<double>(m.n_layer) + 4 * 2 * b * t * v;
   return e;
 }
 

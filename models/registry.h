@@ -30,9 +30,11 @@ int64_t count_parameters(const ModelConfig& config);   // without allocating the
 // (a ViT's patches and class token).
 int64_t tokens_per_sample(const Recipe& recipe);
 
-// Bytes one rank holds for parameters, gradients and optimizer states (fp32) at the recipe's ZeRO stage
-// over `dp` data-parallel ranks (the ZeRO paper's formulas: stage 1 divides the optimizer states by dp,
-// stage 2 the gradients too, stage 3 the parameters too), plus a per-micro-batch activation estimate.
+// Bytes one rank holds for parameters, gradients and optimizer states at the recipe's ZeRO stage and
+// precision over `dp` data-parallel ranks (the ZeRO paper's formulas: stage 1 divides the optimizer
+// states by dp, stage 2 the gradients too, stage 3 the parameters too; bf16/fp16 keep 2-byte parameters
+// and whole gradients beside fp32 master weights sharded like the states), plus a per-micro-batch
+// activation estimate.
 // With optimizer offload, `optimizer` is the host staging (three chunks' states) and `nvme` the states
 // in the offload file.
 struct MemoryEstimate {

@@ -11,6 +11,8 @@
 
 #include "models/bert/bert.h"
 #include "models/gpt/gpt.h"
+#include "models/registry.h"
+#include "src/core/recipe.h"
 #include "src/core/spare_buffers.h"
 #include "src/memory/chunk_layout.h"
 #include "src/memory/chunk_store.h"
@@ -214,4 +216,34 @@ TEST(ChunkStore, ADeferredModelFilledTensorByTensorHoldsWhatTheInitialisedModelD
               EXPECT_TRUE(at::equal(a[i].value(), b[i].value())) << b[i].key();
             }
         }
+}
+
+// --dry-run's bytes per rank (models/registry.h) are what the chunk store holds for the same stage,
+// precision and number of shards, applied to the chunked elements (padding included, as the log
+// reports it), so the memory refusal and the plan use figures that come true. ZeRO-3 is left out: its
+// formula counts every chunk as sharded, where the store keeps the embeddings', final norm's and head's
+// chunks whole.
+TEST(ChunkStore, TheDryRunsBytesPerRankAreWhatTheStoreHoldsAtEveryStageAndPrecision) {
+  Recipe r;
+  r.model.family = "gpt";
+  r.model.n_layer = 4, r.model.n_head = 2, r.model.n_embd = 64, r.model.block_size = 32, r.model.vocab_size = 512;
+  for (const char* dtype : {"fp32", "bf16", "fp16"})
+    for (int stage : {0, 1, 2})
+      for (int64_t shards : {1, 4}) {
+        r.precision.dtype = dtype;
+        r.memory.zero = stage;
+        nn::LayerFactory f;
+        auto model = build_model(r.model, f);
+        const auto compute = std::string(dtype) == "fp32" ? std::nullopt
+                             : std::optional<at::ScalarType>(std::string(dtype) == "bf16" ? at::kBFloat16 : at::kHalf);
+        const int64_t chunk = choose_chunk_numel(chunk_specs(*model), 0, shards, stage);   // "auto", as runs choose
+        ChunkStore store(*model, stage, chunk, shards, 0, compute, parameter_blocks(*model));
+        store.pieces({"exp_avg", "exp_avg_sq"}, 0.1);   // AdamW's states, allocated as the strategy does
+        const ChunkBytes held = store.bytes();
+        const MemoryEstimate plan = estimate_training_memory(r, store.layout().total_numel(), stage == 0 ? 1 : shards);
+        const std::string where = std::string(dtype) + " stage " + std::to_string(stage) + " over " + std::to_string(shards);
+        EXPECT_EQ(plan.weights, static_cast<double>(held.params)) << where;
+        EXPECT_EQ(plan.gradients, static_cast<double>(held.grads)) << where;
+        EXPECT_EQ(plan.optimizer, static_cast<double>(held.optimizer)) << where;
+      }
 }

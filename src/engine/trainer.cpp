@@ -96,14 +96,16 @@ void print_dry_run(const Recipe& r, const c10::Device& device, int64_t launch_wo
               static_cast<long long>(r.train.grad_accum), static_cast<long long>(dp));
   const auto mem = estimate_training_memory(r, params, dp);
   const int64_t workers = launch_world > 0 ? launch_world : env.local_world;   // processes on this machine
-  std::printf("memory per rank (fp32, %s, ZeRO stage %lld over %lld data-parallel rank(s)):\n", r.optim.name.c_str(),
+  const std::string precision = r.precision.dtype == "fp32" ? "fp32" : r.precision.dtype + " with fp32 master weights";
+  std::printf("memory per rank (%s, %s, ZeRO stage %lld over %lld data-parallel rank(s)):\n", precision.c_str(), r.optim.name.c_str(),
               static_cast<long long>(r.memory.zero), static_cast<long long>(dp));
   std::printf("  weights     %s\n  gradients   %s\n  optimizer   %s\n  activations %s (one micro-batch)\n  total       %s\n",
               human_bytes(mem.weights).c_str(), human_bytes(mem.gradients).c_str(), human_bytes(mem.optimizer).c_str(),
               human_bytes(mem.activations).c_str(), human_bytes(mem.total()).c_str());
   if (r.memory.offload_optimizer == "nvme") {
     const double disk = mem.nvme * static_cast<double>(workers);
-    std::printf("  nvme        %s optimizer states%s in %s (%s free: %s)\n", human_bytes(mem.nvme).c_str(),
+    std::printf("  nvme        %s optimizer states%s%s in %s (%s free: %s)\n", human_bytes(mem.nvme).c_str(),
+                r.precision.dtype == "fp32" ? "" : " and master weights",
                 workers > 1 ? (" per rank, " + human_bytes(disk) + " in all").c_str() : "", r.memory.nvme_path.c_str(),
                 human_bytes(free_bytes).c_str(), disk <= free_bytes ? "fits" : "does not fit: training would stop here");
   }
