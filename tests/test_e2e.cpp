@@ -24,6 +24,18 @@ using colossal::test::expect_one_line_error;
 namespace {
 
 // Overrides that keep every output of a run inside `dir`.
+// `colossal train RECIPE --quiet` as a child process writing to `log`; its pid (negative: fork failed).
+pid_t train_in_background(const std::string& recipe, const std::string& log) {
+  const std::string binary = colossal::test::binary_path();
+  const pid_t pid = fork();   // the child only calls async-signal-safe functions until exec
+  if (pid == 0) {
+    if (!freopen(log.c_str(), "w", stderr) || !freopen(log.c_str(), "a", stdout)) _exit(126);
+    execl(binary.c_str(), "colossal", "train", recipe.c_str(), "--quiet", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
 std::string into(const TempDir& dir) {
   return " --set output.dir=" + (dir / "run") + " --set data.tokenizer=" + (dir / "tok.model") +
          " --set data.dataset=" + (dir / "data.h5");
@@ -204,14 +216,9 @@ TEST(EndToEnd, AKilledOffloadedRunLeavesNoFileBehindAndResumesFromItsLastCheckpo
                                                      {"checkpoint.every=2", "train.eval_every=0", "memory.offload_optimizer=nvme",
                                                       "memory.nvme_path=" + nvme, "memory.chunk_size_mb=0.01"});
   write_file(dir / "r.toml", recipe.to_toml());
-  const std::string log = dir / "out.txt", binary = colossal::test::binary_path(), recipe_path = dir / "r.toml";
-  pid_t pid = fork();   // the child only calls async-signal-safe functions until exec
+  const std::string log = dir / "out.txt", recipe_path = dir / "r.toml";
+  const pid_t pid = train_in_background(recipe_path, log);
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    if (!freopen(log.c_str(), "w", stderr) || !freopen(log.c_str(), "a", stdout)) _exit(126);
-    execl(binary.c_str(), "colossal", "train", recipe_path.c_str(), "--quiet", static_cast<char*>(nullptr));
-    _exit(127);
-  }
   const fs::path latest = fs::path(dir / "run") / "checkpoints" / "latest";
   for (int i = 0; i < 1200 && !fs::exists(latest); ++i) usleep(100000);   // up to 2 minutes
   ASSERT_TRUE(fs::exists(latest)) << read_file(log);
@@ -270,14 +277,9 @@ TEST(EndToEnd, ASecondInterruptStopsAtOnceAndLeavesTheLastCheckpointIntact) {
                                                      {"train.grad_accum=64", "checkpoint.every=1", "train.eval_every=0",
                                                       "train.batch_size=128", "model.dropout=0"});
   write_file(dir / "r.toml", recipe.to_toml());
-  const std::string log = dir / "out.txt", binary = colossal::test::binary_path(), recipe_path = dir / "r.toml";
-  pid_t pid = fork();   // the child only calls async-signal-safe functions until exec
+  const std::string log = dir / "out.txt", recipe_path = dir / "r.toml";
+  const pid_t pid = train_in_background(recipe_path, log);
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    if (!freopen(log.c_str(), "w", stderr) || !freopen(log.c_str(), "a", stdout)) _exit(126);
-    execl(binary.c_str(), "colossal", "train", recipe_path.c_str(), "--quiet", static_cast<char*>(nullptr));
-    _exit(127);
-  }
   const fs::path latest = fs::path(dir / "run") / "checkpoints" / "latest";
   for (int i = 0; i < 1200 && !fs::exists(latest); ++i) usleep(100000);   // up to 2 minutes
   ASSERT_TRUE(fs::exists(latest)) << read_file(log);
