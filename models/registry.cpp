@@ -8,6 +8,7 @@
 #include "models/vit/vit.h"
 #include "src/core/error.h"
 #include "src/core/text.h"
+#include "src/memory/offloaded_states.h"
 #include "src/optim/factory.h"
 
 namespace colossal {
@@ -168,16 +169,18 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters, int
   const double master = mixed ? 4 * p / sharded : 0;
   e.weights = (stage >= 3 ? compute * p / shards : compute * p) + master;
   e.gradients = stage >= 2 ? 4 * p / shards : compute * p + (mixed ? 4 * p / sharded : 0);
-  e.optimizer = 4 * p * static_cast<double>(optim::states_per_parameter(r.optim)) / sharded;
+  const auto optimizer = optim::make_optimizer(r.optim);
+  const auto states = static_cast<double>(optimizer->state_names().size());
+  e.optimizer = 4 * p * states / sharded;
   const ModelConfig m = family_of(r.model).canonical(r.model);
   if (r.memory.offload_optimizer == "nvme") {
-    // Three slices are staged: 4M elements for an elementwise rule (ZeroOptions::offload_slice), a
-    // whole chunk's shard for LAMB and LARS (a chunk holds at least the largest tensor, the embedding,
-    // or the chunk size asked for).
+    // Three slices are staged: kOffloadSliceNumel elements for an elementwise rule, a whole chunk's
+    // shard for LAMB and LARS (a chunk holds at least the largest tensor, the embedding, or the chunk
+    // size asked for).
     const double chunk = std::max(static_cast<double>(m.vocab_size) * static_cast<double>(m.n_embd), r.memory.chunk_size_mb * 262144.0);
-    const auto opt = optim::make_optimizer(r.optim);
-    const double slice = opt->elementwise() ? std::min(4194304.0, chunk / (stage >= 1 ? shards : 1.0)) : chunk / (stage >= 1 ? shards : 1.0);
-    const double segments = static_cast<double>(opt->state_names().size()) + (mixed ? 1 : 0);   // the master goes too
+    const double shard = chunk / sharded;
+    const double slice = optimizer->elementwise() ? std::min(static_cast<double>(memory::kOffloadSliceNumel), shard) : shard;
+    const double segments = states + (mixed ? 1 : 0);   // the master goes too
     e.nvme = e.optimizer + master;
     e.weights -= master;
     e.optimizer = std::min(e.nvme, 3 * 4 * slice * segments);

@@ -24,16 +24,26 @@ using colossal::test::expect_one_line_error;
 namespace {
 
 // Overrides that keep every output of a run inside `dir`.
-// `colossal train RECIPE --quiet` as a child process writing to `log`; its pid (negative: fork failed).
-pid_t train_in_background(const std::string& recipe, const std::string& log) {
+// `colossal train` on `recipe` (its output under dir/run) as a child process writing to dir/out.txt,
+// returned once the run's first checkpoint is written (up to 2 minutes). `pid` is -1 when the fork
+// failed; `latest` exists unless the checkpoint never came.
+struct BackgroundRun {
+  pid_t pid = -1;
+  std::string recipe, log;
+  fs::path latest;
+};
+BackgroundRun train_until_first_checkpoint(const TempDir& dir, const colossal::Recipe& recipe) {
+  BackgroundRun run{-1, dir / "r.toml", dir / "out.txt", fs::path(dir / "run") / "checkpoints" / "latest"};
+  write_file(run.recipe, recipe.to_toml());
   const std::string binary = colossal::test::binary_path();
-  const pid_t pid = fork();   // the child only calls async-signal-safe functions until exec
-  if (pid == 0) {
-    if (!freopen(log.c_str(), "w", stderr) || !freopen(log.c_str(), "a", stdout)) _exit(126);
-    execl(binary.c_str(), "colossal", "train", recipe.c_str(), "--quiet", static_cast<char*>(nullptr));
+  run.pid = fork();   // the child only calls async-signal-safe functions until exec
+  if (run.pid == 0) {
+    if (!freopen(run.log.c_str(), "w", stderr) || !freopen(run.log.c_str(), "a", stdout)) _exit(126);
+    execl(binary.c_str(), "colossal", "train", run.recipe.c_str(), "--quiet", static_cast<char*>(nullptr));
     _exit(127);
   }
-  return pid;
+  for (int i = 0; run.pid > 0 && i < 1200 && !fs::exists(run.latest); ++i) usleep(100000);
+  return run;
 }
 
 std::string into(const TempDir& dir) {
@@ -215,12 +225,11 @@ TEST(EndToEnd, AKilledOffloadedRunLeavesNoFileBehindAndResumesFromItsLastCheckpo
   auto recipe = colossal::test::tiny_training_recipe(dir / "run", 100000,
                                                      {"checkpoint.every=2", "train.eval_every=0", "memory.offload_optimizer=nvme",
                                                       "memory.nvme_path=" + nvme, "memory.chunk_size_mb=0.01"});
-  write_file(dir / "r.toml", recipe.to_toml());
-  const std::string log = dir / "out.txt", recipe_path = dir / "r.toml";
-  const pid_t pid = train_in_background(recipe_path, log);
+  const auto run = train_until_first_checkpoint(dir, recipe);
+  const pid_t pid = run.pid;
+  const std::string &log = run.log, &recipe_path = run.recipe;
+  const fs::path& latest = run.latest;
   ASSERT_GE(pid, 0);
-  const fs::path latest = fs::path(dir / "run") / "checkpoints" / "latest";
-  for (int i = 0; i < 1200 && !fs::exists(latest); ++i) usleep(100000);   // up to 2 minutes
   ASSERT_TRUE(fs::exists(latest)) << read_file(log);
   kill(pid, SIGKILL);   // mid-step, with the offload file open and transfers in flight
   int status = 0;
@@ -276,12 +285,11 @@ TEST(EndToEnd, ASecondInterruptStopsAtOnceAndLeavesTheLastCheckpointIntact) {
   auto recipe = colossal::test::tiny_training_recipe(dir / "run", 100000,
                                                      {"train.grad_accum=64", "checkpoint.every=1", "train.eval_every=0",
                                                       "train.batch_size=128", "model.dropout=0"});
-  write_file(dir / "r.toml", recipe.to_toml());
-  const std::string log = dir / "out.txt", recipe_path = dir / "r.toml";
-  const pid_t pid = train_in_background(recipe_path, log);
+  const auto run = train_until_first_checkpoint(dir, recipe);
+  const pid_t pid = run.pid;
+  const std::string& log = run.log;
+  const fs::path& latest = run.latest;
   ASSERT_GE(pid, 0);
-  const fs::path latest = fs::path(dir / "run") / "checkpoints" / "latest";
-  for (int i = 0; i < 1200 && !fs::exists(latest); ++i) usleep(100000);   // up to 2 minutes
   ASSERT_TRUE(fs::exists(latest)) << read_file(log);
   kill(pid, SIGINT);
   // The second signal only once the first has been taken (two pending SIGINTs would merge into one).

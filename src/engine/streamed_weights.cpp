@@ -105,10 +105,9 @@ void StreamedWeights::read(int64_t block, int buffer) {
 }
 
 void StreamedWeights::before_forward(int64_t block) {
-  if (pending_block_ != block) {   // not the one read ahead (blocks ran out of order): read it now
-    const int buffer = pending_block_ < 0 ? 0 : pending_buffer_;
+  if (pending_block_ != block) {   // not the one read ahead (blocks ran out of order): read it now, into the same buffer
     stop();
-    read(block, buffer);
+    read(block, pending_buffer_);
   }
   const int buffer = pending_buffer_;
   stop();   // waits for the read: the block's weights are in buffers_[buffer]

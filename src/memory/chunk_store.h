@@ -143,6 +143,8 @@ class ChunkStore {
   ChunkBytes bytes() const;   // what this rank holds now (stage 2's in-flight gradient chunks and spare gather buffers excluded)
 
  private:
+  void write_master(int64_t chunk, int64_t begin, const at::Tensor& values);   // in memory or in the file
+
   int stage_;
   int64_t rank_;
   ChunkLayout layout_;
@@ -158,7 +160,6 @@ class ChunkStore {
   std::map<std::string, std::vector<at::Tensor>> optimizer_states_;   // a map: references stay valid
   std::unique_ptr<OffloadedStates> offloaded_;   // the states on NVMe instead (optimizer offload)
   std::vector<std::string> offloaded_names_;
-  void write_master(int64_t chunk, int64_t begin, const at::Tensor& values);
   std::map<size_t, std::vector<at::DataPtr>> spare_;   // released chunks' memory by size, for the next gather
 };
 

@@ -111,6 +111,8 @@ struct OffloadFile::Impl {
   // A request's transfer of `moved` bytes (negative: -errno) finished; returns the remainder to issue
   // again when it came back short, with the ticket's bookkeeping done under the lock.
   std::optional<Request> finished(const Request& r, int64_t moved);
+  // The bytes one system call is asked to move for `r` (max_transfer caps it in tests).
+  int64_t transfer(const Request& r) const { return options.max_transfer > 0 ? std::min(r.bytes, options.max_transfer) : r.bytes; }
   void run_sync();
 #ifdef COLOSSAL_HAVE_LIBURING
   void run_uring();
@@ -171,10 +173,9 @@ OffloadFile::Ticket OffloadFile::Impl::post(bool write, int64_t offset, char* pt
 }
 
 std::optional<Request> OffloadFile::Impl::finished(const Request& r, int64_t moved) {
-  if (moved > 0 && moved < r.bytes) {   // short: the rest goes again
-    (r.write ? written_bytes : read_bytes) += moved;
+  if (moved > 0) (r.write ? written_bytes : read_bytes) += moved;
+  if (moved > 0 && moved < r.bytes)   // short: the rest goes again
     return Request{r.ticket, r.write, r.offset + moved, r.ptr + moved, r.bytes - moved};
-  }
   TicketState& state = tickets.at(r.ticket);
   if (moved <= 0 && state.error.empty()) {
     const std::string op = r.write ? "write" : "read";
@@ -182,7 +183,6 @@ std::optional<Request> OffloadFile::Impl::finished(const Request& r, int64_t mov
                   " failed: " + (moved == 0 ? "the file ends early" : errno_text(static_cast<int>(-moved))) +
                   (moved == -ENOSPC ? " (the disk is full)" : "");
   }
-  if (moved > 0) (r.write ? written_bytes : read_bytes) += moved;
   if (--state.parts == 0) done.notify_all();
   return std::nullopt;
 }
@@ -196,7 +196,7 @@ void OffloadFile::Impl::run_sync() {
     Request r = queue.front();
     queue.pop_front();
     lock.unlock();
-    const int64_t n = options.max_transfer > 0 ? std::min(r.bytes, options.max_transfer) : r.bytes;
+    const int64_t n = transfer(r);
     ssize_t moved;
     do {
       moved = r.write ? ::pwrite(fd, r.ptr, static_cast<size_t>(n), r.offset) : ::pread(fd, r.ptr, static_cast<size_t>(n), r.offset);
@@ -210,7 +210,7 @@ void OffloadFile::Impl::run_sync() {
 #ifdef COLOSSAL_HAVE_LIBURING
 void OffloadFile::Impl::issue(const Request& r) {
   io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-  const auto n = static_cast<unsigned>(options.max_transfer > 0 ? std::min(r.bytes, options.max_transfer) : r.bytes);
+  const auto n = static_cast<unsigned>(transfer(r));
   if (r.write)
     io_uring_prep_write(sqe, fd, r.ptr, n, static_cast<__u64>(r.offset));
   else

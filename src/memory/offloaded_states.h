@@ -20,6 +20,11 @@
 
 namespace colossal::memory {
 
+// The elements of a chunk's shard that optimizer offload stages at once (16 MiB per fp32 state): three
+// slices' states are what the update holds in memory, and a slice is long enough that its transfer
+// keeps the disk's queue full.
+constexpr int64_t kOffloadSliceNumel = int64_t{1} << 22;
+
 class OffloadedStates {
  public:
   // `numels[c]`: the length of chunk c's shard; `segments`: the tensors kept per chunk, each

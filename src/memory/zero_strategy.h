@@ -36,10 +36,7 @@ struct ZeroOptions {
   std::optional<LossScaleOptions> loss_scale;    // fp16: dynamic loss scaling
   std::optional<c10::Device> device;             // where the chunks live (unset: where the parameters are)
   std::string offload_dir;                       // optimizer states on NVMe in a file here ("": in memory)
-  // Offload stages this many elements of a chunk at a time (16 MiB per fp32 state): three slices'
-  // states are what the update holds in memory, and a slice is long enough that its transfer keeps
-  // the disk's queue full. Layer-wise optimizers stage whole chunks.
-  int64_t offload_slice = int64_t{1} << 22;
+  int64_t offload_slice = kOffloadSliceNumel;    // elements staged at once (layer-wise optimizers: whole chunks)
 };
 
 class ZeroStrategy : public TrainStrategy {
@@ -106,7 +103,7 @@ class ZeroStrategy : public TrainStrategy {
   void maybe_release(int64_t chunk);
   void wait_published(int64_t chunk);   // the all-gather after the last update, if still running
   void wait_published();
-  // The update with the optimizer states on NVMe: chunk by chunk, the next chunk's states read and the
+  // The update with the optimizer states on NVMe: slice by slice, the next slice's states read and the
   // last one's written back while this one is updated.
   void streamed_update(const optim::StepContext& ctx);
   std::string offload_how() const;   // "io_uring, O_DIRECT"
