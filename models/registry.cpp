@@ -180,10 +180,19 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters, int
     const double chunk = std::max(static_cast<double>(m.vocab_size) * static_cast<double>(m.n_embd), r.memory.chunk_size_mb * 262144.0);
     const double shard = chunk / sharded;
     const double slice = optimizer->elementwise() ? std::min(static_cast<double>(memory::kOffloadSliceNumel), shard) : shard;
-    const double segments = states + (mixed ? 1 : 0);   // the master goes too
-    e.nvme = e.optimizer + master;
+    const bool params = r.memory.offload_params == "nvme";
+    const double segments = states + (mixed || params ? 1 : 0);   // the master goes too
+    e.nvme = e.optimizer + (params ? 4 * p / shards : master);
     e.weights -= master;
     e.optimizer = std::min(e.nvme, 3 * 4 * slice * segments);
+    if (params) {
+      // Memory keeps the embeddings, final norm and head whole, and about two blocks' chunks: the one
+      // running and the next being read, each with its master read from the file beside it. A block is
+      // a transformer block's 12 C^2 + 13 C (its MLP four times wider).
+      const double c = static_cast<double>(m.n_embd), block = 12 * c * c + 13 * c;
+      const double outer = std::max(0.0, p - static_cast<double>(m.n_layer) * block);
+      e.weights = compute * outer + 2 * (compute + 4) * block;
+    }
   }
   // Activations kept for backward per layer, in the compute dtype, with fused attention (no T x T
   // scores kept): about 17 values of [B, T, C] per block (inputs of norms, qkv, attention output, MLP

@@ -346,7 +346,7 @@ struct BackwardProbe : nn::BlockHook {
 // AdamW unless another [optim] name is given (eps 1e-5 for AdamW and LAMB: see tests/test_dist_e2e.cpp).
 // `offload_dir`: the optimizer states on NVMe in a file there.
 std::unique_ptr<memory::ZeroStrategy> zero(nn::Module& m, Group& g, int stage, int64_t chunk_numel, const std::string& optimizer,
-                                           const std::string& offload_dir = "") {
+                                           const std::string& offload_dir = "", bool offload_params = false) {
   OptimConfig c;
   c.name = optimizer;
   c.betas = {0.9, 0.95};
@@ -355,6 +355,7 @@ std::unique_ptr<memory::ZeroStrategy> zero(nn::Module& m, Group& g, int stage, i
   memory::ZeroOptions o{stage, chunk_numel, 0.1};
   o.offload_dir = offload_dir;
   o.offload_slice = 300;   // AdamW's update reaches each chunk in several slices
+  o.offload_params = offload_params;
   return std::make_unique<memory::ZeroStrategy>(m, o, g, optim::make_optimizer(c));
 }
 
@@ -374,7 +375,7 @@ using Weights = std::map<std::string, at::Tensor>;
 // (rank r of W: rows [r*B, (r+1)*B) of the micro-batch, as the loader deals them), with clipping that
 // acts. Returns every rank's final parameters; checks the per-step collective counts and the bytes held.
 std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_t steps, int64_t chunk_numel,
-                                 const std::string& optimizer = "adamw", const std::string& offload_dir = "") {
+                                 const std::string& optimizer = "adamw", const std::string& offload_dir = "", bool offload_params = false) {
   nn::set_kernel_policy({nn::KernelPath::Ours, nn::KernelPath::Ours, nn::KernelPath::Ours, nn::KernelPath::Ours,
                          nn::KernelPath::Ours});
   std::vector<std::shared_ptr<nn::CausalLM>> replicas;
@@ -384,7 +385,7 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
   std::vector<Weights> got(static_cast<size_t>(world));
   auto body = [&](int64_t rank, Group& g) {
     auto& model = *replicas[static_cast<size_t>(rank)];
-    auto zs = zero(model, g, stage, chunk_numel, optimizer, offload_dir);
+    auto zs = zero(model, g, stage, chunk_numel, optimizer, offload_dir, offload_params);
     const int64_t chunks = zs->store().layout().chunks();
     if (auto hook = zs->block_hook()) {   // ZeRO-3 gathers and releases around each block
       auto chain = std::make_shared<nn::BlockHooks>();
@@ -447,7 +448,7 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
     int64_t params = 0, released = 0;
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t bytes = store.layout().chunk_sizes[static_cast<size_t>(c)] * 4;
-      params += store.releasable(c) ? bytes / W : bytes;
+      params += store.releasable(c) ? (offload_params ? 0 : bytes / W) : bytes;   // on NVMe: nothing between uses
       released += store.releasable(c) && !store.present(c);
       if (stage < 3) EXPECT_FALSE(store.releasable(c));
     }
@@ -459,7 +460,7 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
     if (offload_dir.empty()) {
       EXPECT_EQ(b.optimizer, states * P / W);
     } else {   // in the file, with three chunks' states staged in memory
-      EXPECT_GE(b.nvme, states * P / W);
+      EXPECT_GE(b.nvme, (states + (offload_params ? 1 : 0)) * P / W);   // the master, which the parameters are read from
       EXPECT_LT(b.optimizer, states * P / W);
     }
     zs->gather_all();   // ZeRO-3's block chunks are released between steps
@@ -533,7 +534,13 @@ TEST(ZeroOffload, OptimizerStatesOnNvmeGiveTheSameWeightsBitForBit) {
       for (const auto& [name, t] : want[r]) EXPECT_TRUE(at::equal(got[r].at(name), t)) << what << ", rank " << r << ", " << name;
   };
   expect_identical(train_ranks(0, 1, 2, 3, 1000, "adamw", dir.path()), train_ranks(0, 1, 2, 3, 1000), "one rank");
-  expect_identical(train_ranks(3, 2, 2, 3, 1000, "adamw", dir.path()), train_ranks(3, 2, 2, 3, 1000), "ZeRO-3 at two ranks");
+  const auto zero3_one = train_ranks(3, 1, 2, 3, 1000), zero3_two = train_ranks(3, 2, 2, 3, 1000);
+  expect_identical(train_ranks(3, 2, 2, 3, 1000, "adamw", dir.path()), zero3_two, "ZeRO-3 at two ranks");
+  // Parameters on NVMe too: each block's chunks are read from the master in the file as the block runs
+  // (its next block's read started while it computes), at one rank straight into the chunk, at two
+  // each rank's shard then all-gathered.
+  expect_identical(train_ranks(3, 1, 2, 3, 1000, "adamw", dir.path(), true), zero3_one, "parameters on NVMe, one rank");
+  expect_identical(train_ranks(3, 2, 2, 3, 1000, "adamw", dir.path(), true), zero3_two, "parameters on NVMe, ZeRO-3 at two ranks");
   // A layer-wise rule updated a chunk at a time still sums each tensor's norms over both ranks' shards.
   expect_identical(train_ranks(2, 2, 1, 3, 1000, "lamb", dir.path()), train_ranks(2, 2, 1, 3, 1000, "lamb"), "LAMB at stage 2");
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), std::filesystem::directory_iterator()), 0);

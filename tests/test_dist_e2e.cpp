@@ -241,6 +241,34 @@ TEST(DistributedTraining, OptimizerStatesOnNvmeFollowTheInMemoryRunAndResumeAcro
   EXPECT_TRUE(fs::is_empty(nvme));   // the offload files went with their processes
 }
 
+TEST(DistributedTraining, ParametersOnNvmeFollowTheInMemoryRunAndResume) {
+  // ZeRO-3 over 2 ranks with the block parameters and optimizer states on NVMe for 3 steps, then one
+  // process, still offloaded, to step 6: the same run as in memory, saved from the file and loaded back.
+  TempDir dir;
+  ASSERT_EQ(train(write_recipe(dir, "ref"), "").exit_code, 0);
+  const std::string nvme = dir / "nvme";
+  fs::create_directory(nvme);
+  const std::string offload = "[memory]\nchunk_size_mb = 0.01\nzero = 3\noffload_optimizer = \"nvme\"\noffload_params = \"nvme\"\n"
+                              "nvme_path = \"" + nvme + "\"\n";
+  const std::string a = write_recipe(dir, "a", offload);
+  auto r = train(a, "--nproc-per-node 2 --set train.batch_size=4 --set train.max_steps=3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = train(a, "--resume");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(max_relative_difference(dir / "a", dir / "ref"), 1e-6);
+  const std::string text = colossal::test::read_file(dir / "a/train.log");
+  EXPECT_NE(text.find(" of optimizer states and master weights on NVMe; block parameters read from there as each block runs, "),
+            std::string::npos) << text;
+  // bf16 compute: each block's chunk is cast from the fp32 master as it is read, as the in-memory run
+  // casts it after each update; the two runs are the same bit for bit.
+  const std::string bf16 = "--nproc-per-node 2 --set train.batch_size=4 --set train.max_steps=3 --set precision.dtype=bf16";
+  ASSERT_EQ(train(write_recipe(dir, "b", "[memory]\nchunk_size_mb = 0.01\nzero = 3\n"), bf16).exit_code, 0);
+  r = train(write_recipe(dir, "c", offload), bf16);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(max_relative_difference(dir / "c", dir / "b"), 0.0);
+  EXPECT_TRUE(fs::is_empty(nvme));   // the offload files went with their processes
+}
+
 TEST(DistributedTraining, MaskedLmAtTwoRanksEqualsOneProcessOnTheGlobalBatch) {
   // Each rank masks a different number of positions; the loss divides by the count over both ranks.
   TempDir dir;
@@ -297,7 +325,10 @@ TEST(DistributedTraining, FinetuningUnderEveryStageAndOffloadStartsFromTheLoaded
            {"zero3", "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=3 --set memory.chunk_size_mb=0.01"},
            {"bf16", "--set precision.dtype=bf16 --set memory.zero=2"},
            {"nvme", offload},
-           {"nvme_zero3_bf16", "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=3 --set precision.dtype=bf16" + offload}})
+           {"nvme_zero3_bf16", "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=3 --set precision.dtype=bf16" + offload},
+           {"params_nvme", "--set memory.zero=3 --set memory.chunk_size_mb=0.01 --set memory.offload_params=nvme" + offload},
+           {"params_nvme_zero3_bf16", "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=3 --set precision.dtype=bf16 "
+                                      "--set memory.offload_params=nvme" + offload}})
     EXPECT_NEAR(first_loss(name, args), plain, (name.find("bf16") != std::string::npos ? 1e-2 : 1e-6) * plain) << name;
 }
 

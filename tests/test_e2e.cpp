@@ -208,6 +208,17 @@ TEST(EndToEnd, OptimizerOffloadToNvmeIsPlannedPerTierAndABadPathIsRefusedBeforeT
   expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set memory.offload_optimizer=nvme" + into(dir)),
                         "offload_optimizer: = \"nvme\" needs nvme_path, a directory on a local disk");
   expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set memory.offload_optimizer=disk" + into(dir)), "offload_optimizer");
+  // Parameters on NVMe: the model's block parameters leave memory, their fp32 master joins the file.
+  r = run_colossal("train recipes/gpt2-124m.toml --dry-run --set train.batch_size=2 --set memory.zero=3 --set memory.offload_params=nvme" +
+                   offload + nvme);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("  nvme        " + colossal::human_bytes(12 * p) + " optimizer states and parameters (fp32 master) in " + nvme),
+            std::string::npos) << r.output;
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set memory.offload_params=nvme" + offload + nvme + into(dir)),
+                        "offload_params: = \"nvme\" needs zero = 3: a block's parameters are brought in as it runs");
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set memory.zero=3 --set memory.offload_params=nvme" + into(dir)),
+                        "offload_params: = \"nvme\" keeps the parameters in the optimizer states' file, as their master copy: set "
+                        "offload_optimizer = \"nvme\" too");
   const std::string missing = dir / "missing";
   expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --dry-run" + offload + missing),
                         "nvme_path " + missing + ": " + missing + " does not exist");

@@ -286,6 +286,13 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   r.memory.nvme_path = mem.string("nvme_path", r.memory.nvme_path);
   if (r.memory.offload_optimizer == "nvme" && r.memory.nvme_path.empty())
     mem.fail("offload_optimizer", "= \"nvme\" needs nvme_path, a directory on a local disk (e.g. nvme_path = \"/mnt/nvme\")");
+  r.memory.offload_params = mem.string("offload_params", r.memory.offload_params, {"none", "nvme"});
+  if (r.memory.offload_params == "nvme" && r.memory.zero != 3)
+    mem.fail("offload_params", "= \"nvme\" needs zero = 3: a block's parameters are brought in as it runs, which only ZeRO-3 does "
+                               "(zero = " + std::to_string(r.memory.zero) + ")");
+  if (r.memory.offload_params == "nvme" && r.memory.offload_optimizer != "nvme")
+    mem.fail("offload_params", "= \"nvme\" keeps the parameters in the optimizer states' file, as their master copy: set "
+                               "offload_optimizer = \"nvme\" too");
   mem.finish();
 
   auto pr = section("precision");
@@ -358,7 +365,8 @@ std::string Recipe::to_toml() const {
                               {"layer_norm", kernels.layer_norm}, {"gemm", kernels.gemm}}},
       {"parallel", toml::table{{"tensor", parallel.tensor}, {"pipeline", parallel.pipeline}, {"sequence", parallel.sequence},
                                {"timeout_s", parallel.timeout_s}, {"backend", parallel.backend}}},
-      {"memory", toml::table{{"zero", memory.zero}, {"offload_optimizer", memory.offload_optimizer}, {"nvme_path", memory.nvme_path}}},
+      {"memory", toml::table{{"zero", memory.zero}, {"offload_optimizer", memory.offload_optimizer},
+                                 {"offload_params", memory.offload_params}, {"nvme_path", memory.nvme_path}}},
       {"precision", toml::table{{"dtype", precision.dtype}, {"initial_scale", precision.initial_scale},
                                 {"growth_factor", precision.growth_factor}, {"backoff_factor", precision.backoff_factor},
                                 {"growth_interval", precision.growth_interval}}},

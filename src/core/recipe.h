@@ -111,6 +111,8 @@ struct MemoryConfig {               // [memory]: where parameters, gradients and
   double chunk_size_mb = 0;          // fp32 MiB per chunk; 0 = "auto" (searched to minimise padding)
   std::string offload_optimizer = "none";   // none | nvme: optimizer states in a file under nvme_path,
                                             // streamed through host memory chunk by chunk at each step
+  std::string offload_params = "none";      // none | nvme (ZeRO-3): the blocks' parameters live in that file
+                                            // too, read as each block runs (ZeRO-Infinity's parameter offload)
   std::string nvme_path;             // a directory on a local disk (required by nvme offload)
 };
 

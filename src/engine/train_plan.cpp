@@ -124,6 +124,7 @@ void apply_memory(TrainPlan& p) {
                                              r.precision.growth_interval};
   zo.device = p.device;
   if (r.memory.offload_optimizer == "nvme") zo.offload_dir = r.memory.nvme_path;
+  zo.offload_params = r.memory.offload_params == "nvme";
   p.strategy = std::make_unique<memory::ZeroStrategy>(*p.model, zo, dp, optim::make_optimizer(r.optim));
   // The block-hook chain: ZeRO-3's gather and release (recompute and the profiler will follow it).
   auto chain = std::make_shared<nn::BlockHooks>();

@@ -105,7 +105,7 @@ void print_dry_run(const Recipe& r, const c10::Device& device, int64_t launch_wo
   if (r.memory.offload_optimizer == "nvme") {
     const double disk = mem.nvme * static_cast<double>(workers);
     std::printf("  nvme        %s optimizer states%s%s in %s (%s free: %s)\n", human_bytes(mem.nvme).c_str(),
-                r.precision.dtype == "fp32" ? "" : " and master weights",
+                r.memory.offload_params == "nvme" ? " and parameters (fp32 master)" : r.precision.dtype == "fp32" ? "" : " and master weights",
                 workers > 1 ? (" per rank, " + human_bytes(disk) + " in all").c_str() : "", r.memory.nvme_path.c_str(),
                 human_bytes(free_bytes).c_str(), disk <= free_bytes ? "fits" : "does not fit: training would stop here");
   }

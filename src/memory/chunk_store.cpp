@@ -43,7 +43,7 @@ constexpr size_t kSpareBuffers = 4;
 
 ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64_t shards, int64_t rank,
                        std::optional<at::ScalarType> compute, const std::function<int64_t(const at::Tensor&)>& block_of,
-                       std::optional<c10::Device> device)
+                       std::optional<c10::Device> device, const std::optional<StoreOffload>& offload)
     : stage_(stage), rank_(stage == 0 ? 0 : rank) {
   if (stage < 0 || stage > 3) throw Error("chunk store: ZeRO stage " + std::to_string(stage) + " (internal: 0 to 3)");
   if (stage == 3 && !block_of) throw Error("chunk store: ZeRO-3 needs the model's blocks (internal)");
@@ -58,6 +58,22 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
   const auto options = master_options.dtype(compute.value_or(dtype));
   mixed_ = options.dtype() != master_options.dtype();
   master_options_ = master_options;
+  if (offload) {
+    if (offload->state_names.empty()) throw Error("chunk store: nothing to offload without optimizer states (internal)");
+    if (offload->params && stage_ != 3) throw Error("chunk store: parameters go to NVMe under ZeRO-3 only (internal)");
+    // Before any value is written, so the master weights stream into the file and never sit in memory whole.
+    offloaded_names_ = offload->state_names;
+    params_on_disk_ = offload->params;
+    master_on_disk_ = mixed_ || params_on_disk_;   // with the parameters, the master is what a block's chunk is read from
+    std::vector<int64_t> numels;
+    for (int64_t c = 0; c < layout_.chunks(); ++c) numels.push_back(shard_numel(c));
+    const std::string what = params_on_disk_ ? " (parameters and optimizer states)"
+                             : mixed_        ? " (optimizer states and master weights)"
+                                             : " (optimizer states)";
+    offloaded_ = std::make_unique<OffloadedStates>(numels, static_cast<int>(offloaded_names_.size()) + (master_on_disk_ ? 1 : 0),
+                                                   master_options_.dtype().toScalarType(), offload->dir, "nvme_path " + offload->dir + what,
+                                                   offload->slice_numel);
+  }
   at::NoGradGuard no_grad;
   releasable_.assign(static_cast<size_t>(layout_.chunks()), false);
   param_shards_.resize(static_cast<size_t>(layout_.chunks()));
@@ -77,7 +93,7 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
     // hooks gather it); the embeddings, final norm and head stay whole.
     releasable_[k] = stage_ == 3 && all_in_blocks;
     params_.push_back(releasable_[k] ? at::empty({size}, options) : at::zeros({size}, options));   // padding stays zero
-    if (releasable_[k]) param_shards_[k] = at::zeros({shard_numel(c)}, options);
+    if (releasable_[k] && !params_on_disk(c)) param_shards_[k] = at::zeros({shard_numel(c)}, options);
     if (stage_ <= 1) full_grads_.push_back(at::zeros({size}, options));
     if (stage_ == 0) grad_shards_.push_back(full_grads_.back());
     if (stage_ == 1) grad_shards_.push_back(full_grads_.back().narrow(0, shard_begin(c), shard_numel(c)));
@@ -85,7 +101,7 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
     master_grads_.push_back(grad_shards_.back().scalar_type() == master_options.dtype().toScalarType()
                                 ? grad_shards_.back()
                                 : at::zeros({shard_numel(c)}, master_options));
-    master_.push_back(mixed_ ? at::zeros({shard_numel(c)}, master_options) : param_shard(c));
+    master_.push_back(master_on_disk_ ? at::Tensor() : mixed_ ? at::zeros({shard_numel(c)}, master_options) : param_shard(c));
     std::vector<std::pair<int64_t, at::Tensor>> values;   // the allocated parameters' own values
     for (int64_t i : layout_.chunk_slots[k]) {
       const auto& slot = layout_.slots[static_cast<size_t>(i)];
@@ -118,8 +134,8 @@ void ChunkStore::write(int64_t slot, const at::Tensor& value) {
   const auto part = shard_part(slot);
   if (!part) return;
   const at::Tensor mine = flat.narrow(0, part->in_tensor, part->numel);
-  if (releasable_[k]) param_shards_[k].narrow(0, part->in_shard, part->numel).copy_(mine);
-  if (mixed_) write_master(s.chunk, part->in_shard, mine);   // at full precision
+  if (param_shards_[k].defined()) param_shards_[k].narrow(0, part->in_shard, part->numel).copy_(mine);
+  if (mixed_ || master_on_disk_) write_master(s.chunk, part->in_shard, mine);   // at full precision
 }
 
 std::optional<int64_t> ChunkStore::slot_of(const std::string& name) const {
@@ -179,6 +195,11 @@ bool ChunkStore::present(int64_t chunk) const { return params_[static_cast<size_
 
 at::Tensor ChunkStore::param_shard(int64_t chunk) const {
   const auto k = static_cast<size_t>(chunk);
+  if (params_on_disk(chunk)) {
+    at::Tensor master = at::empty({shard_numel(chunk)}, master_options_);
+    offloaded_->read(chunk, master_segment(), 0, master);
+    return master.to(params_[k].scalar_type());
+  }
   return releasable_[k] ? param_shards_[k] : params_[k].narrow(0, shard_begin(chunk), shard_numel(chunk));
 }
 
@@ -192,26 +213,28 @@ void ChunkStore::collect_grads(double inv_scale) {
 }
 
 void ChunkStore::publish() {
-  if (!mixed_ || offloaded_) return;
+  if (!mixed_ || master_on_disk_) return;
   for (int64_t c = 0; c < layout_.chunks(); ++c) publish_range(c, 0, master_[static_cast<size_t>(c)]);
 }
 
 void ChunkStore::publish_range(int64_t chunk, int64_t begin, const at::Tensor& master) {
-  if (!mixed_) return;
+  // One precision with the master in memory: the master is the parameters. A block chunk whose
+  // parameters are on disk is read from the master when next used.
+  if ((!mixed_ && !master_on_disk_) || params_on_disk(chunk)) return;
   at::NoGradGuard no_grad;
   param_shard(chunk).narrow(0, begin, master.numel()).copy_(master);
 }
 
 at::Tensor ChunkStore::master_chunk(int64_t chunk) {
-  if (!offloaded_ || !mixed_) return master_[static_cast<size_t>(chunk)];
+  if (!master_on_disk_) return master_[static_cast<size_t>(chunk)];
   at::Tensor copy = at::empty({shard_numel(chunk)}, master_options_);
-  offloaded_->read(chunk, static_cast<int>(offloaded_names_.size()), 0, copy);
+  offloaded_->read(chunk, master_segment(), 0, copy);
   return copy;
 }
 
 void ChunkStore::write_master(int64_t chunk, int64_t begin, const at::Tensor& values) {
   at::NoGradGuard no_grad;
-  if (offloaded_) offloaded_->write(chunk, static_cast<int>(offloaded_names_.size()), begin, values);
+  if (master_on_disk_) offloaded_->write(chunk, master_segment(), begin, values);
   else master_[static_cast<size_t>(chunk)].narrow(0, begin, values.numel()).copy_(values);
 }
 
@@ -258,25 +281,6 @@ std::vector<optim::ParamPiece> ChunkStore::pieces(const std::vector<std::string>
     for (auto& piece : range_pieces(c, 0, shard_numel(c), master_chunk(c), chunk_states(c, state_names), weight_decay))
       out.push_back(std::move(piece));
   return out;
-}
-
-void ChunkStore::offload_states(const std::vector<std::string>& state_names, const std::string& dir, int64_t slice_numel) {
-  if (state_names.empty() || !optimizer_states_.empty() || offloaded_)
-    throw Error("chunk store: optimizer states are offloaded once, before any is written (internal)");
-  std::vector<int64_t> numels;
-  for (int64_t c = 0; c < layout_.chunks(); ++c) numels.push_back(shard_numel(c));
-  // Segments per slice: the states, then (mixed precision) the master weights.
-  const int segments = static_cast<int>(state_names.size()) + (mixed_ ? 1 : 0);
-  offloaded_ = std::make_unique<OffloadedStates>(numels, segments, master_options_.dtype().toScalarType(), dir,
-                                                 "nvme_path " + dir + (mixed_ ? " (optimizer states and master weights)" : " (optimizer states)"),
-                                                 slice_numel);
-  offloaded_names_ = state_names;
-  if (!mixed_) return;
-  for (int64_t c = 0; c < layout_.chunks(); ++c) {   // the master's values so far go to the file, its memory goes
-    auto& master = master_[static_cast<size_t>(c)];
-    offloaded_->write(c, segments - 1, 0, master);
-    master = at::Tensor();
-  }
 }
 
 std::vector<at::Tensor> ChunkStore::chunk_states(int64_t chunk, const std::vector<std::string>& state_names) {

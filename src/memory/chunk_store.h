@@ -35,6 +35,21 @@
 
 namespace colossal::memory {
 
+// Optimizer offload to NVMe (ZeRO-Infinity's tiers on our chunks), set up before any value is written so
+// the master weights never sit in memory whole: this rank's optimizer states (zeros until written) and,
+// in mixed precision or with the parameters offloaded, its master weights live in a file under `dir`
+// and come back through a few host staging buffers, in slices of at most `slice_numel` elements (0:
+// whole chunks, which layer-wise rules need: a tensor's norms come from all its pieces at once).
+// `params` (ZeRO-3 only): a block chunk's parameters keep no shard in memory between uses either; they
+// are read from the master in the file when the block runs, so memory holds the embeddings, final norm
+// and head and the few block chunks in use (ZeRO-Infinity's parameter offload).
+struct StoreOffload {
+  std::vector<std::string> state_names;
+  std::string dir;
+  int64_t slice_numel = kOffloadSliceNumel;
+  bool params = false;
+};
+
 struct ChunkBytes {       // what this rank holds in memory, in bytes
   int64_t params = 0, grads = 0, optimizer = 0;
   int64_t nvme = 0;       // and in its offload file (not in total)
@@ -50,10 +65,11 @@ class ChunkStore {
   // `compute`: the dtype the model then computes in (undefined: its own, the master's).
   // `block_of`: the block a parameter belongs to, or -1 (ZeRO-3 releases chunks of block tensors only).
   // `device`: where the chunks live (undefined: where the parameters are; deferred ones are nowhere).
+  // `offload`: what goes to NVMe (none: everything in memory).
   ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64_t shards, int64_t rank,
              std::optional<at::ScalarType> compute = std::nullopt,
              const std::function<int64_t(const at::Tensor&)>& block_of = {},
-             std::optional<c10::Device> device = std::nullopt);
+             std::optional<c10::Device> device = std::nullopt, const std::optional<StoreOffload>& offload = std::nullopt);
 
   // Slot's tensor takes `value` (its full value, any dtype and device) in whatever this rank holds of
   // it: the whole tensor in a present chunk, its part of a ZeRO-3 shard, its part of the fp32 master.
@@ -65,9 +81,16 @@ class ChunkStore {
   const ChunkLayout& layout() const { return layout_; }
   const std::vector<at::Tensor>& params() const { return params_; }   // full chunk buffers, compute dtype
   bool mixed() const { return mixed_; }                                // compute dtype != master dtype
-  // This rank's master shard of chunk c (the model's dtype; a view of params() when not mixed). Mixed
-  // and offloaded, a copy read from the offload file: read it, do not change it.
+  // This rank's master shard of chunk c (the model's dtype; a view of params() when not mixed). On
+  // NVMe (master_on_disk), a copy read from the offload file: read it, do not change it.
   at::Tensor master_chunk(int64_t chunk);
+  // The master weights live in the offload file (optimizer offload in mixed precision, or the
+  // parameters offloaded), as its segment master_segment() after the states.
+  bool master_on_disk() const { return master_on_disk_; }
+  int master_segment() const { return static_cast<int>(offloaded_names_.size()); }
+  // Chunk c's parameters are on NVMe between uses: materialize, then fill from the master's segment.
+  bool params_on_disk(int64_t chunk) const { return params_on_disk_ && releasable(chunk); }
+  bool params_offloaded() const { return params_on_disk_; }
   at::TensorOptions master_options() const { return master_options_; }
   const at::Tensor& param_of(int64_t slot) const { return tensors_[static_cast<size_t>(slot)]; }   // the model's parameter
 
@@ -104,12 +127,8 @@ class ChunkStore {
   std::vector<optim::ParamPiece> range_pieces(int64_t chunk, int64_t begin, int64_t numel, const at::Tensor& master,
                                               const std::vector<at::Tensor>& states, double weight_decay);
 
-  // Optimizer offload to NVMe: states `state_names` (zeros: call before any state is written) and, in
-  // mixed precision, the master weights move to a file under `dir` and come back through a few host
-  // staging buffers, in slices of at most `slice_numel` elements (0: whole chunks, which layer-wise
-  // rules need: a tensor's norms come from all its pieces at once). Segments of a slice: the states
-  // in state_names order, then the master.
-  void offload_states(const std::vector<std::string>& state_names, const std::string& dir, int64_t slice_numel);
+  // The offload file (StoreOffload), or null. Segments of a slice: the states in state_names order,
+  // then the master when master_on_disk.
   OffloadedStates* offloaded() { return offloaded_.get(); }
   const OffloadedStates* offloaded() const { return offloaded_.get(); }
   // Chunk c's states (this rank's shard, in state_names order): the tensors themselves in memory, or
@@ -137,7 +156,8 @@ class ChunkStore {
   const at::Tensor& materialize(int64_t chunk);
   void gathered(int64_t chunk);
   void release(int64_t chunk);
-  // This rank's shard of a chunk's parameters, compute dtype: what an all-gather sends.
+  // This rank's shard of a chunk's parameters, compute dtype: what an all-gather sends (a copy read from
+  // the file when params_on_disk).
   at::Tensor param_shard(int64_t chunk) const;
   void free_spares() { spare_.clear(); }   // the released chunks' memory kept for the next gathers
   ChunkBytes bytes() const;   // what this rank holds now (stage 2's in-flight gradient chunks and spare gather buffers excluded)
@@ -160,6 +180,7 @@ class ChunkStore {
   std::map<std::string, std::vector<at::Tensor>> optimizer_states_;   // a map: references stay valid
   std::unique_ptr<OffloadedStates> offloaded_;   // the states on NVMe instead (optimizer offload)
   std::vector<std::string> offloaded_names_;
+  bool master_on_disk_ = false, params_on_disk_ = false;
   std::map<size_t, std::vector<at::DataPtr>> spare_;   // released chunks' memory by size, for the next gather
 };
 

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <algorithm>
+#include <cstring>
 
 #include "src/core/error.h"
 
@@ -63,6 +64,7 @@ OffloadedStates::OffloadedStates(std::vector<int64_t> numels, int segments, at::
     largest = std::max(largest, bytes);
   }
   first_.push_back(slices());
+  written_.assign(slices_.size(), false);
   slots_.resize(static_cast<size_t>(staging));
   for (auto& s : slots_) s.buffer = AlignedBuffer(largest);
 }
@@ -115,7 +117,12 @@ OffloadedStates::Slot& OffloadedStates::stage(int64_t s) {
   const Slice& sl = slices_[static_cast<size_t>(s)];
   const int64_t seg = segment_bytes(sl.numel, dtype_);
   for (int k = 0; k < segments_; ++k) slot.views.push_back(slot.buffer.view(k * seg, sl.numel, dtype_));
-  slot.reading = file_.read(offsets_[static_cast<size_t>(s)], slot.buffer.data(), segments_ * seg);
+  // A slice never written holds zeros (the file is allocated, not written, up front): filling the buffer
+  // saves reading it, which at the start of a large model's run is the whole file read once for nothing.
+  if (written_[static_cast<size_t>(s)])
+    slot.reading = file_.read(offsets_[static_cast<size_t>(s)], slot.buffer.data(), segments_ * seg);
+  else
+    std::memset(slot.buffer.data(), 0, static_cast<size_t>(segments_ * seg));
   return slot;
 }
 
@@ -142,6 +149,7 @@ void OffloadedStates::writeback(int64_t s) {
       const int64_t bytes = segments_ * segment_bytes(slices_[static_cast<size_t>(s)].numel, dtype_);
       slot.writing = file_.write(offsets_[static_cast<size_t>(s)], slot.buffer.data(), bytes);
       slot.changed = false;
+      written_[static_cast<size_t>(s)] = true;
     }
 }
 
@@ -174,6 +182,42 @@ void OffloadedStates::write(int64_t chunk, int k, int64_t begin, const at::Tenso
   each_overlap(chunk, begin, in.numel(), [&](int64_t s, int64_t in_slice, int64_t in_range, int64_t n) {
     acquire(s, true)[static_cast<size_t>(k)].narrow(0, in_slice, n).copy_(in.narrow(0, in_range, n));
   });
+}
+
+int64_t OffloadedStates::segment_read_bytes(int64_t chunk) const {
+  int64_t n = 0;
+  for (int64_t s = first_slice(chunk); s < first_slice(chunk + 1); ++s) n += segment_bytes(slices_[static_cast<size_t>(s)].numel, dtype_);
+  return n;
+}
+
+OffloadedStates::SegmentRead OffloadedStates::read_segment(int64_t chunk, int k, const AlignedBuffer& buffer) {
+  if (chunk < 0 || chunk >= chunks() || k < 0 || k >= segments_ || buffer.size() < segment_read_bytes(chunk))
+    throw Error("offload: segment " + std::to_string(k) + " of chunk " + std::to_string(chunk) + " read out of range (internal)");
+  const int64_t lo = first_slice(chunk), hi = first_slice(chunk + 1);
+  for (auto& slot : slots_)   // the file must hold what memory holds before it is read around the buffers
+    if (slot.slice >= lo && slot.slice < hi) {
+      if (slot.changed) writeback(slot.slice);
+      finish_write(slot);
+    }
+  SegmentRead r;
+  int64_t at = 0;
+  for (int64_t s = lo; s < hi; ++s) {
+    const Slice& sl = slices_[static_cast<size_t>(s)];
+    const int64_t seg = segment_bytes(sl.numel, dtype_);
+    if (written_[static_cast<size_t>(s)])
+      r.tickets.push_back(file_.read(offsets_[static_cast<size_t>(s)] + k * seg, buffer.data() + at, seg));
+    else
+      std::memset(buffer.data() + at, 0, static_cast<size_t>(seg));
+    r.pieces.emplace_back(sl.begin, buffer.view(at, sl.numel, dtype_));
+    at += seg;
+  }
+  return r;
+}
+
+void OffloadedStates::wait(SegmentRead& read) {
+  auto tickets = std::move(read.tickets);
+  read.tickets.clear();
+  for (auto t : tickets) file_.wait(t);
 }
 
 int64_t OffloadedStates::staged_bytes() const {

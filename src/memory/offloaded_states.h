@@ -54,6 +54,17 @@ class OffloadedStates {
   void read(int64_t chunk, int k, int64_t begin, at::Tensor& out);
   void write(int64_t chunk, int k, int64_t begin, const at::Tensor& in);
 
+  // Segment k of chunk c read straight from the file into `buffer` (ZeRO-3's parameter fetch: the
+  // master only, not the states beside it), each slice's part at its own aligned place in it; wait()
+  // before touching `pieces`. A staged slice changed in memory is written back first, so the read sees it.
+  struct SegmentRead {
+    std::vector<OffloadFile::Ticket> tickets;
+    std::vector<std::pair<int64_t, at::Tensor>> pieces;   // (its first element in the chunk's shard, its values)
+  };
+  int64_t segment_read_bytes(int64_t chunk) const;   // what `buffer` must hold
+  SegmentRead read_segment(int64_t chunk, int k, const AlignedBuffer& buffer);
+  void wait(SegmentRead& read);
+
   int64_t staged_bytes() const;   // host memory of the staging buffers
   int64_t file_bytes() const { return file_.size(); }
   const OffloadFile& file() const { return file_; }
@@ -71,6 +82,7 @@ class OffloadedStates {
   std::vector<Slice> slices_;
   std::vector<int64_t> first_;      // by chunk: its first slice (one entry more: the end)
   std::vector<int64_t> offsets_;    // by slice: its region's byte offset in the file
+  std::vector<bool> written_;       // by slice: written at least once (else all zeros: nothing to read)
   int segments_;
   at::ScalarType dtype_;
   OffloadFile file_;

@@ -2,6 +2,7 @@
 // around its forward and its backward (the next block's prefetched) and releases them; at every stage
 // from 1, the all-gather of updated parameters after a step is waited for where each chunk is first read.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <algorithm>
 
 #include "src/memory/zero_strategy.h"
@@ -12,6 +13,21 @@ void ZeroStrategy::fetch(int64_t c) {
   const auto k = static_cast<size_t>(c);
   if (store_.present(c) || fetching_[k]) return;
   fetching_[k] = true;
+  if (store_.params_on_disk(c)) {   // the master's segment only, not the states beside it
+    if (disk_fetches_.empty()) disk_fetches_.resize(static_cast<size_t>(store_.layout().chunks()));
+    OffloadedStates& file = *store_.offloaded();
+    const int64_t bytes = file.segment_read_bytes(c);
+    auto& spare = read_buffers_[bytes];
+    DiskFetch& f = disk_fetches_[k];
+    if (spare.empty()) {
+      f.buffer = AlignedBuffer(bytes);
+    } else {
+      f.buffer = std::move(spare.back());
+      spare.pop_back();
+    }
+    f.read = file.read_segment(c, store_.master_segment(), f.buffer);
+    return;
+  }
   fetches_[k] = group_.all_gather_async(store_.materialize(c), store_.param_shard(c), "gathering parameter chunk " + std::to_string(c));
 }
 
@@ -19,9 +35,29 @@ void ZeroStrategy::ensure(int64_t c) {
   const auto k = static_cast<size_t>(c);
   if (!fetching_[k] && store_.present(c)) return;
   fetch(c);
-  group_.wait(fetches_[k]);
+  if (store_.params_on_disk(c))
+    finish_disk_fetch(c);
+  else
+    group_.wait(fetches_[k]);
   fetching_[k] = false;
   store_.gathered(c);
+}
+
+void ZeroStrategy::finish_disk_fetch(int64_t c) {
+  at::NoGradGuard no_grad;
+  DiskFetch& f = disk_fetches_[static_cast<size_t>(c)];
+  store_.offloaded()->wait(f.read);
+  const at::Tensor& whole = store_.materialize(c);
+  // One rank reads its shard, the whole chunk, straight into place; more cast theirs into a shard to
+  // all-gather (the read overlapped compute; the gather, ZeRO-3's usual cost, follows it).
+  const at::Tensor shard = group_.size() == 1 ? whole.narrow(0, store_.shard_begin(c), store_.shard_numel(c))
+                                              : at::empty({store_.shard_numel(c)}, whole.options());
+  for (const auto& [begin, values] : f.read.pieces) shard.narrow(0, begin, values.numel()).copy_(values);   // to the compute dtype
+  f.read.pieces.clear();
+  group_.all_gather(whole, shard, "gathering parameter chunk " + std::to_string(c));
+  auto& spare = read_buffers_[f.buffer.size()];
+  if (spare.size() < 4) spare.push_back(std::move(f.buffer));
+  f.buffer = AlignedBuffer();
 }
 
 bool ZeroStrategy::all_held(int64_t c) {

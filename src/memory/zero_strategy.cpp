@@ -57,6 +57,26 @@ std::function<int64_t(const at::Tensor&)> block_map(nn::Module& module, int stag
   return stage == 0 ? std::function<int64_t(const at::Tensor&)>{} : parameter_blocks(module);
 }
 
+// What the chunk store puts on NVMe: nothing without an offload directory.
+std::optional<StoreOffload> offload_plan(const ZeroOptions& o, const optim::Optimizer& optimizer) {
+  if (o.offload_dir.empty()) {
+    if (o.offload_params) throw Error("zero: parameters on NVMe need an offload directory (internal)");
+    return std::nullopt;
+  }
+  if (optimizer.state_names().empty())
+    throw Error("offload_optimizer = \"nvme\": " + optimizer.name() + " as configured keeps no optimizer state to offload (set it to \"none\")");
+  if (o.offload_params && o.stage != 3)
+    throw Error("offload_params = \"nvme\" needs zero = 3: parameters are brought in block by block (zero = " + std::to_string(o.stage) + ")");
+  StoreOffload plan;
+  plan.state_names = optimizer.state_names();
+  plan.dir = o.offload_dir;
+  // Elementwise rules stream slices of a few million elements; layer-wise ones whole chunks (a tensor's
+  // norms need all of it in one update call).
+  plan.slice_numel = optimizer.elementwise() ? o.offload_slice : 0;
+  plan.params = o.offload_params;
+  return plan;
+}
+
 }  // namespace
 
 // Tells the strategy when each block runs (ZeRO-3's gather and release): the first hook of the chain.
@@ -74,21 +94,14 @@ class ZeroStrategy::GatherHook : public nn::BlockHook {
 
 ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group& group, std::unique_ptr<optim::Optimizer> optimizer)
     : group_(group),
-      store_(module, o.stage, o.chunk_numel, group.size(), group.rank(), o.compute, block_map(module, o.stage), o.device),
+      store_(module, o.stage, o.chunk_numel, group.size(), group.rank(), o.compute, block_map(module, o.stage), o.device,
+             offload_plan(o, *optimizer)),
       optimizer_(std::move(optimizer)),
       scaler_(o.loss_scale ? std::make_unique<LossScaler>(*o.loss_scale) : nullptr),
       spare_grads_(kStage2InFlight + 1),
       hooks_(std::make_unique<Hooks>()) {
   weight_decay_ = o.weight_decay;
-  if (o.offload_dir.empty()) {
-    pieces_ = store_.pieces(optimizer_->state_names(), o.weight_decay);
-  } else {
-    if (optimizer_->state_names().empty())
-      throw Error("offload_optimizer = \"nvme\": " + optimizer_->name() + " as configured keeps no optimizer state to offload (set it to \"none\")");
-    // Elementwise rules stream slices of a few million elements; layer-wise ones whole chunks (a tensor's
-    // norms need all of it in one update call).
-    store_.offload_states(optimizer_->state_names(), o.offload_dir, optimizer_->elementwise() ? o.offload_slice : 0);
-  }
+  if (!store_.offloaded()) pieces_ = store_.pieces(optimizer_->state_names(), o.weight_decay);
   const auto& layout = store_.layout();
   sync_.resize(static_cast<size_t>(layout.chunks()));
   const auto chunks = static_cast<size_t>(layout.chunks());
@@ -153,7 +166,9 @@ std::string ZeroStrategy::describe() const {
          " padding); this rank holds " + human_bytes(static_cast<double>(b.params)) + " parameters, " +
          human_bytes(static_cast<double>(b.grads)) + " gradients, " + human_bytes(static_cast<double>(b.optimizer)) + " optimizer states" +
          (b.nvme > 0 ? " (staging; " + human_bytes(static_cast<double>(b.nvme)) + " of optimizer states" +
-                           (store_.mixed() ? " and master weights" : "") + " on NVMe, " + offload_how() + ")"
+                           (store_.master_on_disk() ? " and master weights" : "") + " on NVMe" +
+                           (store_.params_offloaded() ? "; block parameters read from there as each block runs" : "") + ", " +
+                           offload_how() + ")"
                      : "");
 }
 
@@ -285,6 +300,7 @@ void ZeroStrategy::free_spares() {
   // through the update and a checkpoint, the phases where a rank's memory peaks (at GPT-2 medium's
   // width, eight or more chunks): freed here, they come back from malloc as the next forward gathers.
   store_.free_spares();
+  read_buffers_.clear();
   spare_grads_.clear();
   group_.free_spares();
 }
@@ -305,8 +321,8 @@ void ZeroStrategy::streamed_update(const optim::StepContext& ctx) {
     std::vector<at::Tensor> work(staged.begin(), staged.end());
     if (!device.is_cpu())
       for (auto& t : work) t = t.to(device);
-    // The master: staged with the states in mixed precision, else the parameters' own shard.
-    const at::Tensor master = store_.mixed() ? work.back() : store_.master_chunk(sl.chunk).narrow(0, sl.begin, sl.numel);
+    // The master: staged with the states when it lives on disk, else the parameters' own shard.
+    const at::Tensor master = store_.master_on_disk() ? work.back() : store_.master_chunk(sl.chunk).narrow(0, sl.begin, sl.numel);
     const std::vector<at::Tensor> slice_states(work.begin(), work.begin() + static_cast<std::ptrdiff_t>(names));
     auto pieces = store_.range_pieces(sl.chunk, sl.begin, sl.numel, master, slice_states, weight_decay_);
     optimizer_->update(pieces, ctx);

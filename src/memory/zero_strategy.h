@@ -37,6 +37,7 @@ struct ZeroOptions {
   std::optional<c10::Device> device;             // where the chunks live (unset: where the parameters are)
   std::string offload_dir;                       // optimizer states on NVMe in a file here ("": in memory)
   int64_t offload_slice = kOffloadSliceNumel;    // elements staged at once (layer-wise optimizers: whole chunks)
+  bool offload_params = false;                   // ZeRO-3: block chunks' parameters on NVMe too (needs offload_dir)
 };
 
 class ZeroStrategy : public TrainStrategy {
@@ -97,8 +98,9 @@ class ZeroStrategy : public TrainStrategy {
   class GatherHook;
   void enter_block(int64_t block, int direction);
   void leave_block(int64_t block, int direction);
-  void fetch(int64_t chunk);     // start gathering (no wait)
+  void fetch(int64_t chunk);     // start gathering (no wait): an all-gather, or a read from NVMe
   void ensure(int64_t chunk);    // gathered, waiting if needed
+  void finish_disk_fetch(int64_t chunk);   // the read master in the compute chunk (all-gathered across ranks)
   bool all_held(int64_t chunk);
   void maybe_release(int64_t chunk);
   void wait_published(int64_t chunk);   // the all-gather after the last update, if still running
@@ -131,6 +133,12 @@ class ZeroStrategy : public TrainStrategy {
   std::vector<dist::Pending> publishing_;            // all-gathers of updated parameters, by chunk
   std::vector<int> refs_;                            // blocks running on each chunk
   std::vector<dist::Pending> fetches_;
+  struct DiskFetch {                                 // offload_params: a chunk's master read from NVMe
+    AlignedBuffer buffer;
+    OffloadedStates::SegmentRead read;
+  };
+  std::vector<DiskFetch> disk_fetches_;              // by chunk
+  std::map<int64_t, std::vector<AlignedBuffer>> read_buffers_;   // their buffers by size, reused
   std::vector<bool> fetching_;
   std::vector<int64_t> upcoming_;                    // chunks of the block expected next
   std::shared_ptr<nn::BlockHook> gather_hook_;
