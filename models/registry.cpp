@@ -192,6 +192,7 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters, int
       const double c = static_cast<double>(m.n_embd), block = 12 * c * c + 13 * c;
       const double outer = std::max(0.0, p - static_cast<double>(m.n_layer) * block);
       e.weights = compute * outer + 2 * (compute + 4) * block;
+      if (mixed) e.gradients = compute * p / shards;   // the shards stay in the compute dtype (ChunkStore::compact_grads)
     }
   }
   // Activations kept for backward per layer, in the compute dtype, with fused attention (no T x T

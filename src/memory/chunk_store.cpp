@@ -97,10 +97,10 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
     if (stage_ <= 1) full_grads_.push_back(at::zeros({size}, options));
     if (stage_ == 0) grad_shards_.push_back(full_grads_.back());
     if (stage_ == 1) grad_shards_.push_back(full_grads_.back().narrow(0, shard_begin(c), shard_numel(c)));
-    if (stage_ >= 2) grad_shards_.push_back(at::zeros({shard_numel(c)}, master_options));
-    master_grads_.push_back(grad_shards_.back().scalar_type() == master_options.dtype().toScalarType()
-                                ? grad_shards_.back()
-                                : at::zeros({shard_numel(c)}, master_options));
+    if (stage_ >= 2) grad_shards_.push_back(at::zeros({shard_numel(c)}, compact_grads() ? options : master_options));
+    master_grads_.push_back(grad_shards_.back().scalar_type() == master_options.dtype().toScalarType() ? grad_shards_.back()
+                            : compact_grads()                                                         ? at::Tensor()
+                                                                                                      : at::zeros({shard_numel(c)}, master_options));
     master_.push_back(master_on_disk_ ? at::Tensor() : mixed_ ? at::zeros({shard_numel(c)}, master_options) : param_shard(c));
     std::vector<std::pair<int64_t, at::Tensor>> values;   // the allocated parameters' own values
     for (int64_t i : layout_.chunk_slots[k]) {
@@ -205,6 +205,10 @@ at::Tensor ChunkStore::param_shard(int64_t chunk) const {
 
 void ChunkStore::collect_grads(double inv_scale) {
   at::NoGradGuard no_grad;
+  if (compact_grads()) {   // converted slice by slice as the update reads them
+    grad_factor_ = inv_scale;
+    return;
+  }
   for (size_t c = 0; c < master_grads_.size(); ++c) {
     at::Tensor& out = master_grads_[c];
     if (!out.is_same(grad_shards_[c])) out.copy_(grad_shards_[c]);
@@ -255,10 +259,28 @@ std::vector<at::Tensor>& ChunkStore::state(const std::string& name) {
   return it->second;
 }
 
+void ChunkStore::scale_grads(double factor) {
+  at::NoGradGuard no_grad;
+  if (compact_grads()) {
+    grad_factor_ *= factor;
+    return;
+  }
+  for (auto& g : master_grads_) g.mul_(factor);
+}
+
+at::Tensor ChunkStore::master_grad(int64_t chunk, int64_t begin, int64_t numel) const {
+  const auto c = static_cast<size_t>(chunk);
+  if (!compact_grads()) return master_grads_[c].narrow(0, begin, numel);
+  at::Tensor g = grad_shards_[c].narrow(0, begin, numel).to(master_options_.dtype());
+  if (grad_factor_ != 1.0) g.mul_(grad_factor_);
+  return g;
+}
+
 std::vector<optim::ParamPiece> ChunkStore::range_pieces(int64_t chunk, int64_t begin, int64_t numel, const at::Tensor& master,
                                                         const std::vector<at::Tensor>& states, double weight_decay) {
   const auto c = static_cast<size_t>(chunk);
   std::vector<optim::ParamPiece> out;
+  const at::Tensor grad = master_grad(chunk, begin, numel);
   for (int64_t i : layout_.chunk_slots[c]) {
     const auto part = shard_part(i);
     if (!part) continue;
@@ -266,7 +288,7 @@ std::vector<optim::ParamPiece> ChunkStore::range_pieces(int64_t chunk, int64_t b
     if (lo >= hi) continue;
     optim::ParamPiece piece;
     piece.param = master.narrow(0, lo - begin, hi - lo);
-    piece.grad = master_grads_[c].narrow(0, lo, hi - lo);
+    piece.grad = grad.narrow(0, lo - begin, hi - lo);
     for (const auto& st : states) piece.state.push_back(st.narrow(0, lo - begin, hi - lo));
     piece.weight_decay = layout_.slots[static_cast<size_t>(i)].decay ? weight_decay : 0.0;
     piece.tensor = i;
@@ -322,7 +344,7 @@ ChunkBytes ChunkStore::bytes() const {
   if (mixed_) b.params += sum(master_);
   b.grads = sum(full_grads_) + (stage_ >= 2 ? sum(grad_shards_) : 0);
   for (size_t c = 0; c < master_grads_.size(); ++c)
-    if (!master_grads_[c].is_same(grad_shards_[c])) b.grads += static_cast<int64_t>(master_grads_[c].nbytes());
+    if (master_grads_[c].defined() && !master_grads_[c].is_same(grad_shards_[c])) b.grads += static_cast<int64_t>(master_grads_[c].nbytes());
   for (const auto& [n, shards] : optimizer_states_) b.optimizer += sum(shards);
   if (offloaded_) {
     b.optimizer += offloaded_->staged_bytes();

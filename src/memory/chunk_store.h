@@ -112,6 +112,18 @@ class ChunkStore {
   std::vector<at::Tensor>& master_grads() { return master_grads_; }
   // master_grads = grad_shards * inv_scale (a loss scale undone, or 1).
   void collect_grads(double inv_scale);
+  // Parameters on NVMe in mixed precision: the gradient shards stay in the compute dtype (2 bytes per
+  // parameter instead of 4, what decides the largest model when parameters and states are on disk, as
+  // in DeepSpeed's ZeRO-3) and become master-dtype values a slice at a time, as the update reads
+  // them; master_grads() is then empty and collect_grads only notes the factor. One micro-batch per
+  // step gives the same values as fp32 shards; accumulating several sums in the compute dtype.
+  bool compact_grads() const { return params_on_disk_ && mixed_; }
+  // The gradients the update reads for [begin, begin + numel) of chunk c's shard: a view of
+  // master_grads, or a converted copy (compact_grads).
+  at::Tensor master_grad(int64_t chunk, int64_t begin, int64_t numel) const;
+  // Multiplies the gradients the update will read by `factor` (clipping): compact ones as they convert.
+  void scale_grads(double factor);
+  double grad_factor() const { return compact_grads() ? grad_factor_ : 1.0; }   // what compact shards still owe
   // The compute chunks' shards take the updated master values (nothing to do when not mixed); with the
   // master offloaded, publish_range does it for each slice while it is staged.
   void publish();
@@ -181,6 +193,7 @@ class ChunkStore {
   std::unique_ptr<OffloadedStates> offloaded_;   // the states on NVMe instead (optimizer offload)
   std::vector<std::string> offloaded_names_;
   bool master_on_disk_ = false, params_on_disk_ = false;
+  double grad_factor_ = 1.0;   // compact_grads: the factor their values still need
   std::map<size_t, std::vector<at::DataPtr>> spare_;   // released chunks' memory by size, for the next gather
 };
 

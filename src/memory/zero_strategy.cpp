@@ -167,7 +167,8 @@ std::string ZeroStrategy::describe() const {
          human_bytes(static_cast<double>(b.grads)) + " gradients, " + human_bytes(static_cast<double>(b.optimizer)) + " optimizer states" +
          (b.nvme > 0 ? " (staging; " + human_bytes(static_cast<double>(b.nvme)) + " of optimizer states" +
                            (store_.master_on_disk() ? " and master weights" : "") + " on NVMe" +
-                           (store_.params_offloaded() ? "; block parameters read from there as each block runs" : "") + ", " +
+                           (store_.params_offloaded() ? "; block parameters read from there as each block runs" : "") +
+                           (store_.compact_grads() ? "; gradient shards kept in the compute dtype" : "") + ", " +
                            offload_how() + ")"
                      : "");
 }
@@ -317,7 +318,7 @@ void ZeroStrategy::streamed_update(const optim::StepContext& ctx) {
     const auto& staged = states.acquire(s, true);
     const auto& sl = states.slice(s);
     // Chunks on a GPU are updated there: the staged slice goes to the device and comes back.
-    const c10::Device device = store_.master_grads()[static_cast<size_t>(sl.chunk)].device();
+    const c10::Device device = store_.grad_shards()[static_cast<size_t>(sl.chunk)].device();
     std::vector<at::Tensor> work(staged.begin(), staged.end());
     if (!device.is_cpu())
       for (auto& t : work) t = t.to(device);
@@ -367,7 +368,8 @@ double ZeroStrategy::clip_grad_norm(double max_norm) {
   // as they come, since results kept beside each slice's converted copy pinned glibc's heap, which
   // grew by every copy (a gigabyte at 150M parameters).
   constexpr int64_t kSlice = int64_t{1} << 20;
-  const auto& grads = store_.master_grads();
+  // Compact gradient shards (compute dtype) are read as they are, with the factor they still owe.
+  const auto& grads = store_.compact_grads() ? store_.grad_shards() : store_.master_grads();
   double host_sq = 0;
   at::Tensor sq = at::zeros({}, at::TensorOptions(at::kDouble).device(grads.empty() ? c10::Device(c10::kCPU) : grads[0].device()));
   for (const auto& g : grads) {
@@ -383,13 +385,13 @@ double ZeroStrategy::clip_grad_norm(double max_norm) {
   sq = sq.cpu().reshape({1}).add_(host_sq);   // one transfer from the chunks' device
   if (store_.stage() > 0) group_.all_reduce(sq, dist::Reduce::sum, "gradient norm");   // shards: sum over ranks
   // The gradients as the update will read them: a clipping scale not yet applied counts.
-  const double norm = std::sqrt(sq.item<double>()) * grad_scale_;
+  const double norm = std::sqrt(sq.item<double>()) * grad_scale_ * std::abs(store_.grad_factor());
   if (max_norm > 0 && norm > max_norm && std::isfinite(norm)) {
     const double scale = max_norm / (norm + 1e-6);   // torch.nn.utils.clip_grad_norm_'s rule
     if (optimizer_->folds_grad_scale() && grad_scale_ == 1) {
       grad_scale_ = scale;   // the update applies it as it reads each gradient: no pass of its own
     } else {
-      for (auto& g : store_.master_grads()) g.mul_(scale * grad_scale_);
+      store_.scale_grads(scale * grad_scale_);
       grad_scale_ = 1;
     }
   }
