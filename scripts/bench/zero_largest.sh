@@ -52,25 +52,12 @@ dataset=runs/data/kjv-bpe-8192.h5
 [ -f "$dataset" ] || "$COLOSSAL" data prepare-recipe "$recipe" >&2
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/zero_largest.XXXXXX")"
 
-# The cgroup both workers (and the launcher) run in: v2 where mounted with the memory controller, else v1.
-bytes=$((budget * 1024 * 1024 * 1024))
-if [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers; then
-  CG=/sys/fs/cgroup/colossal_zero_largest.$$
-  mkdir "$CG"
-  echo "$bytes" >"$CG/memory.max"
-  echo 0 >"$CG/memory.swap.max" 2>/dev/null || true
-elif [ -d /sys/fs/cgroup/memory ]; then
-  CG=/sys/fs/cgroup/memory/colossal_zero_largest.$$
-  mkdir "$CG"
-  echo "$bytes" >"$CG/memory.limit_in_bytes"
-  echo "$bytes" >"$CG/memory.memsw.limit_in_bytes" 2>/dev/null || true   # no swap beyond the budget
-else
-  echo "zero_largest: error: no memory cgroup controller mounted under /sys/fs/cgroup" >&2
-  exit 1
-fi
+# The cgroup both workers (and the launcher) run in.
+. scripts/bench/memory_cgroup.sh
+memory_cgroup colossal_zero_largest $((budget * 1024 * 1024 * 1024))
 cleanup() {
   rm -rf "$TMP"
-  rmdir "$CG" 2>/dev/null || true
+  memory_cgroup_remove
 }
 trap cleanup EXIT
 

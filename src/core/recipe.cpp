@@ -252,6 +252,7 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   cc.dir = c.string("dir", cc.dir);
   cc.every = c.integer("every", cc.every, 0, kBig);
   cc.keep_last = c.integer("keep_last", cc.keep_last, 1, 1000);
+  cc.at_end = c.boolean("at_end", cc.at_end);
   c.finish();
 
   auto f = section("finetune");
@@ -359,7 +360,8 @@ std::string Recipe::to_toml() const {
                             {"weight_decay", optim.weight_decay}, {"eps", optim.eps}, {"momentum", optim.momentum},
                             {"nesterov", optim.nesterov}, {"trust_coefficient", optim.trust_coefficient}, {"warmup_steps", optim.warmup_steps},
                             {"schedule", optim.schedule}, {"decay_steps", optim.decay_steps}}},
-      {"checkpoint", toml::table{{"dir", checkpoint.dir}, {"every", checkpoint.every}, {"keep_last", checkpoint.keep_last}}},
+      {"checkpoint", toml::table{{"dir", checkpoint.dir}, {"every", checkpoint.every}, {"keep_last", checkpoint.keep_last},
+                                 {"at_end", checkpoint.at_end}}},
       {"finetune", toml::table{{"from", finetune.from}}},
       {"kernels", toml::table{{"attention", kernels.attention}, {"gelu", kernels.gelu}, {"gemv", kernels.gemv},
                               {"layer_norm", kernels.layer_norm}, {"gemm", kernels.gemm}}},

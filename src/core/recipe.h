@@ -82,6 +82,8 @@ struct CheckpointConfig {            // [checkpoint]
   std::string dir;                   // "" = <output.dir>/checkpoints
   int64_t every = 500;               // steps between checkpoints; 0 = only at the end
   int64_t keep_last = 3;
+  bool at_end = true;                // false: no checkpoint when the run ends (a model whose checkpoint the
+                                     // disk cannot hold beside its NVMe offload file)
 };
 
 struct FinetuneConfig {              // [finetune]

@@ -35,7 +35,7 @@ class TrainStrategy {
     double loss_scale = 1;   // what this step's loss was scaled by (fp16; 1 otherwise)
     double update_s = 0;     // the norm, clipping and the update (NVMe transfers included)
     double norm_s = 0;       // of which the global norm
-    int64_t nvme_read = 0, nvme_written = 0;   // this rank's bytes through its offload file
+    int64_t nvme_read = 0, nvme_written = 0;   // this rank's bytes through its offload file since the last report
   };
   virtual StepReport optimizer_step(double lr, double max_norm) = 0;
   // The loss-scale state, for metrics and checkpoints (empty without a scaler).

@@ -149,6 +149,11 @@ void ZeroStrategy::wait_published() {
 }
 
 void ZeroStrategy::before_forward() {
+  if (!counting_io_) {   // step reports count the disk's bytes from the first forward, not the loading before it
+    counting_io_ = true;
+    reported_read_ = offload_read();
+    reported_written_ = offload_written();
+  }
   for (int64_t c : outer_chunks_) wait_published(c);
 }
 

@@ -340,7 +340,6 @@ TrainStrategy::StepReport ZeroStrategy::optimizer_step(double lr, double max_nor
   r.loss_scale = loss_scale();   // the scale this step's loss was multiplied by, before the scaler updates it
   store_.collect_grads(1.0 / r.loss_scale);
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t read0 = offload_read(), written0 = offload_written();
   r.grad_norm = clip_grad_norm(max_norm);
   r.norm_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // A non-finite norm means some gradient overflowed fp16's range: every rank sees the same norm (it
@@ -348,8 +347,12 @@ TrainStrategy::StepReport ZeroStrategy::optimizer_step(double lr, double max_nor
   r.skipped = scaler_ && scaler_->update(!std::isfinite(r.grad_norm));
   if (!r.skipped) step(lr);
   r.update_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.nvme_read = offload_read() - read0;
-  r.nvme_written = offload_written() - written0;
+  // Since the last report: the update's transfers and, with the parameters on NVMe, the reads of the
+  // step's forward and backward.
+  r.nvme_read = offload_read() - reported_read_;
+  r.nvme_written = offload_written() - reported_written_;
+  reported_read_ += r.nvme_read;
+  reported_written_ += r.nvme_written;
   zero_grad();
   return r;
 }

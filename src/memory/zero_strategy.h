@@ -111,6 +111,8 @@ class ZeroStrategy : public TrainStrategy {
   std::string offload_how() const;   // "io_uring, O_DIRECT"
   int64_t offload_read() const;      // bytes through the offload file so far
   int64_t offload_written() const;
+  int64_t reported_read_ = 0, reported_written_ = 0;   // offload bytes counted in step reports so far
+  bool counting_io_ = false;
 
   dist::Group& group_;
   ChunkStore store_;
