@@ -15,6 +15,9 @@ DEBS=(build-essential cmake ninja-build ccache pkg-config git time python3 pytho
       liburing-dev            # the NVMe offload tier's asynchronous reads and writes (io_uring)
       dataset-fashion-mnist   # ViT recipes train on its IDX files
       iproute2 slurm-wlm munge)   # the two-node (network namespaces) and one-node SLURM tests
+# Test builds only (scripts/run.sh sets BUILD_TESTING=OFF): the profile page's render test opens it in
+# a headless browser.
+[ "${BUILD_TESTING:-ON}" = OFF ] || DEBS+=(chromium)
 missing=()
 for p in "${DEBS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

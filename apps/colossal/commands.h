@@ -8,6 +8,7 @@ namespace colossal::app {
 void add_train_commands(CLI::App& app);   // train, finetune
 void add_infer_command(CLI::App& app);    // infer
 void add_data_commands(CLI::App& app);    // data tokenizer | prepare | prepare-recipe
+void add_profile_command(CLI::App& app);  // profile
 
 // The exit code a subcommand asks for (callbacks cannot return one through CLI11).
 void set_exit_code(int code);

@@ -126,9 +126,14 @@ void apply_memory(TrainPlan& p) {
   if (r.memory.offload_optimizer == "nvme") zo.offload_dir = r.memory.nvme_path;
   zo.offload_params = r.memory.offload_params == "nvme";
   p.strategy = std::make_unique<memory::ZeroStrategy>(*p.model, zo, dp, optim::make_optimizer(r.optim));
-  // The block-hook chain: ZeRO-3's gather and release (recompute and the profiler will follow it).
+  // The block-hook chain: ZeRO-3's gather and release, then the profiler's tracer, which sees each block
+  // with its chunks in place (recompute will go between them).
   auto chain = std::make_shared<nn::BlockHooks>();
   if (auto hook = p.strategy->block_hook()) chain->add(hook);
+  if (p.tracer) {
+    p.tracer->attach(p.strategy->store());
+    chain->add(p.tracer);
+  }
   if (!chain->empty()) p.model->set_block_hooks(chain);
   if (p.dp_size > 1 || zo.stage > 0 || zo.compute || !zo.offload_dir.empty()) spdlog::info("{}", p.strategy->describe());
 }
@@ -255,6 +260,9 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
                             (local > 1 ? ", for each of the " + std::to_string(local) + " workers on this node)" : ")"));
   }
 
+  // `colossal profile`: ATen's allocations on this thread are counted from here, before the data and the
+  // model exist, so whatever they hold is known when a traced step frees it.
+  if (!opt.profile_out.empty()) p->tracer = std::make_shared<memory::MemoryTracer>();
   p->runtime = join_job(r, opt, env, p->device);                       // 1. the job and its mesh
   p->dp_rank = p->runtime->mesh().coordinate(p->runtime->rank(), dist::Dim::dp);
   p->dp_size = p->runtime->mesh().shape().of(dist::Dim::dp);

@@ -16,6 +16,7 @@
 #include "src/engine/trainer.h"
 #include "models/registry.h"
 #include "src/nn/model.h"
+#include "src/memory/memory_tracer.h"
 #include "src/memory/train_strategy.h"
 #include "src/tasks/task.h"
 
@@ -35,6 +36,7 @@ struct TrainPlan {
   std::shared_ptr<nn::Model> model;
   std::unique_ptr<memory::TrainStrategy> strategy;   // memory layout, gradient sync and the optimizer
   TrainerState state;             // step 0, or the checkpoint's when resuming
+  std::shared_ptr<memory::MemoryTracer> tracer;   // `colossal profile` only: traces the last step
   // This process's resident memory just before the model was built, and its peak once the weights
   // were in place: what building, initialising or loading the model cost this rank.
   size_t rss_before_model = 0, peak_rss_after_setup = 0;

@@ -27,6 +27,7 @@
 #include "src/dist/runtime.h"
 #include "src/nn/kernel_choice.h"
 #include "src/io/atomic_dir.h"
+#include "src/engine/memory_profile.h"
 #include "src/memory/offload_file.h"
 #include "src/optim/schedule.h"
 
@@ -147,6 +148,20 @@ nlohmann::json rank_memory(TrainPlan& p, double peak_rss) {
   return {{"before_model", row(0)}, {"after_setup_peak", row(1)}, {"peak", row(2)}};
 }
 
+// `colossal profile`'s outputs: the table on the console, profile.json and profile.html in profile_out.
+void write_profile(TrainPlan& p) {
+  const std::string& dir = p.options.profile_out;
+  fs::create_directories(dir);
+  const std::string title = p.recipe.path + ": " + p.recipe.model.family + ", " + human_count(static_cast<double>(p.model->parameter_count())) +
+                            " parameters, " + p.strategy->describe();
+  const nlohmann::json profile = memory_profile_json(p.strategy->store(), *p.tracer, title);
+  write_file_atomic((fs::path(dir) / "profile.json").string(), profile.dump(1) + "\n");
+  write_file_atomic((fs::path(dir) / "profile.html").string(), memory_profile_html(profile));
+  std::printf("%s", memory_profile_table(profile).c_str());
+  std::printf("wrote %s/profile.json and %s/profile.html\n", dir.c_str(), dir.c_str());
+  std::fflush(stdout);
+}
+
 int run_loop(TrainPlan& p) {
   const Recipe& r = p.recipe;
   const TrainOptions& opt = p.options;
@@ -209,20 +224,29 @@ int run_loop(TrainPlan& p) {
   std::string last_saved;
   rt.take_counters();   // setup traffic (parameter broadcast, eval) is not a step's
 
+  // `colossal profile` traces the last step; the ones before it warm up (allocator, kernel choices).
+  memory::MemoryTracer* tracer = p.tracer.get();
+  auto mark = [tracer](const char* phase) {
+    if (tracer) tracer->mark(phase);
+  };
   while (state.step < r.train.max_steps) {
     const auto t0 = Clock::now();
     const double lr = optim::lr_at(r.optim, state.step);
+    if (tracer && state.step + 1 == r.train.max_steps) tracer->begin();
     at::Tensor step_loss;   // summed on the device: one host sync per step, not one per micro-batch
     for (int64_t micro = 0; micro < r.train.grad_accum; ++micro) {
       const Batch batch = task.next().to(p.device);
+      mark("forward");
       p.strategy->before_forward();
       p.strategy->before_backward(micro == r.train.grad_accum - 1);   // the step's gradients are complete after the last
       auto loss = task.loss(*p.model, batch);
       if (r.train.grad_accum > 1) loss = loss / static_cast<double>(r.train.grad_accum);
+      mark("backward");
       p.strategy->scale_loss(loss).backward();   // fp16: scaled so small gradients survive its range
       p.strategy->after_backward();
       step_loss = micro == 0 ? loss.detach() : step_loss + loss.detach();
     }
+    mark("update");
     // Every rank now holds the average gradient (or, sharded, its part of it).
     const bool time_up = r.train.time_limit_min > 0 && seconds_since(start) >= r.train.time_limit_min * 60;
     const StepAgreement agreed = agree(p, step_loss.item<double>(), g_interrupted || time_up);
@@ -232,6 +256,8 @@ int run_loop(TrainPlan& p) {
                   " (lower optim.lr or set train.grad_clip; the last checkpoint is intact)");
     // Global norm (gradients are already averaged), clipping, the update; fp16 skips an overflowed step.
     const auto report = p.strategy->optimizer_step(lr, r.train.grad_clip);
+    mark("step end");
+    if (tracer) tracer->end();
     const double grad_norm = report.grad_norm;
     if (report.skipped)
       spdlog::debug("step {}: gradients overflowed fp16; skipped, loss scale now {}", state.step + 1, p.strategy->loss_scale());
@@ -281,7 +307,7 @@ int run_loop(TrainPlan& p) {
 
     const bool last = state.step == r.train.max_steps;
     if (r.train.eval_every > 0 && state.step % r.train.eval_every == 0 && !last) run_eval();
-    if (r.checkpoint.every > 0 && state.step % r.checkpoint.every == 0 && !last) last_saved = checkpoint();
+    if (r.checkpoint.every > 0 && state.step % r.checkpoint.every == 0 && (!last || !r.checkpoint.at_end)) last_saved = checkpoint();
     if (agreed.stop) {
       if (g_interrupted) spdlog::warn("interrupted at step {}: saving and stopping (continue with --resume)", state.step);
       else if (time_up) spdlog::info("time limit of {} min reached at step {}", r.train.time_limit_min, state.step);
@@ -298,7 +324,8 @@ int run_loop(TrainPlan& p) {
   std::signal(SIGTERM, SIG_DFL);
 
   run_eval();
-  last_saved = checkpoint();
+  if (r.checkpoint.at_end) last_saved = checkpoint();
+  if (tracer && root) write_profile(p);
   const double wall = seconds_since(start);
   const double steady_tps = static_cast<double>(counted_steps * tokens_per_step) / counted_s;
   const auto peak_rss = static_cast<double>(peak_rss_bytes()), peak_device = static_cast<double>(device_peak_allocated_bytes(p.device));
@@ -336,7 +363,7 @@ int run_loop(TrainPlan& p) {
   const std::string accuracy = state.eval_accuracy >= 0 ? fmt::format(" | eval accuracy {:.2f}%", 100 * state.eval_accuracy) : "";
   const std::string done = fmt::format("done: {} steps in {} | loss {:.4f} | eval loss {:.4f}{} | {} tok/s{} | peak mem {} | checkpoint {}",
                                        state.step, human_duration(wall), state.train_loss, state.eval_loss, accuracy,
-                                       human_count(steady_tps), ranks, peak_mem, last_saved);
+                                       human_count(steady_tps), ranks, peak_mem, last_saved.empty() ? "none" : last_saved);
   if (opt.quiet) std::fprintf(stderr, "%s\n", done.c_str());   // the one line a quiet run prints
   else spdlog::info("{}", done);
   return g_interrupted ? 130 : 0;

@@ -19,6 +19,7 @@ struct TrainOptions {
   bool quiet = false;          // console: warnings and the final summary only
   int64_t launch_world = 0;    // --dry-run under --nproc-per-node: the world the launcher would start
   std::string iface;           // network interface for Gloo between nodes ("" = GLOO_SOCKET_IFNAME or the route to the master)
+  std::string profile_out;     // `colossal profile`: trace the last step's memory, write profile.json and .html here
 };
 
 // Returns the process exit code (0 done, 130 interrupted after saving). Throws Error on bad input.

@@ -330,24 +330,31 @@ void ChunkStore::write_state(int64_t chunk, const std::string& name, int64_t beg
   offloaded_->write(chunk, static_cast<int>(k), begin, values);
 }
 
+ChunkBytes ChunkStore::chunk_bytes(int64_t chunk) const {
+  const auto c = static_cast<size_t>(chunk);
+  auto n = [](const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : int64_t{0}; };   // undefined: not held
+  ChunkBytes b;
+  b.params = static_cast<int64_t>(params_[c].storage().nbytes()) + n(param_shards_[c]);   // storage: 0 for a released chunk
+  if (mixed_) b.params += n(master_[c]);
+  if (stage_ <= 1) b.grads += n(full_grads_[c]);
+  if (stage_ >= 2) b.grads += n(grad_shards_[c]);
+  if (master_grads_[c].defined() && !master_grads_[c].is_same(grad_shards_[c])) b.grads += n(master_grads_[c]);
+  for (const auto& [name, shards] : optimizer_states_) b.optimizer += n(shards[c]);
+  if (offloaded_) b.nvme = offloaded_->chunk_file_bytes(chunk);
+  return b;
+}
+
 ChunkBytes ChunkStore::bytes() const {
   ChunkBytes b;
-  auto sum = [](const std::vector<at::Tensor>& ts) {   // an offloaded master's entries are undefined
-    int64_t n = 0;
-    for (const auto& t : ts)
-      if (t.defined()) n += static_cast<int64_t>(t.nbytes());
-    return n;
-  };
-  for (const auto& t : params_) b.params += static_cast<int64_t>(t.storage().nbytes());   // 0 for a released chunk
-  for (const auto& t : param_shards_)
-    if (t.defined()) b.params += static_cast<int64_t>(t.nbytes());
-  if (mixed_) b.params += sum(master_);
-  b.grads = sum(full_grads_) + (stage_ >= 2 ? sum(grad_shards_) : 0);
-  for (size_t c = 0; c < master_grads_.size(); ++c)
-    if (master_grads_[c].defined() && !master_grads_[c].is_same(grad_shards_[c])) b.grads += static_cast<int64_t>(master_grads_[c].nbytes());
-  for (const auto& [n, shards] : optimizer_states_) b.optimizer += sum(shards);
+  for (int64_t c = 0; c < layout_.chunks(); ++c) {
+    const ChunkBytes k = chunk_bytes(c);
+    b.params += k.params;
+    b.grads += k.grads;
+    b.optimizer += k.optimizer;
+  }
   if (offloaded_) {
-    b.optimizer += offloaded_->staged_bytes();
+    b.staging = offloaded_->staged_bytes();
+    b.optimizer += b.staging;
     b.nvme = offloaded_->file_bytes();
   }
   return b;

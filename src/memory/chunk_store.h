@@ -52,6 +52,7 @@ struct StoreOffload {
 
 struct ChunkBytes {       // what this rank holds in memory, in bytes
   int64_t params = 0, grads = 0, optimizer = 0;
+  int64_t staging = 0;    // of optimizer: the offload's aligned host buffers (not ATen allocations)
   int64_t nvme = 0;       // and in its offload file (not in total)
   int64_t total() const { return params + grads + optimizer; }
 };
@@ -172,6 +173,8 @@ class ChunkStore {
   // the file when params_on_disk).
   at::Tensor param_shard(int64_t chunk) const;
   void free_spares() { spare_.clear(); }   // the released chunks' memory kept for the next gathers
+  // What chunk c holds in memory (its file region in nvme); bytes() is their sum plus the staging buffers.
+  ChunkBytes chunk_bytes(int64_t chunk) const;
   ChunkBytes bytes() const;   // what this rank holds now (stage 2's in-flight gradient chunks and spare gather buffers excluded)
 
  private:

@@ -184,6 +184,10 @@ void OffloadedStates::write(int64_t chunk, int k, int64_t begin, const at::Tenso
   });
 }
 
+int64_t OffloadedStates::chunk_file_bytes(int64_t chunk) const {
+  return segments_ * segment_read_bytes(chunk);
+}
+
 int64_t OffloadedStates::segment_read_bytes(int64_t chunk) const {
   int64_t n = 0;
   for (int64_t s = first_slice(chunk); s < first_slice(chunk + 1); ++s) n += segment_bytes(slices_[static_cast<size_t>(s)].numel, dtype_);

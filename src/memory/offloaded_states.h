@@ -67,6 +67,7 @@ class OffloadedStates {
 
   int64_t staged_bytes() const;   // host memory of the staging buffers
   int64_t file_bytes() const { return file_.size(); }
+  int64_t chunk_file_bytes(int64_t chunk) const;   // chunk c's slices' regions
   const OffloadFile& file() const { return file_; }
 
  private:

@@ -49,12 +49,13 @@ struct ZeroStrategy::Hooks {
 namespace {
 
 // The block each parameter of `module` belongs to, when it is a model with blocks (ZeRO-3 needs them;
-// stages 1-2 use them to wait for each block's updated parameters only when the block runs).
+// stages 1-2 use them to wait for each block's updated parameters only when the block runs; at every
+// stage the store answers it for the memory profile's per-block figures).
 std::function<int64_t(const at::Tensor&)> block_map(nn::Module& module, int stage) {
   auto* model = dynamic_cast<nn::Model*>(&module);
   if (stage == 3 && (!model || model->blocks().empty()))
     throw Error("zero: stage 3 gathers parameters block by block, and this module has no blocks");
-  return stage == 0 ? std::function<int64_t(const at::Tensor&)>{} : parameter_blocks(module);
+  return parameter_blocks(module);
 }
 
 // What the chunk store puts on NVMe: nothing without an offload directory.

@@ -1,0 +1,70 @@
+// MemoryTracer: what a training step holds, event by event (`colossal profile`, and the measurements a
+// placement policy plans from: Gemini's memory tracer).
+//
+// Every host allocation ATen makes on the tracing thread is counted through c10's memory-reporting
+// hook, the one torch.profiler's profile_memory uses (c10::MemoryReportingInfoBase, set for the thread
+// as its PROFILER_STATE debug info), so "live" is exact bytes of tensors, not the resident set with
+// glibc's free lists in it. As a block hook, the tracer records before and after each block's forward
+// and backward: the bytes live, the peak since the previous event, what the chunk store holds by kind,
+// and where each chunk is; the training loop adds step-level marks (forward, backward, update). Events
+// are kept only between begin() and end(), the traced steps; counting runs from construction, so
+// memory allocated during warm-up is known when it is freed.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/memory/chunk_store.h"
+#include "src/nn/block_hooks.h"
+
+namespace colossal::memory {
+
+class MemoryTracer : public nn::BlockHook {
+ public:
+  // Counting starts on the calling thread (the one that runs the steps) and stops at destruction;
+  // construct it before the model is built so the chunks themselves are counted.
+  MemoryTracer();
+  ~MemoryTracer() override;
+  MemoryTracer(const MemoryTracer&) = delete;
+  MemoryTracer& operator=(const MemoryTracer&) = delete;
+
+  // Where a chunk is at an event: whole in memory, only this rank's shard in memory (ZeRO-3,
+  // released), or only in the offload file (parameters on NVMe).
+  enum class Tier : char { whole = 'w', shard = 's', nvme = 'n' };
+  struct Event {
+    std::string phase;     // forward | backward (a block's), or a step-level mark
+    int64_t block = -1;    // -1: a step-level mark
+    bool enter = true;     // a block's: before (true) or after its forward or backward
+    double t_ms = 0;       // since begin()
+    int64_t live = 0;      // ATen bytes live now
+    int64_t peak = 0;      // the most live since the previous event
+    ChunkBytes held;       // the chunk store's bytes now
+    std::string tiers;     // one Tier per chunk
+  };
+
+  void attach(ChunkStore& store) { store_ = &store; }   // whose bytes and chunks events record
+  void begin();                        // events from here (the traced steps)
+  void end();                          // and no more
+  void mark(const std::string& phase);   // a step-level event
+  const std::vector<Event>& events() const { return events_; }
+  int64_t live() const;                // ATen bytes live now (since construction)
+
+  void before_forward(int64_t block) override { record("forward", block, true); }
+  void after_forward(int64_t block) override { record("forward", block, false); }
+  void before_backward(int64_t block) override { record("backward", block, true); }
+  void after_backward(int64_t block) override { record("backward", block, false); }
+
+ private:
+  void record(const std::string& phase, int64_t block, bool enter);
+  struct Counter;
+  std::shared_ptr<Counter> counter_;
+  struct Guard;
+  std::unique_ptr<Guard> guard_;
+  ChunkStore* store_ = nullptr;
+  bool tracing_ = false;
+  double start_ = 0;
+  std::vector<Event> events_;
+};
+
+}  // namespace colossal::memory
