@@ -84,8 +84,11 @@ int64_t choose_chunk_numel(const std::vector<ChunkTensorSpec>& tensors, double c
   if (chunk_mb > 0) return std::max<int64_t>(1, static_cast<int64_t>(chunk_mb * 1024 * 1024 / 4));
   int64_t total = 0;
   for (const auto& t : tensors) total += numel_of(t.shape);
+  // The upper end may pass 64M elements for models of several billion parameters, whose blocks alone are
+  // tens of millions: capped there, a 5.7B GPT (blocks of 50M) had no candidate size near a block or two,
+  // and a third of its chunks' elements were padding, on the disk too under parameter offload.
   const int64_t lo = std::clamp<int64_t>(total / 64, 64 * 1024, 64 << 20);
-  const int64_t hi = std::clamp<int64_t>(total / (stage == 3 ? 32 : 8), lo, 64 << 20);
+  const int64_t hi = std::clamp<int64_t>(total / (stage == 3 ? 32 : 8), lo, 256 << 20);
   return search_chunk_numel(tensors, lo, hi, std::max<int64_t>((hi - lo) / 128, kAlign), shards);
 }
 

@@ -56,8 +56,8 @@ ChunkLayout plan_chunks(const std::vector<ChunkTensorSpec>& tensors, int64_t chu
 int64_t search_chunk_numel(const std::vector<ChunkTensorSpec>& tensors, int64_t lo, int64_t hi, int64_t step, int64_t shards);
 
 // The recipe's choice: `chunk_mb` > 0 is MiB of fp32 per chunk; 0 ("auto") searches a range scaled to the
-// model, from 1/64 to 1/8 of its elements (at least 64 Ki elements, at most 64 Mi) in 128 steps, so a
-// model is a few dozen chunks whatever its size. ZeRO-3 (`stage` 3) searches 1/64 to 1/32: what it holds
+// model, from 1/64 to 1/8 of its elements (the lower end from 64 Ki to 64 Mi elements, the upper end at
+// most 256 Mi) in 128 steps, so a model is a few dozen chunks whatever its size. ZeRO-3 (`stage` 3) searches 1/64 to 1/32: what it holds
 // beyond its shards (the chunks gathered around a block, the gradient chunks being reduced, the chunks a
 // checkpoint gathers) is a few chunks, so smaller chunks are memory, where at 1/8 they were a quarter
 // of the model and more.
