@@ -205,4 +205,14 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters, int
   return e;
 }
 
+double minimum_device_bytes(const Recipe& r, int64_t parameters, int64_t dp) {
+  const MemoryEstimate e = estimate_training_memory(r, parameters, dp);
+  if (r.memory.placement == "device") return e.total();
+  const ModelConfig m = family_of(r.model).canonical(r.model);
+  const double compute = r.precision.dtype == "fp32" ? 4 : 2;
+  const double c = static_cast<double>(m.n_embd), block = 12 * c * c + 13 * c;   // a transformer block (MLP 4x wide)
+  const double outer = std::max(0.0, static_cast<double>(parameters) - static_cast<double>(m.n_layer) * block);
+  return compute * (2 * outer + 3 * block) + e.activations;
+}
+
 }  // namespace colossal

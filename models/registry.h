@@ -45,4 +45,11 @@ struct MemoryEstimate {
 };
 MemoryEstimate estimate_training_memory(const Recipe& recipe, int64_t parameters, int64_t dp = 1);
 
+// ZeRO-3 under a device budget: the least the compute device can train the model with. With the chunks'
+// data in host memory (placement cpu or auto), each block's chunks gathered only while it runs: the
+// embeddings, final norm and head whole with their gradient buffer, the running block's chunks and the
+// next one's (prefetched), one block's gradient chunks and one micro-batch's activations. Placement
+// device keeps every shard and state there too: the whole estimate.
+double minimum_device_bytes(const Recipe& recipe, int64_t parameters, int64_t dp = 1);
+
 }  // namespace colossal

@@ -346,7 +346,8 @@ struct BackwardProbe : nn::BlockHook {
 // AdamW unless another [optim] name is given (eps 1e-5 for AdamW and LAMB: see tests/test_dist_e2e.cpp).
 // `offload_dir`: the optimizer states on NVMe in a file there.
 std::unique_ptr<memory::ZeroStrategy> zero(nn::Module& m, Group& g, int stage, int64_t chunk_numel, const std::string& optimizer,
-                                           const std::string& offload_dir = "", bool offload_params = false) {
+                                           const std::string& offload_dir = "", bool offload_params = false,
+                                           const memory::PlacementOptions& placement = {}) {
   OptimConfig c;
   c.name = optimizer;
   c.betas = {0.9, 0.95};
@@ -356,6 +357,7 @@ std::unique_ptr<memory::ZeroStrategy> zero(nn::Module& m, Group& g, int stage, i
   o.offload_dir = offload_dir;
   o.offload_slice = 300;   // AdamW's update reaches each chunk in several slices
   o.offload_params = offload_params;
+  o.placement = placement;
   return std::make_unique<memory::ZeroStrategy>(m, o, g, optim::make_optimizer(c));
 }
 
@@ -374,8 +376,16 @@ using Weights = std::map<std::string, at::Tensor>;
 // `steps` optimizer steps at ZeRO `stage` over `world` ranks, each taking its rows of every micro-batch
 // (rank r of W: rows [r*B, (r+1)*B) of the micro-batch, as the loader deals them), with clipping that
 // acts. Returns every rank's final parameters; checks the per-step collective counts and the bytes held.
+// `placement` (ZeRO-3): where chunks live and the device budget; with a budget each rank counts its
+// thread's allocations, and `device` receives each rank's largest window and evictions.
+struct DeviceFigures {
+  int64_t peak = 0, evictions = 0;
+  size_t visits = 0;   // in the recorded step
+};
 std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_t steps, int64_t chunk_numel,
-                                 const std::string& optimizer = "adamw", const std::string& offload_dir = "", bool offload_params = false) {
+                                 const std::string& optimizer = "adamw", const std::string& offload_dir = "", bool offload_params = false,
+                                 const memory::PlacementOptions& placement = {}, std::vector<DeviceFigures>* device = nullptr) {
+  const bool caching = placement.mode == memory::PlacementMode::automatic;   // gathered chunks may stay
   nn::set_kernel_policy({nn::KernelPath::Ours, nn::KernelPath::Ours, nn::KernelPath::Ours, nn::KernelPath::Ours,
                          nn::KernelPath::Ours});
   std::vector<std::shared_ptr<nn::CausalLM>> replicas;
@@ -383,9 +393,12 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
   std::vector<at::Tensor> batches;   // drawn here: the generator is global, the ranks are threads
   for (int64_t step = 0; step < steps; ++step) batches.push_back(global_batch(step));
   std::vector<Weights> got(static_cast<size_t>(world));
+  if (device) device->assign(static_cast<size_t>(world), {});
   auto body = [&](int64_t rank, Group& g) {
     auto& model = *replicas[static_cast<size_t>(rank)];
-    auto zs = zero(model, g, stage, chunk_numel, optimizer, offload_dir, offload_params);
+    memory::PlacementOptions mine = placement;   // a budget on a CPU is held against this thread's allocations
+    if (mine.device_limit > 0) mine.counter = std::make_shared<memory::AllocationCounter>();
+    auto zs = zero(model, g, stage, chunk_numel, optimizer, offload_dir, offload_params, mine);
     const int64_t chunks = zs->store().layout().chunks();
     if (auto hook = zs->block_hook()) {   // ZeRO-3 gathers and releases around each block
       auto chain = std::make_shared<nn::BlockHooks>();
@@ -411,7 +424,7 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
           EXPECT_TRUE(near) << "rank " << rank << ": chunk " << c << " still gathered at block " << block << "'s backward";
         }
       };
-      if (stage >= 2) chain->add(probe);
+      if (stage >= 2 && !caching) chain->add(probe);
       model.set_block_hooks(chain);
     }
     for (int64_t step = 0; step < steps; ++step) {
@@ -422,7 +435,7 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
         zs->before_backward(m == micro - 1);
         auto b = batch.narrow(0, m * 8 / micro + rank * rows, rows);
         at::Tensor loss = model.loss(b.narrow(1, 0, 16), b.narrow(1, 1, 16)) / static_cast<double>(micro);
-        if (stage == 3) {   // between forward and backward the blocks' chunks are released: backward gathers them again
+        if (stage == 3 && !caching) {   // between forward and backward the blocks' chunks are released: backward gathers them again
           int64_t released = 0;
           for (int64_t c = 0; c < chunks; ++c) released += zs->store().releasable(c) && !zs->store().present(c);
           EXPECT_GT(released, 0) << "micro-batch " << m;
@@ -451,6 +464,12 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
       params += store.releasable(c) ? (offload_params ? 0 : bytes / W) : bytes;   // on NVMe: nothing between uses
       released += store.releasable(c) && !store.present(c);
       if (stage < 3) EXPECT_FALSE(store.releasable(c));
+    }
+    if (device) (*device)[static_cast<size_t>(rank)] = {zs->device_peak(), zs->evictions(), zs->access_trace().size()};
+    if (caching) {   // the rest counts what ZeRO-3 holds with every block chunk released
+      zs->gather_all();
+      for (auto& item : model.named_parameters()) got[static_cast<size_t>(rank)][item.key()] = item.value().detach().clone();
+      return;
     }
     if (stage == 3) EXPECT_GT(released, 0);
     if (stage == 3 && W > 1) EXPECT_LT(params, P);
@@ -544,6 +563,89 @@ TEST(ZeroOffload, OptimizerStatesOnNvmeGiveTheSameWeightsBitForBit) {
   // A layer-wise rule updated a chunk at a time still sums each tensor's norms over both ranks' shards.
   expect_identical(train_ranks(2, 2, 1, 3, 1000, "lamb", dir.path()), train_ranks(2, 2, 1, 3, 1000, "lamb"), "LAMB at stage 2");
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), std::filesystem::directory_iterator()), 0);
+}
+
+TEST(GeminiPlacement, CpuAndAutoPlacementsAndAHostOptimizerGiveTheSameWeightsBitForBit) {
+  // Block chunks of 1000 elements: every block spans several, and a chunk may span two blocks.
+  auto expect_identical = [](const std::vector<Weights>& got, const std::vector<Weights>& want, const std::string& what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t r = 0; r < got.size(); ++r)
+      for (const auto& [name, t] : want[r]) EXPECT_TRUE(at::equal(got[r].at(name), t)) << what << ", rank " << r << ", " << name;
+  };
+  using memory::PlacementMode;
+  using memory::Residence;
+  memory::PlacementOptions cpu, host_optimizer, automatic;
+  cpu.mode = PlacementMode::cpu;
+  cpu.homes = {Residence::host, Residence::host};
+  host_optimizer.homes.states = Residence::host;   // offload_optimizer = "cpu", at any stage
+  automatic.mode = PlacementMode::automatic;       // a budget the whole model fits: every chunk moves and stays
+  automatic.homes = cpu.homes;
+  automatic.device_limit = int64_t{1} << 30;
+  for (int64_t world : {1, 2}) {
+    const std::string at = " at " + std::to_string(world) + " rank(s)";
+    const auto zero3 = train_ranks(3, world, 2, 3, 1000);
+    expect_identical(train_ranks(3, world, 2, 3, 1000, "adamw", "", false, cpu), zero3, "placement cpu" + at);
+    std::vector<DeviceFigures> figures;
+    expect_identical(train_ranks(3, world, 2, 3, 1000, "adamw", "", false, automatic, &figures), zero3, "placement auto" + at);
+    for (const auto& f : figures) {
+      EXPECT_EQ(f.visits, 2u * 4 * 2) << "two micro-batches of four blocks, forward and backward, recorded" << at;
+      EXPECT_EQ(f.evictions, 0) << at;
+      EXPECT_GT(f.peak, 0) << at;
+    }
+    expect_identical(train_ranks(2, world, 2, 3, 1000, "adamw", "", false, host_optimizer), train_ranks(2, world, 2, 3, 1000),
+                     "offload_optimizer cpu at stage 2" + at);
+  }
+}
+
+TEST(GeminiPlacement, ADeviceBudgetEvictsByFurthestNextUseAndIsNeverExceeded) {
+  // Three runs of placement auto: a budget the model fits in (nothing evicted: the most the device ever
+  // needs with every chunk kept), then one between that and the first step's peak (which gathers each
+  // block's chunks only while it runs): chunks must be evicted, the weights are still ZeRO-3's, and no
+  // window of any step exceeds the budget. A budget below the first step's peak ends the run, naming it.
+  using memory::PlacementMode;
+  memory::PlacementOptions automatic;
+  automatic.mode = PlacementMode::automatic;
+  automatic.homes = {memory::Residence::host, memory::Residence::host};
+  automatic.device_limit = int64_t{1} << 30;
+  for (int64_t world : {1, 2}) {
+    const std::string at = " at " + std::to_string(world) + " rank(s)";
+    // One micro-batch, small chunks: many chunks per block, so what caching keeps is visible.
+    const auto zero3 = train_ranks(3, world, 1, 4, 500);
+    std::vector<DeviceFigures> roomy, first_step, tight;
+    train_ranks(3, world, 1, 4, 500, "adamw", "", false, automatic, &roomy);
+    memory::PlacementOptions measured = automatic;   // a budget the first step only just fits: nothing is cached
+    measured.mode = PlacementMode::cpu;
+    train_ranks(3, world, 1, 4, 500, "adamw", "", false, measured, &first_step);
+    ASSERT_LT(first_step[0].peak, roomy[0].peak) << "caching every chunk must need more than gathering one block's" << at;
+    memory::PlacementOptions budget = automatic;
+    budget.device_limit = (first_step[0].peak + roomy[0].peak) / 2 + first_step[0].peak / 16;   // past the plan's margin
+    const auto got = train_ranks(3, world, 1, 4, 500, "adamw", "", false, budget, &tight);
+    for (size_t r = 0; r < got.size(); ++r)
+      for (const auto& [name, t] : zero3[r]) EXPECT_TRUE(at::equal(got[r].at(name), t)) << "rank " << r << ", " << name << at;
+    for (const auto& f : tight) {
+      EXPECT_GT(f.evictions, 0) << at;
+      EXPECT_LE(f.peak, budget.device_limit) << at;
+      EXPECT_GT(f.peak, first_step[0].peak) << "the spare budget went unused" << at;
+    }
+  }
+  // Below the first step's need: the run ends at the first window over it, saying what it held.
+  memory::PlacementOptions small = automatic;
+  small.device_limit = 64 * 1024;
+  const std::string error = colossal::test::error_of([&] {
+    Group alone("dp");
+    auto model = make_replica();
+    small.counter = std::make_shared<memory::AllocationCounter>();
+    auto zs = zero(*model, alone, 3, 500, "adamw", "", false, small);
+    auto chain = std::make_shared<nn::BlockHooks>();
+    chain->add(zs->block_hook());
+    model->set_block_hooks(chain);
+    const at::Tensor b = global_batch(0);
+    zs->before_forward();
+    zs->before_backward(true);
+    model->loss(b.narrow(1, 0, 16), b.narrow(1, 1, 16)).backward();
+  });
+  EXPECT_NE(error.find("device_memory_limit_gb: block 0's forward in the first step held "), std::string::npos) << error;
+  EXPECT_NE(error.find("over the budget of 64.00 KiB"), std::string::npos) << error;
 }
 
 // ---- a backend named explicitly runs even in a world of one (how NCCL is checked on one GPU) --------

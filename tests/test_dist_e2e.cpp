@@ -328,7 +328,11 @@ TEST(DistributedTraining, FinetuningUnderEveryStageAndOffloadStartsFromTheLoaded
            {"nvme_zero3_bf16", "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=3 --set precision.dtype=bf16" + offload},
            {"params_nvme", "--set memory.zero=3 --set memory.chunk_size_mb=0.01 --set memory.offload_params=nvme" + offload},
            {"params_nvme_zero3_bf16", "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=3 --set precision.dtype=bf16 "
-                                      "--set memory.offload_params=nvme" + offload}})
+                                      "--set memory.offload_params=nvme" + offload},
+           // Gemini placements: the chunks' data in host memory, and auto within a device budget.
+           {"placement_cpu", "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=3 --set memory.placement=cpu"},
+           {"placement_auto", "--set memory.zero=3 --set memory.chunk_size_mb=0.01 --set memory.device_memory_limit_gb=0.25"},
+           {"optimizer_cpu", "--set memory.zero=1 --set memory.offload_optimizer=cpu"}})
     EXPECT_NEAR(first_loss(name, args), plain, (name.find("bf16") != std::string::npos ? 1e-2 : 1e-6) * plain) << name;
 }
 

@@ -229,6 +229,36 @@ TEST(EndToEnd, OptimizerOffloadToNvmeIsPlannedPerTierAndABadPathIsRefusedBeforeT
   EXPECT_FALSE(std::filesystem::exists(dir / "run/checkpoints/latest"));   // refused before training
 }
 
+TEST(EndToEnd, GeminiPlacementIsCheckedBeforeTrainingAndAMeteredRunStaysWithinItsDeviceBudget) {
+  TempDir dir;
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set memory.placement=cpu" + into(dir)),
+                        "placement: = \"cpu\" needs zero = 3: chunks are brought to the device block by block");
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set memory.device_memory_limit_gb=1" + into(dir)),
+                        "device_memory_limit_gb: needs zero = 3");
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set memory.placement=gpu" + into(dir)), "placement");
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set memory.zero=2 --set memory.offload_params=cpu" + into(dir)),
+                        "offload_params: = \"cpu\" needs zero = 3");
+  // Less than the embeddings, two blocks and one micro-batch's activations: refused before training.
+  const std::string zero3 = " --set memory.zero=3 --set train.max_steps=4 --set optim.warmup_steps=1 --set train.eval_every=0 --set checkpoint.every=0 --set train.batch_size=4";
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set memory.device_memory_limit_gb=0.001" + zero3 + into(dir)),
+                        "device_memory_limit_gb: = 0.001 (1.02 MiB) is too small for even one block: the device needs at least ");
+  EXPECT_FALSE(fs::exists(dir / "run/checkpoints/latest"));
+  auto r = run_colossal("train recipes/gpt-tiny.toml --dry-run --set memory.device_memory_limit_gb=0.25" + zero3);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("  device      at least "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" of the budget of 256.00 MiB (placement auto: fits)"), std::string::npos) << r.output;
+  // Placement auto in a budget of 64 MiB: every step's largest window is reported and within it.
+  r = run_colossal("train recipes/gpt-tiny.toml --set memory.device_memory_limit_gb=0.0625" + zero3 + into(dir));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(read_file(dir / "run/train.log").find("placement auto within a device budget of 64.00 MiB"), std::string::npos);
+  const auto peaks = colossal::test::metric_values(dir / "run/metrics.jsonl", "device_peak_mb");
+  ASSERT_EQ(peaks.size(), 4u);
+  for (double mb : peaks) {
+    EXPECT_GT(mb, 0);
+    EXPECT_LE(mb, 64);
+  }
+}
+
 TEST(EndToEnd, AKilledOffloadedRunLeavesNoFileBehindAndResumesFromItsLastCheckpoint) {
   TempDir dir;
   const std::string nvme = dir / "nvme";

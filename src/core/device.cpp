@@ -78,4 +78,13 @@ c10::CachingDeviceAllocator::Stat allocated_stat(const c10::Device& device) {
 size_t device_allocated_bytes(const c10::Device& device) { return static_cast<size_t>(allocated_stat(device).current); }
 size_t device_peak_allocated_bytes(const c10::Device& device) { return static_cast<size_t>(allocated_stat(device).peak); }
 
+void reset_device_peak(const c10::Device& device) {
+  if (!device.is_cpu()) c10::getDeviceAllocator(device.type())->resetPeakStats(device.index() < 0 ? 0 : device.index());
+}
+
+size_t device_total_bytes(const c10::Device& device) {
+  if (device.is_cpu()) return physical_memory_bytes();
+  return c10::getDeviceAllocator(device.type())->getMemoryInfo(device.index() < 0 ? 0 : device.index()).second;
+}
+
 }  // namespace colossal

@@ -28,5 +28,8 @@ void require_host_memory(double bytes, const std::string& what);
 // (0 for the CPU, whose figure is the RSS above).
 size_t device_allocated_bytes(const c10::Device& device);
 size_t device_peak_allocated_bytes(const c10::Device& device);
+void reset_device_peak(const c10::Device& device);   // the peak restarts from what is allocated now
+// An accelerator's total memory (the CPU's: the machine's physical memory).
+size_t device_total_bytes(const c10::Device& device);
 
 }  // namespace colossal

@@ -283,17 +283,26 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   auto mem = section("memory");
   r.memory.zero = mem.integer("zero", r.memory.zero, 0, 3);
   r.memory.chunk_size_mb = mem.real_or_word("chunk_size_mb", r.memory.chunk_size_mb, 1.0 / 1024, 1 << 20, "auto", 0);
-  r.memory.offload_optimizer = mem.string("offload_optimizer", r.memory.offload_optimizer, {"none", "nvme"});
+  r.memory.offload_optimizer = mem.string("offload_optimizer", r.memory.offload_optimizer, {"none", "cpu", "nvme"});
   r.memory.nvme_path = mem.string("nvme_path", r.memory.nvme_path);
   if (r.memory.offload_optimizer == "nvme" && r.memory.nvme_path.empty())
     mem.fail("offload_optimizer", "= \"nvme\" needs nvme_path, a directory on a local disk (e.g. nvme_path = \"/mnt/nvme\")");
-  r.memory.offload_params = mem.string("offload_params", r.memory.offload_params, {"none", "nvme"});
-  if (r.memory.offload_params == "nvme" && r.memory.zero != 3)
-    mem.fail("offload_params", "= \"nvme\" needs zero = 3: a block's parameters are brought in as it runs, which only ZeRO-3 does "
+  r.memory.offload_params = mem.string("offload_params", r.memory.offload_params, {"none", "cpu", "nvme"});
+  if (r.memory.offload_params != "none" && r.memory.zero != 3)
+    mem.fail("offload_params", "= \"" + r.memory.offload_params + "\" needs zero = 3: a block's parameters are brought in as it runs, which only ZeRO-3 does "
                                "(zero = " + std::to_string(r.memory.zero) + ")");
   if (r.memory.offload_params == "nvme" && r.memory.offload_optimizer != "nvme")
     mem.fail("offload_params", "= \"nvme\" keeps the parameters in the optimizer states' file, as their master copy: set "
                                "offload_optimizer = \"nvme\" too");
+  r.memory.placement = mem.string("placement", r.memory.placement, {"device", "cpu", "auto"});
+  if (r.memory.placement == "cpu" && r.memory.zero != 3)
+    mem.fail("placement", "= \"cpu\" needs zero = 3: chunks are brought to the device block by block, which only ZeRO-3 does "
+                          "(zero = " + std::to_string(r.memory.zero) + ")");
+  r.memory.device_memory_limit_gb = mem.real("device_memory_limit_gb", r.memory.device_memory_limit_gb, 0, 1 << 20);
+  if (r.memory.device_memory_limit_gb > 0 && r.memory.zero != 3)
+    mem.fail("device_memory_limit_gb", "needs zero = 3: below it the device holds every parameter, gradient and state "
+                                       "(the dry run says how much; zero = " + std::to_string(r.memory.zero) + ")");
+  r.memory.host_memory_limit_gb = mem.real("host_memory_limit_gb", r.memory.host_memory_limit_gb, 0, 1 << 20);
   mem.finish();
 
   auto pr = section("precision");
@@ -368,7 +377,9 @@ std::string Recipe::to_toml() const {
       {"parallel", toml::table{{"tensor", parallel.tensor}, {"pipeline", parallel.pipeline}, {"sequence", parallel.sequence},
                                {"timeout_s", parallel.timeout_s}, {"backend", parallel.backend}}},
       {"memory", toml::table{{"zero", memory.zero}, {"offload_optimizer", memory.offload_optimizer},
-                                 {"offload_params", memory.offload_params}, {"nvme_path", memory.nvme_path}}},
+                                 {"offload_params", memory.offload_params}, {"nvme_path", memory.nvme_path},
+                                 {"placement", memory.placement}, {"device_memory_limit_gb", memory.device_memory_limit_gb},
+                                 {"host_memory_limit_gb", memory.host_memory_limit_gb}}},
       {"precision", toml::table{{"dtype", precision.dtype}, {"initial_scale", precision.initial_scale},
                                 {"growth_factor", precision.growth_factor}, {"backoff_factor", precision.backoff_factor},
                                 {"growth_interval", precision.growth_interval}}},

@@ -111,11 +111,18 @@ struct MemoryConfig {               // [memory]: where parameters, gradients and
   int64_t zero = 0;                  // ZeRO stage: 0 (plain data parallelism), 1 (optimizer states
                                      // sharded), 2 (and gradients), 3 (and parameters)
   double chunk_size_mb = 0;          // fp32 MiB per chunk; 0 = "auto" (searched to minimise padding)
-  std::string offload_optimizer = "none";   // none | nvme: optimizer states in a file under nvme_path,
-                                            // streamed through host memory chunk by chunk at each step
-  std::string offload_params = "none";      // none | nvme (ZeRO-3): the blocks' parameters live in that file
-                                            // too, read as each block runs (ZeRO-Infinity's parameter offload)
+  std::string offload_optimizer = "none";   // none | cpu | nvme: optimizer states (with gradient shards and
+                                            // master weights) in host memory, updated there by the host optimizer,
+                                            // or in a file under nvme_path streamed through host memory at each step
+  std::string offload_params = "none";      // none | cpu | nvme (ZeRO-3): the blocks' parameter shards in host
+                                            // memory, or in that file (ZeRO-Infinity's parameter offload), brought
+                                            // to the device as each block runs
   std::string nvme_path;             // a directory on a local disk (required by nvme offload)
+  std::string placement = "auto";    // device | cpu | auto (ZeRO-3): where chunks live by default; auto measures
+                                     // the first step and fills a device budget (see Gemini placement)
+  double device_memory_limit_gb = 0; // ZeRO-3: the most the compute device may hold (0: no budget; a GPU under
+                                     // auto: 90% of its memory)
+  double host_memory_limit_gb = 0;   // the most the chunks may keep in host memory (0: no limit)
 };
 
 struct PrecisionConfig {            // [precision]

@@ -47,6 +47,19 @@ ModelConfig finetune_model_config(const Recipe& r, const ModelConfig& from_ckpt,
 
 }  // namespace
 
+void check_device_budget(const Recipe& r, int64_t parameters, int64_t dp) {
+  if (r.memory.device_memory_limit_gb <= 0) return;
+  const double need = minimum_device_bytes(r, parameters, dp), limit = r.memory.device_memory_limit_gb * 1073741824.0;
+  if (need <= limit) return;
+  throw RecipeError(r.where("memory.device_memory_limit_gb"),
+                    "= " + fmt::format("{}", r.memory.device_memory_limit_gb) + " (" + human_bytes(limit) +
+                        ") is too small for even one block: the device needs at least " + human_bytes(need) +
+                        (r.memory.placement == "device" ? " with every shard and optimizer state on it (placement = \"device\")"
+                                                        : " (the embeddings and head whole with their gradient, two blocks' chunks and "
+                                                          "one micro-batch's activations)") +
+                        "; raise it, or lower train.batch_size or train.seq_len");
+}
+
 // Dimensions whose layers are not built yet are refused here, by name, rather than run as something else.
 dist::MeshShape check_parallel_recipe(const Recipe& r, int64_t world) {
   const dist::MeshShape shape = dist::resolve_mesh(r, world);
@@ -109,6 +122,29 @@ std::optional<at::ScalarType> compute_dtype(const PrecisionConfig& c) {
   return std::nullopt;
 }
 
+// The recipe's placement ([memory] placement, offload_* = "cpu", the budgets) for the chunk store.
+// "auto" has something to decide only under ZeRO-3 with a device budget: one given, or on a GPU 90% of
+// its memory. On a CPU without one, the device and the host are one memory and ZeRO-3 stays as it is.
+memory::PlacementOptions resolve_placement(const Recipe& r, const c10::Device& device, std::shared_ptr<memory::AllocationCounter> counter) {
+  const auto& m = r.memory;
+  memory::PlacementOptions o;
+  o.device_limit = static_cast<int64_t>(m.device_memory_limit_gb * 1073741824.0);
+  o.host_limit = static_cast<int64_t>(m.host_memory_limit_gb * 1073741824.0);
+  if (m.placement == "cpu") o.mode = memory::PlacementMode::cpu;
+  if (m.placement == "auto" && m.zero == 3 && (o.device_limit > 0 || !device.is_cpu())) {
+    o.mode = memory::PlacementMode::automatic;
+    if (o.device_limit == 0) o.device_limit = static_cast<int64_t>(0.9 * static_cast<double>(device_total_bytes(device)));
+  }
+  const bool offloading = o.mode != memory::PlacementMode::device;   // cpu, and auto's first step
+  using memory::Residence;
+  o.homes.params = m.offload_params == "cpu" || offloading ? Residence::host : Residence::device;
+  o.homes.states = m.offload_optimizer == "cpu" || offloading ? Residence::host : Residence::device;
+  o.keep_params_on_host = m.offload_params == "cpu";
+  o.keep_states_on_host = m.offload_optimizer == "cpu";
+  if (o.device_limit > 0 && device.is_cpu()) o.counter = std::move(counter);
+  return o;
+}
+
 // Step 4: memory layout and data parallelism: the chunk store owns parameters, gradients and optimizer
 // states at the recipe's ZeRO stage, and the strategy reduces gradients across the data-parallel ranks.
 void apply_memory(TrainPlan& p) {
@@ -125,6 +161,7 @@ void apply_memory(TrainPlan& p) {
   zo.device = p.device;
   if (r.memory.offload_optimizer == "nvme") zo.offload_dir = r.memory.nvme_path;
   zo.offload_params = r.memory.offload_params == "nvme";
+  zo.placement = resolve_placement(r, p.device, p.counter);
   p.strategy = std::make_unique<memory::ZeroStrategy>(*p.model, zo, dp, optim::make_optimizer(r.optim));
   // The block-hook chain: ZeRO-3's gather and release, then the profiler's tracer, which sees each block
   // with its chunks in place (recompute will go between them).
@@ -136,6 +173,9 @@ void apply_memory(TrainPlan& p) {
   }
   if (!chain->empty()) p.model->set_block_hooks(chain);
   if (p.dp_size > 1 || zo.stage > 0 || zo.compute || !zo.offload_dir.empty()) spdlog::info("{}", p.strategy->describe());
+  if (zo.placement.mode == memory::PlacementMode::automatic && r.memory.device_memory_limit_gb == 0)
+    spdlog::info("placement auto: a device budget of {} (90% of {})", human_bytes(static_cast<double>(zo.placement.device_limit)),
+                 describe_device(p.device));
 }
 
 // Step 5: the parameters' values, streamed one tensor at a time into what each rank holds of it: from
@@ -259,10 +299,14 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
                             std::to_string(r.memory.zero) + ", and one micro-batch's activations" +
                             (local > 1 ? ", for each of the " + std::to_string(local) + " workers on this node)" : ")"));
   }
+  check_device_budget(r, count_parameters(r.model), check_parallel_recipe(r, env.world).of(dist::Dim::dp));
 
-  // `colossal profile`: ATen's allocations on this thread are counted from here, before the data and the
-  // model exist, so whatever they hold is known when a traced step frees it.
-  if (!opt.profile_out.empty()) p->tracer = std::make_shared<memory::MemoryTracer>();
+  // ATen's allocations on this thread are counted from here, before the data and the model exist, so
+  // whatever they hold is known when a step frees it: `colossal profile`'s tracer reads the count, and so
+  // does a device budget on a CPU (the device is host memory there).
+  if (!opt.profile_out.empty() || (r.memory.device_memory_limit_gb > 0 && p->device.is_cpu()))
+    p->counter = std::make_shared<memory::AllocationCounter>();
+  if (!opt.profile_out.empty()) p->tracer = std::make_shared<memory::MemoryTracer>(p->counter);
   p->runtime = join_job(r, opt, env, p->device);                       // 1. the job and its mesh
   p->dp_rank = p->runtime->mesh().coordinate(p->runtime->rank(), dist::Dim::dp);
   p->dp_size = p->runtime->mesh().shape().of(dist::Dim::dp);

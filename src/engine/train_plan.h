@@ -36,6 +36,7 @@ struct TrainPlan {
   std::shared_ptr<nn::Model> model;
   std::unique_ptr<memory::TrainStrategy> strategy;   // memory layout, gradient sync and the optimizer
   TrainerState state;             // step 0, or the checkpoint's when resuming
+  std::shared_ptr<memory::AllocationCounter> counter;   // ATen's bytes on this thread (profile, a CPU's device budget)
   std::shared_ptr<memory::MemoryTracer> tracer;   // `colossal profile` only: traces the last step
   // This process's resident memory just before the model was built, and its peak once the weights
   // were in place: what building, initialising or loading the model cost this rank.
@@ -61,6 +62,9 @@ EffectiveRecipe effective_recipe(const Recipe& recipe, const TrainOptions& optio
 // The recipe's [parallel] against a world of `world` ranks: mesh sizes, and no dimension whose layers
 // are not built yet. The launcher calls it before starting any worker. Throws Error at the recipe key.
 dist::MeshShape check_parallel_recipe(const Recipe& recipe, int64_t world);
+// [memory] device_memory_limit_gb against the least the device can train the model with
+// (minimum_device_bytes): a RecipeError at the key, before anything is allocated.
+void check_device_budget(const Recipe& recipe, int64_t parameters, int64_t dp);
 
 // Builds the plan: joins the job, prepares data (rank 0 first), builds and places the model, applies
 // data parallelism, the optimizer and the resumed state. Throws Error with a one-line message.

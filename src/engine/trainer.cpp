@@ -110,6 +110,11 @@ void print_dry_run(const Recipe& r, const c10::Device& device, int64_t launch_wo
                 workers > 1 ? (" per rank, " + human_bytes(disk) + " in all").c_str() : "", r.memory.nvme_path.c_str(),
                 human_bytes(free_bytes).c_str(), disk <= free_bytes ? "fits" : "does not fit: training would stop here");
   }
+  if (r.memory.device_memory_limit_gb > 0) {   // what check_device_budget holds the run to
+    const double budget = r.memory.device_memory_limit_gb * 1073741824.0, least = minimum_device_bytes(r, params, dp);
+    std::printf("  device      at least %s of the budget of %s (placement %s: %s)\n", human_bytes(least).c_str(), human_bytes(budget).c_str(),
+                r.memory.placement.c_str(), least <= budget ? "fits" : "does not fit: training would stop here");
+  }
   const double have = static_cast<double>(physical_memory_bytes()), need = mem.total() * static_cast<double>(workers);
   const std::string here = workers > 1 ? " for its " + std::to_string(workers) + " ranks (" + human_bytes(need) + ")" : "";
   std::printf("  machine     %s (%s)\n", human_bytes(have).c_str(),
@@ -292,6 +297,10 @@ int run_loop(TrainPlan& p) {
       record["skipped"] = report.skipped;
       record["skipped_steps"] = p.strategy->skipped_steps();
     }
+    if (report.device_peak > 0) {   // a device budget (placement): the step's largest window, and what kept it within
+      record["device_peak_mb"] = static_cast<double>(report.device_peak) / 1048576.0;
+      record["evictions"] = report.evictions;
+    }
     if (rt.world_group().active()) {
       dist::CommCounters total = dp_comm;
       total += all_comm;
@@ -353,7 +362,7 @@ int run_loop(TrainPlan& p) {
   const memory::ChunkBytes held = p.strategy->store().bytes();   // rank 0's, by the chunk store
   summary["zero_stage"] = r.memory.zero;
   summary["held_mb"] = {{"params", static_cast<double>(held.params) / 1048576.0}, {"grads", static_cast<double>(held.grads) / 1048576.0},
-                        {"optimizer", static_cast<double>(held.optimizer) / 1048576.0}};
+                        {"optimizer", static_cast<double>(held.optimizer) / 1048576.0}, {"of_which_host", static_cast<double>(held.host) / 1048576.0}};
   if (r.precision.dtype == "fp16") summary["skipped_steps"] = p.strategy->skipped_steps();
   write_file_atomic((fs::path(r.output.dir) / "summary.json").string(), summary.dump(2) + "\n");
   write_metrics({{"event", "end"}, {"step", state.step}, {"eval_loss", state.eval_loss}, {"tokens_per_s", steady_tps}});

@@ -43,8 +43,8 @@ constexpr size_t kSpareBuffers = 4;
 
 ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64_t shards, int64_t rank,
                        std::optional<at::ScalarType> compute, const std::function<int64_t(const at::Tensor&)>& block_of,
-                       std::optional<c10::Device> device, const std::optional<StoreOffload>& offload)
-    : stage_(stage), rank_(stage == 0 ? 0 : rank) {
+                       std::optional<c10::Device> device, const std::optional<StoreOffload>& offload, StoreHomes homes)
+    : stage_(stage), rank_(stage == 0 ? 0 : rank), spare_limit_(kSpareBuffers) {
   if (stage < 0 || stage > 3) throw Error("chunk store: ZeRO stage " + std::to_string(stage) + " (internal: 0 to 3)");
   if (stage == 3 && !block_of) throw Error("chunk store: ZeRO-3 needs the model's blocks (internal)");
   const auto specs = chunk_specs(module);
@@ -77,6 +77,14 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
   at::NoGradGuard no_grad;
   releasable_.assign(static_cast<size_t>(layout_.chunks()), false);
   param_shards_.resize(static_cast<size_t>(layout_.chunks()));
+  param_home_.assign(static_cast<size_t>(layout_.chunks()), homes.params);
+  state_home_.assign(static_cast<size_t>(layout_.chunks()), homes.states);
+  master_own_.assign(static_cast<size_t>(layout_.chunks()), false);
+  master_.resize(static_cast<size_t>(layout_.chunks()));
+  master_grads_.resize(static_cast<size_t>(layout_.chunks()));
+  // Each residence's memory: the compute device's, or the host's (on a CPU the same).
+  const auto param_options = options.device(device_of(homes.params));
+  const auto state_device = device_of(homes.states);
   // Chunk by chunk. A parameter that already has values (an allocated model) gives them to the chunk
   // and its own memory goes; a deferred one takes its values later through write(). Under ZeRO-3 a
   // releasable chunk's whole buffer is never written: views are cut from it, then it is released and
@@ -93,15 +101,12 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
     // hooks gather it); the embeddings, final norm and head stay whole.
     releasable_[k] = stage_ == 3 && all_in_blocks;
     params_.push_back(releasable_[k] ? at::empty({size}, options) : at::zeros({size}, options));   // padding stays zero
-    if (releasable_[k] && !params_on_disk(c)) param_shards_[k] = at::zeros({shard_numel(c)}, options);
+    if (releasable_[k] && !params_on_disk(c)) param_shards_[k] = at::zeros({shard_numel(c)}, param_options);
     if (stage_ <= 1) full_grads_.push_back(at::zeros({size}, options));
     if (stage_ == 0) grad_shards_.push_back(full_grads_.back());
     if (stage_ == 1) grad_shards_.push_back(full_grads_.back().narrow(0, shard_begin(c), shard_numel(c)));
-    if (stage_ >= 2) grad_shards_.push_back(at::zeros({shard_numel(c)}, compact_grads() ? options : master_options));
-    master_grads_.push_back(grad_shards_.back().scalar_type() == master_options.dtype().toScalarType() ? grad_shards_.back()
-                            : compact_grads()                                                         ? at::Tensor()
-                                                                                                      : at::zeros({shard_numel(c)}, master_options));
-    master_.push_back(master_on_disk_ ? at::Tensor() : mixed_ ? at::zeros({shard_numel(c)}, master_options) : param_shard(c));
+    if (stage_ >= 2) grad_shards_.push_back(at::zeros({shard_numel(c)}, (compact_grads() ? options : master_options).device(state_device)));
+    bind_master(c);
     std::vector<std::pair<int64_t, at::Tensor>> values;   // the allocated parameters' own values
     for (int64_t i : layout_.chunk_slots[k]) {
       const auto& slot = layout_.slots[static_cast<size_t>(i)];
@@ -135,7 +140,51 @@ void ChunkStore::write(int64_t slot, const at::Tensor& value) {
   if (!part) return;
   const at::Tensor mine = flat.narrow(0, part->in_tensor, part->numel);
   if (param_shards_[k].defined()) param_shards_[k].narrow(0, part->in_shard, part->numel).copy_(mine);
-  if (mixed_ || master_on_disk_) write_master(s.chunk, part->in_shard, mine);   // at full precision
+  if (master_own_[k] || master_on_disk_) write_master(s.chunk, part->in_shard, mine);   // at full precision
+}
+
+void ChunkStore::bind_master(int64_t chunk) {
+  const auto k = static_cast<size_t>(chunk);
+  const c10::Device sdev = device_of(state_home_[k]);
+  if (master_on_disk_) {
+    master_[k] = at::Tensor();
+  } else {
+    const bool own = mixed_ || param_shard(chunk).device() != sdev;
+    if (!own) master_[k] = param_shard(chunk);
+    else if (!master_own_[k]) master_[k] = param_shard(chunk).to(master_options_.device(sdev), /*non_blocking=*/false, /*copy=*/true);
+    else if (master_[k].device() != sdev) master_[k] = master_[k].to(sdev);
+    master_own_[k] = own;
+  }
+  const at::Tensor& g = grad_shards_[k];
+  if (g.scalar_type() == master_options_.dtype().toScalarType() && g.device() == sdev) master_grads_[k] = g;
+  else if (compact_grads()) master_grads_[k] = at::Tensor();   // converted slice by slice as the update reads them
+  else if (!master_grads_[k].defined() || master_grads_[k].is_same(g) || master_grads_[k].device() != sdev)
+    master_grads_[k] = at::zeros({shard_numel(chunk)}, master_options_.device(sdev));   // collect_grads fills it each step
+}
+
+void ChunkStore::set_homes(int64_t chunk, StoreHomes homes) {
+  at::NoGradGuard no_grad;
+  const auto k = static_cast<size_t>(chunk);
+  param_home_[k] = homes.params;
+  state_home_[k] = homes.states;
+  auto move = [](at::Tensor& t, c10::Device d) {
+    if (t.defined() && t.device() != d) t = t.to(d);
+  };
+  move(param_shards_[k], device_of(homes.params));
+  if (stage_ >= 2) move(grad_shards_[k], device_of(homes.states));
+  for (auto& [name, shards] : optimizer_states_) move(shards[k], device_of(homes.states));
+  bind_master(chunk);
+}
+
+int64_t ChunkStore::host_param_bytes(int64_t chunk) const {
+  const auto k = static_cast<size_t>(chunk);
+  return param_home_[k] == Residence::host && param_shards_[k].defined() ? static_cast<int64_t>(param_shards_[k].nbytes()) : 0;
+}
+
+void ChunkStore::set_spare_limit(size_t n) {
+  spare_limit_ = n;
+  for (auto& [size, spare] : spare_)
+    if (spare.size() > n) spare.resize(n);
 }
 
 std::optional<int64_t> ChunkStore::slot_of(const std::string& name) const {
@@ -168,7 +217,7 @@ void ChunkStore::release(int64_t chunk) {
   at::DataPtr memory = s->set_data_ptr(at::DataPtr(nullptr, s->device()));
   s->set_nbytes(0);
   auto& spare = spare_[nbytes];
-  if (spare.size() < kSpareBuffers) spare.push_back(std::move(memory));   // else freed here
+  if (spare.size() < spare_limit_) spare.push_back(std::move(memory));   // else freed here
 }
 
 const at::Tensor& ChunkStore::materialize(int64_t chunk) {
@@ -217,14 +266,15 @@ void ChunkStore::collect_grads(double inv_scale) {
 }
 
 void ChunkStore::publish() {
-  if (!mixed_ || master_on_disk_) return;
-  for (int64_t c = 0; c < layout_.chunks(); ++c) publish_range(c, 0, master_[static_cast<size_t>(c)]);
+  if (master_on_disk_) return;
+  for (int64_t c = 0; c < layout_.chunks(); ++c)
+    if (master_own_[static_cast<size_t>(c)]) publish_range(c, 0, master_[static_cast<size_t>(c)]);
 }
 
 void ChunkStore::publish_range(int64_t chunk, int64_t begin, const at::Tensor& master) {
-  // One precision with the master in memory: the master is the parameters. A block chunk whose
-  // parameters are on disk is read from the master when next used.
-  if ((!mixed_ && !master_on_disk_) || params_on_disk(chunk)) return;
+  // A master that is the parameter shard itself has nothing to publish. A block chunk whose parameters
+  // are on disk is read from the master when next used.
+  if ((!master_own_[static_cast<size_t>(chunk)] && !master_on_disk_) || params_on_disk(chunk)) return;
   at::NoGradGuard no_grad;
   param_shard(chunk).narrow(0, begin, master.numel()).copy_(master);
 }
@@ -255,7 +305,8 @@ std::vector<at::Tensor>& ChunkStore::state(const std::string& name) {
   if (offloaded_) throw Error("chunk store: optimizer state \"" + name + "\" is offloaded; read it chunk by chunk (internal)");
   auto [it, added] = optimizer_states_.try_emplace(name);
   if (added)
-    for (int64_t c = 0; c < layout_.chunks(); ++c) it->second.push_back(at::zeros({shard_numel(c)}, master_options_));
+    for (int64_t c = 0; c < layout_.chunks(); ++c)
+      it->second.push_back(at::zeros({shard_numel(c)}, master_options_.device(device_of(state_home_[static_cast<size_t>(c)]))));
   return it->second;
 }
 
@@ -334,12 +385,17 @@ ChunkBytes ChunkStore::chunk_bytes(int64_t chunk) const {
   const auto c = static_cast<size_t>(chunk);
   auto n = [](const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : int64_t{0}; };   // undefined: not held
   ChunkBytes b;
-  b.params = static_cast<int64_t>(params_[c].storage().nbytes()) + n(param_shards_[c]);   // storage: 0 for a released chunk
-  if (mixed_) b.params += n(master_[c]);
-  if (stage_ <= 1) b.grads += n(full_grads_[c]);
-  if (stage_ >= 2) b.grads += n(grad_shards_[c]);
-  if (master_grads_[c].defined() && !master_grads_[c].is_same(grad_shards_[c])) b.grads += n(master_grads_[c]);
+  const bool params_host = param_home_[c] == Residence::host, states_host = state_home_[c] == Residence::host;
+  b.params = static_cast<int64_t>(params_[c].storage().nbytes());   // the whole chunk, on the device: 0 when released
+  const int64_t shard = n(param_shards_[c]), master = master_own_[c] ? n(master_[c]) : 0;
+  b.params += shard + master;
+  b.host += (params_host ? shard : 0) + (states_host ? master : 0);
+  if (stage_ <= 1) b.grads += n(full_grads_[c]);   // on the device
+  const int64_t grads = (stage_ >= 2 ? n(grad_shards_[c]) : 0) +
+                        (master_grads_[c].defined() && !master_grads_[c].is_same(grad_shards_[c]) ? n(master_grads_[c]) : 0);
+  b.grads += grads;
   for (const auto& [name, shards] : optimizer_states_) b.optimizer += n(shards[c]);
+  if (states_host) b.host += grads + b.optimizer;
   if (offloaded_) b.nvme = offloaded_->chunk_file_bytes(chunk);
   return b;
 }
@@ -351,10 +407,12 @@ ChunkBytes ChunkStore::bytes() const {
     b.params += k.params;
     b.grads += k.grads;
     b.optimizer += k.optimizer;
+    b.host += k.host;
   }
   if (offloaded_) {
     b.staging = offloaded_->staged_bytes();
     b.optimizer += b.staging;
+    b.host += b.staging;
     b.nvme = offloaded_->file_bytes();
   }
   return b;

@@ -50,11 +50,24 @@ struct StoreOffload {
   bool params = false;
 };
 
+// Where a chunk's persistent data lives (Gemini's placement): on the compute device, or in host memory,
+// from where a block's chunks are brought to the device as it runs and where the host optimizer updates
+// them. Two residences per chunk: its parameter shard (ZeRO-3's releasable chunks; whole chunks stay on
+// the device) and its optimizer side (gradient shard, master weights, optimizer states). On a machine
+// without a GPU both are the same memory: the residence is then the accounting's, tensors do not move,
+// and a device budget is what makes it matter (ZeroStrategy's placement).
+enum class Residence : char { device, host };
+struct StoreHomes {
+  Residence params = Residence::device, states = Residence::device;
+};
+
 struct ChunkBytes {       // what this rank holds in memory, in bytes
   int64_t params = 0, grads = 0, optimizer = 0;
   int64_t staging = 0;    // of optimizer: the offload's aligned host buffers (not ATen allocations)
+  int64_t host = 0;       // of the three: in host memory (a placement's offload, and the staging)
   int64_t nvme = 0;       // and in its offload file (not in total)
   int64_t total() const { return params + grads + optimizer; }
+  int64_t device() const { return total() - host; }   // on the compute device
 };
 
 class ChunkStore {
@@ -66,11 +79,13 @@ class ChunkStore {
   // `compute`: the dtype the model then computes in (undefined: its own, the master's).
   // `block_of`: the block a parameter belongs to, or -1 (ZeRO-3 releases chunks of block tensors only).
   // `device`: where the chunks live (undefined: where the parameters are; deferred ones are nowhere).
-  // `offload`: what goes to NVMe (none: everything in memory).
+  // `offload`: what goes to NVMe (none: everything in memory). `homes`: where every chunk's persistent
+  // data starts (set_homes moves it later).
   ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64_t shards, int64_t rank,
              std::optional<at::ScalarType> compute = std::nullopt,
              const std::function<int64_t(const at::Tensor&)>& block_of = {},
-             std::optional<c10::Device> device = std::nullopt, const std::optional<StoreOffload>& offload = std::nullopt);
+             std::optional<c10::Device> device = std::nullopt, const std::optional<StoreOffload>& offload = std::nullopt,
+             StoreHomes homes = {});
 
   // Slot's tensor takes `value` (its full value, any dtype and device) in whatever this rank holds of
   // it: the whole tensor in a present chunk, its part of a ZeRO-3 shard, its part of the fp32 master.
@@ -78,6 +93,15 @@ class ChunkStore {
   void write(int64_t slot, const at::Tensor& value);
 
   int stage() const { return stage_; }
+  c10::Device device() const { return master_options_.device(); }   // the compute device
+  c10::Device device_of(Residence r) const { return r == Residence::host ? c10::Device(c10::kCPU) : device(); }
+  Residence param_home(int64_t chunk) const { return param_home_[static_cast<size_t>(chunk)]; }
+  Residence state_home(int64_t chunk) const { return state_home_[static_cast<size_t>(chunk)]; }
+  // Moves chunk c's persistent data to `homes` (a copy between devices; on a CPU only the accounting
+  // changes). Views handed out before (optimizer pieces) are stale after it.
+  void set_homes(int64_t chunk, StoreHomes homes);
+  // Of chunk c's bytes in host memory, its parameter shard's (the rest are its optimizer side's).
+  int64_t host_param_bytes(int64_t chunk) const;
   int64_t rank() const { return rank_; }
   const ChunkLayout& layout() const { return layout_; }
   const std::vector<at::Tensor>& params() const { return params_; }   // full chunk buffers, compute dtype
@@ -173,12 +197,18 @@ class ChunkStore {
   // the file when params_on_disk).
   at::Tensor param_shard(int64_t chunk) const;
   void free_spares() { spare_.clear(); }   // the released chunks' memory kept for the next gathers
+  // At most n spares per size from now on (0 under a device budget: a released chunk's memory is freed,
+  // so what the budget counts is what the chunks hold).
+  void set_spare_limit(size_t n);
   // What chunk c holds in memory (its file region in nvme); bytes() is their sum plus the staging buffers.
   ChunkBytes chunk_bytes(int64_t chunk) const;
   ChunkBytes bytes() const;   // what this rank holds now (stage 2's in-flight gradient chunks and spare gather buffers excluded)
 
  private:
   void write_master(int64_t chunk, int64_t begin, const at::Tensor& values);   // in memory or in the file
+  // Chunk c's master weights and master gradients: views of its parameter and gradient shards where the
+  // dtype and device allow, else buffers of their own on the optimizer side's device.
+  void bind_master(int64_t chunk);
 
   int stage_;
   int64_t rank_;
@@ -192,12 +222,15 @@ class ChunkStore {
   bool mixed_ = false;
   at::TensorOptions master_options_;
   std::vector<at::Tensor> params_, master_, full_grads_, grad_shards_, master_grads_;
+  std::vector<bool> master_own_;   // by chunk: master_ is a buffer of its own, not the parameter shard
+  std::vector<Residence> param_home_, state_home_;   // by chunk
   std::map<std::string, std::vector<at::Tensor>> optimizer_states_;   // a map: references stay valid
   std::unique_ptr<OffloadedStates> offloaded_;   // the states on NVMe instead (optimizer offload)
   std::vector<std::string> offloaded_names_;
   bool master_on_disk_ = false, params_on_disk_ = false;
   double grad_factor_ = 1.0;   // compact_grads: the factor their values still need
   std::map<size_t, std::vector<at::DataPtr>> spare_;   // released chunks' memory by size, for the next gather
+  size_t spare_limit_;
 };
 
 // The trainable parameters of `module` as chunk specs, in registration (execution) order; decay for

@@ -1,20 +1,20 @@
 // MemoryTracer: what a training step holds, event by event (`colossal profile`, and the measurements a
 // placement policy plans from: Gemini's memory tracer).
 //
-// Every host allocation ATen makes on the tracing thread is counted through c10's memory-reporting
-// hook, the one torch.profiler's profile_memory uses (c10::MemoryReportingInfoBase, set for the thread
-// as its PROFILER_STATE debug info), so "live" is exact bytes of tensors, not the resident set with
-// glibc's free lists in it. As a block hook, the tracer records before and after each block's forward
+// Every host allocation ATen makes on the training thread is counted (AllocationCounter), so "live" is
+// exact bytes of tensors, not the resident set with glibc's free lists in it. As a block hook, the
+// tracer records before and after each block's forward
 // and backward: the bytes live, the peak since the previous event, what the chunk store holds by kind,
 // and where each chunk is; the training loop adds step-level marks (forward, backward, update). Events
-// are kept only between begin() and end(), the traced steps; counting runs from construction, so
-// memory allocated during warm-up is known when it is freed.
+// are kept only between begin() and end(), the traced steps; the counter runs from before the model
+// exists, so memory allocated during warm-up is known when it is freed.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "src/memory/allocation_counter.h"
 #include "src/memory/chunk_store.h"
 #include "src/nn/block_hooks.h"
 
@@ -22,16 +22,14 @@ namespace colossal::memory {
 
 class MemoryTracer : public nn::BlockHook {
  public:
-  // Counting starts on the calling thread (the one that runs the steps) and stops at destruction;
-  // construct it before the model is built so the chunks themselves are counted.
-  MemoryTracer();
-  ~MemoryTracer() override;
-  MemoryTracer(const MemoryTracer&) = delete;
-  MemoryTracer& operator=(const MemoryTracer&) = delete;
+  // `counter` counts on the thread that runs the steps, from before the model is built so the chunks
+  // themselves are counted.
+  explicit MemoryTracer(std::shared_ptr<AllocationCounter> counter) : counter_(std::move(counter)) {}
 
-  // Where a chunk is at an event: whole in memory, only this rank's shard in memory (ZeRO-3,
-  // released), or only in the offload file (parameters on NVMe).
-  enum class Tier : char { whole = 'w', shard = 's', nvme = 'n' };
+  // Where a chunk is at an event: whole on the compute device, only this rank's shard on the device
+  // (ZeRO-3, released) or on the host (a placement's offload), or only in the offload file (parameters
+  // on NVMe).
+  enum class Tier : char { whole = 'w', shard = 's', host = 'h', nvme = 'n' };
   struct Event {
     std::string phase;     // forward | backward (a block's), or a step-level mark
     int64_t block = -1;    // -1: a step-level mark
@@ -57,10 +55,7 @@ class MemoryTracer : public nn::BlockHook {
 
  private:
   void record(const std::string& phase, int64_t block, bool enter);
-  struct Counter;
-  std::shared_ptr<Counter> counter_;
-  struct Guard;
-  std::unique_ptr<Guard> guard_;
+  std::shared_ptr<AllocationCounter> counter_;
   ChunkStore* store_ = nullptr;
   bool tracing_ = false;
   double start_ = 0;

@@ -36,6 +36,7 @@ class TrainStrategy {
     double update_s = 0;     // the norm, clipping and the update (NVMe transfers included)
     double norm_s = 0;       // of which the global norm
     int64_t nvme_read = 0, nvme_written = 0;   // this rank's bytes through its offload file since the last report
+    int64_t device_peak = 0, evictions = 0;    // under a device budget: the most the device held, chunks evicted (since the last report)
   };
   virtual StepReport optimizer_step(double lr, double max_norm) = 0;
   // The loss-scale state, for metrics and checkpoints (empty without a scaler).

@@ -28,7 +28,11 @@ void ZeroStrategy::fetch(int64_t c) {
     f.read = file.read_segment(c, store_.master_segment(), f.buffer);
     return;
   }
-  fetches_[k] = group_.all_gather_async(store_.materialize(c), store_.param_shard(c), "gathering parameter chunk " + std::to_string(c));
+  const at::Tensor& whole = store_.materialize(c);
+  at::Tensor shard = store_.param_shard(c);
+  // A shard in host memory (placement) is brought to the device first: a collective works on one device.
+  if (shard.device() != whole.device()) shard = shard.to(whole.device());
+  fetches_[k] = group_.all_gather_async(whole, shard, "gathering parameter chunk " + std::to_string(c));
 }
 
 void ZeroStrategy::ensure(int64_t c) {
@@ -68,12 +72,14 @@ bool ZeroStrategy::all_held(int64_t c) {
 
 void ZeroStrategy::maybe_release(int64_t c) {
   const auto k = static_cast<size_t>(c);
+  if (caching_) return;   // gathered chunks stay until the placement evicts them (make_room)
   if (!store_.releasable(c) || refs_[k] > 0 || fetching_[k] || !store_.present(c) || !all_held(c)) return;
   if (std::find(upcoming_.begin(), upcoming_.end(), c) != upcoming_.end()) return;   // the next block needs it
   store_.release(c);
 }
 
 void ZeroStrategy::enter_block(int64_t b, int direction) {
+  placement_enter(b, direction);   // a device budget: the last window closes, room is made for this one
   for (int64_t c : block_whole_chunks_[static_cast<size_t>(b)]) wait_published(c);
   if (direction < 0 && store_.stage() >= 2) {   // the block's gradients are summed where they are computed
     for (int64_t c : block_chunks_[static_cast<size_t>(b)]) sum_in_place(c);
@@ -94,6 +100,7 @@ void ZeroStrategy::enter_block(int64_t b, int direction) {
     upcoming_ = block_chunks_[static_cast<size_t>(next)];
     for (int64_t c : upcoming_) fetch(c);
   }
+  placement_entered();
 }
 
 void ZeroStrategy::leave_block(int64_t b, int direction) {

@@ -96,13 +96,29 @@ class ZeroStrategy::GatherHook : public nn::BlockHook {
 ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group& group, std::unique_ptr<optim::Optimizer> optimizer)
     : group_(group),
       store_(module, o.stage, o.chunk_numel, group.size(), group.rank(), o.compute, block_map(module, o.stage), o.device,
-             offload_plan(o, *optimizer)),
+             offload_plan(o, *optimizer), o.placement.homes),
       optimizer_(std::move(optimizer)),
       scaler_(o.loss_scale ? std::make_unique<LossScaler>(*o.loss_scale) : nullptr),
       spare_grads_(kStage2InFlight + 1),
       hooks_(std::make_unique<Hooks>()) {
   weight_decay_ = o.weight_decay;
   if (!store_.offloaded()) pieces_ = store_.pieces(optimizer_->state_names(), o.weight_decay);
+  placement_ = o.placement;
+  if (placement_.mode != PlacementMode::device && o.stage != 3)
+    throw Error("zero: a placement other than \"device\" needs stage 3: chunks are brought to the device block by block (internal)");
+  if (metered()) {
+    if (o.stage != 3) throw Error("zero: a device budget needs stage 3 (internal)");
+    if (store_.device().is_cpu() && !placement_.counter) throw Error("zero: a device budget on a CPU needs an allocation counter (internal)");
+    // What the budget counts is what the chunks hold: released chunks' memory is freed, not kept spare.
+    store_.set_spare_limit(0);
+    plan_limit_ = placement_.device_limit - placement_.device_limit / 32;   // a margin for the allocator's rounding
+    recording_ = true;
+  }
+  const ChunkBytes held = store_.bytes();
+  if (placement_.host_limit > 0 && held.host > placement_.host_limit)
+    throw Error("host_memory_limit_gb: the chunks keep " + human_bytes(static_cast<double>(held.host)) +
+                " in host memory, over the limit of " + human_bytes(static_cast<double>(placement_.host_limit)) +
+                " (offload them to NVMe with offload_optimizer = \"nvme\", or raise host_memory_limit_gb)");
   const auto& layout = store_.layout();
   sync_.resize(static_cast<size_t>(layout.chunks()));
   const auto chunks = static_cast<size_t>(layout.chunks());
@@ -161,11 +177,16 @@ std::string ZeroStrategy::offload_how() const {
 std::string ZeroStrategy::describe() const {
   const auto& l = store_.layout();
   const ChunkBytes b = store_.bytes();
-  return "ZeRO stage " + std::to_string(store_.stage()) + (store_.stage() == 0 ? " (plain data parallelism)" : "") + " over " +
+  const std::string placement = placement_.mode == PlacementMode::cpu         ? ", placement cpu"
+                                : placement_.mode == PlacementMode::automatic ? ", placement auto"
+                                                                              : "";
+  const std::string budget = metered() ? " within a device budget of " + human_bytes(static_cast<double>(placement_.device_limit)) : "";
+  return "ZeRO stage " + std::to_string(store_.stage()) + (store_.stage() == 0 ? " (plain data parallelism)" : "") + placement + budget + " over " +
          std::to_string(group_.size()) + " rank(s): " + std::to_string(l.chunks()) + " chunk(s) of " +
          human_count(static_cast<double>(l.chunk_numel)) + " elements (" + human_bytes(static_cast<double>(l.padding()) * 4) +
          " padding); this rank holds " + human_bytes(static_cast<double>(b.params)) + " parameters, " +
          human_bytes(static_cast<double>(b.grads)) + " gradients, " + human_bytes(static_cast<double>(b.optimizer)) + " optimizer states" +
+         (b.host > b.staging ? " (" + human_bytes(static_cast<double>(b.host - b.staging)) + " of it in host memory)" : "") +
          (b.nvme > 0 ? " (staging; " + human_bytes(static_cast<double>(b.nvme)) + " of optimizer states" +
                            (store_.master_on_disk() ? " and master weights" : "") + " on NVMe" +
                            (store_.params_offloaded() ? "; block parameters read from there as each block runs" : "") +
@@ -275,7 +296,8 @@ void ZeroStrategy::complete(int64_t chunk) {
   group_.wait(cs.pending);
   at::Tensor& shard = store_.grad_shards()[static_cast<size_t>(chunk)];
   if (store_.stage() == 1) shard.copy_(cs.reduced);
-  if (store_.stage() >= 2) shard.add_(cs.reduced);   // accumulates over the step's micro-batches
+  if (store_.stage() >= 2)   // accumulates over the step's micro-batches (in host memory under a placement's offload)
+    shard.add_(shard.device() == cs.reduced.device() ? cs.reduced : cs.reduced.to(shard.device()));
   spare_grads_.give(std::move(cs.reduced));
   cs.reduced = at::Tensor();
   if (cs.in_place)   // the tensors' .grad views go with the buffer
@@ -354,6 +376,11 @@ TrainStrategy::StepReport ZeroStrategy::optimizer_step(double lr, double max_nor
   r.nvme_written = offload_written() - reported_written_;
   reported_read_ += r.nvme_read;
   reported_written_ += r.nvme_written;
+  if (metered()) {
+    r.device_peak = device_peak_;
+    r.evictions = evictions_;
+    device_peak_ = evictions_ = 0;
+  }
   zero_grad();
   return r;
 }
@@ -375,7 +402,8 @@ double ZeroStrategy::clip_grad_norm(double max_norm) {
   // Compact gradient shards (compute dtype) are read as they are, with the factor they still owe.
   const auto& grads = store_.compact_grads() ? store_.grad_shards() : store_.master_grads();
   double host_sq = 0;
-  at::Tensor sq = at::zeros({}, at::TensorOptions(at::kDouble).device(grads.empty() ? c10::Device(c10::kCPU) : grads[0].device()));
+  // Summed on the compute device: a host shard's 0-d sum may join a device tensor, not the reverse.
+  at::Tensor sq = at::zeros({}, at::TensorOptions(at::kDouble).device(store_.device()));
   for (const auto& g : grads) {
     if (g.is_cpu() && g.is_contiguous() && g.scalar_type() == at::kFloat) {
       host_sq += kernels::sum_squares(g.const_data_ptr<float>(), g.numel());
@@ -404,6 +432,10 @@ double ZeroStrategy::clip_grad_norm(double max_norm) {
 
 void ZeroStrategy::step(double lr) {
   at::NoGradGuard no_grad;
+  // Gathered chunks kept between uses (placement auto) are copies of the shards the update is about to
+  // change: they go now, and the blocks gather the updated values as they next run (across a step's
+  // micro-batches the copies stay valid, and that is where keeping them pays).
+  if (caching_) drop_cached();
   optim::StepContext ctx;
   ctx.lr = lr;
   ctx.tensors = static_cast<int64_t>(store_.layout().slots.size());
@@ -429,6 +461,7 @@ void ZeroStrategy::step(double lr) {
 }
 
 void ZeroStrategy::zero_grad() {
+  first_step_done_ = true;   // under a budget, the next block visit closes the first step's record and plans (auto)
   grad_scale_ = 1;   // a skipped step leaves clipping's scale unused
   if (store_.stage() <= 1)
     for (auto& g : store_.full_grads()) g.zero_();
@@ -453,8 +486,10 @@ void ZeroStrategy::for_each_owned(const OwnedFn& fn) {
   };
   // The whole chunk of one of this rank's shard tensors, gathered from every rank's shard: on its sole
   // writer only when it has one (undefined elsewhere), else on every rank.
-  auto whole_of = [&](const at::Tensor& shard, int64_t c, std::optional<int64_t> writer, const std::string& what) {
-    if (!gather) return shard;
+  auto whole_of = [&](const at::Tensor& host_or_device, int64_t c, std::optional<int64_t> writer, const std::string& what) {
+    if (!gather) return host_or_device;
+    // A shard in host memory (placement) is gathered on the device: a collective works on one device.
+    const at::Tensor shard = host_or_device.device() == store_.device() ? host_or_device : host_or_device.to(store_.device());
     const std::string purpose = what + " of chunk " + std::to_string(c);
     at::Tensor w = !writer || *writer == group_.rank() ? at::empty({layout.chunk_sizes[static_cast<size_t>(c)]}, shard.options()) : at::Tensor();
     if (writer) group_.gather(w, shard, *writer, purpose);

@@ -22,11 +22,36 @@
 #include <vector>
 
 #include "src/dist/group.h"
+#include "src/memory/allocation_counter.h"
+#include "src/memory/chunk_trace.h"
 #include "src/memory/loss_scaler.h"
 #include "src/memory/train_strategy.h"
 #include "src/nn/block_hooks.h"
 
 namespace colossal::memory {
+
+// Gemini's placement of the chunks (ZeRO-3's block chunks; see zero_placement.cpp):
+// - device: every chunk's data on the compute device; block chunks gathered around their block and
+//   released after (ZeRO-3 as such).
+// - cpu: every chunk's parameter shard and optimizer side in host memory; a block's chunks are brought
+//   to the device as it runs and dropped after; the host optimizer updates them there.
+// - auto: the first step runs as cpu while its memory is measured (per block visit, what the device
+//   holds beyond the chunks); then as many chunks' data as fit beside that peak move to the device, and
+//   gathered chunks stay on it between uses while the budget allows, evicted by furthest next use on
+//   the recorded access order.
+// A device budget (device_limit) is enforced at every placement: chunks are evicted to keep within it,
+// and a step that needs more than the budget even so ends the run with what it needed where.
+enum class PlacementMode { device, cpu, automatic };
+struct PlacementOptions {
+  PlacementMode mode = PlacementMode::device;
+  StoreHomes homes;            // where the chunks' data starts (cpu, auto's first step, offload_* = "cpu")
+  int64_t device_limit = 0;    // bytes the compute device may hold at once (0: no budget, nothing measured)
+  int64_t host_limit = 0;      // bytes the chunks may keep in host memory (0: no limit)
+  bool keep_params_on_host = false, keep_states_on_host = false;   // offload_* = "cpu": auto moves them not
+  // ATen's bytes on the training thread: on a CPU, where the compute device is host memory, what the
+  // budget is held against (less what the chunks keep on the host). Required with a budget on a CPU.
+  std::shared_ptr<AllocationCounter> counter;
+};
 
 struct ZeroOptions {
   int stage = 0;
@@ -38,6 +63,7 @@ struct ZeroOptions {
   std::string offload_dir;                       // optimizer states on NVMe in a file here ("": in memory)
   int64_t offload_slice = kOffloadSliceNumel;    // elements staged at once (layer-wise optimizers: whole chunks)
   bool offload_params = false;                   // ZeRO-3: block chunks' parameters on NVMe too (needs offload_dir)
+  PlacementOptions placement;
 };
 
 class ZeroStrategy : public TrainStrategy {
@@ -74,6 +100,11 @@ class ZeroStrategy : public TrainStrategy {
   void zero_grad();
   optim::Optimizer& optimizer() override { return *optimizer_; }
   std::string describe() const override;
+  // Placement under a device budget: the recorded access order (after the first step), the most the
+  // device held in any window so far, and the chunks evicted to keep within the budget.
+  const ChunkAccessTrace& access_trace() const { return trace_; }
+  int64_t device_peak() const { return device_peak_all_; }
+  int64_t evictions() const { return evictions_all_; }
 
   // Under stages 1-2 each chunk's state shards are all-gathered one chunk at a time, so no rank holds
   // every state at once.
@@ -143,6 +174,29 @@ class ZeroStrategy : public TrainStrategy {
   std::map<int64_t, std::vector<AlignedBuffer>> read_buffers_;   // their buffers by size, reused
   std::vector<bool> fetching_;
   std::vector<int64_t> upcoming_;                    // chunks of the block expected next
+  // Placement (zero_placement.cpp). A window runs from one block visit's start to the next one's.
+  PlacementOptions placement_;
+  bool metered() const { return placement_.device_limit > 0; }
+  int64_t device_live() const;          // what the compute device holds now
+  int64_t take_device_peak();           // the most it held since the last call
+  void placement_enter(int64_t block, int direction);   // before a visit's chunks are gathered
+  void placement_entered();             // after: its window's chunks are in place
+  void close_window();
+  void plan_placement();                // after the first step: homes and caching (auto)
+  void make_room(size_t visit);         // evicts cached chunks until the visit's window fits the budget
+  void drop_cached();                   // before an update: every cached chunk goes
+  void check_budget(int64_t peak, const std::string& where) const;
+  ChunkAccessTrace trace_;
+  std::vector<int64_t> window_extra_;   // by visit (first step): the device's peak beyond the chunks
+  size_t visit_ = 0;
+  bool in_window_ = false, recording_ = false, first_step_done_ = false, caching_ = false;
+  int64_t window_block_ = 0;            // the running window's visit
+  int window_direction_ = 0;
+  bool window_recorded_ = false;        // part of the first step's record (not an evaluation)
+  int64_t window_chunks_ = 0;           // device bytes of the chunks as the running window began
+  int64_t plan_limit_ = 0;              // the budget less a margin for allocator rounding
+  int64_t device_peak_ = 0, evictions_ = 0;             // since the last step report
+  int64_t device_peak_all_ = 0, evictions_all_ = 0;     // since the start
   std::shared_ptr<nn::BlockHook> gather_hook_;
   struct Hooks;
   std::unique_ptr<Hooks> hooks_;

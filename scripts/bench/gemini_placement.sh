@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# gemini_placement.sh: what each Gemini placement costs in training, against everything on the device.
+# In alternating rounds on one GPT shape, `colossal train` under ZeRO-3 (one process) with
+#   device       placement = "device": ZeRO-3 as such, the reference
+#   cpu          placement = "cpu": every chunk's data in host memory, brought in block by block
+#   auto         placement = "auto" within a device budget (--budget-gb, default 1.5x the least the model
+#                needs, from the dry run): the first step measured, gathered chunks kept and evicted by
+#                furthest next use
+#   nvme-optim   offload_optimizer = "nvme": the optimizer states and master weights on disk
+#   nvme-params  and offload_params = "nvme": the block parameters read from disk as each block runs
+# tokens/s of each and its ratio to device, the peak resident memory, the budget's largest window and
+# evictions (auto), and the disk's bytes per step (nvme). On a machine without a GPU the device and the
+# host are one memory, so cpu and auto measure the placement's own work (copies, eviction, metering),
+# not a bus; on a GPU the same script measures the bus too.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+COMMAND="scripts/bench/gemini_placement.sh"
+(($# == 0)) || COMMAND+="$(printf ' %q' "$@")"
+
+usage() {
+  cat <<EOF
+usage: scripts/bench/gemini_placement.sh [--shape tiny|124m|350m|774m] [--repeat N] [--steps N] [--budget-gb G]
+                                         [--modes LIST] [--nvme DIR] [--colossal BIN]
+  --shape      tiny (recipes/gpt-tiny.toml, T=128, B=16), or a GPT-2 shape (T=256, B=2); default 124m
+  --repeat     alternating rounds, medians over them; default 2
+  --steps      steps each run makes, the first 3 untimed; default 8
+  --budget-gb  auto's device budget; default 1.5 times the dry run's least
+  --modes      comma-separated, from device,cpu,auto,nvme-optim,nvme-params; default all
+  --nvme       the directory for the offload files; default a new one under /var/tmp
+EOF
+}
+shape=124m repeat=2 steps=8 budget="" modes=device,cpu,auto,nvme-optim,nvme-params nvme="" COLOSSAL=build/colossal
+while (($#)); do
+  case "$1" in
+    --shape) shape="${2:?}"; shift 2 ;;
+    --repeat) repeat="${2:?}"; shift 2 ;;
+    --steps) steps="${2:?}"; shift 2 ;;
+    --budget-gb) budget="${2:?}"; shift 2 ;;
+    --modes) modes="${2:?}"; shift 2 ;;
+    --nvme) nvme="${2:?}"; shift 2 ;;
+    --colossal) COLOSSAL="${2:?}"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "gemini_placement: error: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+case "$shape" in
+  tiny) recipe=recipes/gpt-tiny.toml T=128 B=16 ;;
+  124m|350m|774m) recipe="recipes/gpt2-$shape.toml" T=256 B=2 ;;
+  *) echo "gemini_placement: error: --shape '$shape' is not tiny, 124m, 350m or 774m" >&2; exit 2 ;;
+esac
+[[ "$repeat" =~ ^[1-9][0-9]*$ ]] || { echo "gemini_placement: error: --repeat '$repeat' is not a positive integer" >&2; exit 2; }
+[[ "$steps" =~ ^[0-9]+$ ]] && ((steps >= 4)) || { echo "gemini_placement: error: --steps '$steps' must be at least 4" >&2; exit 2; }
+[ -z "$budget" ] || [[ "$budget" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "gemini_placement: error: --budget-gb '$budget' is not a number" >&2; exit 2; }
+IFS=, read -r -a mode_list <<<"$modes"
+for m in "${mode_list[@]}"; do
+  case "$m" in device|cpu|auto|nvme-optim|nvme-params) ;; *) echo "gemini_placement: error: unknown mode '$m'" >&2; exit 2 ;; esac
+done
+[ -x "$COLOSSAL" ] || { echo "gemini_placement: error: $COLOSSAL not found; build it with scripts/build.sh" >&2; exit 1; }
+PY=.venv/bin/python
+[ -x "$PY" ] || PY=python3
+
+TMP="$(mktemp -d "${TMPDIR:-/tmp}/gemini_placement.XXXXXX")"
+[ -n "$nvme" ] || nvme="$(mktemp -d /var/tmp/gemini_placement_nvme.XXXXXX)"
+mkdir -p "$nvme"
+trap 'rm -rf "$TMP"' EXIT
+fail() { echo "gemini_placement: error: $1; its output ends:" >&2; tail -n 20 "$2" >&2; exit 1; }
+
+args=(train "$recipe" --quiet --set "train.max_steps=$steps" --set "train.seq_len=$T" --set "train.batch_size=$B"
+      --set train.grad_accum=1 --set model.dropout=0 --set train.eval_every=0 --set train.eval_batches=1
+      --set checkpoint.every=0 --set checkpoint.at_end=false --set optim.warmup_steps=1 --set train.device=cpu --set memory.zero=3)
+if [ -z "$budget" ]; then   # the dry run's least under a budget far above it, times 1.5
+  "$COLOSSAL" "${args[@]}" --dry-run --set memory.device_memory_limit_gb=100000 >"$TMP/dry.txt" 2>&1 || fail "the dry run failed" "$TMP/dry.txt"
+  budget="$("$PY" - "$TMP/dry.txt" <<'EOF'
+import re, sys
+m = re.search(r"device +at least ([0-9.]+) (B|KiB|MiB|GiB|TiB)", open(sys.argv[1]).read())
+scale = {"B": 0, "KiB": 1, "MiB": 2, "GiB": 3, "TiB": 4}[m.group(2)]
+print(f"{1.5 * float(m.group(1)) * 1024 ** scale / 2 ** 30:.4f}")
+EOF
+)"
+fi
+flags() {
+  case "$1" in
+    device) echo "--set memory.placement=device" ;;
+    cpu) echo "--set memory.placement=cpu" ;;
+    auto) echo "--set memory.placement=auto --set memory.device_memory_limit_gb=$budget" ;;
+    nvme-optim) echo "--set memory.placement=device --set memory.offload_optimizer=nvme --set memory.nvme_path=$nvme" ;;
+    nvme-params) echo "--set memory.placement=device --set memory.offload_optimizer=nvme --set memory.offload_params=nvme --set memory.nvme_path=$nvme" ;;
+  esac
+}
+for ((r = 1; r <= repeat; r++)); do
+  echo "gemini_placement: round $r/$repeat" >&2
+  for m in "${mode_list[@]}"; do
+    out="$TMP/$m-$r"
+    # shellcheck disable=SC2046
+    "$COLOSSAL" "${args[@]}" $(flags "$m") --set "output.dir=$out" >"$out.log" 2>&1 || fail "colossal ($m) failed" "$out.log"
+  done
+done
+
+"$PY" - "$TMP" "$repeat" "$shape" "$T" "$B" "$budget" "$COMMAND" "$modes" <<'EOF'
+import datetime, json, os, statistics, sys
+tmp, repeat, shape, T, B, budget, command, modes = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
+med = statistics.median
+modes = modes.split(",")
+def run(mode, r):
+    d = f"{tmp}/{mode}-{r}"
+    s = json.load(open(f"{d}/summary.json"))
+    steps = [json.loads(l) for l in open(f"{d}/metrics.jsonl") if '"update_ms"' in l][3:]   # past the untimed steps
+    return {"tps": s["tokens_per_s"], "rss": s["rss_mb"]["peak"][0],
+            "window": max((x.get("device_peak_mb", 0) for x in steps), default=0),
+            "evictions": med(x.get("evictions", 0) for x in steps),
+            "disk": med(x.get("nvme_read_mb", 0) + x.get("nvme_write_mb", 0) for x in steps)}
+res = {m: [run(m, r) for r in range(1, repeat + 1)] for m in modes}
+fig = {m: {k: med(x[k] for x in res[m]) for k in res[m][0]} for m in modes}
+ref = fig.get("device", fig[modes[0]])["tps"]
+print(f"| gpt2-{shape} T={T} B={B}, ZeRO-3, 1 process | tokens/s | vs device | peak RSS | device window (auto) | evictions/step | disk/step |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+for m in modes:
+    f = fig[m]
+    window = f"{f['window']:.0f} of {float(budget) * 1024:.0f} MiB" if m == "auto" else ""
+    evictions = f"{f['evictions']:.0f}" if m == "auto" else ""
+    disk = f"{f['disk'] / 1024:.2f} GiB" if f["disk"] else ""
+    print(f"| {m} | {f['tps']:.0f} | {f['tps'] / ref:.2f}x | {f['rss']:.0f} MiB | {window} | {evictions} | {disk} |")
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown CPU")
+print(f"machine: {os.cpu_count()} cores, {cpu}, {datetime.date.today()}, {command} (median of {repeat})")
+EOF

@@ -1,0 +1,40 @@
+// AllocationCounter: the bytes of tensors ATen holds on the host, allocated on one thread (the training
+// thread), counted exactly through c10's memory-reporting hook (the one torch.profiler's profile_memory
+// uses: c10::MemoryReportingInfoBase, set for the thread as its PROFILER_STATE debug info). Exact bytes of
+// tensors, not the resident set with glibc's free lists in it.
+//
+// Two users share one counter, since a thread has one such hook: `colossal profile`'s tracer, and on a
+// CPU the placement's device meter (on a CPU the compute device is host memory, and a device budget is
+// enforced against what ATen holds there).
+//
+// Allocations made on other threads (the data loader's batches) are not counted, and neither are their
+// frees here; c10 would warn about the latter, so its glog-style warnings are raised to errors while a
+// counter exists (ATen's TORCH_WARN goes another way and still shows).
+#pragma once
+#include <cstdint>
+#include <memory>
+
+namespace colossal::memory {
+
+class AllocationCounter {
+ public:
+  AllocationCounter();    // counting starts on the calling thread
+  ~AllocationCounter();   // and stops (on the same thread)
+  AllocationCounter(const AllocationCounter&) = delete;
+  AllocationCounter& operator=(const AllocationCounter&) = delete;
+
+  // Each reader keeps its own peak intervals, so the profiler's events and the placement's windows
+  // do not cut each other's short.
+  enum Reader { profile = 0, placement = 1, kReaders = 2 };
+  int64_t live() const;                // bytes held now
+  int64_t peak(Reader r) const;        // the most held since r's last take_peak (or construction)
+  int64_t take_peak(Reader r);         // peak(r), and a new interval for r starting from live()
+
+ private:
+  struct Reporter;
+  std::shared_ptr<Reporter> reporter_;
+  struct Guard;
+  std::unique_ptr<Guard> guard_;
+};
+
+}  // namespace colossal::memory

@@ -1,0 +1,156 @@
+// Gemini's placement on ZeRO-3's chunks (see PlacementOptions in zero_strategy.h): where each chunk's
+// data lives, which gathered chunks stay on the device between uses, and the device budget.
+//
+// Measuring. Under a budget the step is cut into windows, one per block visit (a block's forward or
+// backward), from the visit's start to the next one's; the gap after the last forward (the loss and its
+// head) and the update belong to the window before them. The device's peak in each window is taken
+// from the device's allocator (a GPU) or from ATen's bytes on the training thread less what the chunks
+// keep on the host (a CPU, where the device is host memory). During the first step, which gathers
+// each block's chunks as it runs and releases them after, what a window held beyond the chunks
+// (activations, gradient chunks in flight, workspace) is recorded with the order of the visits.
+//
+// Planning (auto). The first step's peak beside the budget is what is spare; chunks move their data to
+// the device in index order while it fits (a chunk there is gathered without a transfer and updated by
+// the device's optimizer). Whatever is left caches gathered chunks: they are no longer released after
+// use, and before each visit the cached chunks the visit does not need are evicted, furthest next use
+// first, until the visit's chunks, the next visit's (prefetched) and the window's measured extra fit.
+//
+// Enforcing. Every window's peak is checked against the budget at every placement; the first step
+// runs with the fewest chunks the model can run with, so a budget it exceeds is too small for the
+// model and batch, and the run ends saying what that window needed.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <algorithm>
+
+#include "src/core/device.h"
+#include "src/core/error.h"
+#include "src/core/text.h"
+#include "src/memory/zero_strategy.h"
+
+namespace colossal::memory {
+
+int64_t ZeroStrategy::device_live() const {
+  if (!store_.device().is_cpu()) return static_cast<int64_t>(device_allocated_bytes(store_.device()));
+  const ChunkBytes b = store_.bytes();
+  return placement_.counter->live() - (b.host - b.staging);   // the staging buffers are not ATen's
+}
+
+int64_t ZeroStrategy::take_device_peak() {
+  if (!store_.device().is_cpu()) {
+    const auto peak = static_cast<int64_t>(device_peak_allocated_bytes(store_.device()));
+    reset_device_peak(store_.device());
+    return peak;
+  }
+  // What the chunks keep on the host changes only between windows (placement decisions), not within one.
+  const ChunkBytes b = store_.bytes();
+  return placement_.counter->take_peak(AllocationCounter::placement) - (b.host - b.staging);
+}
+
+void ZeroStrategy::check_budget(int64_t peak, const std::string& where) const {
+  if (peak <= placement_.device_limit) return;
+  const int64_t chunks = store_.bytes().device();
+  throw Error("device_memory_limit_gb: " + where + " held " + human_bytes(static_cast<double>(peak)) + " on " + store_.device().str() +
+              ", over the budget of " + human_bytes(static_cast<double>(placement_.device_limit)) + " (the chunks " +
+              human_bytes(static_cast<double>(chunks)) + ", activations and workspace the rest" +
+              (caching_ ? "" : ", with each block's chunks gathered only while it runs") +
+              "); raise device_memory_limit_gb, or lower train.batch_size or train.seq_len");
+}
+
+void ZeroStrategy::close_window() {
+  if (!in_window_) {   // the first visit: what came before it (setup) is no window
+    take_device_peak();
+    return;
+  }
+  in_window_ = false;
+  const int64_t peak = take_device_peak();
+  device_peak_ = std::max(device_peak_, peak);
+  device_peak_all_ = std::max(device_peak_all_, peak);
+  check_budget(peak, "block " + std::to_string(window_block_) + "'s " + (window_direction_ > 0 ? "forward" : "backward") +
+                         (recording_ ? " in the first step" : ""));
+  if (window_recorded_) {   // the least the chunks held in the window: the rest of its peak was not theirs
+    const int64_t extra = peak - std::min(window_chunks_, store_.bytes().device());
+    window_extra_.back() = std::max(window_extra_.back(), extra);
+  }
+}
+
+void ZeroStrategy::placement_enter(int64_t block, int direction) {
+  if (!metered()) return;
+  close_window();
+  if (recording_ && first_step_done_) plan_placement();   // that was the first step's last window
+  window_block_ = block;
+  window_direction_ = direction;
+  // The first training step is recorded; an evaluation's forward (no gradients) is not part of the
+  // sequence that repeats, though its windows are held to the budget too. (Autograd runs backward with
+  // gradient mode off: a backward visit is always training's.)
+  window_recorded_ = recording_ && (direction < 0 || at::GradMode::is_enabled());
+  if (window_recorded_) {
+    trace_.record(block, direction, block_chunks_[static_cast<size_t>(block)]);
+    window_extra_.push_back(0);
+  }
+  if (recording_) return;
+  if (auto v = trace_.find(block, direction, visit_)) visit_ = *v;
+  if (caching_) make_room(visit_);
+}
+
+void ZeroStrategy::placement_entered() {
+  if (!metered()) return;
+  window_chunks_ = store_.bytes().device();
+  in_window_ = true;
+}
+
+void ZeroStrategy::make_room(size_t visit) {
+  const size_t n = trace_.size();
+  const auto& now = trace_.visit(visit).chunks;
+  const auto& next = trace_.visit((visit + 1) % n).chunks;   // prefetched during this visit
+  auto needed = [&](int64_t c) { return std::find(now.begin(), now.end(), c) != now.end() || std::find(next.begin(), next.end(), c) != next.end(); };
+  const auto chunk_bytes = [&](int64_t c) { return store_.layout().chunk_sizes[static_cast<size_t>(c)] * store_.params()[static_cast<size_t>(c)].element_size(); };
+  int64_t held = store_.bytes().device();
+  for (int64_t c : now)
+    if (!store_.present(c)) held += chunk_bytes(c);
+  for (int64_t c : next)
+    if (!store_.present(c) && std::find(now.begin(), now.end(), c) == now.end()) held += chunk_bytes(c);
+  const int64_t allowed = plan_limit_ - window_extra_[visit];
+  if (held <= allowed) return;
+  std::vector<int64_t> cached;
+  for (int64_t c = 0; c < store_.layout().chunks(); ++c) {
+    const auto k = static_cast<size_t>(c);
+    if (store_.releasable(c) && store_.present(c) && refs_[k] == 0 && !fetching_[k] && !needed(c) && all_held(c)) cached.push_back(c);
+  }
+  for (int64_t c : trace_.eviction_order(cached, visit)) {
+    if (held <= allowed) break;
+    store_.release(c);
+    held -= chunk_bytes(c);
+    ++evictions_;
+    ++evictions_all_;
+  }
+}
+
+void ZeroStrategy::drop_cached() {
+  for (int64_t c = 0; c < store_.layout().chunks(); ++c) {
+    const auto k = static_cast<size_t>(c);
+    if (store_.releasable(c) && store_.present(c) && refs_[k] == 0 && !fetching_[k] && all_held(c)) store_.release(c);
+  }
+}
+
+void ZeroStrategy::plan_placement() {
+  recording_ = false;
+  trace_.close(store_.layout().chunks());
+  visit_ = trace_.size() - 1;
+  if (placement_.mode != PlacementMode::automatic) return;
+  // The first step's peak, measured with the fewest chunks gathered, is what the model needs; the rest
+  // of the budget is spare. Chunks' data moves to the device while it fits, then gathered chunks stay.
+  // offload_params or offload_optimizer = "cpu" keep their side on the host.
+  const bool params = !placement_.keep_params_on_host, states = !placement_.keep_states_on_host;
+  int64_t spare = plan_limit_ - device_peak_all_;
+  for (int64_t c = 0; c < store_.layout().chunks(); ++c) {
+    const int64_t param_bytes = store_.host_param_bytes(c), state_bytes = store_.chunk_bytes(c).host - param_bytes;
+    const int64_t moved = (params ? param_bytes : 0) + (states ? state_bytes : 0);
+    if (moved == 0 || moved > spare) continue;
+    store_.set_homes(c, {params ? Residence::device : store_.param_home(c), states ? Residence::device : store_.state_home(c)});
+    spare -= moved;
+  }
+  if (!store_.offloaded()) pieces_ = store_.pieces(optimizer_->state_names(), weight_decay_);   // the moved tensors' views
+  caching_ = true;
+}
+
+}  // namespace colossal::memory
