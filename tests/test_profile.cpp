@@ -141,6 +141,33 @@ TEST(Profile, ParametersOnNvmeAreOnDiskBetweenUsesAndWholeWhileTheirBlockRuns) {
   EXPECT_TRUE(fs::is_empty(dir / "nvme"));   // the offload file left with the run
 }
 
+TEST(Profile, UnderPlacementCpuBlockChunksWaitInHostMemoryAndTheHostBytesAreTheirs) {
+  TempDir dir;
+  const auto p = profile(dir, " --set memory.zero=3 --set memory.placement=cpu --set memory.chunk_size_mb=0.25");
+  ASSERT_FALSE(p.empty());
+  // Before the step every block chunk is a shard in host memory; a chunk holding any tensor outside the
+  // blocks (the embeddings, final norm) stays whole.
+  auto outer = [](const nlohmann::json& c) {
+    for (const auto& b : c["blocks"])
+      if (b.get<int64_t>() < 0) return true;
+    return false;
+  };
+  const std::string first = p["events"][0]["tiers"].get<std::string>();
+  int host = 0;
+  for (const auto& c : p["chunks"]) {
+    const char tier = first[c["chunk"].get<size_t>()];
+    if (outer(c)) EXPECT_EQ(tier, 'w') << c.dump();
+    else host += tier == 'h';
+  }
+  EXPECT_GT(host, 0);
+  EXPECT_EQ(p["tiers"]["h"], "this rank's shard in host memory");
+  // One rank, fp32, AdamW: the host holds every chunk's optimizer side (gradient shard and both
+  // moments: 12 bytes an element) and the block chunks' parameter shards (4 more).
+  int64_t expected = 0;
+  for (const auto& c : p["chunks"]) expected += (outer(c) ? 12 : 16) * c["elements"].get<int64_t>();
+  EXPECT_EQ(p["totals"]["host"].get<int64_t>(), expected);
+}
+
 TEST(Profile, HtmlPageDrawsBothPlotsInHeadlessChromium) {
   TempDir dir;
   const auto p = profile(dir, "");

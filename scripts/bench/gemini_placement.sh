@@ -112,7 +112,8 @@ def run(mode, r):
 res = {m: [run(m, r) for r in range(1, repeat + 1)] for m in modes}
 fig = {m: {k: med(x[k] for x in res[m]) for k in res[m][0]} for m in modes}
 ref = fig.get("device", fig[modes[0]])["tps"]
-print(f"| gpt2-{shape} T={T} B={B}, ZeRO-3, 1 process | tokens/s | vs device | peak RSS | device window (auto) | evictions/step | disk/step |")
+name = "gpt-tiny" if shape == "tiny" else f"gpt2-{shape}"
+print(f"| {name} T={T} B={B}, ZeRO-3, 1 process | tokens/s | vs device | peak RSS | device window (auto) | evictions/step | disk/step |")
 print("| --- | --- | --- | --- | --- | --- | --- |")
 for m in modes:
     f = fig[m]

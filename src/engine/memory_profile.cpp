@@ -14,7 +14,7 @@ namespace {
 using nlohmann::json;
 
 json bytes_json(const memory::ChunkBytes& b) {
-  return {{"params", b.params}, {"grads", b.grads}, {"optimizer", b.optimizer}, {"staging", b.staging}, {"nvme", b.nvme}};
+  return {{"params", b.params}, {"grads", b.grads}, {"optimizer", b.optimizer}, {"staging", b.staging}, {"host", b.host}, {"nvme", b.nvme}};
 }
 
 // Non-model bytes live at an event: activations, workspace and buffers outside the store, which is ATen's
@@ -32,6 +32,17 @@ std::string escape(const std::string& s) {
   }
   return out;
 }
+
+// Where a chunk is at an event (MemoryTracer::Tier): its letter in the JSON, what it means, its colour.
+struct TierKey {
+  char letter;
+  const char* meaning;
+  const char* color;
+};
+constexpr TierKey kTiers[] = {{'w', "whole on the device", "#4e79a7"},
+                              {'s', "this rank's shard on the device", "#c9d8ea"},
+                              {'h', "this rank's shard in host memory", "#9c755f"},
+                              {'n', "on NVMe only", "#f28e2b"}};
 
 std::string num(double v) {
   char buf[32];
@@ -119,6 +130,8 @@ json memory_profile_json(const memory::ChunkStore& store, const memory::MemoryTr
     const std::string where = e.block >= 0 ? "block " + std::to_string(e.block) + "'s " + e.phase : "before " + e.phase;
     peak = {{"bytes", e.peak}, {"where", where}, {"t_ms", e.t_ms}};
   }
+  json tiers = json::object();
+  for (const auto& t : kTiers) tiers[std::string(1, t.letter)] = t.meaning;
   const memory::ChunkBytes total = store.bytes();
   json totals = bytes_json(total);
   return {{"title", title},
@@ -131,7 +144,7 @@ json memory_profile_json(const memory::ChunkStore& store, const memory::MemoryTr
           {"blocks", per_block},
           {"chunks", chunks},
           {"events", timeline},
-          {"tiers", {{"w", "whole in memory"}, {"s", "this rank's shard in memory"}, {"n", "on NVMe only"}}}};
+          {"tiers", tiers}};
 }
 
 std::string memory_profile_table(const json& p) {
@@ -153,6 +166,9 @@ std::string memory_profile_table(const json& p) {
   const auto& t = p["totals"];
   out << "chunk store: " << hb(t["params"]) << " parameters, " << hb(t["grads"]) << " gradients, " << hb(t["optimizer"])
       << " optimizer states" << (t["staging"].get<int64_t>() > 0 ? " (" + hb(t["staging"]) + " of them staging)" : "")
+      << (t["host"].get<int64_t>() > t["staging"].get<int64_t>()
+              ? "; " + human_bytes(t["host"].get<double>() - t["staging"].get<double>()) + " of it in host memory (placement)"
+              : "")
       << (t["nvme"].get<int64_t>() > 0 ? ", " + hb(t["nvme"]) + " on NVMe" : "") << "\n";
   if (!p["peak"].empty()) out << "step peak: " << hb(p["peak"]["bytes"]) << " live, during " << p["peak"]["where"].get<std::string>() << "\n";
   return out.str();
@@ -225,7 +241,8 @@ std::string memory_profile_html(const json& p) {
   std::ostringstream grid;
   grid << "<svg id=\"chunks\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H2 << "\" viewBox=\"0 0 " << W << " " << H2
        << "\">\n";
-  const std::map<char, std::string> tier_color = {{'w', "#4e79a7"}, {'s', "#c9d8ea"}, {'n', "#f28e2b"}};
+  std::map<char, std::string> tier_color;
+  for (const auto& t : kTiers) tier_color[t.letter] = t.color;
   for (size_t c = 0; c < chunks; ++c) {
     // Runs of one tier become one rectangle.
     size_t from = 0;
@@ -253,9 +270,9 @@ std::string memory_profile_html(const json& p) {
   html << "<h2>Memory over the step</h2>\n<p class=\"key\">";
   for (int k = 0; k < 4; ++k) html << "<span style=\"background:" << colors[k] << "\"></span>" << labels[k];
   html << "<span style=\"background:#e15759\"></span>peak since the previous event</p>\n" << svg.str();
-  html << "<h2>Where each chunk lived</h2>\n<p class=\"key\"><span style=\"background:#4e79a7\"></span>whole in memory"
-          "<span style=\"background:#c9d8ea\"></span>this rank's shard in memory<span style=\"background:#f28e2b\"></span>on NVMe only</p>\n"
-       << grid.str();
+  html << "<h2>Where each chunk lived</h2>\n<p class=\"key\">";
+  for (const auto& t : kTiers) html << "<span style=\"background:" << t.color << "\"></span>" << t.meaning;
+  html << "</p>\n" << grid.str();
   html << "<h2>Per block</h2>\n<table><tr><th>block</th><th>elements</th><th>parameters</th><th>gradients</th><th>optimizer</th><th>NVMe</th>"
           "<th>activations kept</th><th>forward peak</th><th>backward peak</th></tr>\n";
   auto cell = [](const json& b, const char* key) { return b.contains(key) ? human_bytes(b[key].get<double>()) : std::string(); };

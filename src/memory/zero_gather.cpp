@@ -71,9 +71,8 @@ bool ZeroStrategy::all_held(int64_t c) {
 }
 
 void ZeroStrategy::maybe_release(int64_t c) {
-  const auto k = static_cast<size_t>(c);
   if (caching_) return;   // gathered chunks stay until the placement evicts them (make_room)
-  if (!store_.releasable(c) || refs_[k] > 0 || fetching_[k] || !store_.present(c) || !all_held(c)) return;
+  if (!droppable(c)) return;
   if (std::find(upcoming_.begin(), upcoming_.end(), c) != upcoming_.end()) return;   // the next block needs it
   store_.release(c);
 }

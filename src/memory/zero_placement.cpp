@@ -29,19 +29,14 @@
 
 namespace colossal::memory {
 
-int64_t ZeroStrategy::device_live() const {
-  if (!store_.device().is_cpu()) return static_cast<int64_t>(device_allocated_bytes(store_.device()));
-  const ChunkBytes b = store_.bytes();
-  return placement_.counter->live() - (b.host - b.staging);   // the staging buffers are not ATen's
-}
-
 int64_t ZeroStrategy::take_device_peak() {
   if (!store_.device().is_cpu()) {
     const auto peak = static_cast<int64_t>(device_peak_allocated_bytes(store_.device()));
     reset_device_peak(store_.device());
     return peak;
   }
-  // What the chunks keep on the host changes only between windows (placement decisions), not within one.
+  // What the chunks keep on the host changes only between windows (placement decisions), not within one;
+  // the staging buffers are not ATen's.
   const ChunkBytes b = store_.bytes();
   return placement_.counter->take_peak(AllocationCounter::placement) - (b.host - b.staging);
 }
@@ -112,10 +107,8 @@ void ZeroStrategy::make_room(size_t visit) {
   const int64_t allowed = plan_limit_ - window_extra_[visit];
   if (held <= allowed) return;
   std::vector<int64_t> cached;
-  for (int64_t c = 0; c < store_.layout().chunks(); ++c) {
-    const auto k = static_cast<size_t>(c);
-    if (store_.releasable(c) && store_.present(c) && refs_[k] == 0 && !fetching_[k] && !needed(c) && all_held(c)) cached.push_back(c);
-  }
+  for (int64_t c = 0; c < store_.layout().chunks(); ++c)
+    if (droppable(c) && !needed(c)) cached.push_back(c);
   for (int64_t c : trace_.eviction_order(cached, visit)) {
     if (held <= allowed) break;
     store_.release(c);
@@ -125,16 +118,20 @@ void ZeroStrategy::make_room(size_t visit) {
   }
 }
 
+bool ZeroStrategy::droppable(int64_t c) {
+  const auto k = static_cast<size_t>(c);
+  return store_.releasable(c) && store_.present(c) && refs_[k] == 0 && !fetching_[k] && all_held(c);
+}
+
 void ZeroStrategy::drop_cached() {
-  for (int64_t c = 0; c < store_.layout().chunks(); ++c) {
-    const auto k = static_cast<size_t>(c);
-    if (store_.releasable(c) && store_.present(c) && refs_[k] == 0 && !fetching_[k] && all_held(c)) store_.release(c);
-  }
+  for (int64_t c = 0; c < store_.layout().chunks(); ++c)
+    if (droppable(c)) store_.release(c);
 }
 
 void ZeroStrategy::plan_placement() {
   recording_ = false;
   trace_.close(store_.layout().chunks());
+  if (trace_.size() == 0) throw Error("placement: the first step ran no block (internal)");
   visit_ = trace_.size() - 1;
   if (placement_.mode != PlacementMode::automatic) return;
   // The first step's peak, measured with the fewest chunks gathered, is what the model needs; the rest

@@ -177,13 +177,13 @@ class ZeroStrategy : public TrainStrategy {
   // Placement (zero_placement.cpp). A window runs from one block visit's start to the next one's.
   PlacementOptions placement_;
   bool metered() const { return placement_.device_limit > 0; }
-  int64_t device_live() const;          // what the compute device holds now
   int64_t take_device_peak();           // the most it held since the last call
   void placement_enter(int64_t block, int direction);   // before a visit's chunks are gathered
   void placement_entered();             // after: its window's chunks are in place
   void close_window();
   void plan_placement();                // after the first step: homes and caching (auto)
   void make_room(size_t visit);         // evicts cached chunks until the visit's window fits the budget
+  bool droppable(int64_t chunk);        // a gathered block chunk no block is using
   void drop_cached();                   // before an update: every cached chunk goes
   void check_budget(int64_t peak, const std::string& where) const;
   ChunkAccessTrace trace_;
