@@ -1,15 +1,19 @@
 // The NVMe tier: the offload file's transfers (io_uring and pread/pwrite, unaligned lengths, short
 // transfers continued, many requests in flight), its errors for a bad directory, a file that leaves
-// nothing behind, and the staging buffers the optimizer streams chunks through.
+// nothing behind, and the staging buffers the optimizer streams chunks through; and the memory a
+// process may hold under a cgroup's limit, which decides whether streamed weights bypass the page cache.
 #include <gtest/gtest.h>
 
 #include <dirent.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <ATen/ATen.h>
 #include <cstring>
 #include <filesystem>
 #include <random>
 
+#include "src/core/device.h"
 #include "src/core/error.h"
 #include "src/memory/offload_file.h"
 #include "src/memory/offloaded_states.h"
@@ -191,4 +195,42 @@ TEST(OffloadedStates, SlicesCutEveryChunkAndRangesAcrossThemReadAndWriteThrough)
   s.read(3, 1, 0, whole);
   EXPECT_TRUE(at::all(whole == 1).item<bool>());
   EXPECT_THROW(s.read(0, 0, 900, whole), Error);   // past chunk 0's 1000 elements
+}
+
+TEST(UsableMemory, IsTheMachinesOrTheTighterLimitOfTheProcessesMemoryCgroup) {
+  const size_t physical = physical_memory_bytes(), usable = usable_memory_bytes();
+  EXPECT_GT(usable, size_t{0});
+  EXPECT_LE(usable, physical);
+  // A child moved into a new memory cgroup of 3 GiB (v2 where mounted with the memory controller, else
+  // v1) sees that limit.
+  std::string dir, limit_file;
+  if (std::filesystem::exists("/sys/fs/cgroup/cgroup.controllers")) {
+    dir = "/sys/fs/cgroup/colossal_usable_test." + std::to_string(getpid());
+    limit_file = "memory.max";
+  } else if (std::filesystem::exists("/sys/fs/cgroup/memory")) {
+    dir = "/sys/fs/cgroup/memory/colossal_usable_test." + std::to_string(getpid());
+    limit_file = "memory.limit_in_bytes";
+  }
+  if (dir.empty() || geteuid() != 0 || mkdir(dir.c_str(), 0755) != 0)
+    GTEST_SKIP() << "no memory cgroup this test may create (needs root and a mounted memory controller)";
+  const size_t three = size_t{3} << 30;
+  colossal::test::write_file(dir + "/" + limit_file, std::to_string(three));
+  int pipe_fd[2];
+  ASSERT_EQ(pipe(pipe_fd), 0);
+  const pid_t child = fork();
+  if (child == 0) {   // writes its own pid into the cgroup, then what it may hold
+    FILE* procs = std::fopen((dir + "/cgroup.procs").c_str(), "w");
+    const bool moved = procs && std::fprintf(procs, "%d\n", getpid()) > 0 && std::fclose(procs) == 0;
+    const size_t seen = moved ? usable_memory_bytes() : 0;
+    _exit(write(pipe_fd[1], &seen, sizeof seen) == sizeof seen ? 0 : 1);
+  }
+  size_t seen = 0;
+  const bool got = read(pipe_fd[0], &seen, sizeof seen) == sizeof seen;
+  int status = 0;
+  waitpid(child, &status, 0);
+  close(pipe_fd[0]);
+  close(pipe_fd[1]);
+  rmdir(dir.c_str());
+  ASSERT_TRUE(got);
+  EXPECT_EQ(seen, std::min(three, physical));
 }

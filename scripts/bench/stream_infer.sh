@@ -6,7 +6,10 @@
 # greedy tokens and threads; colossal with the model in memory as the reference. Alternating rounds,
 # medians: decode tokens/s, peak RSS (/usr/bin/time), and whether the texts agree.
 # Both sides read through the page cache, so on a model smaller than memory the reads come from RAM
-# after the first token: this measures what streaming costs the compute, not the disk.
+# after the first token: this measures what streaming costs the compute, not the disk. --budget-gb runs
+# both inside a memory cgroup smaller than the model (colossal in memory, the texts' reference, runs
+# outside it): a model larger than the memory it has, whose blocks come from the disk on every token.
+# --layers and --width make a larger default checkpoint (scripts/bench/default_checkpoint.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 COMMAND="scripts/bench/stream_infer.sh"
@@ -14,17 +17,23 @@ COMMAND="scripts/bench/stream_infer.sh"
 
 usage() {
   cat <<EOF
-usage: scripts/bench/stream_infer.sh --hf-python PY [--checkpoint DIR] [--tokens N] [--threads N] [--repeat N] [--colossal BIN]
+usage: scripts/bench/stream_infer.sh --hf-python PY [--checkpoint DIR | --layers L --width C] [--budget-gb G] [--tokens N]
+                                     [--threads N] [--repeat N] [--colossal BIN]
   --hf-python   a Python with torch, transformers, accelerate and sentencepiece (the peer)
   --checkpoint  a colossal GPT-2 checkpoint; default the one scripts/bench/infer_vs_transformers.sh trains
+  --layers, --width  a default checkpoint of this depth and width instead (made once, one SGD step)
+  --budget-gb   the streamed runs in a memory cgroup of G GiB (needs root)
   --tokens      new tokens per prompt; default 16
 EOF
 }
-CKPT="" tokens=16 threads="$(nproc)" repeat=3 COLOSSAL=build/colossal HF_PY=""
+CKPT="" tokens=16 threads="$(nproc)" repeat=3 COLOSSAL=build/colossal HF_PY="" budget="" layers="" width=""
 while (($#)); do
   case "$1" in
     --hf-python) HF_PY="${2:?}"; shift 2 ;;
     --checkpoint) CKPT="${2:?}"; shift 2 ;;
+    --budget-gb) budget="${2:?}"; shift 2 ;;
+    --layers) layers="${2:?}"; shift 2 ;;
+    --width) width="${2:?}"; shift 2 ;;
     --tokens) tokens="${2:?}"; shift 2 ;;
     --threads) threads="${2:?}"; shift 2 ;;
     --repeat) repeat="${2:?}"; shift 2 ;;
@@ -37,32 +46,49 @@ done
 "$HF_PY" -c 'import transformers, accelerate, sentencepiece' 2>/dev/null ||
   { echo "stream_infer: error: $HF_PY cannot import transformers, accelerate and sentencepiece" >&2; exit 1; }
 [ -x "$COLOSSAL" ] || { echo "stream_infer: error: $COLOSSAL not found; build it with scripts/build.sh" >&2; exit 1; }
+[ -z "$budget" ] || [[ "$budget" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "stream_infer: error: --budget-gb '$budget' is not a number" >&2; exit 2; }
+[ -z "$layers$width" ] || { [[ "$layers" =~ ^[1-9][0-9]*$ ]] && [[ "$width" =~ ^[1-9][0-9]*$ ]] && ((width % 64 == 0)); } ||
+  { echo "stream_infer: error: --layers and --width go together (whole numbers, the width a multiple of 64)" >&2; exit 2; }
 source scripts/bench/default_checkpoint.sh   # the checkpoint infer_vs_transformers.sh uses too
 if [ -z "$CKPT" ]; then
-  CKPT="$(default_checkpoint stream_infer "$COLOSSAL")" || exit 1
+  CKPT="$(default_checkpoint stream_infer "$COLOSSAL" $layers $width)" || exit 1
 else
   CKPT="$(resolve "$CKPT")" || { echo "stream_infer: error: --checkpoint: no model.safetensors, latest or checkpoints/latest in it" >&2; exit 1; }
 fi
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/stream_infer.XXXXXX")"
-trap 'rm -rf "$TMP"' EXIT
+CG=""
+if [ -n "$budget" ]; then
+  . scripts/bench/memory_cgroup.sh
+  memory_cgroup colossal_stream_infer "$(awk -v g="$budget" 'BEGIN { printf "%d", g * 1073741824 }')"
+fi
+trap 'rm -rf "$TMP"; [ -z "$CG" ] || memory_cgroup_remove' EXIT
+# in_budget CMD...: runs CMD inside the cgroup when there is one, after dropping the page cache: pages
+# another run read (the in-memory reference reads the whole checkpoint) belong to no budget and would
+# serve a memory-mapped reader at memory speed.
+in_budget() {
+  if [ -z "$CG" ]; then "$@"; return; fi
+  sync
+  echo 3 >/proc/sys/vm/drop_caches
+  (echo $BASHPID >"$CG/cgroup.procs"; exec "$@")
+}
 printf 'In the beginning God created\n' >"$TMP/prompts.txt"
 fail() { echo "stream_infer: error: $1; its output ends:" >&2; tail -n 20 "$2" >&2; exit 1; }
 for ((r = 1; r <= repeat; r++)); do
   echo "stream_infer: round $r/$repeat" >&2
   for mode in memory stream; do
-    flag=(); [ "$mode" = stream ] && flag=(--stream-weights)
-    OMP_NUM_THREADS="$threads" /usr/bin/time -f 'maxrss %M' "$COLOSSAL" infer "$CKPT" --prompts "$TMP/prompts.txt" -n "$tokens" --greedy \
-      --jsonl "${flag[@]}" >"$TMP/$mode-$r.out" 2>"$TMP/$mode-$r.err" || fail "colossal infer ($mode) failed" "$TMP/$mode-$r.err"
+    flag=() run=(); [ "$mode" = stream ] && flag=(--stream-weights) run=(in_budget)
+    "${run[@]}" env OMP_NUM_THREADS="$threads" /usr/bin/time -f 'maxrss %M' "$COLOSSAL" infer "$CKPT" --prompts "$TMP/prompts.txt" -n "$tokens" \
+      --greedy --jsonl "${flag[@]}" >"$TMP/$mode-$r.out" 2>"$TMP/$mode-$r.err" || fail "colossal infer ($mode) failed" "$TMP/$mode-$r.err"
   done
   rm -rf "$TMP/offload"
-  /usr/bin/time -f 'maxrss %M' "$HF_PY" scripts/bench/hf_generate.py --checkpoint "$CKPT" --prompts "$TMP/prompts.txt" \
+  in_budget /usr/bin/time -f 'maxrss %M' "$HF_PY" scripts/bench/hf_generate.py --checkpoint "$CKPT" --prompts "$TMP/prompts.txt" \
     --tokens "$tokens" --threads "$threads" --offload-folder "$TMP/offload" >"$TMP/hf-$r.out" 2>"$TMP/hf-$r.err" ||
     fail "transformers with disk offload failed" "$TMP/hf-$r.err"
 done
 
-"$HF_PY" - "$TMP" "$repeat" "$CKPT" "$tokens" "$threads" "$COMMAND" <<'EOF'
+"$HF_PY" - "$TMP" "$repeat" "$CKPT" "$tokens" "$threads" "$COMMAND" "$budget" <<'EOF'
 import datetime, json, os, re, statistics, sys
-tmp, repeat, ckpt, tokens, threads, command = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
+tmp, repeat, ckpt, tokens, threads, command, budget = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
 med = statistics.median
 def rss(f): return int(re.search(r"maxrss (\d+)", open(f).read()).group(1)) / 1024
 def ours(mode, r):
@@ -78,7 +104,9 @@ rows = {"colossal, weights in memory": [ours("memory", r) for r in range(1, repe
         "transformers + accelerate disk offload": [hf(r) for r in range(1, repeat + 1)]}
 ref_text = rows["colossal, weights in memory"][0][2]
 stream_tps = med(x[0] for x in rows["colossal --stream-weights"])
-print(f"checkpoint {ckpt}, greedy, {tokens} new tokens, batch 1, {threads} threads")
+weights = os.path.getsize(os.path.join(ckpt, "model.safetensors")) / 2**30
+limit = f", the streamed runs in a memory cgroup of {budget} GiB" if budget else ""
+print(f"checkpoint {ckpt} ({weights:.2f} GiB of weights), greedy, {tokens} new tokens, batch 1, {threads} threads{limit}")
 for name, xs in rows.items():
     tps, peak = med(x[0] for x in xs), med(x[1] for x in xs)
     same = all(x[2] == ref_text for x in xs)

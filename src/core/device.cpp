@@ -4,7 +4,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
+#include <fstream>
+#include <optional>
 #include <ATen/Parallel.h>
 #include <ATen/Context.h>
 #include <c10/core/CachingDeviceAllocator.h>
@@ -52,6 +55,42 @@ size_t current_rss_bytes() {
 
 size_t physical_memory_bytes() {
   return static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+
+namespace {
+
+// The number in `file` ("max", unreadable or absurd: none).
+std::optional<size_t> limit_in(const std::string& file) {
+  std::ifstream in(file);
+  std::string word;
+  if (!(in >> word) || word.empty() || !std::isdigit(static_cast<unsigned char>(word[0]))) return std::nullopt;
+  try {
+    return static_cast<size_t>(std::stoull(word));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+size_t usable_memory_bytes() {
+  size_t usable = physical_memory_bytes();
+  std::ifstream cgroups("/proc/self/cgroup");
+  for (std::string line; std::getline(cgroups, line);) {
+    // "0::/path" (v2), or "4:memory:/path" (v1, the memory controller, perhaps among others)
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = "," + line.substr(a + 1, b - a - 1) + ",";
+    const bool v2 = controllers == ",,", v1 = controllers.find(",memory,") != std::string::npos;
+    if (!v1 && !v2) continue;
+    const std::string root = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory", file = v2 ? "/memory.max" : "/memory.limit_in_bytes";
+    // Its own cgroup and every one above it: the tightest limit holds.
+    for (std::string path = line.substr(b + 1); !path.empty(); path = path.substr(0, path.find_last_of('/'))) {
+      if (auto limit = limit_in(root + path + file)) usable = std::min(usable, *limit);
+      if (path == "/") break;
+    }
+  }
+  return usable;
 }
 
 void require_host_memory(double bytes, const std::string& what) {

@@ -21,6 +21,10 @@ size_t current_rss_bytes();
 size_t peak_rss_bytes();
 // The machine's physical memory (what a CPU run can hold at most).
 size_t physical_memory_bytes();
+// What this process may hold: the physical memory, or less where its memory cgroup caps it (cgroup v2
+// memory.max, v1 memory.limit_in_bytes, of its own cgroup and those above it), as a SLURM job's or a
+// container's limit does.
+size_t usable_memory_bytes();
 // Throws when `bytes` (what `what` needs, estimated before allocating) exceed the physical memory:
 // "<what> needs about 4.00 TiB but this machine has 23.4 GiB of memory".
 void require_host_memory(double bytes, const std::string& what);

@@ -55,7 +55,9 @@ StreamedWeights::StreamedWeights(nn::Model& model, const HfWeights& weights, c10
     largest = std::max(largest, at);
   }
   memory::OffloadFileOptions options;
-  options.direct = static_cast<double>(total) > 0.5 * static_cast<double>(physical_memory_bytes());
+  // Through the page cache while the blocks fit in half of what this process may hold (a job's or a
+  // container's memory limit counts the cache too), else around it.
+  options.direct = static_cast<double>(total) > 0.5 * static_cast<double>(usable_memory_bytes());
   file_ = std::make_unique<memory::OffloadFile>(cache_dir, total, "streamed weights cache in " + cache_dir, options);
   for (auto& b : buffers_) b = memory::AlignedBuffer(largest);
 
