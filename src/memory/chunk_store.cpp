@@ -181,6 +181,25 @@ int64_t ChunkStore::host_param_bytes(int64_t chunk) const {
   return param_home_[k] == Residence::host && param_shards_[k].defined() ? static_cast<int64_t>(param_shards_[k].nbytes()) : 0;
 }
 
+int64_t ChunkStore::spare_bytes() const {
+  int64_t n = 0;
+  for (const auto& [size, spare] : spare_) n += static_cast<int64_t>(size * spare.size());
+  return n;
+}
+
+size_t ChunkStore::spares_of(size_t nbytes) const {
+  auto it = spare_.find(nbytes);
+  return it == spare_.end() ? 0 : it->second.size();
+}
+
+void ChunkStore::trim_spares(const std::map<size_t, size_t>& keep) {
+  for (auto& [size, spare] : spare_) {
+    auto it = keep.find(size);
+    const size_t n = it == keep.end() ? 0 : it->second;
+    if (spare.size() > n) spare.resize(n);
+  }
+}
+
 void ChunkStore::set_spare_limit(size_t n) {
   spare_limit_ = n;
   for (auto& [size, spare] : spare_)
@@ -209,7 +228,7 @@ std::optional<ChunkStore::ShardPart> ChunkStore::shard_part(int64_t slot) const 
 // sees the gathered values. The memory goes to a few spare buffers rather than back to malloc: every
 // block's chunks are gathered and released twice a step, and returning them each time fragmented
 // glibc's heap, whose resident size then grew by several chunks a step.
-void ChunkStore::release(int64_t chunk) {
+void ChunkStore::release(int64_t chunk, bool keep_spare) {
   for (int64_t i : layout_.chunk_slots[static_cast<size_t>(chunk)]) set_state(i, TensorState::free);
   c10::StorageImpl* s = params_[static_cast<size_t>(chunk)].storage().unsafeGetStorageImpl();
   const size_t nbytes = s->nbytes();
@@ -217,7 +236,7 @@ void ChunkStore::release(int64_t chunk) {
   at::DataPtr memory = s->set_data_ptr(at::DataPtr(nullptr, s->device()));
   s->set_nbytes(0);
   auto& spare = spare_[nbytes];
-  if (spare.size() < spare_limit_) spare.push_back(std::move(memory));   // else freed here
+  if (keep_spare && spare.size() < spare_limit_) spare.push_back(std::move(memory));   // else freed here
 }
 
 const at::Tensor& ChunkStore::materialize(int64_t chunk) {

@@ -192,14 +192,16 @@ class ChunkStore {
   bool present(int64_t chunk) const;
   const at::Tensor& materialize(int64_t chunk);
   void gathered(int64_t chunk);
-  void release(int64_t chunk);
+  void release(int64_t chunk, bool keep_spare = true);   // keep_spare: as a spare buffer if the limit allows
   // This rank's shard of a chunk's parameters, compute dtype: what an all-gather sends (a copy read from
   // the file when params_on_disk).
   at::Tensor param_shard(int64_t chunk) const;
   void free_spares() { spare_.clear(); }   // the released chunks' memory kept for the next gathers
-  // At most n spares per size from now on (0 under a device budget: a released chunk's memory is freed,
-  // so what the budget counts is what the chunks hold).
+  // At most n spares per size from now on (1 under a device budget, whose accounting counts them).
   void set_spare_limit(size_t n);
+  int64_t spare_bytes() const;   // the released chunks' memory kept now
+  size_t spares_of(size_t nbytes) const;   // of which buffers of this size (a gather of that size takes one)
+  void trim_spares(const std::map<size_t, size_t>& keep);   // at most keep[size] of each size (0 if absent)
   // What chunk c holds in memory (its file region in nvme); bytes() is their sum plus the staging buffers.
   ChunkBytes chunk_bytes(int64_t chunk) const;
   ChunkBytes bytes() const;   // what this rank holds now (stage 2's in-flight gradient chunks and spare gather buffers excluded)

@@ -21,6 +21,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <algorithm>
+#include <map>
 
 #include "src/core/device.h"
 #include "src/core/error.h"
@@ -41,9 +42,11 @@ int64_t ZeroStrategy::take_device_peak() {
   return placement_.counter->take_peak(AllocationCounter::placement) - (b.host - b.staging);
 }
 
+int64_t ZeroStrategy::chunk_device_bytes() const { return store_.bytes().device() + store_.spare_bytes(); }
+
 void ZeroStrategy::check_budget(int64_t peak, const std::string& where) const {
   if (peak <= placement_.device_limit) return;
-  const int64_t chunks = store_.bytes().device();
+  const int64_t chunks = chunk_device_bytes();
   throw Error("device_memory_limit_gb: " + where + " held " + human_bytes(static_cast<double>(peak)) + " on " + store_.device().str() +
               ", over the budget of " + human_bytes(static_cast<double>(placement_.device_limit)) + " (the chunks " +
               human_bytes(static_cast<double>(chunks)) + ", activations and workspace the rest" +
@@ -63,7 +66,7 @@ void ZeroStrategy::close_window() {
   check_budget(peak, "block " + std::to_string(window_block_) + "'s " + (window_direction_ > 0 ? "forward" : "backward") +
                          (recording_ ? " in the first step" : ""));
   if (window_recorded_) {   // the least the chunks held in the window: the rest of its peak was not theirs
-    const int64_t extra = peak - std::min(window_chunks_, store_.bytes().device());
+    const int64_t extra = peak - std::min(window_chunks_, chunk_device_bytes());
     window_extra_.back() = std::max(window_extra_.back(), extra);
   }
 }
@@ -89,30 +92,44 @@ void ZeroStrategy::placement_enter(int64_t block, int direction) {
 
 void ZeroStrategy::placement_entered() {
   if (!metered()) return;
-  window_chunks_ = store_.bytes().device();
+  window_chunks_ = chunk_device_bytes();
   in_window_ = true;
 }
 
+int64_t ZeroStrategy::whole_bytes(int64_t c) const {
+  return store_.layout().chunk_sizes[static_cast<size_t>(c)] * store_.params()[static_cast<size_t>(c)].element_size();
+}
+
+std::vector<int64_t> ZeroStrategy::visit_chunks(size_t visit) const {
+  std::vector<int64_t> out = trace_.visit(visit).chunks;
+  for (int64_t c : trace_.visit((visit + 1) % trace_.size()).chunks)   // prefetched during this visit
+    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+  return out;
+}
+
 void ZeroStrategy::make_room(size_t visit) {
-  const size_t n = trace_.size();
-  const auto& now = trace_.visit(visit).chunks;
-  const auto& next = trace_.visit((visit + 1) % n).chunks;   // prefetched during this visit
-  auto needed = [&](int64_t c) { return std::find(now.begin(), now.end(), c) != now.end() || std::find(next.begin(), next.end(), c) != next.end(); };
-  const auto chunk_bytes = [&](int64_t c) { return store_.layout().chunk_sizes[static_cast<size_t>(c)] * store_.params()[static_cast<size_t>(c)].element_size(); };
-  int64_t held = store_.bytes().device();
-  for (int64_t c : now)
-    if (!store_.present(c)) held += chunk_bytes(c);
-  for (int64_t c : next)
-    if (!store_.present(c) && std::find(now.begin(), now.end(), c) == now.end()) held += chunk_bytes(c);
+  const std::vector<int64_t> needed = visit_chunks(visit);
+  // What this visit and the next will gather, by size: a spare buffer of that size serves one, new
+  // memory the rest. Spares nothing will take are freed first, and an evicted chunk's memory stays only
+  // as a spare some gather here will take.
+  std::map<size_t, size_t> wanted;
+  for (int64_t c : needed)
+    if (!store_.present(c)) ++wanted[static_cast<size_t>(whole_bytes(c))];
+  store_.trim_spares(wanted);
+  auto held = [&] {   // what the chunks will hold once those are gathered
+    int64_t fresh = 0;
+    for (const auto& [bytes, n] : wanted) fresh += static_cast<int64_t>(bytes * (n - std::min(n, store_.spares_of(bytes))));
+    return store_.bytes().device() + store_.spare_bytes() + fresh;
+  };
   const int64_t allowed = plan_limit_ - window_extra_[visit];
-  if (held <= allowed) return;
+  if (held() <= allowed) return;
   std::vector<int64_t> cached;
   for (int64_t c = 0; c < store_.layout().chunks(); ++c)
-    if (droppable(c) && !needed(c)) cached.push_back(c);
+    if (droppable(c) && std::find(needed.begin(), needed.end(), c) == needed.end()) cached.push_back(c);
   for (int64_t c : trace_.eviction_order(cached, visit)) {
-    if (held <= allowed) break;
-    store_.release(c);
-    held -= chunk_bytes(c);
+    if (held() <= allowed) break;
+    const auto bytes = static_cast<size_t>(whole_bytes(c));
+    store_.release(c, store_.spares_of(bytes) < wanted[bytes]);
     ++evictions_;
     ++evictions_all_;
   }
@@ -136,9 +153,20 @@ void ZeroStrategy::plan_placement() {
   if (placement_.mode != PlacementMode::automatic) return;
   // The first step's peak, measured with the fewest chunks gathered, is what the model needs; the rest
   // of the budget is spare. Chunks' data moves to the device while it fits, then gathered chunks stay.
-  // offload_params or offload_optimizer = "cpu" keep their side on the host.
+  // offload_params or offload_optimizer = "cpu" keep their side on the host. What moves is on the device
+  // in every window from then on, so it must fit beside each visit's least: the window's measured extra,
+  // the chunks that stay whole (and the data already on the device), and the visit's and the next
+  // visit's gathered chunks. What is spare beyond that caches gathered chunks.
   const bool params = !placement_.keep_params_on_host, states = !placement_.keep_states_on_host;
-  int64_t spare = plan_limit_ - device_peak_all_;
+  int64_t base = store_.bytes().device();
+  for (int64_t c = 0; c < store_.layout().chunks(); ++c)
+    if (store_.releasable(c) && store_.present(c)) base -= whole_bytes(c);
+  int64_t spare = plan_limit_;
+  for (size_t v = 0; v < trace_.size(); ++v) {
+    int64_t visiting = 0;
+    for (int64_t c : visit_chunks(v)) visiting += whole_bytes(c);
+    spare = std::min(spare, plan_limit_ - window_extra_[v] - base - visiting);
+  }
   for (int64_t c = 0; c < store_.layout().chunks(); ++c) {
     const int64_t param_bytes = store_.host_param_bytes(c), state_bytes = store_.chunk_bytes(c).host - param_bytes;
     const int64_t moved = (params ? param_bytes : 0) + (states ? state_bytes : 0);

@@ -109,8 +109,10 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group
   if (metered()) {
     if (o.stage != 3) throw Error("zero: a device budget needs stage 3 (internal)");
     if (store_.device().is_cpu() && !placement_.counter) throw Error("zero: a device budget on a CPU needs an allocation counter (internal)");
-    // What the budget counts is what the chunks hold: released chunks' memory is freed, not kept spare.
-    store_.set_spare_limit(0);
+    // One spare buffer per size: an evicted chunk's memory is what the next gathered chunk takes (freed
+    // and allocated again, a large chunk is page faults and zeroing on every gather), and the placement
+    // counts it as the chunks' (chunk_device_bytes).
+    store_.set_spare_limit(1);
     plan_limit_ = placement_.device_limit - placement_.device_limit / 32;   // a margin for the allocator's rounding
     recording_ = true;
   }

@@ -178,6 +178,9 @@ class ZeroStrategy : public TrainStrategy {
   PlacementOptions placement_;
   bool metered() const { return placement_.device_limit > 0; }
   int64_t take_device_peak();           // the most it held since the last call
+  int64_t chunk_device_bytes() const;   // the chunks' bytes on the device, their spare buffers included
+  int64_t whole_bytes(int64_t chunk) const;             // a gathered chunk's
+  std::vector<int64_t> visit_chunks(size_t visit) const;   // a recorded visit's chunks and the next one's
   void placement_enter(int64_t block, int direction);   // before a visit's chunks are gathered
   void placement_entered();             // after: its window's chunks are in place
   void close_window();
