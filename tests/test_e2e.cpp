@@ -287,6 +287,40 @@ TEST(EndToEnd, AKilledOffloadedRunLeavesNoFileBehindAndResumesFromItsLastCheckpo
   EXPECT_TRUE(fs::is_empty(nvme));
 }
 
+TEST(EndToEnd, ADiskThatFillsMidRunEndsItWithAMessageAndTheLastCheckpointIntact) {
+  TempDir dir;
+  // Checkpoints on a small tmpfs: the first one fits, the second one (written beside it before the old
+  // one goes) does not.
+  const std::string disk = dir / "disk";
+  fs::create_directory(disk);
+  auto recipe = colossal::test::tiny_training_recipe(dir / "run", 6, {"checkpoint.every=2", "train.eval_every=0",
+                                                                        "checkpoint.dir=" + disk});
+  const std::string recipe_path = dir / "r.toml";
+  write_file(recipe_path, recipe.to_toml());
+  // How large one checkpoint is, from a run with room.
+  auto r = run_colossal("train " + recipe_path + " -q --set train.max_steps=2 --set checkpoint.dir=" + (dir / "roomy"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  uintmax_t one = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir / "roomy"))
+    if (e.is_regular_file()) one += e.file_size();
+  const uintmax_t size = one + one / 2 + 64 * 1024;
+  if (std::system(("mount -t tmpfs -o size=" + std::to_string(size) + " tmpfs " + disk + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root): the full disk is made with one";
+  r = run_colossal("train " + recipe_path + " -q");
+  std::system(("cp -r " + disk + "/. " + (dir / "kept") + " && umount " + disk).c_str());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  expect_one_line_error(r, "No space left on device");
+  // The last complete checkpoint is the first one, and a run resumes from it.
+  ASSERT_TRUE(fs::exists(dir / "kept/latest")) << r.output;
+  std::string latest = read_file(dir / "kept/latest");
+  latest.erase(latest.find_last_not_of("\n") + 1);
+  EXPECT_EQ(latest, "step-000002");
+  for (const auto& e : fs::directory_iterator(dir / "kept"))
+    EXPECT_EQ(e.path().filename().string().rfind(".tmp", 0), std::string::npos) << "a half-written checkpoint was left: " << e.path();
+  r = run_colossal("train " + recipe_path + " -q --resume --set checkpoint.dir=" + (dir / "kept") + " --set train.max_steps=3");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 TEST(EndToEnd, DataCommandsBuildATokenizerAndDataset) {
   TempDir dir;
   auto docs = read_file(colossal::test::source_dir() + "/data/kjv/kjv.txt").substr(0, 300000);
