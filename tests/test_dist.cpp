@@ -574,10 +574,11 @@ TEST(GeminiPlacement, CpuAndAutoPlacementsAndAHostOptimizerGiveTheSameWeightsBit
   };
   using memory::PlacementMode;
   using memory::Residence;
-  memory::PlacementOptions cpu, host_optimizer, automatic;
+  memory::PlacementOptions cpu, host_optimizer, host_params, automatic;
   cpu.mode = PlacementMode::cpu;
   cpu.homes = {Residence::host, Residence::host};
   host_optimizer.homes.states = Residence::host;   // offload_optimizer = "cpu", at any stage
+  host_params.homes.params = Residence::host;      // offload_params = "cpu" alone (ZeRO-3)
   automatic.mode = PlacementMode::automatic;       // a budget the whole model fits: every chunk moves and stays
   automatic.homes = cpu.homes;
   automatic.device_limit = int64_t{1} << 30;
@@ -585,6 +586,7 @@ TEST(GeminiPlacement, CpuAndAutoPlacementsAndAHostOptimizerGiveTheSameWeightsBit
     const std::string at = " at " + std::to_string(world) + " rank(s)";
     const auto zero3 = train_ranks(3, world, 2, 3, 1000);
     expect_identical(train_ranks(3, world, 2, 3, 1000, "adamw", "", false, cpu), zero3, "placement cpu" + at);
+    expect_identical(train_ranks(3, world, 2, 3, 1000, "adamw", "", false, host_params), zero3, "offload_params cpu" + at);
     std::vector<DeviceFigures> figures;
     expect_identical(train_ranks(3, world, 2, 3, 1000, "adamw", "", false, automatic, &figures), zero3, "placement auto" + at);
     for (const auto& f : figures) {

@@ -243,6 +243,10 @@ TEST(EndToEnd, GeminiPlacementIsCheckedBeforeTrainingAndAMeteredRunStaysWithinIt
   expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set memory.device_memory_limit_gb=0.001" + zero3 + into(dir)),
                         "device_memory_limit_gb: = 0.001 (1.02 MiB) is too small for even one block: the device needs at least ");
   EXPECT_FALSE(fs::exists(dir / "run/checkpoints/latest"));
+  // The host's cap: gpt-tiny's chunks keep about 8 MiB of shards and optimizer states there under cpu.
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set memory.placement=cpu --set memory.host_memory_limit_gb=0.001" + zero3 +
+                                     into(dir)),
+                        "host_memory_limit_gb: the chunks keep ");
   auto r = run_colossal("train recipes/gpt-tiny.toml --dry-run --set memory.device_memory_limit_gb=0.25" + zero3);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("  device      at least "), std::string::npos) << r.output;
