@@ -150,6 +150,32 @@ TEST(Cuda, OptimizerStatesOnNvmeUpdateGpuChunksAsInMemory) {
   for (int64_t c = 0; c < chunks; ++c) EXPECT_TRUE(at::equal(za->store().params()[c], zb->store().params()[c])) << "chunk " << c;
 }
 
+TEST(Cuda, GeminiPlacementsOnTheGpuFollowTheDeviceRunAndStayWithinTheirBudget) {
+  SKIP_WITHOUT_GPU();
+  // ZeRO-3 on the GPU with every chunk's data on the device, in host memory (placement cpu: shards
+  // copied over before each gather, reduced gradients copied back, the host optimizer), and auto within
+  // 64 MiB (the first step measured, then data moved and gathered chunks kept, evicted by next use).
+  // The host's AdamW and the device's sum in other orders: close, not bit for bit.
+  auto losses = [](const std::string& out, const std::vector<std::string>& extra) {
+    std::vector<std::string> o = {"train.device=cuda", "model.dropout=0.0", "memory.zero=3", "memory.chunk_size_mb=0.01"};
+    o.insert(o.end(), extra.begin(), extra.end());
+    EXPECT_EQ(run_training(colossal::test::tiny_training_recipe(out, 8, o), {.quiet = true}), 0) << out;
+    return colossal::test::metric_values(out + "/metrics.jsonl", "loss");
+  };
+  TempDir d, c, a;
+  const auto device = losses(d.path(), {"memory.placement=device"});
+  const auto cpu = losses(c.path(), {"memory.placement=cpu"});
+  const auto automatic = losses(a.path(), {"memory.placement=auto", "memory.device_memory_limit_gb=0.0625"});
+  ASSERT_EQ(device.size(), 8u);
+  ASSERT_EQ(cpu.size(), 8u);
+  ASSERT_EQ(automatic.size(), 8u);
+  for (size_t i = 0; i < device.size(); ++i) {
+    EXPECT_NEAR(cpu[i], device[i], 1e-4 * device[i]) << "placement cpu, step " << i + 1;
+    EXPECT_NEAR(automatic[i], device[i], 1e-4 * device[i]) << "placement auto, step " << i + 1;
+  }
+  for (double mb : colossal::test::metric_values(a / "metrics.jsonl", "device_peak_mb")) EXPECT_LE(mb, 64.0);
+}
+
 TEST(Cuda, TrainingFollowsTheCpuLossCurveAndResumesWithItsDropoutStream) {
   SKIP_WITHOUT_GPU();
   // Without dropout the GPU run follows the CPU run step by step (fp32 reductions in another order).
