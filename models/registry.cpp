@@ -114,9 +114,9 @@ const Family& family_of(const Recipe& recipe) {
 
 }  // namespace
 
-std::shared_ptr<nn::Model> build_model(const ModelConfig& config, nn::LayerFactory& factory) {
+std::shared_ptr<nn::Model> build_model(const ModelConfig& config, nn::LayerFactory& factory, bool initialise) {
   auto model = family_of(config).build(config, factory);
-  if (factory.storage() == nn::ParamStorage::allocated) model->init_weights();
+  if (initialise && factory.storage() == nn::ParamStorage::allocated) model->init_weights();
   return model;
 }
 

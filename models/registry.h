@@ -18,7 +18,9 @@ namespace colossal {
 std::shared_ptr<nn::Model> build_model(const Recipe& recipe, nn::LayerFactory& factory);
 // The recipe's [model] section is one its family can build: RecipeError at the offending key if not.
 void check_model_recipe(const Recipe& recipe);
-std::shared_ptr<nn::Model> build_model(const ModelConfig& config, nn::LayerFactory& factory);
+// `initialise` false: allocated parameters keep uninitialised memory, for a caller about to write every
+// one of them (loading a whole checkpoint), which then never pays for drawing random values.
+std::shared_ptr<nn::Model> build_model(const ModelConfig& config, nn::LayerFactory& factory, bool initialise = true);
 // The task (src/tasks) the trainer trains this model for: "causal_lm", "masked_lm", ...
 std::string model_task(const ModelConfig& config);
 // Reads a config.json written by save (or by transformers) into a [model] section.

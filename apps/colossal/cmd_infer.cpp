@@ -90,7 +90,8 @@ void run(InferArgs& a) {
     require_host_memory(4.0 * static_cast<double>(count_parameters(info.model)), "the model in " + dir +
                         " (fp32 weights; --stream-weights reads them block by block instead)");
   nn::LayerFactory factory(a.stream_weights ? nn::ParamStorage::deferred : nn::ParamStorage::allocated);
-  auto model = nn::model_as<nn::CausalLM>(build_model(info.model, factory), "colossal infer (text generation)");
+  // Every parameter is read from the checkpoint below: none is initialised first.
+  auto model = nn::model_as<nn::CausalLM>(build_model(info.model, factory, /*initialise=*/false), "colossal infer (text generation)");
   std::shared_ptr<StreamedWeights> streamed;
   // The reading thread uses the model, so any read in flight ends before the model goes, however this
   // function is left (the hook chain inside the model owns the streamer too).

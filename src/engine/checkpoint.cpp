@@ -223,7 +223,9 @@ void load_model_state(nn::Model& model, const HfWeights& weights) {
 std::shared_ptr<nn::Model> load_pretrained(const std::string& dir, nn::LayerFactory& factory) {
   const fs::path config = fs::path(dir) / "config.json";
   if (!fs::is_regular_file(config)) throw Error("model directory " + dir + ": config.json is missing");
-  auto model = build_model(model_config_from_hf(read_json(config.string()), config.string()), factory);
+  // Every parameter is read from the directory (read_model_state takes each one or throws), so none is
+  // initialised first: drawing random values for all of them cost 5% of a 124M model's whole decode run.
+  auto model = build_model(model_config_from_hf(read_json(config.string()), config.string()), factory, /*initialise=*/false);
   load_model_state(*model, HfWeights::open(dir));
   return model;
 }
