@@ -15,8 +15,9 @@
 # tokens for P prompt(s) in S s"), the peer likewise (n tokens, prefill included).
 # Peak memory is the whole process's max RSS as /usr/bin/time sees it. Each row also prints the memory-bandwidth
 # bound: this machine's read bandwidth (a sum over a 1 GiB float32 tensor with the same threads, best over the
-# rounds) / the checkpoint's parameter bytes (a tied head counted once; each decode step reads every weight once
-# for the whole batch; the KV cache is left out), and each side's fraction of it.
+# rounds) against what the decode steps must read: every weight once a step for the whole batch (a tied head
+# counted once), and each sequence's KV cache at its length that step (keys and values of every layer, fp32);
+# and each side's fraction of it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/bench/default_checkpoint.sh   # DEFAULT_CKPT_RUN, resolve, default_checkpoint
@@ -140,10 +141,10 @@ if longest + n > context:
 known = {(12, 12, 768): "gpt2-124m", (24, 16, 1024): "gpt2-350m", (36, 20, 1280): "gpt2-774m", (48, 25, 1600): "gpt2-1.5b"}
 family = cfg.get("model_type", "gpt2")
 label = known.get(shape, "gpt-L{}-H{}-C{}".format(*shape)) if family == "gpt2" else "{}-L{}-H{}-C{}".format(family, *shape)
-print(f"{label}/v{vocab}", total)
+print(f"{label}/v{vocab}", total, 2 * shape[0] * shape[2] * 4)   # and the KV cache's bytes per token of context
 EOF
 )" || exit 1
-read -r label param_bytes <<<"$info"
+read -r label param_bytes kv_bytes <<<"$info"
 
 # run_one NAME CMD...: runs CMD under /usr/bin/time and a timeout, leaving $TMP/NAME.{rc,rss,out,err,reason}.
 run_one() {
@@ -191,12 +192,12 @@ EOF
   done
 done
 
-"$PY" - "$TMP" "$ckpt" "$label" "$param_bytes" "$tokens" "$repeat" "$threads" "${batches[@]}" <<'EOF'
+"$PY" - "$TMP" "$ckpt" "$label" "$param_bytes" "$kv_bytes" "$tokens" "$repeat" "$threads" "${batches[@]}" <<'EOF'
 import json, re, statistics, sys
 from pathlib import Path
 d, ckpt, label = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-param_bytes, n, repeat, threads = (int(v) for v in sys.argv[4:8])
-batches = [int(b) for b in sys.argv[8:]]
+param_bytes, kv_bytes, n, repeat, threads = (int(v) for v in sys.argv[4:9])
+batches = [int(b) for b in sys.argv[9:]]
 if (Path(ckpt) / "tokenizer.model").is_file():
     import sentencepiece as spm
     decode_ids = spm.SentencePieceProcessor(model_file=str(Path(ckpt) / "tokenizer.model")).decode
@@ -271,8 +272,10 @@ for B in batches:
     t_tps = statistics.median(steps * B / p[key] for p in peer)
     c_rss = statistics.median(o["rss"] for o in ours)
     t_rss = statistics.median(p["rss"] for p in peer)
-    bound = bw * 1e9 / param_bytes * B
     res = peer[0]["result"]
+    # Decode step s (1 to n - 1) reads the weights once and each sequence's cache of its prompt + s tokens.
+    read = sum(param_bytes + sum(kv_bytes * (p + s) for p in res["prompt_tokens"]) for s in range(1, n))
+    bound = (n - 1) * B / (read / (bw * 1e9))
     agree = [agreement(ids, text) for ids, text in zip(res["ids"], ours[0]["texts"])]
     weak = " (each row repeats one token: a weak check on this checkpoint)" if all(len(set(ids)) == 1 for ids in res["ids"]) else ""
     prefill = (f"colossal {statistics.median(o['prefill_s'] for o in ours) * 1e3:.0f} ms, " if split else "") + \
