@@ -154,6 +154,20 @@ int64_t tokens_per_sample(const Recipe& r) {
   return std::min(r.train.seq_len > 0 ? r.train.seq_len : context, context);
 }
 
+namespace {
+
+// A GPT-style transformer block's elements (12 C^2 + 13 C: attention and an MLP four times wider, with
+// biases and two norms) and the model's elements outside its blocks (embeddings, final norm, head).
+struct BlockSplit {
+  double block = 0, outer = 0;
+};
+BlockSplit block_split(const ModelConfig& m, double parameters) {
+  const double c = static_cast<double>(m.n_embd), block = 12 * c * c + 13 * c;
+  return {block, std::max(0.0, parameters - static_cast<double>(m.n_layer) * block)};
+}
+
+}  // namespace
+
 MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters, int64_t dp) {
   MemoryEstimate e;
   e.parameters = parameters;
@@ -187,11 +201,9 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters, int
     e.optimizer = std::min(e.nvme, 3 * 4 * slice * segments);
     if (params) {
       // Memory keeps the embeddings, final norm and head whole, and about two blocks' chunks: the one
-      // running and the next being read, each with its master read from the file beside it. A block is
-      // a transformer block's 12 C^2 + 13 C (its MLP four times wider).
-      const double c = static_cast<double>(m.n_embd), block = 12 * c * c + 13 * c;
-      const double outer = std::max(0.0, p - static_cast<double>(m.n_layer) * block);
-      e.weights = compute * outer + 2 * (compute + 4) * block;
+      // running and the next being read, each with its master read from the file beside it.
+      const BlockSplit s = block_split(m, p);
+      e.weights = compute * s.outer + 2 * (compute + 4) * s.block;
       if (mixed) e.gradients = compute * p / shards;   // the shards stay in the compute dtype (ChunkStore::compact_grads)
     }
   }
@@ -210,9 +222,8 @@ double minimum_device_bytes(const Recipe& r, int64_t parameters, int64_t dp) {
   if (r.memory.placement == "device") return e.total();
   const ModelConfig m = family_of(r.model).canonical(r.model);
   const double compute = r.precision.dtype == "fp32" ? 4 : 2;
-  const double c = static_cast<double>(m.n_embd), block = 12 * c * c + 13 * c;   // a transformer block (MLP 4x wide)
-  const double outer = std::max(0.0, static_cast<double>(parameters) - static_cast<double>(m.n_layer) * block);
-  return compute * (2 * outer + 3 * block) + e.activations;
+  const BlockSplit s = block_split(m, static_cast<double>(parameters));
+  return compute * (2 * s.outer + 3 * s.block) + e.activations;
 }
 
 }  // namespace colossal

@@ -287,21 +287,23 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   r.memory.nvme_path = mem.string("nvme_path", r.memory.nvme_path);
   if (r.memory.offload_optimizer == "nvme" && r.memory.nvme_path.empty())
     mem.fail("offload_optimizer", "= \"nvme\" needs nvme_path, a directory on a local disk (e.g. nvme_path = \"/mnt/nvme\")");
+  // Keys whose setting only ZeRO-3 can carry out: `what` says why.
+  auto needs_zero3 = [&](bool set, const char* key, const std::string& setting, const std::string& what) {
+    if (set && r.memory.zero != 3)
+      mem.fail(key, setting + "needs zero = 3: " + what + " (zero = " + std::to_string(r.memory.zero) + ")");
+  };
   r.memory.offload_params = mem.string("offload_params", r.memory.offload_params, {"none", "cpu", "nvme"});
-  if (r.memory.offload_params != "none" && r.memory.zero != 3)
-    mem.fail("offload_params", "= \"" + r.memory.offload_params + "\" needs zero = 3: a block's parameters are brought in as it runs, which only ZeRO-3 does "
-                               "(zero = " + std::to_string(r.memory.zero) + ")");
+  needs_zero3(r.memory.offload_params != "none", "offload_params", "= \"" + r.memory.offload_params + "\" ",
+              "a block's parameters are brought in as it runs, which only ZeRO-3 does");
   if (r.memory.offload_params == "nvme" && r.memory.offload_optimizer != "nvme")
     mem.fail("offload_params", "= \"nvme\" keeps the parameters in the optimizer states' file, as their master copy: set "
                                "offload_optimizer = \"nvme\" too");
   r.memory.placement = mem.string("placement", r.memory.placement, {"device", "cpu", "auto"});
-  if (r.memory.placement == "cpu" && r.memory.zero != 3)
-    mem.fail("placement", "= \"cpu\" needs zero = 3: chunks are brought to the device block by block, which only ZeRO-3 does "
-                          "(zero = " + std::to_string(r.memory.zero) + ")");
+  needs_zero3(r.memory.placement == "cpu", "placement", "= \"cpu\" ",
+              "chunks are brought to the device block by block, which only ZeRO-3 does");
   r.memory.device_memory_limit_gb = mem.real("device_memory_limit_gb", r.memory.device_memory_limit_gb, 0, 1 << 20);
-  if (r.memory.device_memory_limit_gb > 0 && r.memory.zero != 3)
-    mem.fail("device_memory_limit_gb", "needs zero = 3: below it the device holds every parameter, gradient and state "
-                                       "(the dry run says how much; zero = " + std::to_string(r.memory.zero) + ")");
+  needs_zero3(r.memory.device_memory_limit_gb > 0, "device_memory_limit_gb", "",
+              "below it the device holds every parameter, gradient and state, as the dry run counts them");
   r.memory.host_memory_limit_gb = mem.real("host_memory_limit_gb", r.memory.host_memory_limit_gb, 0, 1 << 20);
   mem.finish();
 

@@ -123,6 +123,8 @@ struct MemoryConfig {               // [memory]: where parameters, gradients and
   double device_memory_limit_gb = 0; // ZeRO-3: the most the compute device may hold (0: no budget; a GPU under
                                      // auto: 90% of its memory)
   double host_memory_limit_gb = 0;   // the most the chunks may keep in host memory (0: no limit)
+  double device_limit_bytes() const { return device_memory_limit_gb * 1073741824.0; }
+  double host_limit_bytes() const { return host_memory_limit_gb * 1073741824.0; }
 };
 
 struct PrecisionConfig {            // [precision]

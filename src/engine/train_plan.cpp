@@ -49,7 +49,7 @@ ModelConfig finetune_model_config(const Recipe& r, const ModelConfig& from_ckpt,
 
 void check_device_budget(const Recipe& r, int64_t parameters, int64_t dp) {
   if (r.memory.device_memory_limit_gb <= 0) return;
-  const double need = minimum_device_bytes(r, parameters, dp), limit = r.memory.device_memory_limit_gb * 1073741824.0;
+  const double need = minimum_device_bytes(r, parameters, dp), limit = r.memory.device_limit_bytes();
   if (need <= limit) return;
   throw RecipeError(r.where("memory.device_memory_limit_gb"),
                     "= " + fmt::format("{}", r.memory.device_memory_limit_gb) + " (" + human_bytes(limit) +
@@ -128,8 +128,8 @@ std::optional<at::ScalarType> compute_dtype(const PrecisionConfig& c) {
 memory::PlacementOptions resolve_placement(const Recipe& r, const c10::Device& device, std::shared_ptr<memory::AllocationCounter> counter) {
   const auto& m = r.memory;
   memory::PlacementOptions o;
-  o.device_limit = static_cast<int64_t>(m.device_memory_limit_gb * 1073741824.0);
-  o.host_limit = static_cast<int64_t>(m.host_memory_limit_gb * 1073741824.0);
+  o.device_limit = static_cast<int64_t>(m.device_limit_bytes());
+  o.host_limit = static_cast<int64_t>(m.host_limit_bytes());
   if (m.placement == "cpu") o.mode = memory::PlacementMode::cpu;
   if (m.placement == "auto" && m.zero == 3 && (o.device_limit > 0 || !device.is_cpu())) {
     o.mode = memory::PlacementMode::automatic;
@@ -289,17 +289,19 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
   const dist::WorkerEnv env = dist::worker_env(dist::process_env());
   const Recipe& r = p->recipe;
   p->device = resolve_device(r.train.device, r.where("train.device"));
-  if (p->device.is_cpu()) {   // refuse before allocating anything, with the dry run's estimate
-    const int64_t params = count_parameters(r.model);
+  // Refused before anything is allocated, with the dry run's figures: a model the machine or the device
+  // budget cannot hold.
+  const int64_t params = count_parameters(r.model);
+  const int64_t dp = check_parallel_recipe(r, env.world).of(dist::Dim::dp);
+  if (p->device.is_cpu()) {
     const int64_t local = env.local_world;   // every worker on this node holds its share
-    const int64_t dp = check_parallel_recipe(r, env.world).of(dist::Dim::dp);
     require_host_memory(estimate_training_memory(r, params, dp).total() * static_cast<double>(local),
                         "training this " + human_count(static_cast<double>(params)) +
                             "-parameter model (weights, gradients and " + r.optim.name + " state at ZeRO stage " +
                             std::to_string(r.memory.zero) + ", and one micro-batch's activations" +
                             (local > 1 ? ", for each of the " + std::to_string(local) + " workers on this node)" : ")"));
   }
-  check_device_budget(r, count_parameters(r.model), check_parallel_recipe(r, env.world).of(dist::Dim::dp));
+  check_device_budget(r, params, dp);
 
   // ATen's allocations on this thread are counted from here, before the data and the model exist, so
   // whatever they hold is known when a step frees it: `colossal profile`'s tracer reads the count, and so

@@ -111,7 +111,7 @@ void print_dry_run(const Recipe& r, const c10::Device& device, int64_t launch_wo
                 human_bytes(free_bytes).c_str(), disk <= free_bytes ? "fits" : "does not fit: training would stop here");
   }
   if (r.memory.device_memory_limit_gb > 0) {   // what check_device_budget holds the run to
-    const double budget = r.memory.device_memory_limit_gb * 1073741824.0, least = minimum_device_bytes(r, params, dp);
+    const double budget = r.memory.device_limit_bytes(), least = minimum_device_bytes(r, params, dp);
     std::printf("  device      at least %s of the budget of %s (placement %s: %s)\n", human_bytes(least).c_str(), human_bytes(budget).c_str(),
                 r.memory.placement.c_str(), least <= budget ? "fits" : "does not fit: training would stop here");
   }

@@ -152,7 +152,7 @@ void ChunkStore::bind_master(int64_t chunk) {
     const bool own = mixed_ || param_shard(chunk).device() != sdev;
     if (!own) master_[k] = param_shard(chunk);
     else if (!master_own_[k]) master_[k] = param_shard(chunk).to(master_options_.device(sdev), /*non_blocking=*/false, /*copy=*/true);
-    else if (master_[k].device() != sdev) master_[k] = master_[k].to(sdev);
+    else master_[k] = master_[k].to(sdev);
     master_own_[k] = own;
   }
   const at::Tensor& g = grad_shards_[k];
@@ -167,8 +167,8 @@ void ChunkStore::set_homes(int64_t chunk, StoreHomes homes) {
   const auto k = static_cast<size_t>(chunk);
   param_home_[k] = homes.params;
   state_home_[k] = homes.states;
-  auto move = [](at::Tensor& t, c10::Device d) {
-    if (t.defined() && t.device() != d) t = t.to(d);
+  auto move = [](at::Tensor& t, c10::Device d) {   // to() is the tensor itself where it already is
+    if (t.defined()) t = t.to(d);
   };
   move(param_shards_[k], device_of(homes.params));
   if (stage_ >= 2) move(grad_shards_[k], device_of(homes.states));

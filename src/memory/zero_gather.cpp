@@ -29,10 +29,8 @@ void ZeroStrategy::fetch(int64_t c) {
     return;
   }
   const at::Tensor& whole = store_.materialize(c);
-  at::Tensor shard = store_.param_shard(c);
   // A shard in host memory (placement) is brought to the device first: a collective works on one device.
-  if (shard.device() != whole.device()) shard = shard.to(whole.device());
-  fetches_[k] = group_.all_gather_async(whole, shard, "gathering parameter chunk " + std::to_string(c));
+  fetches_[k] = group_.all_gather_async(whole, store_.param_shard(c).to(whole.device()), "gathering parameter chunk " + std::to_string(c));
 }
 
 void ZeroStrategy::ensure(int64_t c) {

@@ -97,7 +97,7 @@ void ZeroStrategy::placement_entered() {
 }
 
 int64_t ZeroStrategy::whole_bytes(int64_t c) const {
-  return store_.layout().chunk_sizes[static_cast<size_t>(c)] * store_.params()[static_cast<size_t>(c)].element_size();
+  return static_cast<int64_t>(store_.params()[static_cast<size_t>(c)].nbytes());   // its elements, whether gathered or not
 }
 
 std::vector<int64_t> ZeroStrategy::visit_chunks(size_t visit) const {
@@ -119,7 +119,7 @@ void ZeroStrategy::make_room(size_t visit) {
   auto held = [&] {   // what the chunks will hold once those are gathered
     int64_t fresh = 0;
     for (const auto& [bytes, n] : wanted) fresh += static_cast<int64_t>(bytes * (n - std::min(n, store_.spares_of(bytes))));
-    return store_.bytes().device() + store_.spare_bytes() + fresh;
+    return chunk_device_bytes() + fresh;
   };
   const int64_t allowed = plan_limit_ - window_extra_[visit];
   if (held() <= allowed) return;

@@ -299,7 +299,7 @@ void ZeroStrategy::complete(int64_t chunk) {
   at::Tensor& shard = store_.grad_shards()[static_cast<size_t>(chunk)];
   if (store_.stage() == 1) shard.copy_(cs.reduced);
   if (store_.stage() >= 2)   // accumulates over the step's micro-batches (in host memory under a placement's offload)
-    shard.add_(shard.device() == cs.reduced.device() ? cs.reduced : cs.reduced.to(shard.device()));
+    shard.add_(cs.reduced.to(shard.device()));
   spare_grads_.give(std::move(cs.reduced));
   cs.reduced = at::Tensor();
   if (cs.in_place)   // the tensors' .grad views go with the buffer
@@ -491,7 +491,7 @@ void ZeroStrategy::for_each_owned(const OwnedFn& fn) {
   auto whole_of = [&](const at::Tensor& host_or_device, int64_t c, std::optional<int64_t> writer, const std::string& what) {
     if (!gather) return host_or_device;
     // A shard in host memory (placement) is gathered on the device: a collective works on one device.
-    const at::Tensor shard = host_or_device.device() == store_.device() ? host_or_device : host_or_device.to(store_.device());
+    const at::Tensor shard = host_or_device.to(store_.device());
     const std::string purpose = what + " of chunk " + std::to_string(c);
     at::Tensor w = !writer || *writer == group_.rank() ? at::empty({layout.chunk_sizes[static_cast<size_t>(c)]}, shard.options()) : at::Tensor();
     if (writer) group_.gather(w, shard, *writer, purpose);
