@@ -33,13 +33,8 @@ while (($#)); do
     *) echo "gemini_offload: error: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
-case "$shape" in
-  tiny) recipe=recipes/gpt-tiny.toml T=128 B=16 ;;
-  124m|350m|774m) recipe="recipes/gpt2-$shape.toml" T=256 B=2 ;;
-  *) echo "gemini_offload: error: --shape '$shape' is not tiny, 124m, 350m or 774m" >&2; exit 2 ;;
-esac
-[[ "$repeat" =~ ^[1-9][0-9]*$ ]] || { echo "gemini_offload: error: --repeat '$repeat' is not a positive integer" >&2; exit 2; }
-[[ "$steps" =~ ^[0-9]+$ ]] && ((steps >= 4)) || { echo "gemini_offload: error: --steps '$steps' must be at least 4" >&2; exit 2; }
+. scripts/bench/gemini_runs.sh   # the shapes both Gemini benchmarks run
+gemini_run_shape gemini_offload
 [ -x "$COLOSSAL" ] || { echo "gemini_offload: error: $COLOSSAL not found; build it with scripts/build.sh" >&2; exit 1; }
 PY=.venv/bin/python
 [ -x "$PY" ] || PY=python3

@@ -43,13 +43,8 @@ while (($#)); do
     *) echo "gemini_placement: error: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
-case "$shape" in
-  tiny) recipe=recipes/gpt-tiny.toml T=128 B=16 ;;
-  124m|350m|774m) recipe="recipes/gpt2-$shape.toml" T=256 B=2 ;;
-  *) echo "gemini_placement: error: --shape '$shape' is not tiny, 124m, 350m or 774m" >&2; exit 2 ;;
-esac
-[[ "$repeat" =~ ^[1-9][0-9]*$ ]] || { echo "gemini_placement: error: --repeat '$repeat' is not a positive integer" >&2; exit 2; }
-[[ "$steps" =~ ^[0-9]+$ ]] && ((steps >= 4)) || { echo "gemini_placement: error: --steps '$steps' must be at least 4" >&2; exit 2; }
+. scripts/bench/gemini_runs.sh   # the shapes both Gemini benchmarks run
+gemini_run_shape gemini_placement
 [ -z "$budget" ] || [[ "$budget" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "gemini_placement: error: --budget-gb '$budget' is not a number" >&2; exit 2; }
 IFS=, read -r -a mode_list <<<"$modes"
 for m in "${mode_list[@]}"; do
