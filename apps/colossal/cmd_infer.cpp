@@ -19,6 +19,7 @@
 #include "src/engine/streamed_weights.h"
 #include "models/registry.h"
 #include "src/nn/kernel_choice.h"
+#include "src/quant/quantized_linear.h"
 
 namespace fs = std::filesystem;
 
@@ -86,12 +87,19 @@ void run(InferArgs& a) {
     throw Error("checkpoint " + dir + ": tokenizer has " + std::to_string(tokenizer.vocab_size()) +
                 " pieces but the model only " + std::to_string(info.model.vocab_size) + " rows (mismatched files?)");
   const c10::Device device = resolve_device(a.device, "--device");
+  // A quantized checkpoint (colossal quantize) builds the same model with quantized linear layers.
+  const auto quantized = quant::quant_config_of(info.config, dir + "/config.json");
+  if (quantized && a.stream_weights)
+    throw Error("--stream-weights streams fp32 blocks, and " + dir + " is quantized (" + quant::scheme_name(quantized->scheme) +
+                "); drop --stream-weights (its weights take " + std::to_string(quantized->bits()) + " bits each)");
   if (device.is_cpu() && !a.stream_weights)
-    require_host_memory(4.0 * static_cast<double>(count_parameters(info.model)), "the model in " + dir +
-                        " (fp32 weights; --stream-weights reads them block by block instead)");
-  nn::LayerFactory factory(a.stream_weights ? nn::ParamStorage::deferred : nn::ParamStorage::allocated);
+    require_host_memory((quantized ? quantized->bits() / 8.0 : 4.0) * static_cast<double>(count_parameters(info.model)),
+                        "the model in " + dir + (quantized ? "" : " (fp32 weights; --stream-weights reads them block by block instead)"));
+  std::unique_ptr<nn::LayerFactory> factory;
+  if (quantized) factory = std::make_unique<quant::QuantizedLayerFactory>(*quantized);
+  else factory = std::make_unique<nn::LayerFactory>(a.stream_weights ? nn::ParamStorage::deferred : nn::ParamStorage::allocated);
   // Every parameter is read from the checkpoint below: none is initialised first.
-  auto model = nn::model_as<nn::CausalLM>(build_model(info.model, factory, /*initialise=*/false), "colossal infer (text generation)");
+  auto model = nn::model_as<nn::CausalLM>(build_model(info.model, *factory, /*initialise=*/false), "colossal infer (text generation)");
   std::shared_ptr<StreamedWeights> streamed;
   // The reading thread uses the model, so any read in flight ends before the model goes, however this
   // function is left (the hook chain inside the model owns the streamer too).
@@ -113,7 +121,8 @@ void run(InferArgs& a) {
   } else {
     load_model_state(*model, HfWeights::open(dir));
     model->to(device);
-    spdlog::info("loaded {} ({} parameters) on {}", dir, model->parameter_count(), describe_device(device));
+    spdlog::info("loaded {} ({} parameters{}) on {}", dir, model->parameter_count(),
+                 quantized ? std::string(", ") + quant::scheme_name(quantized->scheme) + " linear layers" : std::string(), describe_device(device));
   }
 
   const nn::KernelPath kernels = nn::parse_kernel_path(a.kernels);

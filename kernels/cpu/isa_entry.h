@@ -22,6 +22,10 @@ double sum_squares_f32(const float* x, int64_t n);
 double sum_squares_f64(const double* x, int64_t n);
 void gemv(const float* x, int64_t rows, int64_t in, const float* w, const float* bias, float* y, int64_t ldy,
           int64_t o_begin, int64_t o_end);
+void qgemv_int8(const float* x, int64_t rows, int64_t in, const int8_t* q, const float* scales, int64_t group,
+                const float* bias, float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
+void qgemv_int4(const float* x, int64_t rows, int64_t in, const uint8_t* q, const float* scales, int64_t group,
+                const float* bias, float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
 void attention_decode_head(const float* q, const float* k, const float* v, int64_t n, int64_t d, float scale,
                            const uint8_t* valid, float* s, float* out);
 void layer_norm_forward_rows(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,

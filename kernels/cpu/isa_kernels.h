@@ -50,6 +50,11 @@ struct IsaKernels {
   // x rows are `in` apart, y rows `ldy` apart.
   void (*gemv)(const float* x, int64_t rows, int64_t in, const float* w, const float* bias, float* y, int64_t ldy,
                int64_t o_begin, int64_t o_end);
+  // The same with W stored as int8 or packed int4 and a scale per `group` inputs (see qgemv.h).
+  void (*qgemv_int8)(const float* x, int64_t rows, int64_t in, const int8_t* q, const float* scales, int64_t group,
+                     const float* bias, float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
+  void (*qgemv_int4)(const float* x, int64_t rows, int64_t in, const uint8_t* q, const float* scales, int64_t group,
+                     const float* bias, float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
   // One decoding query q[d] against n cached keys and values ([n][d] rows), positions with valid[j] == 0
   // (when valid is given) left out: out[d] = softmax(scale q k^T) v. s: n floats of scratch.
   void (*attention_decode_head)(const float* q, const float* k, const float* v, int64_t n, int64_t d, float scale,

@@ -81,9 +81,12 @@ void copy_hf_part(const HfWeights& weights, const std::string& stored, const nn:
   if (t.sizes() != hf_shape(dst, target))
     throw Error("checkpoint " + weights.file_of(stored) + ": tensor \"" + stored + "\" has shape " + c10::str(t.sizes()) +
                 " but the model expects " + c10::str(c10::IntArrayRef(hf_shape(dst, target))));
-  if (!at::isFloatingType(t.scalar_type()))
+  // Floating point converts to the parameter's precision; a quantized layer's integers must be stored as
+  // exactly the integers it holds (int8, or uint8 for packed int4).
+  const bool integral = !at::isFloatingType(dst.scalar_type());
+  if (integral ? t.scalar_type() != dst.scalar_type() : !at::isFloatingType(t.scalar_type()))
     throw Error("checkpoint " + weights.file_of(stored) + ": tensor \"" + stored + "\" holds " + c10::toString(t.scalar_type()) +
-                " values (expected floating point)");
+                " values (expected " + (integral ? std::string(c10::toString(dst.scalar_type())) : "floating point") + ")");
   dst.copy_(from_hf_layout(t, target));
 }
 
@@ -205,7 +208,9 @@ void read_model_state(const nn::Model& model, const HfWeights& weights,
     if (only && !only(item.key())) continue;
     const auto target = names.to_hf(item.key());
     // fp32 whatever the parameter computes in: a chunk store's master weights take it at full precision
-    const at::Tensor value = at::empty(item.value().sizes(), at::kFloat);
+    // (a quantized layer's integers keep their own type)
+    const auto dtype = at::isFloatingType(item.value().scalar_type()) ? at::kFloat : item.value().scalar_type();
+    const at::Tensor value = at::empty(item.value().sizes(), dtype);
     for (size_t i = 0; i < target.names.size(); ++i) {
       auto it = stored.find(target.names[i]);
       if (it == stored.end()) throw Error("checkpoint " + weights.describe() + ": tensor \"" + target.names[i] + "\" is missing");
@@ -220,15 +225,24 @@ void load_model_state(nn::Model& model, const HfWeights& weights) {
   read_model_state(model, weights, [&](const std::string& name, const at::Tensor& value) { params.at(name).copy_(value); });
 }
 
+void refuse_quantized_start(const nlohmann::json& config, const std::string& dir) {
+  if (config.contains("quantization_config") && !config["quantization_config"].is_null())
+    throw Error("model directory " + dir + " holds quantized weights (config.json: quantization_config); training and fine-tuning "
+                "start from the fp32 checkpoint it was quantized from");
+}
+
 std::shared_ptr<nn::Model> load_pretrained(const std::string& dir, nn::LayerFactory& factory) {
   const fs::path config = fs::path(dir) / "config.json";
   if (!fs::is_regular_file(config)) throw Error("model directory " + dir + ": config.json is missing");
   // Every parameter is read from the directory (read_model_state takes each one or throws), so none is
   // initialised first: drawing random values for all of them cost 5% of a 124M model's whole decode run.
-  auto model = build_model(model_config_from_hf(read_json(config.string()), config.string()), factory, /*initialise=*/false);
+  const nlohmann::json json = read_json(config.string());
+  refuse_quantized_start(json, dir);
+  auto model = build_model(model_config_from_hf(json, config.string()), factory, /*initialise=*/false);
   load_model_state(*model, HfWeights::open(dir));
   return model;
 }
+
 
 namespace {
 
@@ -381,6 +395,20 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
   }
   barrier("commit");
   return final_path;
+}
+
+std::string save_model_dir(const std::string& dir, nn::Model& model, const TokenizerFiles& tokenizer_files,
+                           const nlohmann::json& base_config, const nlohmann::json& extra_config) {
+  create_output_dir(fs::path(dir).parent_path().empty() ? "." : fs::path(dir).parent_path().string(), "--out");
+  AtomicDir out(dir);
+  const fs::path tmp = out.path();
+  save_safetensors((tmp / "model.safetensors").string(), export_model_state(model), {{"format", "pt"}});
+  nlohmann::json config = config_for_save(model.hf_config(), base_config);
+  for (const auto& [key, value] : extra_config.items()) config[key] = value;
+  write_text(tmp / "config.json", config.dump(2) + "\n");
+  for (const auto& [file, bytes] : tokenizer_files) write_text(tmp / file, bytes);
+  out.commit();
+  return dir;
 }
 
 std::string resolve_checkpoint(const std::string& path) {

@@ -98,7 +98,15 @@ void read_model_state(const nn::Model& model, const HfWeights& weights,
                       const std::function<bool(const std::string& name)>& only = {});
 // A model directory as transformers' save_pretrained writes it (our checkpoints are such directories):
 // the family and sizes from config.json, the weights in any format HfWeights reads.
+// Error when `config` (a directory's config.json) describes quantized weights: training starts from fp32.
+void refuse_quantized_start(const nlohmann::json& config, const std::string& dir);
 std::shared_ptr<nn::Model> load_pretrained(const std::string& dir, nn::LayerFactory& factory);
+
+// A model directory as save_pretrained writes one (model.safetensors, config.json, the tokenizer's files),
+// built beside `dir` and renamed into place (an existing directory is replaced whole). config.json is
+// the model's over `base_config` (as a checkpoint's), with `extra_config`'s keys set on top. Returns `dir`.
+std::string save_model_dir(const std::string& dir, nn::Model& model, const TokenizerFiles& tokenizer_files,
+                           const nlohmann::json& base_config, const nlohmann::json& extra_config = nlohmann::json::object());
 
 // Restores optimizer states (each rank its own part, read one tensor at a time), the step count and
 // the RNG state saved with them, from a checkpoint written at any ZeRO stage and data-parallel size.

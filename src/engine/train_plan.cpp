@@ -260,6 +260,11 @@ EffectiveRecipe effective_recipe(const Recipe& r, const TrainOptions& opt) {
       throw RecipeError(r.where(from_key), err.what());
     }
     const auto info = read_checkpoint_info(e.init_checkpoint);
+    try {
+      refuse_quantized_start(info.config, e.init_checkpoint);
+    } catch (const Error& err) {
+      throw RecipeError(r.where(from_key), err.what());
+    }
     e.recipe.model = finetune_model_config(r, info.model, e.init_checkpoint);
     // The sequence length against the directory's context: its whole context unless the recipe says.
     int64_t& seq_len = e.recipe.train.seq_len;

@@ -72,7 +72,8 @@ void Module::to(const c10::Device& device) {
 }
 
 void Module::to(c10::ScalarType dtype) {
-  for (auto& p : parameters()) check_allocated(p), p.set_data(p.to(dtype));
+  for (auto& p : parameters())
+    if (at::isFloatingType(p.scalar_type())) check_allocated(p), p.set_data(p.to(dtype));
 }
 
 }  // namespace colossal::nn

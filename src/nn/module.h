@@ -72,7 +72,8 @@ class Module {
   void eval() { train(false); }
 
   // Moves or converts every parameter in place (set_data), so members, views held elsewhere and the
-  // optimizer keep referring to the same parameters.
+  // optimizer keep referring to the same parameters. A dtype applies to floating-point parameters only
+  // (a quantized layer's integers keep theirs).
   void to(const c10::Device& device);
   void to(c10::ScalarType dtype);
 

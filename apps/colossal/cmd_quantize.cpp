@@ -1,0 +1,59 @@
+// `colossal quantize IN --out DIR --scheme int8-weight|int4-weight [--group-size N]`: writes a quantized
+// copy of a causal-LM checkpoint and prints what it saved and what it cost in perplexity
+// (src/engine/quantize.h).
+#include <cmath>
+#include <memory>
+#include <spdlog/spdlog.h>
+
+#include "apps/colossal/commands.h"
+#include "src/core/log.h"
+#include "src/core/text.h"
+#include "src/engine/quantize.h"
+
+namespace colossal::app {
+
+void add_quantize_command(CLI::App& app) {
+  struct Args {
+    std::string input, out, scheme = "int8-weight", eval;
+    int64_t group = -1;   // -1: the scheme's default
+    int64_t eval_tokens = 16384;
+    bool quiet = false;
+  };
+  auto args = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("quantize", "Write an int8 or int4 weight-quantized copy of a causal-LM checkpoint, with its size "
+                                             "and perplexity change");
+  cmd->add_option("input", args->input, "Checkpoint, run or Hugging Face model directory (fp32, bf16 or fp16)")->required();
+  cmd->add_option("--out", args->out, "Directory to write the quantized model to")->required();
+  cmd->add_option("--scheme", args->scheme, "int8-weight (per channel or per group) or int4-weight (per group)")->capture_default_str();
+  cmd->add_option("--group-size", args->group,
+                  "Inputs sharing one scale: a multiple of 32 dividing every layer's input width; 0 = per output channel (int8 only). "
+                  "Default: 0 for int8-weight, 128 for int4-weight");
+  cmd->add_option("--eval", args->eval,
+                  "Held-out text (.txt) or token dataset (.h5, its val split) for the perplexity check (default: the held-out split "
+                  "of the dataset the checkpoint's recipe names, else data/kjv/kjv.txt)");
+  cmd->add_option("--eval-tokens", args->eval_tokens, "Tokens to score for the perplexity check (0: skip it)")
+      ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cmd->add_flag("-q,--quiet", args->quiet, "Only the summary lines");
+  cmd->callback([args] {
+    setup_logging("info", "", args->quiet);
+    QuantizeOptions o;
+    o.input = args->input;
+    o.out = args->out;
+    o.config.scheme = quant::parse_scheme(args->scheme);
+    o.config.group = args->group >= 0 ? args->group : quant::default_group(o.config.scheme);
+    o.eval = args->eval;
+    o.eval_tokens = args->eval_tokens;
+    const QuantizeReport r = quantize_checkpoint(o);
+    std::printf("quantized %lld linear layers to %s (%s): weights %s -> %s (%.2fx smaller)\n", static_cast<long long>(r.layers),
+                quant::scheme_name(o.config.scheme),
+                o.config.group > 0 ? ("groups of " + std::to_string(o.config.group)).c_str() : "one scale per output channel",
+                human_bytes(static_cast<double>(r.bytes_before)).c_str(), human_bytes(static_cast<double>(r.bytes_after)).c_str(),
+                static_cast<double>(r.bytes_before) / static_cast<double>(std::max<int64_t>(r.bytes_after, 1)));
+    if (r.eval_tokens > 0)
+      std::printf("perplexity on %lld tokens of %s: %.4f -> %.4f (%+.2f%%)\n", static_cast<long long>(r.eval_tokens),
+                  r.eval_source.c_str(), r.ppl_before, r.ppl_after, 100.0 * (r.ppl_after / r.ppl_before - 1.0));
+    std::printf("wrote %s\n", r.out.c_str());
+  });
+}
+
+}  // namespace colossal::app

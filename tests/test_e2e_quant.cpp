@@ -1,0 +1,115 @@
+// `colossal quantize` end to end: a trained tiny GPT quantized with each scheme (the perplexity change on
+// its held-out split within the issue's bounds, the files as documented), generation from the quantized
+// directory (a batch decoding each prompt as alone), each decoder family's round trip, and the refusals
+// (bad schemes and groups, quantizing twice, training from or streaming a quantized model, a damaged file).
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "src/io/safetensors.h"
+#include "support/test_support.h"
+
+using colossal::test::expect_one_line_error;
+using colossal::test::read_file;
+using colossal::test::run_colossal;
+using colossal::test::TempDir;
+using colossal::test::write_file;
+
+namespace {
+
+std::string into(const TempDir& dir) {
+  return " --set output.dir=" + (dir / "run") + " --set data.tokenizer=" + (dir / "tok.model") + " --set data.dataset=" + (dir / "data.h5");
+}
+
+// The "+0.12%" of quantize's perplexity line.
+double perplexity_change_percent(const std::string& output) {
+  std::smatch m;
+  if (!std::regex_search(output, m, std::regex(R"(perplexity on \d+ tokens of .* \(held-out split\): [0-9.]+ -> [0-9.]+ \(([-+][0-9.]+)%\))")))
+    return 1e9;
+  return std::stod(m[1]);
+}
+
+}  // namespace
+
+TEST(QuantizeEndToEnd, ATrainedGptQuantizesWithinItsPerplexityBoundsAndGeneratesFromTheQuantizedDirectory) {
+  TempDir dir;
+  auto train = run_colossal("train recipes/gpt-tiny.toml --set train.max_steps=100 --set train.eval_every=0 -q" + into(dir));
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  const std::string ckpt = dir / "run";
+  struct Scheme {
+    std::string flags;
+    double max_change_percent;   // the issue's bounds: int8 1%, int4 5%
+    const char* dtype;
+  };
+  for (const Scheme& s : {Scheme{"--scheme int8-weight", 1.0, "I8"}, Scheme{"--scheme int8-weight --group-size 64", 1.0, "I8"},
+                          Scheme{"--scheme int4-weight --group-size 32", 5.0, "U8"}}) {
+    const std::string out = dir / "q";
+    auto q = run_colossal("quantize " + ckpt + " --out " + out + " " + s.flags + " --eval-tokens 4096 -q");
+    ASSERT_EQ(q.exit_code, 0) << q.output;
+    EXPECT_NE(q.output.find("quantized 8 linear layers"), std::string::npos) << q.output;
+    EXPECT_LT(perplexity_change_percent(q.output), s.max_change_percent) << q.output;
+    // The files: I8 (or packed U8) integers and F32 scales under the HF names, the scheme in config.json.
+    const auto config = colossal::test::read_json_file(out + "/config.json");
+    EXPECT_EQ(config["quantization_config"]["quant_method"], "colossal") << s.flags;
+    const auto header = colossal::read_safetensors_header(out + "/model.safetensors");
+    int qweights = 0;
+    for (const auto& e : header.entries) {
+      if (!e.name.ends_with(".qweight")) continue;
+      ++qweights;
+      EXPECT_EQ(e.dtype, std::string(s.dtype) == "I8" ? at::kChar : at::kByte) << e.name;
+    }
+    EXPECT_EQ(qweights, 8) << s.flags;
+    EXPECT_TRUE(std::filesystem::exists(out + "/tokenizer.model"));
+    // Generation: a batch of two prompts decodes each as it decodes alone (the quantized GEMV's rows).
+    write_file(dir / "prompts.txt", "In the beginning\nThe LORD is my shepherd;\n");
+    auto batch = run_colossal("infer " + out + " --prompts " + (dir / "prompts.txt") + " -n 16 --greedy --jsonl -q");
+    auto alone = run_colossal("infer " + out + " -p 'The LORD is my shepherd;' -n 16 --greedy --jsonl -q");
+    ASSERT_EQ(batch.exit_code, 0) << batch.output;
+    ASSERT_EQ(alone.exit_code, 0) << alone.output;
+    const auto second = nlohmann::json::parse(batch.output.substr(batch.output.find('\n') + 1));
+    EXPECT_EQ(second["completion"], nlohmann::json::parse(alone.output)["completion"]) << s.flags;
+    EXPECT_EQ(second["completion_tokens"], 16) << s.flags;
+  }
+
+  const std::string out = dir / "q";   // int4 in groups of 32, the last written
+  // Refusals, each one line naming what would be valid.
+  expect_one_line_error(run_colossal("quantize " + ckpt + " --out " + (dir / "x") + " --scheme int3-weight"),
+                        "unknown quantization scheme \"int3-weight\" (valid: int8-weight, int4-weight)");
+  expect_one_line_error(run_colossal("quantize " + ckpt + " --out " + (dir / "x") + " --scheme int4-weight --group-size 48"), "try 32, 64 or 128");
+  expect_one_line_error(run_colossal("quantize " + ckpt + " --out " + (dir / "x") + " --scheme int4-weight --group-size 0"),
+                        "positive multiple of 32");
+  expect_one_line_error(run_colossal("quantize " + ckpt + " --out " + (dir / "x") + " --scheme int8-weight --group-size 256"),
+                        "has 128 inputs, which groups of 256 do not divide");
+  expect_one_line_error(run_colossal("quantize " + out + " --out " + (dir / "x")), "is already quantized");
+  expect_one_line_error(run_colossal("infer " + out + " -p hi --stream-weights"), "drop --stream-weights");
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set model.from=" + out + " --set train.max_steps=1 --set optim.warmup_steps=0" + into(dir)),
+                        "holds quantized weights");
+  EXPECT_FALSE(std::filesystem::exists(dir / "x")) << "a refused quantize left a directory behind";
+  // A qweight stored as floats (a hand-edited or foreign file) is refused by name, not reinterpreted.
+  auto file = colossal::load_safetensors(out + "/model.safetensors");
+  for (auto& t : file.tensors)
+    if (t.name.ends_with(".qweight")) t.tensor = t.tensor.to(at::kFloat);
+  colossal::save_safetensors(out + "/model.safetensors", file.tensors, file.metadata);
+  expect_one_line_error(run_colossal("infer " + out + " -p hi -q"), "values (expected Byte)");
+}
+
+// The other decoder families through the same command: each scheme quantizes, saves and generates.
+class QuantizeFamilies : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(QuantizeFamilies, EachSchemeQuantizesSavesAndGenerates) {
+  TempDir dir;
+  const std::string recipe = std::string("recipes/") + GetParam() + "-tiny.toml";
+  auto train = run_colossal("train " + recipe + " --set train.max_steps=4 --set optim.warmup_steps=2 --set train.eval_every=0 -q" + into(dir));
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  for (const char* scheme : {"int8-weight", "int4-weight --group-size 32"}) {
+    auto q = run_colossal("quantize " + (dir / "run") + " --out " + (dir / "q") + " --scheme " + scheme + " --eval-tokens 1024 -q");
+    ASSERT_EQ(q.exit_code, 0) << q.output;
+    EXPECT_NE(q.output.find("quantized 8 linear layers"), std::string::npos) << q.output;
+    auto infer = run_colossal("infer " + (dir / "q") + " -p 'And God said' -n 8 --greedy -q");
+    ASSERT_EQ(infer.exit_code, 0) << infer.output;
+    EXPECT_EQ(infer.output.rfind("And God said", 0), 0u) << infer.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, QuantizeFamilies, ::testing::Values("opt", "bloom"),
+                         [](const auto& info) { return std::string(info.param); });
