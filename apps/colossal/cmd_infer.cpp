@@ -162,7 +162,7 @@ void run(InferArgs& a) {
   spdlog::info("generated {} tokens for {} prompt(s) in {:.2f} s ({:.1f} tokens/s)", generated, prompts.size(), secs,
                secs > 0 ? static_cast<double>(generated) / secs : 0.0);
   const auto& t = generator.last_timing();
-  spdlog::info("timing: prefill {} tokens in {:.1f} ms | decode {} steps x {} sequences in {:.2f} s ({:.1f} tokens/s)",
+  spdlog::info("timing: prefill {} tokens in {:.1f} ms | decode {} steps x {} sequences in {:.4f} s ({:.1f} tokens/s)",
                t.prefill_tokens, t.prefill_s * 1e3, t.decode_steps, t.batch, t.decode_s,
                t.decode_s > 0 ? static_cast<double>(t.decode_steps * t.batch) / t.decode_s : 0.0);
   if (streamed) {

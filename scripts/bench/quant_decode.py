@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""quant_decode.py: the driver of scripts/bench/quant_decode.sh (see there for what it measures)."""
+import argparse
+import json
+import re
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROMPTS = [
+    "In the beginning God created the heaven and the earth.",
+    "And God said, Let there be light: and there was light.",
+    "The LORD is my shepherd; I shall not want.",
+    "For God so loved the world, that he gave his only begotten Son, that whosoever believeth in him should not perish,",
+    "Blessed are the poor in spirit: for theirs is the kingdom of heaven.",
+    "Vanity of vanities, saith the Preacher;",
+    "Charity suffereth long, and is kind; charity envieth not;",
+    "To every thing there is a season, and a time to every purpose under the heaven:",
+]
+SPLIT = re.compile(r"timing: prefill (\d+) tokens in ([0-9.]+) ms \| decode (\d+) steps x (\d+) sequences in ([0-9.]+) s")
+
+
+def fail(msg):
+    sys.exit(f"quant_decode: error: {msg}")
+
+
+def weight_bytes(d):
+    """Bytes one decode step reads from a model directory: every stored tensor once (the tied head is the embedding)."""
+    with open(d / "model.safetensors", "rb") as f:
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    return sum(t["data_offsets"][1] - t["data_offsets"][0] for k, t in header.items()
+               if k != "__metadata__" and not k.endswith((".attn.bias", ".attn.masked_bias")) and k != "lm_head.weight")
+
+
+def timed(cmd, threads, timeout):
+    """Runs cmd under /usr/bin/time; returns (stdout, stderr, peak RSS bytes)."""
+    with tempfile.NamedTemporaryFile() as rss:
+        env = {"OMP_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin"}
+        p = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss.name, *cmd], capture_output=True, text=True,
+                           timeout=timeout, env=env)
+        if p.returncode != 0:
+            tail = "\n".join(p.stderr.strip().splitlines()[-5:])
+            fail(f"{' '.join(cmd[:3])} ... failed (exit {p.returncode}):\n{tail}")
+        return p.stdout, p.stderr, int(Path(rss.name).read_text().split()[-1]) * 1024
+
+
+def bandwidth(py, threads):
+    code = ("import time, torch\ntorch.set_num_threads(%d)\nx = torch.ones(1 << 28)\nx.sum()\nbest = 1e9\n"
+            "for _ in range(8):\n    t = time.perf_counter(); x.sum(); best = min(best, time.perf_counter() - t)\n"
+            "print(x.numel() * 4 / best / 1e9)\n" % threads)
+    return float(subprocess.run([py, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--colossal", required=True)
+    ap.add_argument("--python", required=True)
+    ap.add_argument("--fp32", required=True)
+    ap.add_argument("--int8", required=True)
+    ap.add_argument("--int4", required=True)
+    ap.add_argument("--ct2-cache", required=True)
+    ap.add_argument("--batches", required=True)
+    ap.add_argument("--tokens", type=int, required=True)
+    ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--repeat", type=int, required=True)
+    ap.add_argument("--timeout", type=int, required=True)
+    ap.add_argument("--peers", required=True, help="comma-separated: transformers, ctranslate2 (or none)")
+    ap.add_argument("--command", required=True)
+    a = ap.parse_args()
+    dirs = {"fp32": Path(a.fp32), "int8": Path(a.int8), "int4": Path(a.int4)}
+    peers = [p for p in a.peers.split(",") if p and p != "none"]
+    cfg = json.loads((dirs["fp32"] / "config.json").read_text())
+    layers, width = cfg["n_layer"], cfg["n_embd"]
+    kv_per_token = 2 * layers * width * 4
+    label = {(12, 768): "gpt2-124m", (24, 1024): "gpt2-350m"}.get((layers, width), f"gpt-L{layers}-C{width}") + f"/v{cfg['vocab_size']}"
+    wbytes = {k: weight_bytes(d) for k, d in dirs.items()}
+    import sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=str(dirs["fp32"] / "tokenizer.model"))
+    results = {}   # (side, B) -> list of (tok/s, rss)
+    bw = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(1, a.repeat + 1):
+            print(f"quant_decode: {label} round {r}/{a.repeat}", file=sys.stderr)
+            bw = max(bw, bandwidth(a.python, a.threads))
+            for b in (int(x) for x in a.batches.split(",")):
+                prompts = Path(tmp) / f"prompts-{b}.txt"
+                prompts.write_text("\n".join(PROMPTS[:b]) + "\n")
+                for scheme, d in dirs.items():
+                    _, err, rss = timed([a.colossal, "infer", str(d), "--prompts", str(prompts), "--greedy", "-n", str(a.tokens),
+                                         "--jsonl", "--device", "cpu"], a.threads, a.timeout)
+                    m = SPLIT.search(err)
+                    if not m:
+                        fail(f"colossal infer on {d} printed no timing line")
+                    steps, seqs, secs = int(m[3]), int(m[4]), float(m[5])
+                    if steps != a.tokens - 1 or seqs != b:
+                        fail(f"colossal infer on {d} timed {steps} steps x {seqs}, not {a.tokens - 1} x {b}")
+                    results.setdefault((scheme, b), []).append((steps * seqs / secs, rss))
+                for peer in peers:
+                    if peer == "transformers":
+                        cmd = [a.python, "scripts/bench/hf_generate.py", "--checkpoint", str(dirs["fp32"]), "--prompts", str(prompts),
+                               "--tokens", str(a.tokens), "--threads", str(a.threads)]
+                    else:
+                        cmd = [a.python, "scripts/bench/ct2_generate.py", "--checkpoint", str(dirs["fp32"]), "--prompts", str(prompts),
+                               "--tokens", str(a.tokens), "--threads", str(a.threads), "--cache", a.ct2_cache]
+                    out, _, rss = timed(cmd, a.threads, a.timeout)
+                    j = json.loads(out.strip().splitlines()[-1])
+                    results.setdefault((peer, b), []).append((j["decode_steps"] * j["batch"] / j["decode_s"], rss))
+    med = lambda k, i: statistics.median(v[i] for v in results[k])
+    for b in (int(x) for x in a.batches.split(",")):
+        # Mean context over the decode steps: the prompts' tokens plus half the new ones, each sequence's cache read once a step.
+        ctx = sum(len(sp.encode(p)) for p in PROMPTS[:b]) / b + a.tokens / 2
+        cells = []
+        for scheme in dirs:
+            step_bytes = wbytes[scheme] + b * ctx * kv_per_token
+            bound = bw * 1e9 / step_bytes * b
+            tps = med((scheme, b), 0)
+            extra = "" if scheme == "fp32" else f", {tps / med(('fp32', b), 0):.2f}x fp32, mem {med((scheme, b), 1) / med(('fp32', b), 1):.2f}x"
+            cells.append(f"{scheme} {tps:.1f} tok/s {med((scheme, b), 1) / 1e9:.2f} GB ({tps / bound:.2f} of {bound:.0f}{extra})")
+        for peer in peers:
+            name = "transformers fp32" if peer == "transformers" else "ctranslate2 int8"
+            tps = med((peer, b), 0)
+            cells.append(f"{name} {tps:.1f} tok/s {med((peer, b), 1) / 1e9:.2f} GB (int8 {med(('int8', b), 0) / tps:.2f}x)")
+        print(f"{label} B={b} n={a.tokens} " + " | ".join(cells))
+    import torch
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    isa = "avx512" if "avx512f" in open("/proc/cpuinfo").read() else "avx2"
+    print(f"weights read a step: fp32 {wbytes['fp32'] / 1e6:.0f} MB, int8 {wbytes['int8'] / 1e6:.0f} MB, int4 {wbytes['int4'] / 1e6:.0f} MB "
+          f"(the tied embedding stays fp32: {cfg['vocab_size'] * width * 4 / 1e6:.0f} MB); bound = {bw:.1f} GB/s over weights + KV cache")
+    print(f"machine: {cpu} ({isa}), {a.threads} threads, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}, {a.command}, "
+          f"median of {a.repeat} alternating rounds")
+
+
+if __name__ == "__main__":
+    main()
