@@ -41,6 +41,22 @@ at::Tensor run_qgemv(const at::Tensor& x, const quant::QuantizedWeight& q, const
 
 double max_abs_diff(const at::Tensor& a, const at::Tensor& b) { return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>(); }
 
+// x [rows, in] quantized per block of 32 by the kernels: int8 values and scales.
+std::pair<at::Tensor, at::Tensor> q8_rows(const at::Tensor& x) {
+  const int64_t rows = x.size(0), in = x.size(1);
+  auto xq = at::empty({rows, in}, at::kChar);
+  auto xs = at::empty({rows, in / kernels::kQ8Block});
+  kernels::quantize_rows_q8(x.const_data_ptr<float>(), rows, in, xq.mutable_data_ptr<int8_t>(), xs.mutable_data_ptr<float>());
+  return {xq, xs};
+}
+
+// The x a layer of `in` inputs computes with: its int8 blocks dequantized on the integer path, else x.
+at::Tensor x_as_computed(const at::Tensor& x, int64_t in, const quant::QuantConfig& c) {
+  if (!kernels::qgemv_integer_path(in, c.group_for(in))) return x;
+  auto [xq, xs] = q8_rows(x);
+  return (xq.to(at::kFloat).view({x.size(0), -1, kernels::kQ8Block}) * xs.unsqueeze(-1)).view(x.sizes());
+}
+
 }  // namespace
 
 TEST(QuantKernels, Int8AndInt4GemvMatchDoublePrecisionOverTheDequantizedWeightOnEveryInstructionSet) {
@@ -65,12 +81,33 @@ TEST(QuantKernels, Int8AndInt4GemvMatchDoublePrecisionOverTheDequantizedWeightOn
             auto w = at::randn({out, k.in}), x = at::randn({rows, k.in});
             auto b = bias ? at::randn({out}) : at::Tensor();
             const auto q = quant::quantize_weight(w, c);
-            auto ref = at::mm(x.to(at::kDouble), quant::dequantize_weight(q.q, q.scales, c, k.in).to(at::kDouble).t());
+            auto ref = at::mm(x_as_computed(x, k.in, c).to(at::kDouble), quant::dequantize_weight(q.q, q.scales, c, k.in).to(at::kDouble).t());
             if (bias) ref += b.to(at::kDouble);
             EXPECT_LT(max_abs_diff(run_qgemv(x, q, c, k.in, b), ref), 3e-6 * k.in + 1e-5)
                 << kernels::isa_name(isa) << " " << quant::scheme_name(k.scheme) << " in=" << k.in << " group=" << k.group
                 << " rows=" << rows << " out=" << out << " bias=" << bias;
           }
+  }
+}
+
+TEST(QuantKernels, XRowsQuantizeToInt8PerBlockOf32AtAbsmaxOver127OnEveryInstructionSet) {
+  at::manual_seed(25);
+  auto x = at::randn({3, 96}) * 3;
+  x.narrow(1, 32, 32).select(0, 1).zero_();   // an all-zero block: scale 0, values 0
+  const auto absmax = x.view({3, 3, 32}).abs().amax(-1);
+  for (Isa isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    auto [xq, xs] = q8_rows(x);
+    EXPECT_TRUE(at::equal(xs, absmax / 127.0f)) << kernels::isa_name(isa);
+    // x * (127 / absmax) rounded to nearest: within half a step (and a float's rounding) of x / scale.
+    const auto exact = x.view({3, 3, 32}) / xs.unsqueeze(-1).clamp_min(1e-30);
+    EXPECT_LE((xq.to(at::kFloat).view({3, 3, 32}) - exact).abs().max().item<float>(), 0.5f + 1e-4f) << kernels::isa_name(isa);
+    EXPECT_EQ(xq.abs().max().item<int8_t>(), 127) << kernels::isa_name(isa);
+    EXPECT_TRUE(xq.select(0, 1).narrow(0, 32, 32).eq(0).all().item<bool>()) << kernels::isa_name(isa);
+    if (isa != kernels::runnable_isas().front()) {
+      kernels::ScopedIsa base(kernels::runnable_isas().front());
+      EXPECT_TRUE(at::equal(q8_rows(x).first, xq)) << kernels::isa_name(isa) << " quantizes x unlike the baseline";
+    }
   }
 }
 
@@ -164,7 +201,7 @@ QuantizedPair quantized_pair(const std::string& family, const quant::QuantConfig
 
 }  // namespace
 
-TEST(QuantizedModel, EachFamilysLogitsStayNearFp32AndEqualTheDequantizedModelInPrefillAndDecoding) {
+TEST(QuantizedModel, EachFamilysLogitsStayNearFp32AndTheDequantizedModelsInPrefillAndDecoding) {
   struct Tolerance {
     quant::QuantConfig config;
     double of_logit_std;   // RMS(logits - fp32 logits) / std(fp32 logits)
@@ -188,7 +225,11 @@ TEST(QuantizedModel, EachFamilysLogitsStayNearFp32AndEqualTheDequantizedModelInP
       for (int64_t s = 8; s < 12; ++s) steps.push_back(m.quantized->forward(ids.narrow(1, s, 1), o));
       const auto got = at::cat(steps, 1);   // [2, 12, V]
       const std::string what = family + " " + quant::scheme_name(t.config.scheme) + " g=" + std::to_string(t.config.group);
-      EXPECT_LT(max_abs_diff(got, deq), 1e-4 * deq.abs().max().item<double>() + 1e-6) << what;
+      // The prefill computes exactly with the dequantized weights; the decoding steps' integer path with x
+      // rounded to int8 per block of 32 as well (RMS within 1% of the logits' spread).
+      EXPECT_LT(max_abs_diff(got.narrow(1, 0, 8), deq.narrow(1, 0, 8)), 1e-4 * deq.abs().max().item<double>() + 1e-6) << what;
+      const double decode_rel = (got.narrow(1, 8, 4) - deq.narrow(1, 8, 4)).pow(2).mean().sqrt().item<double>() / deq.std().item<double>();
+      EXPECT_LT(decode_rel, 0.01) << what;
       const double rel = (got - ref).pow(2).mean().sqrt().item<double>() / ref.std().item<double>();
       EXPECT_LT(rel, t.of_logit_std) << what;
       EXPECT_GT(max_abs_diff(got, ref), 0.0) << what << ": the quantized model computed the fp32 one";

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <omp.h>
+#include <vector>
 
 #include "kernels/cpu/isa_kernels.h"
 
@@ -22,18 +23,50 @@ void split_rows(int64_t out, int64_t bytes, const F& run) {
   }
 }
 
+// x rows quantized for the integer path (qdot_isa.cpp), in buffers each calling thread keeps.
+struct QuantizedRows {
+  std::vector<int8_t> q;
+  std::vector<uint8_t> a;
+  std::vector<float> s, c;
+};
+const QuantizedRows& quantize_rows(const IsaKernels& k, const float* x, int64_t rows, int64_t in) {
+  thread_local QuantizedRows r;
+  const auto n = static_cast<size_t>(rows * in);
+  if (r.q.size() < n) r.q.resize(n), r.a.resize(n), r.s.resize(n / kQ8Block), r.c.resize(n / kQ8Block);
+  k.quantize_rows_q8(x, rows * in / kQ8Block, r.q.data(), r.a.data(), r.s.data(), r.c.data());
+  return r;
+}
+
 }  // namespace
+
+bool qgemv_integer_path(int64_t in, int64_t group) { return in % kQ8Block == 0 && group % kQ8Block == 0; }
+
+void quantize_rows_q8(const float* x, int64_t rows, int64_t in, int8_t* xq, float* xs) {
+  std::vector<uint8_t> abs(static_cast<size_t>(rows * in));
+  std::vector<float> offsets(static_cast<size_t>(rows * in / kQ8Block));
+  active_kernels().quantize_rows_q8(x, rows * in / kQ8Block, xq, abs.data(), xs, offsets.data());
+}
 
 void qgemv_int8(const float* x, int64_t rows, int64_t in, const int8_t* q, const float* scales, int64_t group,
                 const float* bias, float* y, int64_t out) {
-  const auto f = active_kernels().qgemv_int8;
-  split_rows(out, out * in, [&](int64_t b, int64_t e) { f(x, rows, in, q, scales, group, bias, y, out, b, e); });
+  const auto& k = active_kernels();
+  if (qgemv_integer_path(in, group)) {
+    const auto& xr = quantize_rows(k, x, rows, in);
+    split_rows(out, out * in, [&](int64_t b, int64_t e) {
+      k.qgemv_q8x_int8(xr.q.data(), xr.a.data(), xr.s.data(), xr.c.data(), rows, in, q, scales, group, bias, y, out, b, e);
+    });
+    return;
+  }
+  split_rows(out, out * in, [&](int64_t b, int64_t e) { k.qgemv_int8(x, rows, in, q, scales, group, bias, y, out, b, e); });
 }
 
 void qgemv_int4(const float* x, int64_t rows, int64_t in, const uint8_t* q, const float* scales, int64_t group,
                 const float* bias, float* y, int64_t out) {
-  const auto f = active_kernels().qgemv_int4;
-  split_rows(out, out * in / 2, [&](int64_t b, int64_t e) { f(x, rows, in, q, scales, group, bias, y, out, b, e); });
+  const auto& k = active_kernels();
+  const auto& xr = quantize_rows(k, x, rows, in);   // int4 layers are whole blocks
+  split_rows(out, out * in / 2, [&](int64_t b, int64_t e) {
+    k.qgemv_q8x_int4(xr.q.data(), xr.a.data(), xr.s.data(), xr.c.data(), rows, in, q, scales, group, bias, y, out, b, e);
+  });
 }
 
 }  // namespace colossal::kernels

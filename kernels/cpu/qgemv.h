@@ -19,6 +19,16 @@ namespace colossal::kernels {
 
 constexpr int64_t kInt4Block = 32;   // inputs per packed int4 block (16 bytes)
 
+// Layers whose width and group are whole blocks of 32 inputs (every int4 layer; int8 ones of such widths)
+// take the integer path: each call quantizes the x rows to int8 per block of 32 (scale absmax / 127,
+// rounded to nearest even), and every block's products sum exactly in int32 before the scales apply,
+// so the result is that of the dequantized x (not x itself) times the dequantized weight. Other int8
+// layers widen the weights to floats against x as it is.
+constexpr int64_t kQ8Block = 32;
+bool qgemv_integer_path(int64_t in, int64_t group);
+// The integer path's quantization of x [rows, in] (in a multiple of 32): xq [rows, in], xs [rows, in / 32].
+void quantize_rows_q8(const float* x, int64_t rows, int64_t in, int8_t* xq, float* xs);
+
 // x [rows, in], bias [out] or null, y [rows, out]; scales [out, in / group] (group divides in).
 void qgemv_int8(const float* x, int64_t rows, int64_t in, const int8_t* q, const float* scales, int64_t group,
                 const float* bias, float* y, int64_t out);

@@ -1,0 +1,195 @@
+// Quantized decoding GEMV with integer dot products, one instruction set's copy: see qgemv.h. The x rows
+// arrive quantized to int8 in blocks of 32 inputs (qgemv.cpp: scale = absmax / 127, as llama.cpp's
+// Q8_0), so each block of a weight row meets each x row in one integer dot product, summed exactly in
+// int32 lanes (AVX2's byte products come in pairs to int16 and then to int32):
+//   int8 weights: the weights take x's signs and |x| multiplies them (|x|, |w| <= 127 keep a pair below
+//     int16's limit);
+//   int4 weights: the stored nibbles n = w + 8 (0..15) multiply x directly, with no unpacking beyond a
+//     mask and a shift, and sum(x) * 8 of each block (from the quantizer) is taken off per group.
+// Per block each x row then takes one conversion to float and one multiply-add by the block's x scale;
+// per group one multiply-add by the weight's scale. Integer sums are exact, so the fixed float order
+// after them makes a row's bits independent of the batch and the thread split.
+#include "kernels/cpu/isa_entry.h"
+#include "kernels/cpu/simd.h"
+
+namespace colossal::kernels::COLOSSAL_ISA {
+namespace {
+
+constexpr int kBlock = 32;   // inputs per x scale and per step
+constexpr int64_t kPrefetchBytes = 4096;
+
+#if defined(__AVX2__)
+constexpr int kRows = 4;     // x rows per pass over a weight row
+typedef Vec<8>::type f8;
+
+// The 32 weights of one block as bytes: int8's signed values, or int4's stored nibbles (value + 8).
+template <bool Int4>
+COLOSSAL_INLINE __m256i block_weights(const void* qrow, int64_t i) {
+  if constexpr (Int4) {
+    const uint8_t* q = static_cast<const uint8_t*>(qrow) + i / 2;
+    __builtin_prefetch(q + kPrefetchBytes, 0, 3);
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask));   // inputs 0..15 | 16..31
+  } else {
+    const int8_t* q = static_cast<const int8_t*>(qrow) + i;
+    __builtin_prefetch(q + kPrefetchBytes, 0, 3);
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  }
+}
+
+// The block's products as 8 int32 lanes (each the sum of 4 neighbouring ones): x * w for int8, x * n
+// for int4's nibbles (n <= 15 keeps a pair far below int16's limit).
+template <bool Int4>
+COLOSSAL_INLINE __m256i block_dot(__m256i w, const int8_t* xq, const uint8_t* xa) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  __m256i pairs;
+  if constexpr (Int4) {
+    pairs = _mm256_maddubs_epi16(w, x);
+  } else {
+    const __m256i ax = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xa));
+    pairs = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, x));   // |x| * (w * sign x)
+  }
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+template <int R, bool Int4>
+COLOSSAL_INLINE void row(const int8_t* __restrict xq, const uint8_t* __restrict xa, const float* __restrict xs,
+                         const float* __restrict xc, int64_t in, const void* __restrict qrow, const float* __restrict scale,
+                         int64_t group, float bias, float* __restrict y, int64_t ldy) {
+  const int64_t blocks = in / kBlock;
+  f8 total[R] = {};
+  float offset[R] = {};   // int4: the nibbles' +8, scaled, summed over the groups
+  for (int64_t g0 = 0, gi = 0; g0 < in; g0 += group, ++gi) {
+    f8 acc[R] = {};
+    float corr[R] = {};
+    for (int64_t i = g0; i < g0 + group; i += kBlock) {
+      const __m256i w = block_weights<Int4>(qrow, i);
+      const int64_t b = i / kBlock;
+      for (int r = 0; r < R; ++r) {
+        const f8 d = (f8)_mm256_cvtepi32_ps(block_dot<Int4>(w, xq + r * in + i, xa + r * in + i));
+        acc[r] = fmadd<8>(d, xs[r * blocks + b] - f8{}, acc[r]);
+        if constexpr (Int4) corr[r] += xc[r * blocks + b];
+      }
+    }
+    const f8 s = scale[gi] - f8{};
+    for (int r = 0; r < R; ++r) {
+      total[r] = fmadd<8>(s, acc[r], total[r]);
+      if constexpr (Int4) offset[r] = fmadd(scale[gi], corr[r], offset[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r * ldy] = (hsum<8>(total[r]) - offset[r]) + bias;
+}
+
+#else   // baseline: the same sums, one lane of 4 products at a time (integer sums are exact either way)
+constexpr int kRows = 1;
+typedef Vec<8>::type f8;
+
+template <int R, bool Int4>
+void row(const int8_t* xq, const uint8_t*, const float* xs, const float* xc, int64_t in, const void* qrow, const float* scale,
+         int64_t group, float bias, float* y, int64_t) {
+  static_assert(R == 1);
+  f8 total = {};
+  float offset = 0;
+  for (int64_t g0 = 0, gi = 0; g0 < in; g0 += group, ++gi) {
+    f8 acc = {};
+    float corr = 0;
+    for (int64_t i = g0; i < g0 + group; i += kBlock) {
+      int32_t w[kBlock];   // int8's values, or int4's stored nibbles (value + 8)
+      for (int k = 0; k < kBlock; ++k) {
+        if constexpr (Int4) {
+          const uint8_t byte = static_cast<const uint8_t*>(qrow)[i / 2 + (k & 15)];
+          w[k] = k < 16 ? byte & 15 : byte >> 4;
+        } else {
+          w[k] = static_cast<const int8_t*>(qrow)[i + k];
+        }
+      }
+      f8 d;
+      for (int lane = 0; lane < 8; ++lane) {
+        int32_t s = 0;
+        for (int k = 4 * lane; k < 4 * lane + 4; ++k) s += int32_t{xq[i + k]} * w[k];
+        d[lane] = static_cast<float>(s);
+      }
+      acc = fmadd<8>(d, xs[i / kBlock] - f8{}, acc);
+      if constexpr (Int4) corr += xc[i / kBlock];
+    }
+    total = fmadd<8>(scale[gi] - f8{}, acc, total);
+    if constexpr (Int4) offset = fmadd(scale[gi], corr, offset);
+  }
+  y[0] = (hsum<8>(total) - offset) + bias;
+}
+#endif
+
+template <bool Int4>
+void rows_q8(const int8_t* xq, const uint8_t* xa, const float* xs, const float* xc, int64_t rows, int64_t in, const void* q, const float* scales,
+             int64_t group, const float* bias, float* y, int64_t ldy, int64_t o_begin, int64_t o_end) {
+  const int64_t row_bytes = Int4 ? in / 2 : in, groups = in / group, blocks = in / kBlock;
+  for (int64_t o = o_begin; o < o_end; ++o) {
+    const void* qo = static_cast<const uint8_t*>(q) + o * row_bytes;
+    const float* so = scales + o * groups;
+    const float b = bias ? bias[o] : 0.0f;
+    for (int64_t r = 0; r < rows; r += kRows) {
+      const int8_t* xqr = xq + r * in;
+      const uint8_t* xar = xa + r * in;
+      const float* xsr = xs + r * blocks;
+      const float* xcr = xc + r * blocks;
+      float* yr = y + r * ldy + o;
+      switch (rows - r < kRows ? rows - r : kRows) {
+        case 1: row<1, Int4>(xqr, xar, xsr, xcr, in, qo, so, group, b, yr, ldy); break;
+#if defined(__AVX2__)
+        case 2: row<2, Int4>(xqr, xar, xsr, xcr, in, qo, so, group, b, yr, ldy); break;
+        case 3: row<3, Int4>(xqr, xar, xsr, xcr, in, qo, so, group, b, yr, ldy); break;
+        default: row<4, Int4>(xqr, xar, xsr, xcr, in, qo, so, group, b, yr, ldy); break;
+#endif
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void qgemv_q8x_int8(const int8_t* xq, const uint8_t* xa, const float* xs, const float* xc, int64_t rows, int64_t in,
+                    const int8_t* q, const float* scales, int64_t group, const float* bias, float* y, int64_t ldy, int64_t o_begin,
+                    int64_t o_end) {
+  rows_q8<false>(xq, xa, xs, xc, rows, in, q, scales, group, bias, y, ldy, o_begin, o_end);
+}
+
+void qgemv_q8x_int4(const int8_t* xq, const uint8_t* xa, const float* xs, const float* xc, int64_t rows, int64_t in,
+                    const uint8_t* q, const float* scales, int64_t group, const float* bias, float* y, int64_t ldy, int64_t o_begin,
+                    int64_t o_end) {
+  rows_q8<true>(xq, xa, xs, xc, rows, in, q, scales, group, bias, y, ldy, o_begin, o_end);
+}
+
+}  // namespace colossal::kernels::COLOSSAL_ISA
+
+namespace colossal::kernels::COLOSSAL_ISA {
+
+void quantize_rows_q8(const float* x, int64_t n_blocks, int8_t* xq, uint8_t* xa, float* xs, float* xc) {
+  for (int64_t b = 0; b < n_blocks; ++b, x += kBlock, xq += kBlock, xa += kBlock) {
+    float top = 0.0f;
+    for (int k = 0; k < kBlock; ++k) top = top > __builtin_fabsf(x[k]) ? top : __builtin_fabsf(x[k]);
+    xs[b] = top / 127.0f;
+    const float inv = top > 0.0f ? 127.0f / top : 0.0f;
+#if defined(__AVX2__)
+    const __m256 vinv = _mm256_set1_ps(inv);
+    __m256i q[4];   // x * 127 / absmax rounded to nearest even (the default rounding mode), in int32
+    for (int v = 0; v < 4; ++v) q[v] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v), vinv));
+    // int32 -> int8 in order: the packs interleave 128-bit halves, the permute puts them back.
+    const __m256i w16a = _mm256_packs_epi32(q[0], q[1]), w16b = _mm256_packs_epi32(q[2], q[3]);
+    const __m256i b8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16a, w16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq), b8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xa), _mm256_abs_epi8(b8));
+#else
+    for (int k = 0; k < kBlock; ++k) {
+      const int v = static_cast<int>(__builtin_rintf(x[k] * inv));
+      xq[k] = static_cast<int8_t>(v);
+      xa[k] = static_cast<uint8_t>(v < 0 ? -v : v);
+    }
+#endif
+    int32_t sum = 0;   // exact; the int4 kernels take 8 * sum * scale off each block (the nibbles' offset)
+    for (int k = 0; k < kBlock; ++k) sum += xq[k];
+    xc[b] = static_cast<float>(8 * sum) * xs[b];
+  }
+}
+
+}  // namespace colossal::kernels::COLOSSAL_ISA
