@@ -2,6 +2,7 @@
 // scores take four keys per pass over q (one horizontal sum each at the end); the weighted sum of
 // values keeps its output columns in registers, at most 8 vectors at a time, across all positions.
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cpu/isa_entry.h"
 #include "kernels/cpu/simd.h"
@@ -87,6 +88,56 @@ void attention_decode_head(const float* __restrict q, const float* __restrict k,
   for (; c < d; ++c) {
     float acc = 0.0f;
     for (int64_t j = 0; j < n; ++j) acc += s[j] * v[j * d + c];
+    out[c] = acc * inv;
+  }
+}
+
+// The same over keys and values in blocks (paged_attention.h): the scores block by block into s, ALiBi's
+// slope * (j - (n - 1)) added when slope is non-zero, the softmax over all n, the weighted values block by
+// block with the output columns in registers across every block.
+void attention_paged_head(const float* __restrict q, const float* __restrict k_base, const float* __restrict v_base,
+                          const int32_t* __restrict table, int64_t n, int64_t block_size, int64_t block_stride, int64_t d,
+                          float scale, float slope, float* __restrict s, float* __restrict out) {
+  for (int64_t b = 0, j0 = 0; j0 < n; ++b, j0 += block_size)
+    scores(q, k_base + table[b] * block_stride, n - j0 < block_size ? n - j0 : block_size, d, scale, s + j0);
+  if (slope != 0.0f)
+    for (int64_t j = 0; j < n; ++j) s[j] += slope * static_cast<float>(j - (n - 1));
+  float max = -INFINITY;
+#pragma omp simd reduction(max : max)
+  for (int64_t j = 0; j < n; ++j) max = s[j] > max ? s[j] : max;
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = exp_nonpositive(s[j] - max);
+    sum += s[j];
+  }
+  const float inv = 1.0f / sum;
+  int64_t c = 0;
+  auto columns = [&](auto nv) {
+    constexpr int NV = decltype(nv)::value;
+    vf acc[NV] = {};
+    for (int64_t b = 0, j0 = 0; j0 < n; ++b, j0 += block_size) {
+      const float* v = v_base + table[b] * block_stride + c;
+      const int64_t m = n - j0 < block_size ? n - j0 : block_size;
+      for (int64_t j = 0; j < m; ++j) {
+        const vf pj = splat(s[j0 + j]);
+        for (int i = 0; i < NV; ++i) acc[i] += pj * load_u(v + j * d + i * kLanes);
+      }
+    }
+    for (int i = 0; i < NV; ++i) store_u(out + c + i * kLanes, acc[i] * inv);
+    c += NV * kLanes;
+  };
+  for (; c + 8 * kLanes <= d;) columns(std::integral_constant<int, 8>{});
+  if (c + 4 * kLanes <= d) columns(std::integral_constant<int, 4>{});
+  if (c + 2 * kLanes <= d) columns(std::integral_constant<int, 2>{});
+  if (c + kLanes <= d) columns(std::integral_constant<int, 1>{});
+  for (; c < d; ++c) {
+    float acc = 0.0f;
+    for (int64_t b = 0, j0 = 0; j0 < n; ++b, j0 += block_size) {
+      const float* v = v_base + table[b] * block_stride + c;
+      const int64_t m = n - j0 < block_size ? n - j0 : block_size;
+      for (int64_t j = 0; j < m; ++j) acc += s[j0 + j] * v[j * d];
+    }
     out[c] = acc * inv;
   }
 }

@@ -33,6 +33,8 @@ void qgemv_q8x_int4(const int8_t* xq, const uint8_t* xa, const float* xs, const 
                     const float* scales, int64_t group, const float* bias, float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
 void attention_decode_head(const float* q, const float* k, const float* v, int64_t n, int64_t d, float scale,
                            const uint8_t* valid, float* s, float* out);
+void attention_paged_head(const float* q, const float* k_base, const float* v_base, const int32_t* table, int64_t n,
+                          int64_t block_size, int64_t block_stride, int64_t d, float scale, float slope, float* s, float* out);
 void layer_norm_forward_rows(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
                              int64_t rows, int64_t cols, float eps);
 void layer_norm_backward_rows(const float* dy, const float* x, const float* mean, const float* rstd,

@@ -69,6 +69,12 @@ struct IsaKernels {
   // (when valid is given) left out: out[d] = softmax(scale q k^T) v. s: n floats of scratch.
   void (*attention_decode_head)(const float* q, const float* k, const float* v, int64_t n, int64_t d, float scale,
                                 const uint8_t* valid, float* s, float* out);
+  // The same for a query at position n - 1 whose keys and values live in blocks (paged_attention.h): this
+  // head's block b starts at k_base + table[b] * block_stride (v_base alike), block_size rows of d;
+  // slope != 0 adds ALiBi's slope * (j - (n - 1)).
+  void (*attention_paged_head)(const float* q, const float* k_base, const float* v_base, const int32_t* table, int64_t n,
+                               int64_t block_size, int64_t block_stride, int64_t d, float scale, float slope, float* s,
+                               float* out);
   // LayerNorm of `rows` rows (see layer_norm.h); the backward writes its block's dgamma and dbeta sums.
   void (*layer_norm_forward)(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
                              int64_t rows, int64_t cols, float eps);

@@ -9,34 +9,17 @@
 #include <spdlog/spdlog.h>
 
 #include "src/core/error.h"
+#include "src/engine/text_stream.h"
 
 namespace colossal {
 namespace {
 
-// Per-sequence decoding state: ids so far, text released so far, and whether it has finished.
+// Per-sequence decoding state: its text so far and whether it has finished.
 struct Sequence {
-  std::vector<int> ids;
-  std::string emitted;
+  TextStream text;
   bool done = false;
   GenerationResult result;
 };
-
-// Text of `ids` minus a trailing incomplete UTF-8 character: byte-fallback pieces arrive one byte at
-// a time (SentencePiece marks an unfinished character with U+FFFD), byte-level BPE tokens can end
-// inside a character (their decode is raw bytes).
-std::string stable_text(const Tokenizer& tok, const std::vector<int>& ids) {
-  std::string text = tok.decode(ids, /*skip_special=*/true);
-  static const std::string replacement = "\xEF\xBF\xBD";
-  while (text.size() >= 3 && text.compare(text.size() - 3, 3, replacement) == 0) text.resize(text.size() - 3);
-  size_t lead = text.size();
-  while (lead > 0 && text.size() - lead < 3 && (static_cast<unsigned char>(text[lead - 1]) & 0xC0) == 0x80) --lead;
-  if (lead > 0) {
-    const auto b = static_cast<unsigned char>(text[lead - 1]);
-    const size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
-    if (text.size() - (lead - 1) < need) text.resize(lead - 1);
-  }
-  return text;
-}
 
 }  // namespace
 
@@ -110,20 +93,14 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::string>
   timing_.batch = b;
   timing_.prefill_tokens = b * longest;
 
-  std::vector<Sequence> seqs(b);
-  for (int64_t i = 0; i < b; ++i) seqs[i].result.prompt_tokens = static_cast<int64_t>(encoded[i].size());
-  size_t hold = 0;
-  for (const auto& s : c.stop) hold = std::max(hold, s.empty() ? 0 : s.size() - 1);
+  std::vector<Sequence> seqs;
+  for (int64_t i = 0; i < b; ++i) {
+    seqs.push_back({TextStream(tokenizer_, c.stop), false, {}});
+    seqs.back().result.prompt_tokens = static_cast<int64_t>(encoded[i].size());
+  }
   const int64_t allowed = std::min(tokenizer_.vocab_size(), model_->vocab_size());
-
-  auto release = [&](int64_t i, const std::string& text, bool final) {
-    auto& s = seqs[i];
-    size_t upto = final ? text.size() : (text.size() > hold ? text.size() - hold : 0);
-    if (upto > s.emitted.size()) {
-      std::string piece = text.substr(s.emitted.size(), upto - s.emitted.size());
-      s.emitted += piece;
-      if (on_text) on_text(static_cast<size_t>(i), piece);
-    }
+  auto emit = [&](int64_t i, const std::string& piece) {
+    if (on_text && !piece.empty()) on_text(static_cast<size_t>(i), piece);
   };
 
   for (int64_t step = 0; step < max_new; ++step) {
@@ -136,27 +113,21 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::string>
       if (eos && nx[i] == *eos) {
         s.done = true;
         s.result.finish_reason = "eos";
-        release(i, stable_text(tokenizer_, s.ids), true);
+        emit(i, s.text.finish_at_eos());
         continue;
       }
-      s.ids.push_back(static_cast<int>(nx[i]));
-      std::string text = stable_text(tokenizer_, s.ids);
-      size_t cut = std::string::npos;
-      for (const auto& stop : c.stop)
-        if (!stop.empty()) cut = std::min(cut, text.find(stop));
-      if (cut != std::string::npos) {
+      emit(i, s.text.push(static_cast<int>(nx[i])));
+      if (s.text.stopped()) {
         s.done = true;
         s.result.finish_reason = "stop";
-        release(i, text.substr(0, cut), true);
         continue;
       }
       if (step + 1 == max_new) {
         s.done = true;
         s.result.finish_reason = "length";
-        release(i, tokenizer_.decode(s.ids, /*skip_special=*/true), true);
+        emit(i, s.text.finish_at_length());
         continue;
       }
-      release(i, text, false);
       all_done = false;
     }
     if (all_done) break;
@@ -178,8 +149,8 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::string>
   std::vector<GenerationResult> out;
   for (auto& s : seqs) {
     if (!s.done) s.result.finish_reason = "length";
-    s.result.text = s.emitted;
-    s.result.completion_tokens = static_cast<int64_t>(s.ids.size());
+    s.result.text = s.text.emitted();
+    s.result.completion_tokens = static_cast<int64_t>(s.text.ids().size());
     out.push_back(std::move(s.result));
   }
   return out;

@@ -2,6 +2,9 @@
 #include "src/nn/attention.h"
 
 #include <ATen/ATen.h>
+#include <cmath>
+
+#include "kernels/cpu/paged_attention.h"
 
 #include "src/nn/alibi.h"
 #include "src/nn/cached_attention.h"
@@ -20,6 +23,7 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
   const double p = is_training() ? spec_.dropout : 0.0;
   const double p_attn = is_training() ? (spec_.attn_dropout < 0 ? spec_.dropout : spec_.attn_dropout) : 0.0;
   auto packed = qkv_->forward(x);                                                 // [B, T, 3C]
+  if (kv && kv->paged) return proj_->forward(paged_forward(packed, *kv));
   if (spec_.alibi) {
     auto y = proj_->forward(alibi_forward(packed, kv, offset, mask, p_attn));
     return p > 0 ? at::dropout(y, p, true) : y;
@@ -38,6 +42,23 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
   y = y.transpose(1, 2).reshape({b, t, c});                                 // [B, T, C]
   y = proj_->forward(y);
   return p > 0 ? at::dropout(y, p, true) : y;
+}
+
+at::Tensor Attention::paged_forward(const at::Tensor& packed_in, LayerKv& kv) {
+  const auto& rows = *kv.paged;
+  const auto packed = packed_in.contiguous();
+  const int64_t n = packed.size(0), c = packed.size(2) / 3, h = spec_.heads, d = c / h;
+  TORCH_CHECK(!is_training() && packed.is_cpu() && packed.scalar_type() == at::kFloat && packed.size(1) == 1 &&
+                  static_cast<int64_t>(rows.positions.size()) == n && static_cast<int64_t>(rows.tables.size()) == n &&
+                  kv.k.is_contiguous() && kv.v.is_contiguous() && kv.k.size(1) == h && kv.k.size(2) == rows.block_size &&
+                  kv.k.size(3) == d,
+              "paged attention: rows ", packed.sizes(), " against a pool ", kv.k.sizes(), " (CPU float inference only)");
+  auto y = at::empty({n, 1, c}, packed.options());
+  const kernels::PagedAttentionDims dims{n, h, d, rows.block_size, static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)))};
+  kernels::paged_attention(packed.const_data_ptr<float>(), kv.k.mutable_data_ptr<float>(), kv.v.mutable_data_ptr<float>(),
+                           rows.positions.data(), rows.tables.data(), spec_.alibi ? alibi_slopes_.const_data_ptr<float>() : nullptr,
+                           y.mutable_data_ptr<float>(), dims);
+  return y;
 }
 
 at::Tensor Attention::alibi_forward(const at::Tensor& packed, LayerKv* kv, int64_t offset, const at::Tensor& mask, double p_attn) {

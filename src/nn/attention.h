@@ -4,15 +4,27 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <memory>
+#include <vector>
 
 #include "src/nn/factory.h"
 #include "src/nn/module.h"
 
 namespace colossal::nn {
 
-// Keys and values of one layer for positions [0, length) of each sequence: [B, H, capacity, head_dim].
+// Serving's step over several sequences at once (kernels/cpu/paged_attention.h): row i of the input
+// [N, 1, C] is one token at positions[i] of the sequence whose block table is tables[i]; keys and values
+// live in the layer's pool of blocks of block_size positions.
+struct PagedRows {
+  int64_t block_size = 16;
+  std::vector<int64_t> positions;
+  std::vector<const int32_t*> tables;
+};
+
+// Keys and values of one layer for positions [0, length) of each sequence: [B, H, capacity, head_dim];
+// or, with `paged`, the layer's block pool [num_blocks, H, block_size, head_dim] that the rows index.
 struct LayerKv {
   at::Tensor k, v;
+  const PagedRows* paged = nullptr;
 };
 
 class Attention : public Module {
@@ -28,6 +40,8 @@ class Attention : public Module {
   int64_t head_dim() const { return spec_.width / spec_.heads; }
 
  private:
+  // Serving's rows against their sequences' blocks (kv.paged), CPU float: packed [N, 1, 3C] -> [N, 1, C].
+  at::Tensor paged_forward(const at::Tensor& packed, LayerKv& kv);
   // ALiBi's path: ATen's attention with the distance bias as its float mask, with or without a cache.
   at::Tensor alibi_forward(const at::Tensor& packed, LayerKv* kv, int64_t offset, const at::Tensor& mask, double p_attn);
 

@@ -1,0 +1,41 @@
+// Paged attention for serving, CPU: see paged_attention.h. Writes every token's key and value, then one
+// task per (token, head) across OpenMP threads; the per-head loop is the active instruction set's
+// (decode_attention_isa.cpp's attention_paged_head).
+#include "kernels/cpu/paged_attention.h"
+
+#include <cstring>
+
+#include "kernels/cpu/isa_kernels.h"
+#include "kernels/cpu/thread_scratch.h"
+
+namespace colossal::kernels {
+
+void paged_attention(const float* qkv, float* k_pool, float* v_pool, const int64_t* positions, const int32_t* const* tables,
+                     const float* alibi_slopes, float* out, const PagedAttentionDims& a) {
+  const int64_t h = a.heads, d = a.head_dim, c = h * d, bs = a.block_size, block_stride = h * bs * d;
+  int64_t longest = 0, work = 0;
+  for (int64_t i = 0; i < a.tokens; ++i) {   // keys and values first: a chunk's later tokens read its earlier ones
+    const int64_t p = positions[i], block = tables[i][p / bs], slot = p % bs;
+    for (int64_t head = 0; head < h; ++head) {
+      const int64_t at = block * block_stride + (head * bs + slot) * d;
+      std::memcpy(k_pool + at, qkv + i * 3 * c + c + head * d, static_cast<size_t>(d) * sizeof(float));
+      std::memcpy(v_pool + at, qkv + i * 3 * c + 2 * c + head * d, static_cast<size_t>(d) * sizeof(float));
+    }
+    longest = p + 1 > longest ? p + 1 : longest;
+    work += 2 * (p + 1) * c;
+  }
+  const auto head_fn = active_kernels().attention_paged_head;
+  const int64_t tasks = a.tokens * h;
+#pragma omp parallel if (tasks > 1 && work >= (1 << 15))
+  {
+    float* scores = thread_scratch(static_cast<size_t>(longest));
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t i = task / h, head = task % h;
+      head_fn(qkv + i * 3 * c + head * d, k_pool + head * bs * d, v_pool + head * bs * d, tables[i], positions[i] + 1, bs,
+              block_stride, d, a.scale, alibi_slopes ? alibi_slopes[head] : 0.0f, scores, out + i * c + head * d);
+    }
+  }
+}
+
+}  // namespace colossal::kernels

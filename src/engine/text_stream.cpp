@@ -1,0 +1,49 @@
+// Incremental detokenising with stop strings: see text_stream.h.
+#include "src/engine/text_stream.h"
+
+#include <algorithm>
+
+namespace colossal {
+
+std::string stable_text(const Tokenizer& tok, const std::vector<int>& ids) {
+  std::string text = tok.decode(ids, /*skip_special=*/true);
+  static const std::string replacement = "\xEF\xBF\xBD";   // SentencePiece marks an unfinished character so
+  while (text.size() >= 3 && text.compare(text.size() - 3, 3, replacement) == 0) text.resize(text.size() - 3);
+  size_t lead = text.size();
+  while (lead > 0 && text.size() - lead < 3 && (static_cast<unsigned char>(text[lead - 1]) & 0xC0) == 0x80) --lead;
+  if (lead > 0) {
+    const auto b = static_cast<unsigned char>(text[lead - 1]);
+    const size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+    if (text.size() - (lead - 1) < need) text.resize(lead - 1);
+  }
+  return text;
+}
+
+TextStream::TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop) : tokenizer_(&tokenizer), stop_(std::move(stop)) {
+  for (const auto& s : stop_) hold_ = std::max(hold_, s.empty() ? 0 : s.size() - 1);
+}
+
+std::string TextStream::release(const std::string& text, bool final) {
+  const size_t upto = final ? text.size() : (text.size() > hold_ ? text.size() - hold_ : 0);
+  if (upto <= emitted_.size()) return "";
+  std::string piece = text.substr(emitted_.size(), upto - emitted_.size());
+  emitted_ += piece;
+  return piece;
+}
+
+std::string TextStream::push(int id) {
+  ids_.push_back(id);
+  const std::string text = stable_text(*tokenizer_, ids_);
+  size_t cut = std::string::npos;
+  for (const auto& s : stop_)
+    if (!s.empty()) cut = std::min(cut, text.find(s));
+  if (cut == std::string::npos) return release(text, false);
+  stopped_ = true;
+  return release(text.substr(0, cut), true);
+}
+
+std::string TextStream::finish_at_eos() { return stopped_ ? "" : release(stable_text(*tokenizer_, ids_), true); }
+
+std::string TextStream::finish_at_length() { return stopped_ ? "" : release(tokenizer_->decode(ids_, /*skip_special=*/true), true); }
+
+}  // namespace colossal

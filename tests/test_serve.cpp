@@ -1,0 +1,179 @@
+// Serving's engine: paged attention against dense attention in double precision on every instruction set,
+// continuous batching with the paged KV cache against one-at-a-time greedy generation for each decoder
+// family (requests arriving at different steps, prompts in chunks, preemption forced by a small pool),
+// cancellation freeing blocks at once, and the requests the engine refuses.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <cmath>
+
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/paged_attention.h"
+#include "models/registry.h"
+#include "src/core/error.h"
+#include "src/engine/generator.h"
+#include "src/serve/batch_engine.h"
+#include "support/test_support.h"
+
+using namespace colossal;
+using colossal::test::error_of;
+
+TEST(PagedAttention, TokensOfSeveralSequencesInScatteredBlocksMatchDenseCausalAttentionOnEveryInstructionSet) {
+  at::manual_seed(31);
+  const int64_t h = 3, d = 40, bs = 4, blocks = 12;   // a head size with a vector tail on every set
+  // Sequence A: positions 0..6 in blocks {5, 2}; B: positions 0..9 in {7, 0, 9}. The step computes A's
+  // positions 5 and 6 (a chunk: 6 must see 5) and B's position 9; earlier positions are already cached.
+  const std::vector<int32_t> table_a{5, 2}, table_b{7, 0, 9};
+  struct Seq {
+    const std::vector<int32_t>* table;
+    int64_t length;
+  };
+  const Seq seqs[] = {{&table_a, 7}, {&table_b, 10}};
+  auto keys = at::randn({2, 10, h, d}), values = at::randn({2, 10, h, d}), queries = at::randn({2, 10, h, d});
+  for (bool alibi : {false, true}) {
+    const auto slopes = at::tensor({0.5f, 0.25f, 0.125f});
+    for (auto isa : kernels::runnable_isas()) {
+      kernels::ScopedIsa cap(isa);
+      auto k_pool = at::zeros({blocks, h, bs, d}), v_pool = at::zeros({blocks, h, bs, d});
+      std::vector<int64_t> positions;
+      std::vector<const int32_t*> tables;
+      std::vector<at::Tensor> qkv_rows;
+      for (int64_t s = 0; s < 2; ++s)
+        for (int64_t p = 0; p < seqs[s].length; ++p) {
+          const bool in_step = (s == 0 && p >= 5) || (s == 1 && p == 9);
+          const int64_t block = (*seqs[s].table)[p / bs], slot = p % bs;
+          if (!in_step) {   // cached earlier
+            k_pool.select(0, block).select(1, slot).copy_(keys[s][p]);
+            v_pool.select(0, block).select(1, slot).copy_(values[s][p]);
+            continue;
+          }
+          positions.push_back(p);
+          tables.push_back(seqs[s].table->data());
+          qkv_rows.push_back(at::stack({queries[s][p], keys[s][p], values[s][p]}));   // [3, H, D]
+        }
+      const auto qkv = at::stack(qkv_rows).contiguous();   // [3 tokens, 3, H, D]
+      auto out = at::empty({3, h, d});
+      const kernels::PagedAttentionDims dims{3, h, d, bs, static_cast<float>(1.0 / std::sqrt(double(d)))};
+      kernels::paged_attention(qkv.const_data_ptr<float>(), k_pool.mutable_data_ptr<float>(), v_pool.mutable_data_ptr<float>(),
+                               positions.data(), tables.data(), alibi ? slopes.const_data_ptr<float>() : nullptr,
+                               out.mutable_data_ptr<float>(), dims);
+      for (int64_t i = 0; i < 3; ++i) {
+        const int64_t s = i < 2 ? 0 : 1, p = positions[static_cast<size_t>(i)];
+        auto q = queries[s][p].to(at::kDouble), k = keys[s].narrow(0, 0, p + 1).to(at::kDouble),
+             v = values[s].narrow(0, 0, p + 1).to(at::kDouble);                            // [p+1, H, D]
+        auto scores = at::einsum("hd,jhd->hj", {q, k}) / std::sqrt(double(d));             // [H, p+1]
+        if (alibi) scores += slopes.to(at::kDouble).view({h, 1}) * (at::arange(p + 1, at::kDouble) - p).view({1, p + 1});
+        const auto ref = at::einsum("hj,jhd->hd", {scores.softmax(-1), v});
+        EXPECT_LT((out[i].to(at::kDouble) - ref).abs().max().item<double>(), 1e-5)
+            << kernels::isa_name(isa) << " token " << i << " alibi " << alibi;
+      }
+    }
+  }
+}
+
+namespace {
+
+ModelConfig tiny(const std::string& family) {
+  ModelConfig c;
+  c.family = family;
+  c.n_layer = 2, c.n_head = 2, c.n_embd = 32, c.block_size = 64, c.vocab_size = 512;
+  c.init_std = 0.5;   // weights large enough that every token depends on the whole context (at 0.02 they repeat one)
+  return c;
+}
+
+std::shared_ptr<nn::CausalLM> random_model(const std::string& family) {
+  at::manual_seed(32);
+  nn::LayerFactory f;
+  auto m = nn::model_as<nn::CausalLM>(build_model(tiny(family), f), "the test");
+  m->eval();
+  return m;
+}
+
+}  // namespace
+
+class ServeFamilies : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ServeFamilies, ContinuousBatchingWithPreemptionGivesEachRequestItsOneAtATimeGreedyTokens) {
+  const auto model = random_model(GetParam());
+  const auto tok = Tokenizer::load(test::small_corpus().tokenizer);
+  const std::vector<std::string> prompts = {"In the beginning God created the heaven and the earth.", "And God said",
+                                            "The LORD is my shepherd; I shall not want. He maketh me to lie down", "Jesus wept.",
+                                            "For God so loved the world"};
+  SamplingConfig greedy;
+  greedy.greedy = true;
+  greedy.max_tokens = 14;
+  // The reference: each prompt alone through the generator (contiguous cache, prefill in one forward).
+  Generator gen(model, tok, at::kCPU);
+  std::vector<std::string> expected_text;
+  for (const auto& p : prompts) expected_text.push_back(gen.generate({p}, greedy)[0].text);
+
+  // 14 blocks of 4 positions for 5 requests of 17 to 47 positions: preemption is certain; steps of at
+  // most 6 tokens split every prompt into chunks.
+  serve::BatchEngine engine(model, tok, {.block_size = 4, .num_blocks = 14, .max_step_tokens = 6, .max_running = 4});
+  std::vector<serve::Completion> done(prompts.size());
+  std::vector<std::string> streamed(prompts.size());
+  auto submit = [&](size_t i) {
+    serve::EngineRequest r;
+    r.prompt = tok.encode(prompts[i], /*add_special=*/true);
+    r.sampling = greedy;
+    r.on_text = [&, i](const std::string& piece) { streamed[i] += piece; };
+    r.on_done = [&, i](const serve::Completion& c) { done[i] = c; };
+    engine.submit(std::move(r));
+  };
+  submit(0), submit(1);
+  for (int s = 0; s < 3; ++s) engine.step();
+  submit(2), submit(3);
+  for (int s = 0; s < 5; ++s) engine.step();
+  submit(4);
+  for (int s = 0; s < 2000 && engine.step(); ++s) {}
+  const auto stats = engine.stats();
+  EXPECT_GT(stats.preemptions, 0) << "the pool was meant to force preemption";
+  EXPECT_EQ(stats.blocks_used, 0);
+  EXPECT_EQ(stats.running + stats.waiting, 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(done[i].text, expected_text[i]) << GetParam() << " request " << i;
+    EXPECT_EQ(streamed[i], done[i].text) << "request " << i << ": the streamed pieces add up to the completion";
+    EXPECT_FALSE(done[i].finish_reason.empty()) << "request " << i << " never finished";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ServeFamilies, ::testing::Values("gpt", "opt", "bloom"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST(ServeEngine, ACancelledRequestFinishesAtTheNextStepAndGivesItsBlocksBack) {
+  const auto model = random_model("gpt");
+  const auto tok = Tokenizer::load(test::small_corpus().tokenizer);
+  serve::BatchEngine engine(model, tok, {.block_size = 4, .num_blocks = 32});
+  std::string reason;
+  serve::EngineRequest r;
+  r.prompt = tok.encode("In the beginning God created the heaven and the earth.", true);
+  r.sampling.greedy = true;
+  r.sampling.max_tokens = 40;
+  r.on_done = [&](const serve::Completion& c) { reason = c.finish_reason; };
+  const int64_t id = engine.submit(std::move(r));
+  for (int s = 0; s < 3; ++s) engine.step();
+  EXPECT_GT(engine.stats().blocks_used, 0);
+  engine.cancel(id);
+  engine.step();
+  EXPECT_EQ(reason, "cancelled");
+  EXPECT_EQ(engine.stats().blocks_used, 0);
+  EXPECT_FALSE(engine.step()) << "nothing left to run";
+}
+
+TEST(ServeEngine, RequestsThatCannotRunAreRefusedWithWhatWouldFit) {
+  const auto model = random_model("gpt");
+  const auto tok = Tokenizer::load(test::small_corpus().tokenizer);
+  serve::BatchEngine engine(model, tok, {.block_size = 4, .num_blocks = 8});
+  auto request = [](std::vector<int> prompt, int64_t max_tokens) {
+    serve::EngineRequest r;
+    r.prompt = std::move(prompt);
+    r.sampling.max_tokens = max_tokens;
+    return r;
+  };
+  EXPECT_EQ(error_of([&] { engine.submit(request({}, 4)); }), "the prompt has no tokens");
+  EXPECT_EQ(error_of([&] { engine.submit(request(std::vector<int>(64, 5), 4)); }),
+            "the prompt has 64 tokens but the model's context is 64 (at most 63 leave room for a completion)");
+  EXPECT_NE(error_of([&] { engine.submit(request(std::vector<int>(20, 5), 20)); }).find("need 10 KV blocks but the pool has 8"),
+            std::string::npos);
+  EXPECT_EQ(error_of([&] { engine.submit(request(std::vector<int>(20, 5), 12)); }), "(no error)");
+}
