@@ -1,7 +1,7 @@
 # Dependencies found by path rather than pkg-config, so the same CMakeLists also configures where
 # Debian's -dev packages are only unpacked under a prefix (CMAKE_PREFIX_PATH) and no pkg-config exists,
 # as on the GPU machine (scripts/dev/gpu_check.sh). Exports colossal::sentencepiece,
-# colossal::tomlplusplus, colossal::liburing and COLOSSAL_FMT_SHIM.
+# colossal::tomlplusplus, colossal::liburing, colossal::httplib and COLOSSAL_FMT_SHIM.
 
 find_path(SENTENCEPIECE_INCLUDE_DIR sentencepiece_processor.h REQUIRED)
 find_library(SENTENCEPIECE_LIBRARY sentencepiece REQUIRED)
@@ -38,3 +38,14 @@ if(LIBURING_INCLUDE_DIR AND LIBURING_LIBRARY)
 else()
   message(STATUS "liburing not found: NVMe offload uses pread/pwrite")
 endif()
+
+# cpp-httplib (Debian's libcpp-httplib-dev) for `colossal serve`. Debian splits it: the header declares,
+# libcpp-httplib.so defines, and it was built with OpenSSL, zlib and Brotli support, which change the
+# classes the header declares, so every unit that includes it defines the same three (its pkg-config Cflags).
+find_path(HTTPLIB_INCLUDE_DIR httplib.h REQUIRED)
+find_library(HTTPLIB_LIBRARY cpp-httplib REQUIRED)
+add_library(colossal::httplib INTERFACE IMPORTED)
+set_target_properties(colossal::httplib PROPERTIES
+  INTERFACE_LINK_LIBRARIES "${HTTPLIB_LIBRARY}"
+  INTERFACE_INCLUDE_DIRECTORIES "${HTTPLIB_INCLUDE_DIR}"
+  INTERFACE_COMPILE_DEFINITIONS "CPPHTTPLIB_OPENSSL_SUPPORT;CPPHTTPLIB_ZLIB_SUPPORT;CPPHTTPLIB_BROTLI_SUPPORT")

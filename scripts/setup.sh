@@ -13,6 +13,7 @@ DEBS=(build-essential cmake ninja-build ccache pkg-config git time python3 pytho
       libgloo-dev libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libsentencepiece-dev
       sentencepiece libhdf5-dev zlib1g-dev libspdlog-dev libfmt-dev libgtest-dev googletest
       liburing-dev            # the NVMe offload tier's asynchronous reads and writes (io_uring)
+      libcpp-httplib-dev      # colossal serve's HTTP server
       dataset-fashion-mnist   # ViT recipes train on its IDX files
       iproute2 slurm-wlm munge)   # the two-node (network namespaces) and one-node SLURM tests
 # Test builds only (scripts/run.sh sets BUILD_TESTING=OFF): the profile page's render test opens it in

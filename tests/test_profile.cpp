@@ -172,23 +172,10 @@ TEST(Profile, HtmlPageDrawsBothPlotsInHeadlessChromium) {
   TempDir dir;
   const auto p = profile(dir, "");
   ASSERT_FALSE(p.empty());
-  std::string browser;
-  for (const char* name : {"chromium", "chromium-browser", "google-chrome"})
-    if (std::system(("command -v " + std::string(name) + " >/dev/null 2>&1").c_str()) == 0) {
-      browser = name;
-      break;
-    }
-  if (browser.empty()) GTEST_SKIP() << "no chromium on PATH (Debian's chromium package; scripts/setup.sh installs it for the tests)";
   // The page's script writes, once laid out, how many of each plot's shapes have a non-empty box.
-  const std::string command = browser + " --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --user-data-dir=" + (dir / "chrome") +
-                              " --virtual-time-budget=5000 --dump-dom file://" + (dir / "profile/profile.html") + " 2>" + (dir / "chrome.log");
-  std::string dom;
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
-  ASSERT_TRUE(pipe);
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, pipe.get())) > 0;) dom.append(buf, n);
-  if (dom.find("<body") == std::string::npos)
-    GTEST_SKIP() << "chromium could not start here: " << colossal::test::read_file(dir / "chrome.log").substr(0, 400);
+  std::string why;
+  const std::string dom = colossal::test::headless_dom("file://" + (dir / "profile/profile.html"), dir.path(), 5000, why);
+  if (dom.empty()) GTEST_SKIP() << why;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(dom, m, std::regex("data-rendered=\"memory:(\\d+) chunks:(\\d+)\""))) << dom.substr(0, 2000);
   EXPECT_GE(std::stoi(m[1]), 4) << "the stacked areas and the peak line";

@@ -13,6 +13,7 @@
 #include "src/core/error.h"
 #include "src/engine/generator.h"
 #include "src/serve/batch_engine.h"
+#include "src/serve/completion_api.h"
 #include "support/test_support.h"
 
 using namespace colossal;
@@ -176,4 +177,48 @@ TEST(ServeEngine, RequestsThatCannotRunAreRefusedWithWhatWouldFit) {
   EXPECT_NE(error_of([&] { engine.submit(request(std::vector<int>(20, 5), 20)); }).find("need 10 KV blocks but the pool has 8"),
             std::string::npos);
   EXPECT_EQ(error_of([&] { engine.submit(request(std::vector<int>(20, 5), 12)); }), "(no error)");
+}
+
+TEST(CompletionApi, RequestsParseAsOpenAiClientsSendThemAndBadOnesGetA4xxNamingTheField) {
+  const serve::ServeLimits limits{.max_body_bytes = 1 << 20, .max_tokens = 100, .max_choices = 4, .max_queue = 8};
+  const auto r = serve::parse_completion_request(
+      R"({"model": "m", "prompt": ["a", "b"], "max_tokens": 7, "temperature": 0, "top_p": 0.5, "stop": "\n", "seed": 3,
+          "n": 2, "echo": true, "logprobs": 2, "stream": true, "stream_options": {"include_usage": true}, "user": "u",
+          "presence_penalty": 0, "frequency_penalty": 0, "best_of": 1, "logit_bias": {}, "suffix": null})",
+      limits, 512);
+  EXPECT_EQ(r.prompts, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(r.max_tokens, 7);
+  EXPECT_EQ(r.temperature, 0.0);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"\n"});
+  EXPECT_EQ(r.seed, 3u);
+  EXPECT_TRUE(r.echo && r.stream && r.include_usage);
+  EXPECT_EQ(r.logprobs, 2);
+  const auto ids = serve::parse_completion_request(R"({"prompt": [[1, 2], [3]], "max_tokens": 4.0})", limits, 512);
+  EXPECT_EQ(ids.prompt_ids, (std::vector<std::vector<int>>{{1, 2}, {3}}));
+  EXPECT_EQ(ids.max_tokens, 4);
+  EXPECT_EQ(serve::parse_completion_request(R"({"prompt": "x"})", limits, 512).max_tokens, 16) << "OpenAI's default";
+
+  auto refused = [&](const std::string& body) -> std::pair<int, std::string> {
+    try {
+      serve::parse_completion_request(body, limits, 512);
+    } catch (const serve::ApiError& e) {
+      return {e.status, std::string(e.what()) + " [" + e.param + "]"};
+    }
+    return {0, "(accepted)"};
+  };
+  EXPECT_EQ(refused("{\"prompt\": \"x\",").second, "the body is not valid JSON (at byte 16) []");
+  EXPECT_EQ(refused("[1]").second, "the body must be a JSON object, not array []");
+  EXPECT_EQ(refused(R"({"max_tokens": 3})").second, "'prompt' is required [prompt]");
+  EXPECT_EQ(refused(R"({"prompt": "x", "max_tokens": 101})").second, "'max_tokens' must be an integer from 1 to 100 (got 101) [max_tokens]");
+  EXPECT_EQ(refused(R"({"prompt": "x", "max_tokens": 1e300})").first, 400);
+  EXPECT_EQ(refused(R"({"prompt": "x", "temperature": "hot"})").second, "'temperature' must be a number (got \"hot\") [temperature]");
+  EXPECT_EQ(refused(R"({"prompt": [1, "a"]})").first, 400);
+  EXPECT_EQ(refused(R"({"prompt": [512]})").second, "'prompt' must be an integer from 0 to 511 (got 512) [prompt]");
+  EXPECT_EQ(refused(R"({"prompt": ["a", "b", "c"], "n": 2})").second,
+            "3 prompts x n = 2 asks for 6 completions; this server allows 4 a request [n]");
+  EXPECT_EQ(refused(R"({"prompt": "x", "frequency_penalty": 0.5})").second, "'frequency_penalty' other than 0 is not supported [frequency_penalty]");
+  EXPECT_EQ(refused(R"({"prompt": "x", "stream_options": {"include_usage": true}})").second, "'stream_options' needs 'stream': true [stream_options]");
+  EXPECT_EQ(refused(R"({"prompt": "x", "tools": []})").second, "unrecognized request argument 'tools' [tools]");
+  for (const auto& [status, _] : {refused("{}"), refused("null"), refused(R"({"prompt": []})"), refused(R"({"prompt": [[]]})")})
+    EXPECT_EQ(status, 400);
 }

@@ -15,6 +15,7 @@
 #include "src/core/log.h"
 #include "src/core/text.h"
 #include "src/engine/checkpoint.h"
+#include "src/engine/generation_checkpoint.h"
 #include "src/engine/generator.h"
 #include "src/engine/streamed_weights.h"
 #include "models/registry.h"
@@ -77,18 +78,13 @@ void run(InferArgs& a) {
     throw Error(which + " is not valid UTF-8 (byte " + std::to_string(at) + "); prompts must be UTF-8 text");
   }
 
-  const std::string dir = resolve_checkpoint(a.checkpoint);
-  auto info = read_checkpoint_info(dir);
-  if (const std::string task = model_task(info.model); task != "causal_lm")   // before reading anything large
-    throw Error("colossal infer (text generation) needs a causal language model; " + dir + " holds a " + info.model.family +
-                " model trained for " + task);
-  auto tokenizer = Tokenizer::from_files(info.tokenizer_files, dir);
-  if (tokenizer.vocab_size() > info.model.vocab_size)
-    throw Error("checkpoint " + dir + ": tokenizer has " + std::to_string(tokenizer.vocab_size()) +
-                " pieces but the model only " + std::to_string(info.model.vocab_size) + " rows (mismatched files?)");
+  auto opened = open_generation_checkpoint(a.checkpoint, "colossal infer");
+  const std::string& dir = opened.dir;
+  const auto& info = opened.info;
+  auto& tokenizer = opened.tokenizer;
   const c10::Device device = resolve_device(a.device, "--device");
   // A quantized checkpoint (colossal quantize) builds the same model with quantized linear layers.
-  const auto quantized = quant::quant_config_of(info.config, dir + "/config.json");
+  const auto& quantized = opened.quantized;
   if (quantized && a.stream_weights)
     throw Error("--stream-weights streams fp32 blocks, and " + dir + " is quantized (" + quant::scheme_name(quantized->scheme) +
                 "); drop --stream-weights (its weights take " + std::to_string(quantized->bits()) + " bits each)");

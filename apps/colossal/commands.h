@@ -10,6 +10,7 @@ void add_infer_command(CLI::App& app);    // infer
 void add_data_commands(CLI::App& app);    // data tokenizer | prepare | prepare-recipe
 void add_profile_command(CLI::App& app);  // profile
 void add_quantize_command(CLI::App& app); // quantize
+void add_serve_command(CLI::App& app);    // serve
 
 // The exit code a subcommand asks for (callbacks cannot return one through CLI11).
 void set_exit_code(int code);

@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   colossal::app::add_data_commands(app);
   colossal::app::add_profile_command(app);
   colossal::app::add_quantize_command(app);
+  colossal::app::add_serve_command(app);
   try {
     colossal::kernels::active_isa();   // a bad COLOSSAL_CPU_ISA fails here, before any work
     app.parse(argc, argv);

@@ -14,7 +14,8 @@ cd "$(dirname "$0")/../.."
 
 DEV_PACKAGES=(libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
               libhdf5-dev libhdf5-103-1 libhdf5-hl-100 libaec0 libaec-dev libsz2 libsentencepiece-dev libsentencepiece0
-              libprotobuf-lite32 libgtest-dev libgmock-dev libgloo-dev zlib1g-dev)
+              libprotobuf-lite32 libgtest-dev libgmock-dev libgloo-dev zlib1g-dev libcpp-httplib-dev libcpp-httplib0.11
+              libssl-dev libbrotli-dev)
 # libhdf5 needs libcurl; these are linked in only where the GPU machine lacks them (see below).
 RUNTIME_PACKAGES=(libcurl4 libbrotli1 libcom-err2 libgssapi-krb5-2 libk5crypto3 libkrb5-3 libkrb5support0 libldap-2.5-0
                   libnghttp2-14 libpsl5 librtmp1 libsasl2-2 libsasl2-modules-db libssh2-1 libgnutls30 libnettle8

@@ -177,6 +177,19 @@ void BatchEngine::after_forward(Sequence& s, const at::Tensor& logits) {
   }
   s.tokens.push_back(next);
   ++stats_.tokens_generated;
+  if (s.request.on_token) {
+    TokenEvent e;
+    e.id = next;
+    if (s.request.logprobs >= 0) {
+      const at::Tensor lp = logits.narrow(0, 0, allowed_vocab_).to(at::kFloat).log_softmax(0);
+      e.logprob = lp[next].item<float>();
+      if (s.request.logprobs > 0) {
+        const auto [values, ids] = lp.topk(std::min<int64_t>(s.request.logprobs, allowed_vocab_));
+        for (int64_t k = 0; k < values.size(0); ++k) e.top.emplace_back(static_cast<int>(ids[k].item<int64_t>()), values[k].item<float>());
+      }
+    }
+    s.request.on_token(e);
+  }
   const std::string piece = s.text.push(next);
   if (!piece.empty() && s.request.on_text) s.request.on_text(piece);
   if (s.text.stopped()) finish(s, "stop");

@@ -43,11 +43,24 @@ struct Completion {
   std::string finish_reason;        // "stop" (a stop string or the end-of-text token) | "length" | "cancelled"
 };
 
+// One generated token as sampled, with its log-probability and (when asked for) the most likely
+// alternatives at its position, under the model's distribution before temperature and truncation.
+struct TokenEvent {
+  int id = 0;
+  float logprob = 0;
+  std::vector<std::pair<int, float>> top;   // the `logprobs` most likely (id, logprob), best first
+};
+
 struct EngineRequest {
   std::vector<int> prompt;          // token ids, at least one
   SamplingConfig sampling;          // greedy or sampled with its seed; max_tokens; stop strings
-  std::function<void(const std::string& piece)> on_text;   // each newly certain piece (on the step's thread)
-  std::function<void(const Completion&)> on_done;          // once, at the end (on the step's thread)
+  int64_t logprobs = -1;            // alternatives per token for on_token (-1: no log-probabilities computed)
+  // On the step's thread, in order: each token as sampled, then the text it made certain (maybe none);
+  // the end-of-text token is not reported, and a stop string's token is reported before the text that
+  // ends at the stop string.
+  std::function<void(const TokenEvent&)> on_token;
+  std::function<void(const std::string& piece)> on_text;
+  std::function<void(const Completion&)> on_done;          // once, at the end
 };
 
 struct EngineStats {
@@ -71,6 +84,9 @@ class BatchEngine {
   bool step();
   EngineStats stats() const;
   const EngineConfig& config() const { return config_; }
+  int64_t context_length() const { return model_->context_length(); }
+  int64_t vocab_size() const { return model_->vocab_size(); }
+  int64_t bytes_per_block() const { return blocks_.bytes_per_block(); }
 
  private:
   struct Sequence;

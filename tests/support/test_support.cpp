@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <memory>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -121,6 +122,30 @@ Run run_colossal(const std::string& args) {
   int status = pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+std::string headless_dom(const std::string& url, const std::string& scratch_dir, int budget_ms, std::string& why) {
+  std::string browser;
+  for (const char* name : {"chromium", "chromium-browser", "google-chrome"})
+    if (std::system(("command -v " + std::string(name) + " >/dev/null 2>&1").c_str()) == 0) {
+      browser = name;
+      break;
+    }
+  if (browser.empty()) {
+    why = "no chromium on PATH (Debian's chromium package; scripts/setup.sh installs it for the tests)";
+    return "";
+  }
+  const std::string log = scratch_dir + "/chrome.log";
+  const std::string command = browser + " --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --user-data-dir=" + scratch_dir +
+                              "/chrome --virtual-time-budget=" + std::to_string(budget_ms) + " --dump-dom '" + url + "' 2>" + log;
+  std::string dom;
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
+  if (!pipe) return "";
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, pipe.get())) > 0;) dom.append(buf, n);
+  if (dom.find("<body") != std::string::npos) return dom;
+  why = "chromium could not start here: " + read_file(log).substr(0, 400);
+  return "";
 }
 
 std::string fixture(const std::string& name) { return source_dir() + "/tests/fixtures/" + name; }

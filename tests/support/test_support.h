@@ -66,6 +66,11 @@ struct Run {
 };
 // Runs the colossal binary with `args` (a shell-quoted string) from the repository root.
 Run run_colossal(const std::string& args);
+// The DOM of `url` once headless Chromium has run its scripts for `budget_ms` of virtual time (network
+// waits pass in real time), its profile and log in `scratch_dir`. "" with `why` set when no Chromium is
+// on PATH or it cannot start here (callers skip with that reason).
+std::string headless_dom(const std::string& url, const std::string& scratch_dir, int budget_ms, std::string& why);
+
 // A user-facing failure: non-zero exit and a last line starting with "error: " holding `fragment`.
 void expect_one_line_error(const Run& r, const std::string& fragment);
 

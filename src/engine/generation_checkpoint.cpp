@@ -1,0 +1,34 @@
+// Opening a checkpoint for generation: see generation_checkpoint.h.
+#include "src/engine/generation_checkpoint.h"
+
+#include "models/registry.h"
+#include "src/core/error.h"
+#include "src/quant/quantized_linear.h"
+
+namespace colossal {
+
+GenerationCheckpoint open_generation_checkpoint(const std::string& path, const std::string& command) {
+  const std::string dir = resolve_checkpoint(path);
+  auto info = read_checkpoint_info(dir);
+  if (const std::string task = model_task(info.model); task != "causal_lm")   // before reading anything large
+    throw Error(command + " (text generation) needs a causal language model; " + dir + " holds a " + info.model.family +
+                " model trained for " + task);
+  auto tokenizer = Tokenizer::from_files(info.tokenizer_files, dir);
+  if (tokenizer.vocab_size() > info.model.vocab_size)
+    throw Error("checkpoint " + dir + ": tokenizer has " + std::to_string(tokenizer.vocab_size()) +
+                " pieces but the model only " + std::to_string(info.model.vocab_size) + " rows (mismatched files?)");
+  auto quantized = quant::quant_config_of(info.config, dir + "/config.json");
+  return {dir, std::move(info), std::move(tokenizer), quantized};
+}
+
+std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& c, const std::string& command) {
+  std::unique_ptr<nn::LayerFactory> factory;
+  if (c.quantized) factory = std::make_unique<quant::QuantizedLayerFactory>(*c.quantized);
+  else factory = std::make_unique<nn::LayerFactory>();
+  auto model = nn::model_as<nn::CausalLM>(build_model(c.info.model, *factory, /*initialise=*/false), command);
+  load_model_state(*model, HfWeights::open(c.dir));
+  model->eval();
+  return model;
+}
+
+}  // namespace colossal

@@ -1,0 +1,30 @@
+// What `colossal infer` and `colossal serve` open first: a causal language model's checkpoint or Hugging
+// Face directory, its config, its tokenizer (checked against the model's rows) and, for a directory
+// `colossal quantize` wrote, how its linear layers are quantized; then the model with its weights.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "src/data/tokenizer.h"
+#include "src/engine/checkpoint.h"
+#include "src/nn/causal_lm.h"
+#include "src/quant/quant_config.h"
+
+namespace colossal {
+
+struct GenerationCheckpoint {
+  std::string dir;
+  CheckpointInfo info;
+  Tokenizer tokenizer;
+  std::optional<quant::QuantConfig> quantized;
+};
+
+// Error naming `command` when the directory holds no causal language model, and the files when the
+// tokenizer has more pieces than the model has rows.
+GenerationCheckpoint open_generation_checkpoint(const std::string& path, const std::string& command);
+// The model built with quantized linear layers when the checkpoint is quantized, every weight read from
+// it (none drawn at random first), in eval mode on the CPU.
+std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& c, const std::string& command);
+
+}  // namespace colossal
