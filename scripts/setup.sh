@@ -51,4 +51,8 @@ fi
 if ! "$VENV/bin/python" -c "import numpy, h5py" 2>/dev/null; then
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check numpy h5py
 fi
+# Test builds: the serving test drives colossal serve with OpenAI's own Python client.
+if [ "${BUILD_TESTING:-ON}" != OFF ] && ! "$VENV/bin/python" -c "import openai" 2>/dev/null; then
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "openai==3.57.0"
+fi
 echo "setup: ok (torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'), venv $VENV)"

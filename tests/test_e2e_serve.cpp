@@ -257,3 +257,48 @@ TEST(ServeEndToEnd, TheWebPageStreamsATypedPromptInAHeadlessBrowser) {
   EXPECT_EQ(shown, completion);
   EXPECT_NE(dom.find("model: run"), std::string::npos) << "the page read /v1/models";
 }
+
+TEST(ServeEndToEnd, OpenAisPythonClientGetsInfersCompletionStreamedAndNot) {
+  const std::string python = colossal::test::source_dir() + "/.venv/bin/python";
+  if (std::system((python + " -c 'import openai' >/dev/null 2>&1").c_str()) != 0)
+    GTEST_SKIP() << "no openai package in .venv (scripts/setup.sh installs it for test builds)";
+  TempDir dir;
+  auto train = run_colossal("train recipes/gpt-tiny.toml --set train.max_steps=40 --set train.eval_every=0 -q --set output.dir=" +
+                            (dir / "run") + " --set data.tokenizer=" + (dir / "tok.model") + " --set data.dataset=" + (dir / "data.h5"));
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  auto infer = run_colossal("infer " + (dir / "run") + " -p 'And God said' -n 12 --greedy --jsonl -q");
+  ASSERT_EQ(infer.exit_code, 0) << infer.output;
+  const std::string completion = nlohmann::json::parse(infer.output)["completion"];
+  ServerProcess server(dir / "run", dir);
+  ASSERT_GT(server.port(), 0) << server.log();
+  colossal::test::write_file(dir / "client.py", R"(import json, sys
+from openai import OpenAI
+client = OpenAI(base_url="http://127.0.0.1:%s/v1" % sys.argv[1], api_key="unused", max_retries=0, timeout=60)
+model = client.models.list().data[0].id
+whole = client.completions.create(model=model, prompt="And God said", max_tokens=12, temperature=0)
+streamed = "".join(chunk.choices[0].text for chunk in client.completions.create(
+    model=model, prompt="And God said", max_tokens=12, temperature=0, stream=True) if chunk.choices)
+try:
+    client.completions.create(model="no-such-model", prompt="x", max_tokens=1)
+    missing = "accepted"
+except Exception as e:
+    missing = type(e).__name__
+print(json.dumps({"model": model, "text": whole.choices[0].text, "finish": whole.choices[0].finish_reason,
+                  "completion_tokens": whole.usage.completion_tokens, "streamed": streamed, "missing": missing}))
+)");
+  std::string out;
+  {
+    const std::string cmd = python + " " + (dir / "client.py") + " " + std::to_string(server.port()) + " 2>&1";
+    std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, pipe.get())) > 0;) out.append(buf, n);
+  }
+  const auto j = nlohmann::json::parse(out.substr(out.rfind('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["model"], "run");
+  EXPECT_EQ(j["text"], completion);
+  EXPECT_EQ(j["streamed"], completion);
+  EXPECT_EQ(j["finish"], "length");
+  EXPECT_EQ(j["completion_tokens"], 12);
+  EXPECT_EQ(j["missing"], "NotFoundError") << "a 404 the client maps to its own error";
+}
