@@ -42,6 +42,7 @@ TEST(QuantizeEndToEnd, ATrainedGptQuantizesWithinItsPerplexityBoundsAndGenerates
     const char* dtype;
   };
   for (const Scheme& s : {Scheme{"--scheme int8-weight", 1.0, "I8"}, Scheme{"--scheme int8-weight --group-size 64", 1.0, "I8"},
+                          Scheme{"--scheme int8-smoothquant --calib-tokens 2048", 2.0, "I8"},
                           Scheme{"--scheme int4-weight --group-size 32", 5.0, "U8"}}) {
     const std::string out = dir / "q";
     auto q = run_colossal("quantize " + ckpt + " --out " + out + " " + s.flags + " --eval-tokens 4096 -q");
@@ -74,7 +75,7 @@ TEST(QuantizeEndToEnd, ATrainedGptQuantizesWithinItsPerplexityBoundsAndGenerates
   const std::string out = dir / "q";   // int4 in groups of 32, the last written
   // Refusals, each one line naming what would be valid.
   expect_one_line_error(run_colossal("quantize " + ckpt + " --out " + (dir / "x") + " --scheme int3-weight"),
-                        "unknown quantization scheme \"int3-weight\" (valid: int8-weight, int4-weight)");
+                        "unknown quantization scheme \"int3-weight\" (valid: int8-weight, int4-weight, int8-smoothquant)");
   expect_one_line_error(run_colossal("quantize " + ckpt + " --out " + (dir / "x") + " --scheme int4-weight --group-size 48"), "try 32, 64 or 128");
   expect_one_line_error(run_colossal("quantize " + ckpt + " --out " + (dir / "x") + " --scheme int4-weight --group-size 0"),
                         "positive multiple of 32");
@@ -101,7 +102,7 @@ TEST_P(QuantizeFamilies, EachSchemeQuantizesSavesAndGenerates) {
   const std::string recipe = std::string("recipes/") + GetParam() + "-tiny.toml";
   auto train = run_colossal("train " + recipe + " --set train.max_steps=4 --set optim.warmup_steps=2 --set train.eval_every=0 -q" + into(dir));
   ASSERT_EQ(train.exit_code, 0) << train.output;
-  for (const char* scheme : {"int8-weight", "int4-weight --group-size 32"}) {
+  for (const char* scheme : {"int8-weight", "int4-weight --group-size 32", "int8-smoothquant --calib-tokens 1024"}) {
     auto q = run_colossal("quantize " + (dir / "run") + " --out " + (dir / "q") + " --scheme " + scheme + " --eval-tokens 1024 -q");
     ASSERT_EQ(q.exit_code, 0) << q.output;
     EXPECT_NE(q.output.find("quantized 8 linear layers"), std::string::npos) << q.output;

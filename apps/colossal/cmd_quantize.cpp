@@ -14,9 +14,10 @@ namespace colossal::app {
 
 void add_quantize_command(CLI::App& app) {
   struct Args {
-    std::string input, out, scheme = "int8-weight", eval;
+    std::string input, out, scheme = "int8-weight", eval, calib;
     int64_t group = -1;   // -1: the scheme's default
-    int64_t eval_tokens = 16384;
+    int64_t eval_tokens = 16384, calib_tokens = 8192;
+    double alpha = 0.5;
     bool quiet = false;
   };
   auto args = std::make_shared<Args>();
@@ -24,7 +25,15 @@ void add_quantize_command(CLI::App& app) {
                                              "and perplexity change");
   cmd->add_option("input", args->input, "Checkpoint, run or Hugging Face model directory (fp32, bf16 or fp16)")->required();
   cmd->add_option("--out", args->out, "Directory to write the quantized model to")->required();
-  cmd->add_option("--scheme", args->scheme, "int8-weight (per channel or per group) or int4-weight (per group)")->capture_default_str();
+  cmd->add_option("--scheme", args->scheme,
+                  "int8-weight (per channel or per group), int4-weight (per group) or int8-smoothquant (W8A8 with SmoothQuant's "
+                  "smoothing from a calibration pass)")->capture_default_str();
+  cmd->add_option("--calib", args->calib, "int8-smoothquant's calibration text (.txt) or token dataset (.h5, its training split); "
+                                          "default: the start of data/kjv/kjv.txt");
+  cmd->add_option("--calib-tokens", args->calib_tokens, "Tokens the calibration pass runs")->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--alpha", args->alpha, "SmoothQuant's migration strength: s = max|X|^alpha / max|W|^(1 - alpha)")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--group-size", args->group,
                   "Inputs sharing one scale: a multiple of 32 dividing every layer's input width; 0 = per output channel (int8 only). "
                   "Default: 0 for int8-weight, 128 for int4-weight");
@@ -41,14 +50,19 @@ void add_quantize_command(CLI::App& app) {
     o.out = args->out;
     o.config.scheme = quant::parse_scheme(args->scheme);
     o.config.group = args->group >= 0 ? args->group : quant::default_group(o.config.scheme);
+    o.config.alpha = args->alpha;
     o.eval = args->eval;
     o.eval_tokens = args->eval_tokens;
+    o.calib = args->calib;
+    o.calib_tokens = args->calib_tokens;
     const QuantizeReport r = quantize_checkpoint(o);
     std::printf("quantized %lld linear layers to %s (%s): weights %s -> %s (%.2fx smaller)\n", static_cast<long long>(r.layers),
                 quant::scheme_name(o.config.scheme),
                 o.config.group > 0 ? ("groups of " + std::to_string(o.config.group)).c_str() : "one scale per output channel",
                 human_bytes(static_cast<double>(r.bytes_before)).c_str(), human_bytes(static_cast<double>(r.bytes_after)).c_str(),
                 static_cast<double>(r.bytes_before) / static_cast<double>(std::max<int64_t>(r.bytes_after, 1)));
+    if (r.calib_tokens > 0)
+      std::printf("calibrated on %lld tokens of %s (alpha %.2f)\n", static_cast<long long>(r.calib_tokens), r.calib_source.c_str(), o.config.alpha);
     if (r.eval_tokens > 0)
       std::printf("perplexity on %lld tokens of %s: %.4f -> %.4f (%+.2f%%)\n", static_cast<long long>(r.eval_tokens),
                   r.eval_source.c_str(), r.ppl_before, r.ppl_after, 100.0 * (r.ppl_after / r.ppl_before - 1.0));

@@ -5,6 +5,8 @@
 #include <ATen/core/grad_mode.h>
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <spdlog/spdlog.h>
 
 #include "models/registry.h"
@@ -16,6 +18,7 @@
 #include "src/io/atomic_dir.h"
 #include "src/nn/causal_lm.h"
 #include "src/quant/quantized_linear.h"
+#include "src/quant/calibration.h"
 #include "src/quant/quantize_model.h"
 
 namespace fs = std::filesystem;
@@ -30,6 +33,10 @@ int64_t stored_bytes(const nn::Model& m) {
   for (const auto& p : m.named_parameters()) n += static_cast<int64_t>(p.value().nbytes());
   return n;
 }
+
+std::pair<std::vector<int32_t>, std::string> file_tokens(const std::string& path, const std::string& use, const std::string& split,
+                                                          int64_t tokens, bool tail, const CheckpointInfo& info,
+                                                          const Tokenizer& tokenizer);
 
 // The token ids perplexity is measured on, and what they are.
 std::pair<std::vector<int32_t>, std::string> eval_tokens(const QuantizeOptions& o, const CheckpointInfo& info,
@@ -49,24 +56,44 @@ std::pair<std::vector<int32_t>, std::string> eval_tokens(const QuantizeOptions& 
   }
   if (!fs::is_regular_file(path))
     throw Error("perplexity text " + path + ": no such file (give --eval FILE: a text file or a token dataset .h5, or --eval-tokens 0)");
+  return file_tokens(path, "perplexity", "val", o.eval_tokens, /*tail=*/true, info, tokenizer);
+}
+
+// A text file's token ids (only its end, or only its start, when long: from a line boundary, about 16
+// bytes a token covering `tokens`), or a token dataset's split; and what they are.
+std::pair<std::vector<int32_t>, std::string> file_tokens(const std::string& path, const std::string& use, const std::string& split,
+                                                          int64_t tokens, bool tail, const CheckpointInfo& info,
+                                                          const Tokenizer& tokenizer) {
   if (path.ends_with(".h5")) {
     const auto info_h5 = read_token_dataset_info(path);
     if (info_h5.tokenizer_fingerprint != tokenizer.fingerprint())
-      throw Error("perplexity dataset " + path + " was tokenized with another tokenizer than " + info.dir + "'s (give --eval FILE)");
-    return {read_token_split(path, "val").tokens, path + " (held-out split)"};
+      throw Error(use + " dataset " + path + " was tokenized with another tokenizer than " + info.dir + "'s (give a text file)");
+    return {read_token_split(path, split).tokens, path + (split == "val" ? " (held-out split)" : " (training split)")};
   }
-  // Only the end of a long text, from a line start: about 16 bytes a token covers what is scored, and
-  // the end of the embedded corpus is as far from the start a short training run reads as it gets.
+  // The end of the embedded corpus is as far from the start a short training run reads as it gets.
   std::string text = read_text_file(path);
-  const size_t keep = static_cast<size_t>(o.eval_tokens) * 16 + 4096;
+  const size_t keep = static_cast<size_t>(tokens) * 16 + 4096;
   std::string what = path;
   if (text.size() > keep) {
-    const size_t from = text.find('\n', text.size() - keep);
-    text = from == std::string::npos ? std::string() : text.substr(from + 1);
-    what += " (its last " + human_bytes(static_cast<double>(text.size())) + ")";
+    if (tail) {
+      const size_t from = text.find('\n', text.size() - keep);
+      text = from == std::string::npos ? std::string() : text.substr(from + 1);
+    } else {
+      const size_t to = text.rfind('\n', keep);
+      text = to == std::string::npos ? std::string() : text.substr(0, to + 1);
+    }
+    what += std::string(tail ? " (its last " : " (its first ") + human_bytes(static_cast<double>(text.size())) + ")";
   }
   const auto ids = tokenizer.encode(text);
   return {std::vector<int32_t>(ids.begin(), ids.end()), what};
+}
+
+// Windows of w + 1 ids, end to end, covering at most `limit` scored tokens.
+std::vector<at::Tensor> windows_of(std::vector<int32_t>& ids, int64_t w, int64_t limit) {
+  std::vector<at::Tensor> out;
+  for (int64_t s = 0, n = 0; s + w + 1 <= static_cast<int64_t>(ids.size()) && n + w <= limit; s += w, n += w)
+    out.push_back(at::from_blob(ids.data() + s, {w + 1}, at::kInt).to(at::kLong));
+  return out;
 }
 
 // exp(mean next-token cross entropy) over `windows` (each [W + 1] ids), four at a time.
@@ -96,10 +123,14 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& o) {
   if (fs::weakly_canonical(o.out) == fs::weakly_canonical(dir))
     throw Error("--out " + o.out + " is the input checkpoint itself; choose another directory");
 
-  nn::LayerFactory plain;
-  auto source = nn::model_as<nn::CausalLM>(build_model(info.model, plain, /*initialise=*/false), "colossal quantize");
+  // The fp32 model, whose linear layers also note their inputs' ranges while calibrating (SmoothQuant).
+  quant::CalibrationFactory recording;
+  auto source = nn::model_as<nn::CausalLM>(build_model(info.model, recording, /*initialise=*/false), "colossal quantize");
   load_model_state(*source, HfWeights::open(dir));
   source->eval();
+  const int64_t w = std::min<int64_t>(source->context_length(), 512);
+  std::optional<Tokenizer> tokenizer;
+  if (o.eval_tokens > 0 || o.config.scheme == quant::Scheme::int8_smoothquant) tokenizer = Tokenizer::from_files(info.tokenizer_files, dir);
   quant::QuantizedLayerFactory qfactory(o.config);
   std::shared_ptr<nn::CausalLM> quantized;
   try {
@@ -109,22 +140,32 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& o) {
                 std::to_string(o.config.group) + "): " + e.what());
   }
   quantized->eval();
-  quant::quantize_into(*source, *quantized, o.config);
-
   QuantizeReport r;
+  std::map<std::string, at::Tensor> ranges;
+  if (o.config.scheme == quant::Scheme::int8_smoothquant) {
+    const std::string path = o.calib.empty() ? kEmbeddedCorpus : o.calib;
+    if (!fs::is_regular_file(path)) throw Error("calibration text " + path + ": no such file (give --calib FILE: a text file or a token dataset .h5)");
+    auto [ids, what] = file_tokens(path, "calibration", "train", o.calib_tokens, /*tail=*/false, info, *tokenizer);
+    const auto windows = windows_of(ids, w, o.calib_tokens);
+    if (windows.empty()) throw Error("calibration text " + what + " has fewer than " + std::to_string(w + 1) + " tokens");
+    recording.set_recording(true);
+    (void)perplexity(*source, windows);
+    recording.set_recording(false);
+    ranges = recording.absmax(*source);
+    r.calib_source = what;
+    r.calib_tokens = static_cast<int64_t>(windows.size()) * w;
+  }
+  quant::quantize_into(*source, *quantized, o.config, &ranges);
+
   r.layers = qfactory.layers();
   r.bytes_before = stored_bytes(*source);
   r.bytes_after = stored_bytes(*quantized);
   if (o.eval_tokens > 0) {
-    auto tokenizer = Tokenizer::from_files(info.tokenizer_files, dir);
-    auto [ids, what] = eval_tokens(o, info, tokenizer);
-    const int64_t w = std::min<int64_t>(source->context_length(), 512);
-    std::vector<at::Tensor> windows;
-    const int64_t total = static_cast<int64_t>(ids.size());
-    for (int64_t s = 0; s + w + 1 <= total && r.eval_tokens + w <= o.eval_tokens; s += w, r.eval_tokens += w)
-      windows.push_back(at::from_blob(ids.data() + s, {w + 1}, at::kInt).to(at::kLong));
+    auto [ids, what] = eval_tokens(o, info, *tokenizer);
+    const auto windows = windows_of(ids, w, o.eval_tokens);
+    r.eval_tokens = static_cast<int64_t>(windows.size()) * w;
     if (windows.empty())
-      throw Error("perplexity text " + what + " has " + std::to_string(total) + " tokens, fewer than one window of " + std::to_string(w + 1));
+      throw Error("perplexity text " + what + " has " + std::to_string(ids.size()) + " tokens, fewer than one window of " + std::to_string(w + 1));
     r.eval_source = what;
     r.ppl_before = perplexity(*source, windows);
     r.ppl_after = perplexity(*quantized, windows);

@@ -16,6 +16,9 @@ struct QuantizeOptions {
   quant::QuantConfig config;
   std::string eval;                  // held-out text (.txt) or token dataset (.h5, its val split); "": see below
   int64_t eval_tokens = 16384;       // tokens scored (at most); 0: no perplexity
+  std::string calib;                 // int8-smoothquant's calibration text (.txt) or dataset (.h5, its training
+                                     // split); "": the start of the embedded corpus
+  int64_t calib_tokens = 8192;
 };
 
 struct QuantizeReport {
@@ -25,6 +28,8 @@ struct QuantizeReport {
   std::string eval_source;             // what the perplexity was measured on
   int64_t eval_tokens = 0;             // tokens scored
   double ppl_before = 0, ppl_after = 0;
+  std::string calib_source;            // int8-smoothquant: what calibrated it
+  int64_t calib_tokens = 0;
 };
 
 // Without `eval`, the held-out split of the dataset the checkpoint's recipe trained on, when both are

@@ -51,8 +51,10 @@ HfTarget HfNameMap::to_hf(const std::string& ours) const {
   std::string index, rest;
   for (const auto& r : rules_) {
     if (!match_prefix(r.ours, ours, index, rest)) continue;
-    HfTarget t{{}, r.transpose && rest == ".weight", r.interleave_heads};
     const std::string base = fill(r.hf, index);
+    if (rest == ".smooth")   // indexed by input channel, which every part shares: once, whole, no row reordering
+      return HfTarget{{base + (r.parts.empty() ? "" : "." + r.parts.front()) + rest}, false, 0};
+    HfTarget t{{}, r.transpose && rest == ".weight", r.interleave_heads};
     if (r.parts.empty()) t.names.push_back(base + rest);
     for (const auto& part : r.parts) t.names.push_back(base + "." + part + rest);
     return t;

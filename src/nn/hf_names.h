@@ -3,7 +3,9 @@
 // A rule may also say that HF stores the tensor transposed (GPT-2's Conv1D keeps [in, out]) or split
 // into parts along dim 0 (OPT keeps q_proj, k_proj and v_proj where we keep one fused qkv), or with
 // its rows interleaved per head (BLOOM's query_key_value holds [q_h | k_h | v_h] for each head h
-// where our qkv holds all queries, then all keys, then all values).
+// where our qkv holds all queries, then all keys, then all values). A tensor indexed by input channel
+// (a SmoothQuant layer's ".smooth") is the same for every part: it is stored once, whole, under the
+// first part's name, and never reordered.
 #pragma once
 #include <cstdint>
 #include <optional>

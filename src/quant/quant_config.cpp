@@ -6,20 +6,25 @@
 
 namespace colossal::quant {
 
-const char* scheme_name(Scheme s) { return s == Scheme::int4_weight ? "int4-weight" : "int8-weight"; }
+const char* scheme_name(Scheme s) {
+  return s == Scheme::int4_weight ? "int4-weight" : s == Scheme::int8_smoothquant ? "int8-smoothquant" : "int8-weight";
+}
 
-std::vector<std::string> scheme_names() { return {"int8-weight", "int4-weight"}; }
+std::vector<std::string> scheme_names() { return {"int8-weight", "int4-weight", "int8-smoothquant"}; }
 
 Scheme parse_scheme(const std::string& name) {
   if (name == "int8-weight") return Scheme::int8_weight;
   if (name == "int4-weight") return Scheme::int4_weight;
-  throw Error("unknown quantization scheme \"" + name + "\" (valid: int8-weight, int4-weight)");
+  if (name == "int8-smoothquant") return Scheme::int8_smoothquant;
+  throw Error("unknown quantization scheme \"" + name + "\" (valid: int8-weight, int4-weight, int8-smoothquant)");
 }
 
 int64_t default_group(Scheme s) { return s == Scheme::int4_weight ? 128 : 0; }
 
 void check_group(Scheme scheme, int64_t group) {
   if (group < 0) throw Error("group size " + std::to_string(group) + " is negative (valid: 0 for one scale per output channel with int8, or a positive multiple of 32)");
+  if (scheme == Scheme::int8_smoothquant && group != 0)
+    throw Error("int8-smoothquant scales each output channel once (its activations take per-token scales); drop --group-size or give 0");
   if (scheme == Scheme::int4_weight && (group == 0 || group % kernels::kInt4Block != 0))
     throw Error("int4-weight needs a group size that is a positive multiple of 32 (got " + std::to_string(group) +
                 "; try 32, 64 or 128)");
@@ -35,8 +40,10 @@ void check_layer(const QuantConfig& c, int64_t in, const std::string& what) {
 }
 
 nlohmann::json to_json(const QuantConfig& c) {
-  return {{"quant_method", "colossal"}, {"scheme", scheme_name(c.scheme)}, {"bits", c.bits()}, {"group_size", c.group},
-          {"symmetric", true}, {"modules", "linear layers (the embedding, the tied head and the norms stay fp32)"}};
+  nlohmann::json j = {{"quant_method", "colossal"}, {"scheme", scheme_name(c.scheme)}, {"bits", c.bits()}, {"group_size", c.group},
+                      {"symmetric", true}, {"modules", "linear layers (the embedding, the tied head and the norms stay fp32)"}};
+  if (c.scheme == Scheme::int8_smoothquant) j["alpha"] = c.alpha, j["activations"] = "int8 per token, dynamic";
+  return j;
 }
 
 std::optional<QuantConfig> quant_config_of(const nlohmann::json& config, const std::string& path) {
@@ -55,6 +62,7 @@ std::optional<QuantConfig> quant_config_of(const nlohmann::json& config, const s
     c.scheme = parse_scheme(q["scheme"].get<std::string>());
     c.group = q["group_size"].get<int64_t>();
     check_group(c.scheme, c.group);
+    if (q.contains("alpha") && q["alpha"].is_number()) c.alpha = q["alpha"].get<double>();
   } catch (const Error& e) {
     throw Error(where + ": " + e.what());
   }

@@ -10,7 +10,14 @@
 
 namespace colossal::quant {
 
-void quantize_into(const nn::Model& source, nn::Model& quantized, const QuantConfig& c) {
+at::Tensor smoothing_factors(const at::Tensor& act_absmax, const at::Tensor& weight, double alpha) {
+  const auto a = act_absmax.to(at::kFloat), w = weight.to(at::kFloat).abs().amax(0);   // [in] each
+  const auto s = a.pow(alpha) / w.pow(1.0 - alpha);
+  return at::where((a > 0) & (w > 0), s.clamp(1e-5, 1e5), at::ones_like(s));
+}
+
+void quantize_into(const nn::Model& source, nn::Model& quantized, const QuantConfig& c,
+                   const std::map<std::string, at::Tensor>* act_absmax) {
   std::map<std::string, at::Tensor> src, dst;
   for (const auto& p : source.named_parameters()) src.emplace(p.key(), p.value());
   for (const auto& p : quantized.named_parameters()) dst.emplace(p.key(), p.value());
@@ -22,13 +29,20 @@ void quantize_into(const nn::Model& source, nn::Model& quantized, const QuantCon
   const std::string qsuffix = ".qweight";
   at::NoGradGuard no_grad;
   for (const auto& [name, value] : dst) {
-    if (name.ends_with(".scales")) continue;   // with its qweight
+    if (name.ends_with(".scales") || name.ends_with(".smooth")) continue;   // with its qweight
     if (!name.ends_with(qsuffix)) {
       value.copy_(from(name));
       continue;
     }
     const std::string base = name.substr(0, name.size() - qsuffix.size());
-    const auto q = quantize_weight(from(base + ".weight"), c);
+    at::Tensor w = from(base + ".weight");
+    if (c.scheme == Scheme::int8_smoothquant) {
+      if (!act_absmax || !act_absmax->count(base)) throw Error("quantize: int8-smoothquant has no calibration range for " + base);
+      const auto s = smoothing_factors(act_absmax->at(base), w, c.alpha);
+      w = w * s.view({1, -1});   // x / s times W * s is x W: the activations' outliers move into the weights
+      dst.at(base + ".smooth").copy_(s);
+    }
+    const auto q = quantize_weight(w, c);
     value.copy_(q.q);
     dst.at(base + ".scales").copy_(q.scales);
   }

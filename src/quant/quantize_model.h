@@ -1,12 +1,22 @@
 // Filling a model built by a QuantizedLayerFactory from the fp32 model of the same config: each
 // quantized layer's integers and scales from the fp32 weight of the same name, every other tensor
 // copied. `colossal quantize` and the tests build quantized models this way.
+// int8-smoothquant needs `act_absmax`, each linear layer's per-channel input range from a calibration pass
+// (calibration.h): the layer's smoothing factors s come from it and from the weight's own range.
 #pragma once
+#include <ATen/core/Tensor.h>
+#include <map>
+#include <string>
+
 #include "src/nn/model.h"
 #include "src/quant/quant_config.h"
 
 namespace colossal::quant {
 
-void quantize_into(const nn::Model& source, nn::Model& quantized, const QuantConfig& config);
+void quantize_into(const nn::Model& source, nn::Model& quantized, const QuantConfig& config,
+                   const std::map<std::string, at::Tensor>* act_absmax = nullptr);
+
+// SmoothQuant's factors for a layer: s_j = max|X_j|^alpha / max|W_j|^(1 - alpha), 1 where either is 0.
+at::Tensor smoothing_factors(const at::Tensor& act_absmax, const at::Tensor& weight, double alpha);
 
 }  // namespace colossal::quant

@@ -2,6 +2,7 @@
 #include "src/quant/quantized_linear.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "kernels/cpu/qgemv.h"
 #include "src/nn/linear_forward.h"
@@ -20,15 +21,34 @@ QuantizedLinear::QuantizedLinear(const nn::LinearSpec& spec, const QuantConfig& 
   qweight_ = register_parameter("qweight", at::zeros(q_shape(config, spec.out, spec.in), dtype), /*requires_grad=*/false);
   scales_ = register_parameter("scales", at::zeros(scales_shape(config, spec.out, spec.in)), /*requires_grad=*/false);
   if (spec.bias) bias_ = register_parameter("bias", at::zeros({spec.out}), /*requires_grad=*/false);
+  if (config.scheme == Scheme::int8_smoothquant) smooth_ = register_parameter("smooth", at::ones({spec.in}), /*requires_grad=*/false);
 }
 
-at::Tensor QuantizedLinear::dequantized() const { return dequantize_weight(qweight_, scales_, config_, in_); }
+at::Tensor QuantizedLinear::dequantized() const {
+  const auto w = dequantize_weight(qweight_, scales_, config_, in_);
+  return smooth_.defined() ? w / smooth_.view({1, -1}) : w;
+}
 
-at::Tensor QuantizedLinear::forward(const at::Tensor& x) {
+// W8A8: x / s quantized to int8 per token (absmax / 127), an int8 GEMM summing in int32 (ATen's _int_mm:
+// oneDNN's VNNI kernels on CPU), then both scales and the bias.
+at::Tensor QuantizedLinear::smoothquant_gemm(const at::Tensor& xs) const {
+  auto x2 = xs.reshape({-1, in_}).to(at::kFloat);                                        // [M, in]
+  const auto sx = x2.abs().amax(1, /*keepdim=*/true) / 127.0f;                           // [M, 1]
+  const auto xq = (x2 / at::where(sx > 0, sx, at::ones_like(sx))).round_().clamp_(-127, 127).to(at::kChar);
+  auto y = at::_int_mm(xq, qweight_.t()).to(at::kFloat).mul_(sx).mul_(scales_.view({1, -1}));   // [M, out]
+  if (bias_.defined()) y.add_(bias_);
+  auto sizes = xs.sizes().vec();
+  sizes.back() = qweight_.size(0);
+  return y.view(sizes);
+}
+
+at::Tensor QuantizedLinear::forward(const at::Tensor& x_in) {
   const int64_t out = qweight_.size(0);
+  const at::Tensor x = smooth_.defined() ? x_in / smooth_.to(x_in.device(), x_in.scalar_type()) : x_in;   // SmoothQuant's x / s
   const bool decoding = x.is_cpu() && qweight_.is_cpu() && x.scalar_type() == at::kFloat && x.dim() >= 2 && x.size(-2) == 1 &&
                         x.size(-1) == in_ && x.numel() / in_ <= kQgemvMaxRows;
-  if (!decoding) return nn::linear_forward(x, dequantized().to(x.device(), x.scalar_type()),
+  if (!decoding && smooth_.defined() && x.is_cpu() && !at::GradMode::is_enabled()) return smoothquant_gemm(x);
+  if (!decoding) return nn::linear_forward(x, dequantize_weight(qweight_, scales_, config_, in_).to(x.device(), x.scalar_type()),
                                            bias_.defined() ? bias_.to(x.device(), x.scalar_type()) : at::Tensor());
   auto xc = x.contiguous();
   auto sizes = x.sizes().vec();

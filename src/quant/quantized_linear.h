@@ -1,8 +1,9 @@
 // QuantizedLinear: a linear layer whose weight is stored quantized (quant_config.h), for inference.
 // Parameters: "qweight" (int8 [out, in] or packed int4 uint8 [out, in / 2]), "scales" (fp32
-// [out, in / group]) and "bias"; none records a gradient. Decoding rows (x [B, 1, in], B <= 16) go
-// through kernels/cpu/qgemv, which widens the integers in registers; longer inputs (the prefill)
-// multiply by the dequantized weight, built for the call and dropped after it.
+// [out, in / group]), "bias", and for int8-smoothquant "smooth" (fp32 [in], x is divided by it); none
+// records a gradient. Decoding rows (x [B, 1, in], B <= 16) go through kernels/cpu/qgemv's integer dot
+// products; longer inputs (the prefill) multiply by the dequantized weight, built for the call and dropped
+// after it, or under SmoothQuant go through an int8 GEMM with x quantized per token.
 //
 // QuantizedLayerFactory builds models whose every linear layer is one of these, so `colossal infer`
 // and `serve` load a quantized checkpoint into the same model classes as an fp32 one.
@@ -23,13 +24,15 @@ class QuantizedLinear : public nn::Linear {
   const at::Tensor& scales() const { return scales_; }
   const QuantConfig& config() const { return config_; }
   int64_t in_features() const { return in_; }
-  // The fp32 weight [out, in] the integers stand for.
+  // The fp32 weight [out, in] the integers stand for (SmoothQuant's factors divided back out).
   at::Tensor dequantized() const;
 
  private:
+  at::Tensor smoothquant_gemm(const at::Tensor& x_smoothed) const;
   QuantConfig config_;
   int64_t in_ = 0;
   at::Tensor qweight_, scales_, bias_;
+  at::Tensor smooth_;   // int8-smoothquant: x is divided by it (s per input channel)
 };
 
 class QuantizedLayerFactory : public nn::LayerFactory {

@@ -20,7 +20,7 @@ QuantizedWeight quantize_weight(const at::Tensor& w, const QuantConfig& c) {
   auto scales = groups.abs().amax(-1) / top;                                // [out, G]
   auto safe = at::where(scales > 0, scales, at::ones_like(scales));
   auto n = at::round(groups / safe.unsqueeze(-1));
-  if (c.scheme == Scheme::int8_weight) return {n.clamp(-127, 127).to(at::kChar).view({out, in}).contiguous(), scales};
+  if (c.scheme != Scheme::int4_weight) return {n.clamp(-127, 127).to(at::kChar).view({out, in}).contiguous(), scales};
   // int4: value + 8 in 0..15; block b's byte j = input j (low nibble) | input j + 16 (high nibble)
   auto u = (n.clamp(-8, 7) + 8).to(at::kByte).view({out, in / kernels::kInt4Block, 2, kernels::kInt4Block / 2});
   auto packed = at::bitwise_or(u.select(2, 0), at::bitwise_left_shift(u.select(2, 1), 4));   // [out, blocks, 16]
@@ -30,7 +30,7 @@ QuantizedWeight quantize_weight(const at::Tensor& w, const QuantConfig& c) {
 at::Tensor dequantize_weight(const at::Tensor& q, const at::Tensor& scales, const QuantConfig& c, int64_t in) {
   const int64_t out = q.size(0), g = c.group_for(in);
   at::Tensor values;   // [out, in] float
-  if (c.scheme == Scheme::int8_weight) {
+  if (c.scheme != Scheme::int4_weight) {
     values = q.to(at::kFloat);
   } else {
     auto b = q.view({out, in / kernels::kInt4Block, kernels::kInt4Block / 2});
