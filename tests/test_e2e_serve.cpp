@@ -224,7 +224,7 @@ TEST(ServeEndToEnd, ConcurrentStreamsGetInfersTokensAndBadClientsGetReasonsWhile
   std::thread in_flight([&] {
     last = stream_completion(port, {{"prompt", "In the beginning"}, {"max_tokens", 100}, {"temperature", 0}, {"stream", true}}, "sekret");
   });
-  for (int i = 0; i < 100 && metrics_value(port, "colossal_requests_in_flight") != 1; ++i) std::this_thread::sleep_for(20ms);
+  for (int i = 0; i < 500 && metrics_value(port, "colossal_requests_in_flight") != 1; ++i) std::this_thread::sleep_for(20ms);
   EXPECT_EQ(server.terminate_and_wait(60s), 0) << server.log();
   in_flight.join();
   EXPECT_TRUE(last.done) << last.raw;
