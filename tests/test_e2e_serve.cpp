@@ -125,21 +125,31 @@ nlohmann::json metrics_value(int port, const std::string& name) {
   return std::stoll(m[1]);
 }
 
+// A tiny GPT trained `steps` steps into dir/run (its tokenizer and data beside it); returns the run.
+std::string train_tiny(const TempDir& dir, int steps) {
+  auto train = run_colossal("train recipes/gpt-tiny.toml --set train.max_steps=" + std::to_string(steps) + " --set train.eval_every=0 -q" +
+                            " --set output.dir=" + (dir / "run") + " --set data.tokenizer=" + (dir / "tok.model") +
+                            " --set data.dataset=" + (dir / "data.h5"));
+  EXPECT_EQ(train.exit_code, 0) << train.output;
+  return dir / "run";
+}
+
+// `colossal infer`'s greedy completion of `prompt`: what the server must stream for it.
+std::string greedy_completion(const std::string& model, const std::string& prompt, int tokens) {
+  auto r = run_colossal("infer " + model + " -p '" + prompt + "' -n " + std::to_string(tokens) + " --greedy --jsonl -q");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return r.exit_code == 0 ? nlohmann::json::parse(r.output)["completion"].get<std::string>() : "";
+}
+
 }  // namespace
 
 TEST(ServeEndToEnd, ConcurrentStreamsGetInfersTokensAndBadClientsGetReasonsWhileOthersAreServed) {
   TempDir dir;
-  auto train = run_colossal("train recipes/gpt-tiny.toml --set train.max_steps=60 --set train.eval_every=0 -q --set output.dir=" +
-                            (dir / "run") + " --set data.tokenizer=" + (dir / "tok.model") + " --set data.dataset=" + (dir / "data.h5"));
-  ASSERT_EQ(train.exit_code, 0) << train.output;
-  const std::string model = dir / "run";
+  const std::string model = train_tiny(dir, 60);
   const std::vector<std::string> prompts = {"And God said", "In the beginning", "The LORD is my shepherd", "Blessed are the poor"};
   std::vector<std::string> expected;
-  for (const auto& p : prompts) {
-    auto r = run_colossal("infer " + model + " -p '" + p + "' -n 12 --greedy --jsonl -q");
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    expected.push_back(nlohmann::json::parse(r.output)["completion"]);
-  }
+  for (const auto& p : prompts) expected.push_back(greedy_completion(model, p, 12));
+  ASSERT_FALSE(HasFailure());
 
   ServerProcess server(model + " --api-key sekret --max-queue 3 --max-running 4 --kv-memory-gb 0.01 --max-body-bytes 4096 "
                                "--max-tokens 100 --shutdown-grace 20",
@@ -234,12 +244,8 @@ TEST(ServeEndToEnd, ConcurrentStreamsGetInfersTokensAndBadClientsGetReasonsWhile
 
 TEST(ServeEndToEnd, TheWebPageStreamsATypedPromptInAHeadlessBrowser) {
   TempDir dir;
-  auto train = run_colossal("train recipes/gpt-tiny.toml --set train.max_steps=40 --set train.eval_every=0 -q --set output.dir=" +
-                            (dir / "run") + " --set data.tokenizer=" + (dir / "tok.model") + " --set data.dataset=" + (dir / "data.h5"));
-  ASSERT_EQ(train.exit_code, 0) << train.output;
-  auto infer = run_colossal("infer " + (dir / "run") + " -p 'And God said' -n 8 --greedy --jsonl -q");
-  ASSERT_EQ(infer.exit_code, 0) << infer.output;
-  const std::string completion = nlohmann::json::parse(infer.output)["completion"];
+  const std::string completion = greedy_completion(train_tiny(dir, 40), "And God said", 8);
+  ASSERT_FALSE(HasFailure());
   ServerProcess server(dir / "run", dir);
   ASSERT_GT(server.port(), 0) << server.log();
   std::string why;
@@ -263,12 +269,8 @@ TEST(ServeEndToEnd, OpenAisPythonClientGetsInfersCompletionStreamedAndNot) {
   if (std::system((python + " -c 'import openai' >/dev/null 2>&1").c_str()) != 0)
     GTEST_SKIP() << "no openai package in .venv (scripts/setup.sh installs it for test builds)";
   TempDir dir;
-  auto train = run_colossal("train recipes/gpt-tiny.toml --set train.max_steps=40 --set train.eval_every=0 -q --set output.dir=" +
-                            (dir / "run") + " --set data.tokenizer=" + (dir / "tok.model") + " --set data.dataset=" + (dir / "data.h5"));
-  ASSERT_EQ(train.exit_code, 0) << train.output;
-  auto infer = run_colossal("infer " + (dir / "run") + " -p 'And God said' -n 12 --greedy --jsonl -q");
-  ASSERT_EQ(infer.exit_code, 0) << infer.output;
-  const std::string completion = nlohmann::json::parse(infer.output)["completion"];
+  const std::string completion = greedy_completion(train_tiny(dir, 40), "And God said", 12);
+  ASSERT_FALSE(HasFailure());
   ServerProcess server(dir / "run", dir);
   ASSERT_GT(server.port(), 0) << server.log();
   colossal::test::write_file(dir / "client.py", R"(import json, sys

@@ -50,20 +50,6 @@ COLOSSAL_INLINE void row_times_transposed(const float* __restrict a, const float
   }
 }
 
-// s[j] = exp(s[j] - max) over [0, n), with max the row's maximum; returns the sum (softmax's denominator).
-COLOSSAL_INLINE float exp_shifted_inplace(float* __restrict s, int64_t n, float& max) {
-  max = s[0];
-#pragma omp simd reduction(max : max)
-  for (int64_t j = 0; j < n; ++j) max = s[j] > max ? s[j] : max;
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; ++j) {
-    s[j] = exp_nonpositive(s[j] - max);
-    sum += s[j];
-  }
-  return sum;
-}
-
 // p[j] = exp(s[j] - lse) over [0, n): the softmax row recomputed from its saved log-sum-exp.
 COLOSSAL_INLINE void exp_minus(float* __restrict s, int64_t n, float lse) {
 #pragma omp simd

@@ -102,16 +102,8 @@ void attention_paged_head(const float* __restrict q, const float* __restrict k_b
     scores(q, k_base + table[b] * block_stride, n - j0 < block_size ? n - j0 : block_size, d, scale, s + j0);
   if (slope != 0.0f)
     for (int64_t j = 0; j < n; ++j) s[j] += slope * static_cast<float>(j - (n - 1));
-  float max = -INFINITY;
-#pragma omp simd reduction(max : max)
-  for (int64_t j = 0; j < n; ++j) max = s[j] > max ? s[j] : max;
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; ++j) {
-    s[j] = exp_nonpositive(s[j] - max);
-    sum += s[j];
-  }
-  const float inv = 1.0f / sum;
+  float max;
+  const float inv = 1.0f / exp_shifted_inplace(s, n, max);
   int64_t c = 0;
   auto columns = [&](auto nv) {
     constexpr int NV = decltype(nv)::value;

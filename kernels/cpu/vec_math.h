@@ -35,4 +35,19 @@ static inline __attribute__((always_inline)) float tanh_bounded(float x) {
   return x < 0 ? -t : t;
 }
 
+// s[j] = exp(s[j] - max) over [0, n) (n >= 1, no -inf), with max the row's maximum; returns the sum (a
+// softmax's denominator). Each instruction set's copy of a kernel vectorises it at its own width.
+static inline __attribute__((always_inline)) float exp_shifted_inplace(float* __restrict s, int64_t n, float& max) {
+  max = s[0];
+#pragma omp simd reduction(max : max)
+  for (int64_t j = 0; j < n; ++j) max = s[j] > max ? s[j] : max;
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = exp_nonpositive(s[j] - max);
+    sum += s[j];
+  }
+  return sum;
+}
+
 }  // namespace colossal::kernels
