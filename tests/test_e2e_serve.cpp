@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -78,8 +79,9 @@ struct Stream {
 };
 
 // POST /v1/completions with "stream": true, reading server-sent events; `stop_after` > 0 hangs up after
-// that many chunks.
-Stream stream_completion(int port, const nlohmann::json& body, const std::string& key, int stop_after = 0) {
+// that many chunks; `first_chunk` is set when the first one arrives.
+Stream stream_completion(int port, const nlohmann::json& body, const std::string& key, int stop_after = 0,
+                         std::atomic<bool>* first_chunk = nullptr) {
   httplib::Client cli("127.0.0.1", port);
   cli.set_read_timeout(60, 0);
   httplib::Request req;
@@ -104,6 +106,7 @@ Stream stream_completion(int port, const nlohmann::json& body, const std::string
         s.text += c["text"].get<std::string>();
         if (!c["finish_reason"].is_null()) s.finish_reason = c["finish_reason"];
       }
+      if (first_chunk) *first_chunk = true;
       if (stop_after > 0 && ++chunks >= stop_after) return false;
     }
     return true;
@@ -229,14 +232,18 @@ TEST(ServeEndToEnd, ConcurrentStreamsGetInfersTokensAndBadClientsGetReasonsWhile
   const auto after = stream_completion(port, {{"prompt", prompts[0]}, {"max_tokens", 12}, {"temperature", 0}, {"stream", true}}, "sekret");
   EXPECT_EQ(after.text, expected[0]) << "the server keeps serving";
 
-  // SIGTERM while a stream is running: it finishes, the process exits 0.
+  // SIGTERM while a stream is running (its first chunk is in, 99 tokens to go): it finishes, the process exits 0.
   Stream last;
+  std::atomic<bool> streaming{false};
   std::thread in_flight([&] {
-    last = stream_completion(port, {{"prompt", "In the beginning"}, {"max_tokens", 100}, {"temperature", 0}, {"stream", true}}, "sekret");
+    last = stream_completion(port, {{"prompt", "In the beginning"}, {"max_tokens", 100}, {"temperature", 0}, {"stream", true}}, "sekret",
+                             0, &streaming);
   });
-  for (int i = 0; i < 500 && metrics_value(port, "colossal_requests_in_flight") != 1; ++i) std::this_thread::sleep_for(20ms);
+  for (int i = 0; i < 1000 && !streaming; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(streaming) << "the stream never started";   // not ASSERT: the client thread must be joined
   EXPECT_EQ(server.terminate_and_wait(60s), 0) << server.log();
   in_flight.join();
+  EXPECT_NE(server.log().find("1 request(s) in flight get 20 s to finish"), std::string::npos) << server.log();
   EXPECT_TRUE(last.done) << last.raw;
   EXPECT_EQ(last.finish_reason, "length");
   EXPECT_NE(server.log().find("serve: stopped"), std::string::npos) << server.log();
