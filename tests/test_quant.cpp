@@ -10,6 +10,7 @@
 #include <map>
 #include <ATen/core/grad_mode.h>
 
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/qgemv.h"
 #include "models/registry.h"
@@ -308,4 +309,31 @@ TEST(QuantizedModel, EachFamilyAndSchemeSavesAndLoadsBackBitForBit) {
         EXPECT_TRUE(at::equal(back.at(p.key()), p.value())) << family << " " << quant::scheme_name(c.scheme) << " " << p.key();
       }
     }
+}
+
+TEST(QuantKernels, GemmPackingAQuantizedWeightMatchesDoublePrecisionOverTheDequantizedWeightOnEveryInstructionSet) {
+  at::manual_seed(26);
+  for (Isa isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    for (const quant::QuantConfig c : {quant::QuantConfig{quant::Scheme::int8_weight, 0}, quant::QuantConfig{quant::Scheme::int8_weight, 32},
+                                       quant::QuantConfig{quant::Scheme::int4_weight, 32}, quant::QuantConfig{quant::Scheme::int4_weight, 64}})
+      for (int64_t rows : {1, 7, 33})
+        for (int64_t in : {64, 320, 768})   // one depth block, a block and a tail, three blocks
+          for (int64_t out : {16, 48, 272}) {   // a vector's columns, a wide strip's tail, a panel and more
+            auto x = at::randn({rows, in}), w = at::randn({out, in}), b = at::randn({out});
+            const auto q = quant::quantize_weight(w, c);
+            auto y = at::empty({rows, out});
+            const kernels::GemmQuantizedB qb{q.q.const_data_ptr(), q.scales.const_data_ptr<float>(), c.group_for(in),
+                                             c.scheme == quant::Scheme::int4_weight};
+            kernels::GemmProblem p{.rows = rows, .cols = out, .depth = in, .a = x.const_data_ptr<float>(), .a_row = in, .a_depth = 1,
+                                   .b = nullptr, .b_depth = 1, .b_col = in, .c = y.mutable_data_ptr<float>(), .ldc = out,
+                                   .bias = b.const_data_ptr<float>()};
+            p.quantized_b = &qb;
+            kernels::gemm(p);
+            const auto ref = at::mm(x.to(at::kDouble), quant::dequantize_weight(q.q, q.scales, c, in).to(at::kDouble).t()) + b.to(at::kDouble);
+            EXPECT_LT(max_abs_diff(y, ref), 2e-6 * in + 1e-5)
+                << kernels::isa_name(isa) << " " << quant::scheme_name(c.scheme) << " g=" << c.group << " rows=" << rows << " in=" << in
+                << " out=" << out;
+          }
+  }
 }

@@ -23,6 +23,17 @@ inline constexpr int64_t kGemmTileRowsMax = 8;    // the most rows any set's til
 // Per-thread scratch: one packed B block and one packed A tile.
 inline constexpr int64_t kGemmScratchFloats = kGemmDepthBlock * (kGemmPanel + kGemmTileRowsMax);
 
+// B(r, n) read from a quantized linear layer's weight instead of floats: W[n][r] of qgemv.h's layouts
+// (int8, or packed int4 in blocks of 32, a scale per `group` inputs), dequantized as B is packed, so the
+// prefill of a quantized model never holds an fp32 copy of a weight (the forward form: b_depth 1, b_col
+// = depth).
+struct GemmQuantizedB {
+  const void* q;
+  const float* scales;   // [cols, depth / group]
+  int64_t group;
+  bool int4;
+};
+
 struct GemmProblem {
   int64_t rows, cols, depth;   // C is [rows, cols]; each entry sums `depth` products
   const float* a;              // A(m, r) = a[m * a_row + r * a_depth]
@@ -33,6 +44,7 @@ struct GemmProblem {
   int64_t ldc;
   const float* bias = nullptr;   // [cols], added once; or null
   bool accumulate = false;       // C += A B instead of C = A B
+  const GemmQuantizedB* quantized_b = nullptr;   // set: B comes from it and `b` is unused
 };
 
 // Runs over the OpenMP threads, rows split between them.

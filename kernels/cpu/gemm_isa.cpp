@@ -69,7 +69,46 @@ COLOSSAL_INLINE void any_tile(int64_t rows, const float* a, int64_t a_row, int64
 // kLanes for what is left), each strip [depth][its width]: the tile then reads B as one sequential
 // stream whatever B's strides, so wide rows (a new page every step) and the forward's transposed
 // weight cost the same as contiguous ones. Each thread packs the block it sweeps.
+// The same from a quantized weight: each column's inputs [r0, r0 + depth) dequantized into a row (a
+// contiguous read of the integers), then laid into the strip.
+void pack_quantized_b(const GemmProblem& p, int64_t r0, int64_t depth, int64_t n0, int64_t width, float* __restrict dst) {
+  const GemmQuantizedB& qb = *p.quantized_b;
+  const int64_t in = p.b_col, groups = in / qb.group;
+  alignas(64) float rows[kWide][kGemmDepthBlock];   // the strip's columns, each dequantized as a row
+  for (int64_t c = 0; c < width;) {
+    const int64_t ws = width - c >= kWide ? kWide : kLanes;
+    for (int64_t l = 0; l < ws; ++l) {
+      const int64_t n = n0 + c + l;
+      const float* scale = qb.scales + n * groups;
+      float* row = rows[l];
+      // Group by group (r0 and depth are multiples of 32, and groups of 32 inputs or more, so a group's
+      // part inside [r0, r0 + depth) is whole blocks), each a loop the compiler vectorises.
+      for (int64_t i = r0; i < r0 + depth;) {
+        const int64_t g = i / qb.group, end = std::min(r0 + depth, (g + 1) * qb.group);
+        const float s = scale[g];
+        if (qb.int4) {
+          const uint8_t* q = static_cast<const uint8_t*>(qb.q) + n * (in / 2);
+          for (; i < end; i += 32) {
+            const uint8_t* block = q + i / 32 * 16;
+            float* out = row + (i - r0);
+            for (int j = 0; j < 16; ++j) out[j] = static_cast<float>((block[j] & 15) - 8) * s;
+            for (int j = 0; j < 16; ++j) out[16 + j] = static_cast<float>((block[j] >> 4) - 8) * s;
+          }
+        } else {
+          const int8_t* q = static_cast<const int8_t*>(qb.q) + n * in;
+          for (; i < end; ++i) row[i - r0] = static_cast<float>(q[i]) * s;
+        }
+      }
+    }
+    for (int64_t r = 0; r < depth; ++r)
+      for (int64_t l = 0; l < ws; ++l) dst[r * ws + l] = rows[l][r];
+    dst += depth * ws;
+    c += ws;
+  }
+}
+
 void pack_b(const GemmProblem& p, int64_t r0, int64_t depth, int64_t n0, int64_t width, float* __restrict dst) {
+  if (p.quantized_b) return pack_quantized_b(p, r0, depth, n0, width, dst);
   for (int64_t c = 0; c < width;) {
     const int64_t ws = width - c >= kWide ? kWide : kLanes;
     const float* src = p.b + r0 * p.b_depth + (n0 + c) * p.b_col;

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/qgemv.h"
 #include "src/nn/linear_forward.h"
 #include "src/quant/quantized_weight.h"
@@ -29,6 +30,23 @@ at::Tensor QuantizedLinear::dequantized() const {
   return smooth_.defined() ? w / smooth_.view({1, -1}) : w;
 }
 
+// The prefill: our GEMM with the weight dequantized as its blocks are packed (gemm.h's GemmQuantizedB).
+at::Tensor QuantizedLinear::dequantizing_gemm(const at::Tensor& x) const {
+  const auto x2 = x.reshape({-1, in_}).contiguous();                                    // [M, in]
+  const int64_t out = qweight_.size(0);
+  auto y = at::empty({x2.size(0), out}, x.options());
+  const kernels::GemmQuantizedB qb{qweight_.const_data_ptr(), scales_.const_data_ptr<float>(), config_.group_for(in_),
+                                   config_.scheme == Scheme::int4_weight};
+  kernels::GemmProblem p{.rows = x2.size(0), .cols = out, .depth = in_, .a = x2.const_data_ptr<float>(), .a_row = in_, .a_depth = 1,
+                         .b = nullptr, .b_depth = 1, .b_col = in_, .c = y.mutable_data_ptr<float>(), .ldc = out,
+                         .bias = bias_.defined() ? bias_.const_data_ptr<float>() : nullptr};
+  p.quantized_b = &qb;
+  kernels::gemm(p);
+  auto sizes = x.sizes().vec();
+  sizes.back() = out;
+  return y.view(sizes);
+}
+
 // W8A8: x / s quantized to int8 per token (absmax / 127), an int8 GEMM summing in int32 (ATen's _int_mm:
 // oneDNN's VNNI kernels on CPU), then both scales and the bias.
 at::Tensor QuantizedLinear::smoothquant_gemm(const at::Tensor& xs) const {
@@ -48,6 +66,9 @@ at::Tensor QuantizedLinear::forward(const at::Tensor& x_in) {
   const bool decoding = x.is_cpu() && qweight_.is_cpu() && x.scalar_type() == at::kFloat && x.dim() >= 2 && x.size(-2) == 1 &&
                         x.size(-1) == in_ && x.numel() / in_ <= kQgemvMaxRows;
   if (!decoding && smooth_.defined() && x.is_cpu() && !at::GradMode::is_enabled()) return smoothquant_gemm(x);
+  if (!decoding && x.is_cpu() && qweight_.is_cpu() && x.scalar_type() == at::kFloat && !at::GradMode::is_enabled() &&
+      out % kernels::kGemmColumnMultiple == 0 && x.numel() > 0)
+    return dequantizing_gemm(x);
   if (!decoding) return nn::linear_forward(x, dequantize_weight(qweight_, scales_, config_, in_).to(x.device(), x.scalar_type()),
                                            bias_.defined() ? bias_.to(x.device(), x.scalar_type()) : at::Tensor());
   auto xc = x.contiguous();

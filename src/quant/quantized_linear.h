@@ -2,8 +2,9 @@
 // Parameters: "qweight" (int8 [out, in] or packed int4 uint8 [out, in / 2]), "scales" (fp32
 // [out, in / group]), "bias", and for int8-smoothquant "smooth" (fp32 [in], x is divided by it); none
 // records a gradient. Decoding rows (x [B, 1, in], B <= 16) go through kernels/cpu/qgemv's integer dot
-// products; longer inputs (the prefill) multiply by the dequantized weight, built for the call and dropped
-// after it, or under SmoothQuant go through an int8 GEMM with x quantized per token.
+// products; longer inputs (the prefill) go through kernels/cpu/gemm with the weight dequantized block by
+// block as the GEMM packs it (never a whole fp32 copy), or under SmoothQuant through an int8 GEMM with x
+// quantized per token.
 //
 // QuantizedLayerFactory builds models whose every linear layer is one of these, so `colossal infer`
 // and `serve` load a quantized checkpoint into the same model classes as an fp32 one.
@@ -29,6 +30,7 @@ class QuantizedLinear : public nn::Linear {
 
  private:
   at::Tensor smoothquant_gemm(const at::Tensor& x_smoothed) const;
+  at::Tensor dequantizing_gemm(const at::Tensor& x) const;
   QuantConfig config_;
   int64_t in_ = 0;
   at::Tensor qweight_, scales_, bias_;
