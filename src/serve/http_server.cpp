@@ -103,8 +103,10 @@ void CompletionServer::engine_loop() {
     try {
       worked = engine_.step();
     } catch (const std::exception& e) {   // an engine failure ends the server rather than hanging every client
-      spdlog::error("serve: the engine failed: {}; shutting down", e.what());
-      std::thread([this] { shutdown(); }).detach();
+      engine_failure_ = e.what();
+      draining_ = true;
+      fail_all(std::string("the engine failed: ") + e.what());
+      http_->stop();
       return;
     }
     if (worked) continue;
@@ -120,6 +122,31 @@ void CompletionServer::serve() {
   stopping_ = true;
   wake_engine();
   engine_thread_.join();
+  if (!engine_failure_.empty()) throw Error("serve: the engine failed: " + engine_failure_);
+}
+
+std::vector<std::shared_ptr<CompletionServer::Job>> CompletionServer::live_jobs() {
+  std::vector<std::shared_ptr<Job>> live;
+  std::lock_guard lock(jobs_mutex_);
+  for (auto& w : jobs_)
+    if (auto j = w.lock()) live.push_back(j);
+  return live;
+}
+
+// Every request in flight ends now with `reason` (an error event for streams, finish_reason "error").
+void CompletionServer::fail_all(const std::string& reason) {
+  for (auto& j : live_jobs()) {
+    std::lock_guard lock(j->m);
+    for (size_t i = 0; i < j->choices.size(); ++i) {
+      auto& c = j->choices[i];
+      if (c.done) continue;
+      c.done = true;
+      c.finish_reason = "error";
+      --j->remaining;
+    }
+    if (j->request.stream) j->events.push_back(sse(error_body(ApiError(500, reason, "", "server_error"))));
+    j->cv.notify_all();
+  }
 }
 
 void CompletionServer::shutdown() {
@@ -130,12 +157,7 @@ void CompletionServer::shutdown() {
     return jobs_cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return metrics_.in_flight.load() == 0; });
   };
   if (!wait_for_in_flight(options_.shutdown_grace_s)) {
-    std::vector<std::shared_ptr<Job>> live;
-    {
-      std::lock_guard lock(jobs_mutex_);
-      for (auto& w : jobs_)
-        if (auto j = w.lock()) live.push_back(j);
-    }
+    const auto live = live_jobs();
     spdlog::info("serve: cancelling {} request(s) still running", live.size());
     for (auto& j : live) {
       std::lock_guard lock(j->m);
@@ -148,7 +170,7 @@ void CompletionServer::shutdown() {
   http_->stop();
 }
 
-std::shared_ptr<CompletionServer::Job> CompletionServer::start_job(const CompletionRequest& r, int) {
+std::shared_ptr<CompletionServer::Job> CompletionServer::start_job(const CompletionRequest& r) {
   auto job = std::make_shared<Job>();
   job->request = r;
   job->id = "cmpl-" + std::to_string(next_job_++);
@@ -255,8 +277,7 @@ std::shared_ptr<CompletionServer::Job> CompletionServer::start_job(const Complet
   return job;
 }
 
-void CompletionServer::answer_completion(const std::string& body, const std::string& authorization, void* response) {
-  auto& res = *static_cast<httplib::Response*>(response);
+void CompletionServer::answer_completion(const std::string& body, const std::string& authorization, httplib::Response& res) {
   const auto start = Clock::now();
   if (!options_.api_key.empty() && authorization != "Bearer " + options_.api_key)
     throw ApiError(401, "Incorrect API key provided: send \"Authorization: Bearer <key>\" with the key the server was started with", "",
@@ -278,7 +299,7 @@ void CompletionServer::answer_completion(const std::string& body, const std::str
     jobs_cv_.notify_all();
   };
   try {
-    job = start_job(r, 0);
+    job = start_job(r);
   } catch (...) {
     finished();
     throw;
@@ -286,6 +307,11 @@ void CompletionServer::answer_completion(const std::string& body, const std::str
   if (!r.stream) {
     std::unique_lock lock(job->m);
     job->cv.wait(lock, [&] { return job->remaining == 0; });
+    if (!engine_failure_.empty()) {
+      lock.unlock();
+      finished();
+      throw ApiError(500, "the engine failed: " + engine_failure_, "", "server_error");
+    }
     nlohmann::json choices = nlohmann::json::array();
     for (size_t i = 0; i < job->choices.size(); ++i) {
       const auto& c = job->choices[i];
@@ -360,7 +386,7 @@ void CompletionServer::install_routes() {
   };
   s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     try {
-      answer_completion(req.body, req.get_header_value("Authorization"), &res);
+      answer_completion(req.body, req.get_header_value("Authorization"), res);
     } catch (const ApiError& e) {
       send_error(res, e);
     }

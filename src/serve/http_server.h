@@ -25,6 +25,7 @@
 
 namespace httplib {
 class Server;
+struct Response;
 }
 
 namespace colossal::serve {
@@ -45,7 +46,8 @@ class CompletionServer {
   ~CompletionServer();
   // Binds the address; Error naming it when it cannot. Returns the port (the chosen one for port 0).
   int bind();
-  // Serves until shutdown(); the engine's thread runs meanwhile.
+  // Serves until shutdown(); the engine's thread runs meanwhile. Error when the engine failed (every
+  // request in flight was answered with the failure first).
   void serve();
   // From any thread: new requests get 503, in-flight ones finish within the grace period (then are
   // cancelled, ending as "cancelled"), and serve() returns.
@@ -55,8 +57,10 @@ class CompletionServer {
   struct Job;
   void install_routes();
   void engine_loop();
-  void answer_completion(const std::string& body, const std::string& authorization, void* response);
-  std::shared_ptr<Job> start_job(const CompletionRequest& request, int status_if_refused);
+  void answer_completion(const std::string& body, const std::string& authorization, httplib::Response& res);
+  std::shared_ptr<Job> start_job(const CompletionRequest& request);
+  std::vector<std::shared_ptr<Job>> live_jobs();
+  void fail_all(const std::string& reason);
   void wake_engine();
 
   BatchEngine& engine_;
@@ -65,6 +69,7 @@ class CompletionServer {
   std::unique_ptr<httplib::Server> http_;
   ServerMetrics metrics_;
   std::atomic<bool> draining_{false}, stopping_{false};
+  std::string engine_failure_;   // set by the engine's thread before it stops the server
   std::atomic<int64_t> next_job_{0};
   std::mutex engine_mutex_;
   std::condition_variable engine_cv_;
