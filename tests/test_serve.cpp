@@ -211,6 +211,7 @@ TEST(CompletionApi, RequestsParseAsOpenAiClientsSendThemAndBadOnesGetA4xxNamingT
   EXPECT_EQ(refused(R"({"max_tokens": 3})").second, "'prompt' is required [prompt]");
   EXPECT_EQ(refused(R"({"prompt": "x", "max_tokens": 101})").second, "'max_tokens' must be an integer from 1 to 100 (got 101) [max_tokens]");
   EXPECT_EQ(refused(R"({"prompt": "x", "max_tokens": 1e300})").first, 400);
+  EXPECT_EQ(refused("11111E1111111110!1]").first, 400) << "a number beyond double's range (found by libFuzzer)";
   EXPECT_EQ(refused(R"({"prompt": "x", "temperature": "hot"})").second, "'temperature' must be a number (got \"hot\") [temperature]");
   EXPECT_EQ(refused(R"({"prompt": [1, "a"]})").first, 400);
   EXPECT_EQ(refused(R"({"prompt": [512]})").second, "'prompt' must be an integer from 0 to 511 (got 512) [prompt]");

@@ -76,6 +76,8 @@ CompletionRequest parse_completion_request(const std::string& body, const ServeL
     j = nlohmann::json::parse(body);
   } catch (const nlohmann::json::parse_error& e) {
     throw ApiError(400, "the body is not valid JSON (at byte " + std::to_string(e.byte) + ")");
+  } catch (const nlohmann::json::exception& e) {   // a number beyond double's range (out_of_range 406), ...
+    throw ApiError(400, std::string("the body is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw ApiError(400, "the body must be a JSON object, not " + std::string(j.type_name()));
   CompletionRequest r;
