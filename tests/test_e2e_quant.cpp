@@ -49,17 +49,20 @@ TEST(QuantizeEndToEnd, ATrainedGptQuantizesWithinItsPerplexityBoundsAndGenerates
     ASSERT_EQ(q.exit_code, 0) << q.output;
     EXPECT_NE(q.output.find("quantized 8 linear layers"), std::string::npos) << q.output;
     EXPECT_LT(perplexity_change_percent(q.output), s.max_change_percent) << q.output;
-    // The files: I8 (or packed U8) integers and F32 scales under the HF names, the scheme in config.json.
+    // The files: I8 (or packed U8) integers and F32 scales under the HF names, the scheme in config.json;
+    // the token embedding (the tied head) as int8 rows whatever the scheme, the position table in fp32.
     const auto config = colossal::test::read_json_file(out + "/config.json");
     EXPECT_EQ(config["quantization_config"]["quant_method"], "colossal") << s.flags;
     const auto header = colossal::read_safetensors_header(out + "/model.safetensors");
     int qweights = 0;
     for (const auto& e : header.entries) {
+      if (e.name == "transformer.wpe.weight") EXPECT_EQ(e.dtype, at::kFloat);
       if (!e.name.ends_with(".qweight")) continue;
       ++qweights;
-      EXPECT_EQ(e.dtype, std::string(s.dtype) == "I8" ? at::kChar : at::kByte) << e.name;
+      const bool embedding = e.name == "transformer.wte.qweight";
+      EXPECT_EQ(e.dtype, embedding || std::string(s.dtype) == "I8" ? at::kChar : at::kByte) << e.name;
     }
-    EXPECT_EQ(qweights, 8) << s.flags;
+    EXPECT_EQ(qweights, 9) << s.flags << ": 8 linear layers and the token embedding";
     EXPECT_TRUE(std::filesystem::exists(out + "/tokenizer.model"));
     // Generation: a batch of two prompts decodes each as it decodes alone (the quantized GEMV's rows).
     write_file(dir / "prompts.txt", "In the beginning\nThe LORD is my shepherd;\n");
@@ -91,7 +94,7 @@ TEST(QuantizeEndToEnd, ATrainedGptQuantizesWithinItsPerplexityBoundsAndGenerates
   for (auto& t : file.tensors)
     if (t.name.ends_with(".qweight")) t.tensor = t.tensor.to(at::kFloat);
   colossal::save_safetensors(out + "/model.safetensors", file.tensors, file.metadata);
-  expect_one_line_error(run_colossal("infer " + out + " -p hi -q"), "values (expected Byte)");
+  expect_one_line_error(run_colossal("infer " + out + " -p hi -q"), "holds Float values (expected Char)");
 }
 
 // The other decoder families through the same command: each scheme quantizes, saves and generates.

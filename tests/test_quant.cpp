@@ -207,7 +207,8 @@ QuantizedPair quantized_pair(const std::string& family, const quant::QuantConfig
   for (auto& p : dequantized->named_parameters()) {
     const std::string base = p.key().ends_with(".weight") ? p.key().substr(0, p.key().size() - 7) : "";
     if (!base.empty() && q.count(base + ".qweight")) {
-      auto w = quant::dequantize_weight(q.at(base + ".qweight"), q.at(base + ".scales"), c, p.value().size(1));
+      const auto lc = quant::layer_config(c, q.at(base + ".qweight"), q.at(base + ".scales"), q.count(base + ".smooth") > 0);
+      auto w = quant::dequantize_weight(q.at(base + ".qweight"), q.at(base + ".scales"), lc, p.value().size(1));
       if (q.count(base + ".smooth")) w = w / q.at(base + ".smooth").view({1, -1});   // SmoothQuant's x / s folded back
       p.value().copy_(w);
     }
@@ -280,6 +281,11 @@ TEST(QuantConfig, BadSchemesGroupsAndLayersAreRefusedWithWhatWouldBeValid) {
   ASSERT_TRUE(back);
   EXPECT_EQ(back->scheme, c.scheme);
   EXPECT_EQ(back->group, 64);
+  EXPECT_TRUE(back->embedding) << "quantize writes the token embedding as int8 rows";
+  // A directory written before the embedding was quantized says nothing of it: its embedding is fp32.
+  auto older = quant::to_json(c);
+  older.erase("embedding");
+  EXPECT_FALSE(quant::quant_config_of({{"quantization_config", older}}, "m/config.json")->embedding);
   EXPECT_FALSE(quant::quant_config_of(nlohmann::json::object(), "m/config.json"));
   EXPECT_EQ(error_of([] { quant::quant_config_of({{"quantization_config", {{"quant_method", "gptq"}}}}, "m/config.json"); }),
             "m/config.json: quantization_config names quant_method \"gptq\"; colossal reads only its own (colossal quantize writes them)");

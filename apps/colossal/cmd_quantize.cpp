@@ -56,9 +56,10 @@ void add_quantize_command(CLI::App& app) {
     o.calib = args->calib;
     o.calib_tokens = args->calib_tokens;
     const QuantizeReport r = quantize_checkpoint(o);
-    std::printf("quantized %lld linear layers to %s (%s): weights %s -> %s (%.2fx smaller)\n", static_cast<long long>(r.layers),
+    std::printf("quantized %lld linear layers to %s (%s)%s: weights %s -> %s (%.2fx smaller)\n", static_cast<long long>(r.layers),
                 quant::scheme_name(o.config.scheme),
                 o.config.group > 0 ? ("groups of " + std::to_string(o.config.group)).c_str() : "one scale per output channel",
+                r.embedding ? " and the token embedding (the tied head) to int8 rows" : "",
                 human_bytes(static_cast<double>(r.bytes_before)).c_str(), human_bytes(static_cast<double>(r.bytes_after)).c_str(),
                 static_cast<double>(r.bytes_before) / static_cast<double>(std::max<int64_t>(r.bytes_after, 1)));
     if (r.calib_tokens > 0)

@@ -129,7 +129,7 @@ def main():
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     isa = "avx512" if "avx512f" in open("/proc/cpuinfo").read() else "avx2"
     print(f"weights read a step: fp32 {wbytes['fp32'] / 1e6:.0f} MB, int8 {wbytes['int8'] / 1e6:.0f} MB, int4 {wbytes['int4'] / 1e6:.0f} MB "
-          f"(the tied embedding stays fp32: {cfg['vocab_size'] * width * 4 / 1e6:.0f} MB); bound = {bw:.1f} GB/s over weights + KV cache")
+          f"(all stored tensors, the tied embedding included); bound = {bw:.1f} GB/s over weights + KV cache")
     print(f"machine: {cpu} ({isa}), {a.threads} threads, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}, {a.command}, "
           f"median of {a.repeat} alternating rounds")
 

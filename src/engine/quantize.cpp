@@ -158,6 +158,7 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& o) {
   quant::quantize_into(*source, *quantized, o.config, &ranges);
 
   r.layers = qfactory.layers();
+  r.embedding = qfactory.embeddings() > 0;
   r.bytes_before = stored_bytes(*source);
   r.bytes_after = stored_bytes(*quantized);
   if (o.eval_tokens > 0) {

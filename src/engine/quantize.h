@@ -24,6 +24,7 @@ struct QuantizeOptions {
 struct QuantizeReport {
   std::string out;
   int64_t layers = 0;                  // linear layers quantized
+  bool embedding = false;              // the token embedding (the tied head) as int8 rows
   int64_t bytes_before = 0, bytes_after = 0;   // the weights' bytes as stored
   std::string eval_source;             // what the perplexity was measured on
   int64_t eval_tokens = 0;             // tokens scored

@@ -15,12 +15,20 @@ namespace colossal::nn {
 at::Tensor CausalLM::forward(const at::Tensor& ids, const ForwardOptions& options) {
   auto x = features(ids, options);                                   // [B, T, C]
   if (options.last_only) x = x.narrow(1, x.size(1) - 1, 1);
-  return linear_forward(x, head_weight());                               // [B, T, V]
+  return head_logits(x);                                             // [B, T, V]
+}
+
+at::Tensor CausalLM::head_logits(const at::Tensor& x) {
+  if (auto* e = tied_head()) return e->project(x);
+  return linear_forward(x, head_weight());
 }
 
 at::Tensor CausalLM::loss(const at::Tensor& ids, const at::Tensor& targets) {
   auto x = features(ids);                                            // [B, T, C]
-  return lm_head_cross_entropy(x.reshape({-1, x.size(-1)}), head_weight(), targets.reshape({-1}));
+  const at::Tensor w = head_weight();
+  if (!at::isFloatingType(w.scalar_type()))   // a quantized head (inference only): its logits, then ATen's loss
+    return at::cross_entropy_loss(head_logits(x).reshape({-1, w.size(0)}).to(at::kFloat), targets.reshape({-1}), {}, at::Reduction::Mean, -100);
+  return lm_head_cross_entropy(x.reshape({-1, x.size(-1)}), w, targets.reshape({-1}));
 }
 
 KvCache make_kv_cache(int64_t layers, int64_t batch, int64_t heads, int64_t capacity, int64_t head_dim,

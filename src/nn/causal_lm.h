@@ -50,6 +50,11 @@ class CausalLM : public Model {
   // ids [B, T] int64 -> final hidden states [B, T, C] (after the last norm), ready for the head.
   virtual at::Tensor features(const at::Tensor& ids, const ForwardOptions& options = {}) = 0;
   virtual at::Tensor head_weight() = 0;   // [V, C] (the token embedding when tied)
+  // The token embedding when the head is tied to it (its project() gives the logits, also when it holds
+  // integers); null when the head is a weight of its own.
+  virtual Embedding* tied_head() { return nullptr; }
+  // x [..., C] -> logits [..., V].
+  at::Tensor head_logits(const at::Tensor& x);
 
   // ids [B, T] -> logits [B, T, V] (or [B, 1, V] with last_only).
   at::Tensor forward(const at::Tensor& ids, const ForwardOptions& options = {});

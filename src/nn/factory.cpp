@@ -37,6 +37,8 @@ class DenseEmbedding : public Embedding {
 
 }  // namespace
 
+at::Tensor Embedding::project(const at::Tensor& x) { return linear_forward(x, weight()); }
+
 at::Tensor unallocated_tensor(at::IntArrayRef shape) {
   at::Tensor t = at::empty({0});
   t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);   // sizes only: the storage stays empty

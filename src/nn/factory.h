@@ -35,7 +35,11 @@ class Linear : public Module {
 class Embedding : public Module {
  public:
   virtual at::Tensor forward(const at::Tensor& ids) = 0;   // [...] -> [..., dim]
-  virtual at::Tensor& weight() = 0;                         // [num, dim]
+  virtual at::Tensor& weight() = 0;                         // [num, dim] (a quantized one's integers)
+  // x [..., dim] -> x W^T [..., num]: the tied LM head's logits.
+  virtual at::Tensor project(const at::Tensor& x);
+  // The dtype its rows come out in (and activations and KV caches follow).
+  virtual c10::ScalarType output_dtype() { return weight().scalar_type(); }
 };
 
 enum class Act { GeluTanh, Gelu, Relu };

@@ -41,7 +41,8 @@ void check_layer(const QuantConfig& c, int64_t in, const std::string& what) {
 
 nlohmann::json to_json(const QuantConfig& c) {
   nlohmann::json j = {{"quant_method", "colossal"}, {"scheme", scheme_name(c.scheme)}, {"bits", c.bits()}, {"group_size", c.group},
-                      {"symmetric", true}, {"modules", "linear layers (the embedding, the tied head and the norms stay fp32)"}};
+                      {"symmetric", true}, {"modules", "linear layers and the token embedding (the tied head)"},
+                      {"embedding", c.embedding ? "int8 rows" : "fp32"}};
   if (c.scheme == Scheme::int8_smoothquant) j["alpha"] = c.alpha, j["activations"] = "int8 per token, dynamic";
   return j;
 }
@@ -63,6 +64,7 @@ std::optional<QuantConfig> quant_config_of(const nlohmann::json& config, const s
     c.group = q["group_size"].get<int64_t>();
     check_group(c.scheme, c.group);
     if (q.contains("alpha") && q["alpha"].is_number()) c.alpha = q["alpha"].get<double>();
+    c.embedding = q.value("embedding", nlohmann::json("fp32")) == "int8 rows";
   } catch (const Error& e) {
     throw Error(where + ": " + e.what());
   }

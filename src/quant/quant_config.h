@@ -27,6 +27,7 @@ struct QuantConfig {
   Scheme scheme = Scheme::int8_weight;
   int64_t group = 0;   // inputs per scale; 0: one scale per output channel (int8 only)
   double alpha = 0.5;  // SmoothQuant's migration strength (how much of x's range moves into W)
+  bool embedding = true;   // the token embedding (the tied head) as int8 rows; false in directories written before it was
 
   int bits() const { return scheme == Scheme::int4_weight ? 4 : 8; }
   // Inputs per scale of a layer `in` wide: group, or in when per channel.

@@ -16,7 +16,15 @@ at::Tensor smoothing_factors(const at::Tensor& act_absmax, const at::Tensor& wei
   return at::where((a > 0) & (w > 0), s.clamp(1e-5, 1e5), at::ones_like(s));
 }
 
-void quantize_into(const nn::Model& source, nn::Model& quantized, const QuantConfig& c,
+QuantConfig layer_config(const QuantConfig& model_config, const at::Tensor& q, const at::Tensor& scales, bool smoothed) {
+  QuantConfig c = model_config;
+  const int64_t in = q.scalar_type() == at::kByte ? 2 * q.size(1) : q.size(1), groups = scales.size(1);
+  c.scheme = q.scalar_type() == at::kByte ? Scheme::int4_weight : smoothed ? Scheme::int8_smoothquant : Scheme::int8_weight;
+  c.group = groups == 1 && c.scheme != Scheme::int4_weight ? 0 : in / groups;
+  return c;
+}
+
+void quantize_into(const nn::Model& source, nn::Model& quantized, const QuantConfig& model_config,
                    const std::map<std::string, at::Tensor>* act_absmax) {
   std::map<std::string, at::Tensor> src, dst;
   for (const auto& p : source.named_parameters()) src.emplace(p.key(), p.value());
@@ -35,6 +43,7 @@ void quantize_into(const nn::Model& source, nn::Model& quantized, const QuantCon
       continue;
     }
     const std::string base = name.substr(0, name.size() - qsuffix.size());
+    const QuantConfig c = layer_config(model_config, value, dst.at(base + ".scales"), dst.count(base + ".smooth") > 0);
     at::Tensor w = from(base + ".weight");
     if (c.scheme == Scheme::int8_smoothquant) {
       if (!act_absmax || !act_absmax->count(base)) throw Error("quantize: int8-smoothquant has no calibration range for " + base);

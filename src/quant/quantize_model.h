@@ -16,6 +16,11 @@ namespace colossal::quant {
 void quantize_into(const nn::Model& source, nn::Model& quantized, const QuantConfig& config,
                    const std::map<std::string, at::Tensor>* act_absmax = nullptr);
 
+// The layout a quantized model's tensor pair holds, read from its shapes and dtype (a model's layers may
+// differ: the tied head is int8 per row whatever the scheme): int4 when packed (uint8), SmoothQuant when
+// the layer has a smoothing vector (alpha taken from `model_config`), else int8 with the scales' groups.
+QuantConfig layer_config(const QuantConfig& model_config, const at::Tensor& qweight, const at::Tensor& scales, bool smoothed);
+
 // SmoothQuant's factors for a layer: s_j = max|X_j|^alpha / max|W_j|^(1 - alpha), 1 where either is 0.
 at::Tensor smoothing_factors(const at::Tensor& act_absmax, const at::Tensor& weight, double alpha);
 

@@ -30,21 +30,49 @@ at::Tensor QuantizedLinear::dequantized() const {
   return smooth_.defined() ? w / smooth_.view({1, -1}) : w;
 }
 
+namespace {
+
 // The prefill: our GEMM with the weight dequantized as its blocks are packed (gemm.h's GemmQuantizedB).
-at::Tensor QuantizedLinear::dequantizing_gemm(const at::Tensor& x) const {
-  const auto x2 = x.reshape({-1, in_}).contiguous();                                    // [M, in]
-  const int64_t out = qweight_.size(0);
+at::Tensor dequantizing_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const QuantConfig& c, int64_t in,
+                             const at::Tensor& bias) {
+  const auto x2 = x.reshape({-1, in}).contiguous();                                     // [M, in]
+  const int64_t out = q.size(0);
   auto y = at::empty({x2.size(0), out}, x.options());
-  const kernels::GemmQuantizedB qb{qweight_.const_data_ptr(), scales_.const_data_ptr<float>(), config_.group_for(in_),
-                                   config_.scheme == Scheme::int4_weight};
-  kernels::GemmProblem p{.rows = x2.size(0), .cols = out, .depth = in_, .a = x2.const_data_ptr<float>(), .a_row = in_, .a_depth = 1,
-                         .b = nullptr, .b_depth = 1, .b_col = in_, .c = y.mutable_data_ptr<float>(), .ldc = out,
-                         .bias = bias_.defined() ? bias_.const_data_ptr<float>() : nullptr};
+  const kernels::GemmQuantizedB qb{q.const_data_ptr(), scales.const_data_ptr<float>(), c.group_for(in), c.scheme == Scheme::int4_weight};
+  kernels::GemmProblem p{.rows = x2.size(0), .cols = out, .depth = in, .a = x2.const_data_ptr<float>(), .a_row = in, .a_depth = 1,
+                         .b = nullptr, .b_depth = 1, .b_col = in, .c = y.mutable_data_ptr<float>(), .ldc = out,
+                         .bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr};
   p.quantized_b = &qb;
   kernels::gemm(p);
   auto sizes = x.sizes().vec();
   sizes.back() = out;
   return y.view(sizes);
+}
+
+}  // namespace
+
+at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const QuantConfig& c, int64_t in,
+                            const at::Tensor& bias) {
+  const int64_t out = q.size(0);
+  const bool cpu_float = x.is_cpu() && q.is_cpu() && x.scalar_type() == at::kFloat && !at::GradMode::is_enabled();
+  const bool decoding = cpu_float && x.dim() >= 2 && x.size(-2) == 1 && x.size(-1) == in && x.numel() / in <= kQgemvMaxRows;
+  if (!decoding && cpu_float && out % kernels::kGemmColumnMultiple == 0 && x.numel() > 0) return dequantizing_gemm(x, q, scales, c, in, bias);
+  if (!decoding)   // other devices, and row counts the GEMM's columns cannot take (a vocabulary of 50257)
+    return nn::linear_forward(x, dequantize_weight(q, scales, c, in).to(x.device(), x.scalar_type()),
+                              bias.defined() ? bias.to(x.device(), x.scalar_type()) : at::Tensor());
+  auto xc = x.contiguous();
+  auto sizes = x.sizes().vec();
+  sizes.back() = out;
+  auto y = at::empty(sizes, x.options());
+  const int64_t rows = xc.numel() / in, group = c.group_for(in);
+  const float* b = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
+  if (c.scheme == Scheme::int4_weight)
+    kernels::qgemv_int4(xc.const_data_ptr<float>(), rows, in, q.const_data_ptr<uint8_t>(), scales.const_data_ptr<float>(), group, b,
+                        y.mutable_data_ptr<float>(), out);
+  else
+    kernels::qgemv_int8(xc.const_data_ptr<float>(), rows, in, q.const_data_ptr<int8_t>(), scales.const_data_ptr<float>(), group, b,
+                        y.mutable_data_ptr<float>(), out);
+  return y;
 }
 
 // W8A8: x / s quantized to int8 per token (absmax / 127), an int8 GEMM summing in int32 (ATen's _int_mm:
@@ -61,34 +89,37 @@ at::Tensor QuantizedLinear::smoothquant_gemm(const at::Tensor& xs) const {
 }
 
 at::Tensor QuantizedLinear::forward(const at::Tensor& x_in) {
-  const int64_t out = qweight_.size(0);
-  const at::Tensor x = smooth_.defined() ? x_in / smooth_.to(x_in.device(), x_in.scalar_type()) : x_in;   // SmoothQuant's x / s
-  const bool decoding = x.is_cpu() && qweight_.is_cpu() && x.scalar_type() == at::kFloat && x.dim() >= 2 && x.size(-2) == 1 &&
-                        x.size(-1) == in_ && x.numel() / in_ <= kQgemvMaxRows;
-  if (!decoding && smooth_.defined() && x.is_cpu() && !at::GradMode::is_enabled()) return smoothquant_gemm(x);
-  if (!decoding && x.is_cpu() && qweight_.is_cpu() && x.scalar_type() == at::kFloat && !at::GradMode::is_enabled() &&
-      out % kernels::kGemmColumnMultiple == 0 && x.numel() > 0)
-    return dequantizing_gemm(x);
-  if (!decoding) return nn::linear_forward(x, dequantize_weight(qweight_, scales_, config_, in_).to(x.device(), x.scalar_type()),
-                                           bias_.defined() ? bias_.to(x.device(), x.scalar_type()) : at::Tensor());
-  auto xc = x.contiguous();
-  auto sizes = x.sizes().vec();
-  sizes.back() = out;
-  auto y = at::empty(sizes, x.options());
-  const int64_t rows = xc.numel() / in_, group = config_.group_for(in_);
-  const float* b = bias_.defined() ? bias_.const_data_ptr<float>() : nullptr;
-  if (config_.scheme == Scheme::int4_weight)
-    kernels::qgemv_int4(xc.const_data_ptr<float>(), rows, in_, qweight_.const_data_ptr<uint8_t>(), scales_.const_data_ptr<float>(),
-                        group, b, y.mutable_data_ptr<float>(), out);
-  else
-    kernels::qgemv_int8(xc.const_data_ptr<float>(), rows, in_, qweight_.const_data_ptr<int8_t>(), scales_.const_data_ptr<float>(),
-                        group, b, y.mutable_data_ptr<float>(), out);
-  return y;
+  if (!smooth_.defined()) return quantized_matmul(x_in, qweight_, scales_, config_, in_, bias_);
+  const at::Tensor x = x_in / smooth_.to(x_in.device(), x_in.scalar_type());   // SmoothQuant's x / s
+  const bool decoding = x.dim() >= 2 && x.size(-2) == 1 && x.numel() / in_ <= kQgemvMaxRows;
+  if (!decoding && x.is_cpu() && !at::GradMode::is_enabled()) return smoothquant_gemm(x);
+  return quantized_matmul(x, qweight_, scales_, config_, in_, bias_);
 }
+
+QuantizedEmbedding::QuantizedEmbedding(int64_t num, int64_t dim) {
+  qweight_ = register_parameter("qweight", at::zeros({num, dim}, at::kChar), /*requires_grad=*/false);
+  scales_ = register_parameter("scales", at::zeros({num, 1}), /*requires_grad=*/false);
+}
+
+at::Tensor QuantizedEmbedding::forward(const at::Tensor& ids) {
+  const auto flat = ids.reshape({-1});
+  auto rows = qweight_.index_select(0, flat).to(at::kFloat).mul_(scales_.index_select(0, flat));   // [N, dim]
+  auto sizes = ids.sizes().vec();
+  sizes.push_back(qweight_.size(1));
+  return rows.view(sizes);
+}
+
+at::Tensor QuantizedEmbedding::project(const at::Tensor& x) { return quantized_matmul(x, qweight_, scales_, config(), qweight_.size(1), {}); }
 
 std::shared_ptr<nn::Linear> QuantizedLayerFactory::linear(const nn::LinearSpec& spec) {
   ++layers_;
   return std::make_shared<QuantizedLinear>(spec, config_);
+}
+
+std::shared_ptr<nn::Embedding> QuantizedLayerFactory::embedding(int64_t num, int64_t dim, nn::Split split) {
+  if (split != nn::Split::Vocab || !config_.embedding) return LayerFactory::embedding(num, dim, split);   // positions: small
+  ++embeddings_;
+  return std::make_shared<QuantizedEmbedding>(num, dim);
 }
 
 }  // namespace colossal::quant

@@ -30,23 +30,47 @@ class QuantizedLinear : public nn::Linear {
 
  private:
   at::Tensor smoothquant_gemm(const at::Tensor& x_smoothed) const;
-  at::Tensor dequantizing_gemm(const at::Tensor& x) const;
   QuantConfig config_;
   int64_t in_ = 0;
   at::Tensor qweight_, scales_, bias_;
   at::Tensor smooth_;   // int8-smoothquant: x is divided by it (s per input channel)
 };
 
+// The token embedding of a quantized model, which the tied LM head reads too: int8 rows with one fp32
+// scale a row ("qweight", "scales"; whatever the linear layers' scheme, as llama.cpp keeps its output
+// layer at a higher precision than the blocks). A lookup dequantizes its rows; project() (the head) runs
+// the quantized GEMV or GEMM, so decoding reads a quarter of the fp32 head's bytes.
+class QuantizedEmbedding : public nn::Embedding {
+ public:
+  QuantizedEmbedding(int64_t num, int64_t dim);
+  at::Tensor forward(const at::Tensor& ids) override;   // [...] -> [..., dim] fp32
+  at::Tensor& weight() override { return qweight_; }    // the integers
+  at::Tensor project(const at::Tensor& x) override;     // [..., dim] -> [..., num]
+  c10::ScalarType output_dtype() override { return at::kFloat; }
+  static QuantConfig config() { return {Scheme::int8_weight, 0}; }
+
+ private:
+  at::Tensor qweight_, scales_;
+};
+
+// y = x dequant(W)^T + bias for a weight-only layout (int8, int4): the decoding GEMV for up to 16 rows
+// of one token, the GEMM dequantizing as it packs for more, ATen over the dequantized weight elsewhere.
+at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const QuantConfig& c, int64_t in,
+                            const at::Tensor& bias);
+
 class QuantizedLayerFactory : public nn::LayerFactory {
  public:
   explicit QuantizedLayerFactory(QuantConfig config) : config_(config) {}
   std::shared_ptr<nn::Linear> linear(const nn::LinearSpec& spec) override;
+  // The vocabulary embedding (the tied head) quantized to int8 rows; other embeddings stay fp32.
+  std::shared_ptr<nn::Embedding> embedding(int64_t num, int64_t dim, nn::Split split) override;
   const QuantConfig& config() const { return config_; }
-  int64_t layers() const { return layers_; }   // linear layers built so far
+  int64_t layers() const { return layers_; }           // linear layers built so far
+  int64_t embeddings() const { return embeddings_; }   // quantized (vocabulary) embeddings built so far
 
  private:
   QuantConfig config_;
-  int64_t layers_ = 0;
+  int64_t layers_ = 0, embeddings_ = 0;
 };
 
 }  // namespace colossal::quant

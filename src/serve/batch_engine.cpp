@@ -7,7 +7,6 @@
 #include <algorithm>
 
 #include "src/core/error.h"
-#include "src/nn/linear_forward.h"
 
 namespace colossal::serve {
 
@@ -234,7 +233,7 @@ bool BatchEngine::step() {
   const at::Tensor features = model_->features(at::tensor(ids, at::kLong).view({n, 1}), options);   // [N, 1, C]
   if (!sampled.empty()) {
     const at::Tensor last = features.index_select(0, at::tensor(logit_rows, at::kLong));             // [M, 1, C]
-    const at::Tensor logits = nn::linear_forward(last, model_->head_weight()).squeeze(1);             // [M, V]
+    const at::Tensor logits = model_->head_logits(last).squeeze(1);                                  // [M, V]
     for (size_t i = 0; i < sampled.size(); ++i) after_forward(*sampled[i], logits[static_cast<int64_t>(i)]);
   }
   running_.remove_if([](const auto& s) { return s->done; });
