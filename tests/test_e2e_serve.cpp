@@ -311,3 +311,28 @@ print(json.dumps({"model": model, "text": whole.choices[0].text, "finish": whole
   EXPECT_EQ(j["completion_tokens"], 12);
   EXPECT_EQ(j["missing"], "NotFoundError") << "a 404 the client maps to its own error";
 }
+
+TEST(ServeEndToEnd, AQuantizedDirectoryStreamsWhatInferGeneratesFromIt) {
+  TempDir dir;
+  const std::string model = train_tiny(dir, 40);
+  auto q = run_colossal("quantize " + model + " --out " + (dir / "q4") + " --scheme int4-weight --group-size 32 --eval-tokens 0 -q");
+  ASSERT_EQ(q.exit_code, 0) << q.output;
+  const std::vector<std::string> prompts = {"And God said", "In the beginning God created"};
+  std::vector<std::string> expected;
+  for (const auto& p : prompts) expected.push_back(greedy_completion(dir / "q4", p, 12));
+  ASSERT_FALSE(HasFailure());
+  ServerProcess server(dir / "q4", dir);
+  ASSERT_GT(server.port(), 0) << server.log();
+  EXPECT_NE(server.log().find("int4-weight"), std::string::npos) << server.log();
+  std::vector<Stream> streams(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    clients.emplace_back([&, i] {
+      streams[i] = stream_completion(server.port(), {{"prompt", prompts[i]}, {"max_tokens", 12}, {"temperature", 0}, {"stream", true}}, "");
+    });
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(streams[i].text, expected[i]) << "prompt " << i;
+    EXPECT_TRUE(streams[i].done);
+  }
+}
