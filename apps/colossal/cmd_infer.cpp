@@ -20,7 +20,7 @@
 #include "src/engine/streamed_weights.h"
 #include "models/registry.h"
 #include "src/nn/kernel_choice.h"
-#include "src/quant/quantized_linear.h"
+#include "src/quant/quant_config.h"
 
 namespace fs = std::filesystem;
 
@@ -91,11 +91,14 @@ void run(InferArgs& a) {
   if (device.is_cpu() && !a.stream_weights)
     require_host_memory((quantized ? quantized->bits() / 8.0 : 4.0) * static_cast<double>(count_parameters(info.model)),
                         "the model in " + dir + (quantized ? "" : " (fp32 weights; --stream-weights reads them block by block instead)"));
-  std::unique_ptr<nn::LayerFactory> factory;
-  if (quantized) factory = std::make_unique<quant::QuantizedLayerFactory>(*quantized);
-  else factory = std::make_unique<nn::LayerFactory>(a.stream_weights ? nn::ParamStorage::deferred : nn::ParamStorage::allocated);
-  // Every parameter is read from the checkpoint below: none is initialised first.
-  auto model = nn::model_as<nn::CausalLM>(build_model(info.model, *factory, /*initialise=*/false), "colossal infer (text generation)");
+  const std::string user = "colossal infer (text generation)";
+  std::shared_ptr<nn::CausalLM> model;
+  if (a.stream_weights) {   // shapes only: the streamer fills each block as it runs
+    nn::LayerFactory deferred(nn::ParamStorage::deferred);
+    model = nn::model_as<nn::CausalLM>(build_model(info.model, deferred, /*initialise=*/false), user);
+  } else {
+    model = load_generation_model(opened, user);
+  }
   std::shared_ptr<StreamedWeights> streamed;
   // The reading thread uses the model, so any read in flight ends before the model goes, however this
   // function is left (the hook chain inside the model owns the streamer too).
@@ -115,7 +118,6 @@ void run(InferArgs& a) {
                  streamed->direct() ? "O_DIRECT" : "page cache", model->parameter_count(),
                  human_bytes(static_cast<double>(streamed->resident_bytes())), describe_device(device));
   } else {
-    load_model_state(*model, HfWeights::open(dir));
     model->to(device);
     spdlog::info("loaded {} ({} parameters{}) on {}", dir, model->parameter_count(),
                  quantized ? std::string(", ") + quant::scheme_name(quantized->scheme) + " linear layers" : std::string(), describe_device(device));

@@ -46,9 +46,7 @@ void run(ServeArgs& a) {
   a.server.model_name = a.model_name.empty() ? fs::path(opened.dir).filename().string() : a.model_name;
   if (a.server.model_name.rfind("step-", 0) == 0) a.server.model_name = fs::path(opened.dir).parent_path().parent_path().filename().string();
   // The pool from --kv-memory-gb: blocks of block_size positions for every layer's keys and values.
-  const auto probe = model->make_cache(1, 1, c10::Device(c10::kCPU));
-  const double block_bytes = 2.0 * static_cast<double>(probe.layers.size() * probe.layers[0].k.size(1) * probe.layers[0].k.size(3)) *
-                             static_cast<double>(a.engine.block_size) * sizeof(float);
+  const auto block_bytes = static_cast<double>(serve::KvBlocks::block_bytes(*model, a.engine.block_size));
   a.engine.num_blocks = static_cast<int64_t>(a.kv_memory_gb * 1073741824.0 / block_bytes);
   if (a.engine.num_blocks < 1)
     throw Error("--kv-memory-gb " + std::to_string(a.kv_memory_gb) + " holds no KV block of " + human_bytes(block_bytes) +

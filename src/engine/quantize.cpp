@@ -34,31 +34,6 @@ int64_t stored_bytes(const nn::Model& m) {
   return n;
 }
 
-std::pair<std::vector<int32_t>, std::string> file_tokens(const std::string& path, const std::string& use, const std::string& split,
-                                                          int64_t tokens, bool tail, const CheckpointInfo& info,
-                                                          const Tokenizer& tokenizer);
-
-// The token ids perplexity is measured on, and what they are.
-std::pair<std::vector<int32_t>, std::string> eval_tokens(const QuantizeOptions& o, const CheckpointInfo& info,
-                                                          const Tokenizer& tokenizer) {
-  std::string path = o.eval;
-  if (path.empty()) {
-    const fs::path recipe = fs::path(info.dir) / "recipe.toml";
-    if (fs::is_regular_file(recipe)) {
-      try {
-        const Recipe r = parse_recipe(read_text_file(recipe.string()), recipe.string());
-        if (!r.data.dataset.empty() && fs::is_regular_file(r.data.dataset)) path = r.data.dataset;
-      } catch (const std::exception& e) {
-        spdlog::warn("quantize: {} could not be read for its held-out split ({}); using {}", recipe.string(), e.what(), kEmbeddedCorpus);
-      }
-    }
-    if (path.empty()) path = kEmbeddedCorpus;
-  }
-  if (!fs::is_regular_file(path))
-    throw Error("perplexity text " + path + ": no such file (give --eval FILE: a text file or a token dataset .h5, or --eval-tokens 0)");
-  return file_tokens(path, "perplexity", "val", o.eval_tokens, /*tail=*/true, info, tokenizer);
-}
-
 // A text file's token ids (only its end, or only its start, when long: from a line boundary, about 16
 // bytes a token covering `tokens`), or a token dataset's split; and what they are.
 std::pair<std::vector<int32_t>, std::string> file_tokens(const std::string& path, const std::string& use, const std::string& split,
@@ -86,6 +61,27 @@ std::pair<std::vector<int32_t>, std::string> file_tokens(const std::string& path
   }
   const auto ids = tokenizer.encode(text);
   return {std::vector<int32_t>(ids.begin(), ids.end()), what};
+}
+
+// The token ids perplexity is measured on, and what they are.
+std::pair<std::vector<int32_t>, std::string> eval_tokens(const QuantizeOptions& o, const CheckpointInfo& info,
+                                                          const Tokenizer& tokenizer) {
+  std::string path = o.eval;
+  if (path.empty()) {
+    const fs::path recipe = fs::path(info.dir) / "recipe.toml";
+    if (fs::is_regular_file(recipe)) {
+      try {
+        const Recipe r = parse_recipe(read_text_file(recipe.string()), recipe.string());
+        if (!r.data.dataset.empty() && fs::is_regular_file(r.data.dataset)) path = r.data.dataset;
+      } catch (const std::exception& e) {
+        spdlog::warn("quantize: {} could not be read for its held-out split ({}); using {}", recipe.string(), e.what(), kEmbeddedCorpus);
+      }
+    }
+    if (path.empty()) path = kEmbeddedCorpus;
+  }
+  if (!fs::is_regular_file(path))
+    throw Error("perplexity text " + path + ": no such file (give --eval FILE: a text file or a token dataset .h5, or --eval-tokens 0)");
+  return file_tokens(path, "perplexity", "val", o.eval_tokens, /*tail=*/true, info, tokenizer);
 }
 
 // Windows of w + 1 ids, end to end, covering at most `limit` scored tokens.

@@ -10,8 +10,6 @@ const char* scheme_name(Scheme s) {
   return s == Scheme::int4_weight ? "int4-weight" : s == Scheme::int8_smoothquant ? "int8-smoothquant" : "int8-weight";
 }
 
-std::vector<std::string> scheme_names() { return {"int8-weight", "int4-weight", "int8-smoothquant"}; }
-
 Scheme parse_scheme(const std::string& name) {
   if (name == "int8-weight") return Scheme::int8_weight;
   if (name == "int4-weight") return Scheme::int4_weight;

@@ -35,7 +35,6 @@ struct QuantConfig {
 };
 
 const char* scheme_name(Scheme s);   // "int8-weight", "int4-weight", "int8-smoothquant"
-std::vector<std::string> scheme_names();
 // Error naming the valid schemes.
 Scheme parse_scheme(const std::string& name);
 // The scheme's default group: 0 (per channel) for int8, 128 for int4.

@@ -14,6 +14,11 @@ namespace {
 
 constexpr int64_t kQgemvMaxRows = 16;   // beyond this many rows the dequantized GEMM reads less per output
 
+// x [..., 1, in] with at most kQgemvMaxRows rows: one new token of a few sequences (the decoding GEMV's shape).
+bool decoding_rows(const at::Tensor& x, int64_t in) {
+  return x.dim() >= 2 && x.size(-2) == 1 && x.size(-1) == in && x.numel() / in <= kQgemvMaxRows;
+}
+
 }  // namespace
 
 QuantizedLinear::QuantizedLinear(const nn::LinearSpec& spec, const QuantConfig& config) : config_(config), in_(spec.in) {
@@ -23,11 +28,6 @@ QuantizedLinear::QuantizedLinear(const nn::LinearSpec& spec, const QuantConfig& 
   scales_ = register_parameter("scales", at::zeros(scales_shape(config, spec.out, spec.in)), /*requires_grad=*/false);
   if (spec.bias) bias_ = register_parameter("bias", at::zeros({spec.out}), /*requires_grad=*/false);
   if (config.scheme == Scheme::int8_smoothquant) smooth_ = register_parameter("smooth", at::ones({spec.in}), /*requires_grad=*/false);
-}
-
-at::Tensor QuantizedLinear::dequantized() const {
-  const auto w = dequantize_weight(qweight_, scales_, config_, in_);
-  return smooth_.defined() ? w / smooth_.view({1, -1}) : w;
 }
 
 namespace {
@@ -55,7 +55,7 @@ at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& q, const at::
                             const at::Tensor& bias) {
   const int64_t out = q.size(0);
   const bool cpu_float = x.is_cpu() && q.is_cpu() && x.scalar_type() == at::kFloat && !at::GradMode::is_enabled();
-  const bool decoding = cpu_float && x.dim() >= 2 && x.size(-2) == 1 && x.size(-1) == in && x.numel() / in <= kQgemvMaxRows;
+  const bool decoding = cpu_float && decoding_rows(x, in);
   if (!decoding && cpu_float && out % kernels::kGemmColumnMultiple == 0 && x.numel() > 0) return dequantizing_gemm(x, q, scales, c, in, bias);
   if (!decoding)   // other devices, and row counts the GEMM's columns cannot take (a vocabulary of 50257)
     return nn::linear_forward(x, dequantize_weight(q, scales, c, in).to(x.device(), x.scalar_type()),
@@ -91,8 +91,7 @@ at::Tensor QuantizedLinear::smoothquant_gemm(const at::Tensor& xs) const {
 at::Tensor QuantizedLinear::forward(const at::Tensor& x_in) {
   if (!smooth_.defined()) return quantized_matmul(x_in, qweight_, scales_, config_, in_, bias_);
   const at::Tensor x = x_in / smooth_.to(x_in.device(), x_in.scalar_type());   // SmoothQuant's x / s
-  const bool decoding = x.dim() >= 2 && x.size(-2) == 1 && x.numel() / in_ <= kQgemvMaxRows;
-  if (!decoding && x.is_cpu() && !at::GradMode::is_enabled()) return smoothquant_gemm(x);
+  if (!decoding_rows(x, in_) && x.is_cpu() && !at::GradMode::is_enabled()) return smoothquant_gemm(x);
   return quantized_matmul(x, qweight_, scales_, config_, in_, bias_);
 }
 

@@ -22,11 +22,6 @@ class QuantizedLinear : public nn::Linear {
   QuantizedLinear(const nn::LinearSpec& spec, const QuantConfig& config);
   at::Tensor forward(const at::Tensor& x) override;   // [..., in] -> [..., out]
   at::Tensor& weight() override { return qweight_; }  // the integers
-  const at::Tensor& scales() const { return scales_; }
-  const QuantConfig& config() const { return config_; }
-  int64_t in_features() const { return in_; }
-  // The fp32 weight [out, in] the integers stand for (SmoothQuant's factors divided back out).
-  at::Tensor dequantized() const;
 
  private:
   at::Tensor smoothquant_gemm(const at::Tensor& x_smoothed) const;
@@ -64,7 +59,6 @@ class QuantizedLayerFactory : public nn::LayerFactory {
   std::shared_ptr<nn::Linear> linear(const nn::LinearSpec& spec) override;
   // The vocabulary embedding (the tied head) quantized to int8 rows; other embeddings stay fp32.
   std::shared_ptr<nn::Embedding> embedding(int64_t num, int64_t dim, nn::Split split) override;
-  const QuantConfig& config() const { return config_; }
   int64_t layers() const { return layers_; }           // linear layers built so far
   int64_t embeddings() const { return embeddings_; }   // quantized (vocabulary) embeddings built so far
 

@@ -83,10 +83,8 @@ class BatchEngine {
   // One forward over the scheduled tokens; false when there was nothing to do.
   bool step();
   EngineStats stats() const;
-  const EngineConfig& config() const { return config_; }
   int64_t context_length() const { return model_->context_length(); }
   int64_t vocab_size() const { return model_->vocab_size(); }
-  int64_t bytes_per_block() const { return blocks_.bytes_per_block(); }
 
  private:
   struct Sequence;

@@ -277,11 +277,15 @@ std::shared_ptr<CompletionServer::Job> CompletionServer::start_job(const Complet
   return job;
 }
 
-void CompletionServer::answer_completion(const std::string& body, const std::string& authorization, httplib::Response& res) {
-  const auto start = Clock::now();
+void CompletionServer::require_key(const std::string& authorization) const {
   if (!options_.api_key.empty() && authorization != "Bearer " + options_.api_key)
     throw ApiError(401, "Incorrect API key provided: send \"Authorization: Bearer <key>\" with the key the server was started with", "",
                    "invalid_request_error", "invalid_api_key");
+}
+
+void CompletionServer::answer_completion(const std::string& body, const std::string& authorization, httplib::Response& res) {
+  const auto start = Clock::now();
+  require_key(authorization);
   if (draining_) throw ApiError(503, "the server is shutting down", "", "server_error", "shutting_down");
   const CompletionRequest r = parse_completion_request(body, options_.limits, std::min(tokenizer_.vocab_size(), engine_.vocab_size()));
   if (!r.model.empty() && r.model != options_.model_name)
@@ -380,9 +384,13 @@ void CompletionServer::install_routes() {
       send_error(res, ApiError(res.status, "the request could not be read (HTTP " + std::to_string(res.status) + ")"));
   });
   auto authorized = [this](const httplib::Request& req, httplib::Response& res) {
-    if (options_.api_key.empty() || req.get_header_value("Authorization") == "Bearer " + options_.api_key) return true;
-    send_error(res, ApiError(401, "Incorrect API key provided: send \"Authorization: Bearer <key>\"", "", "invalid_request_error", "invalid_api_key"));
-    return false;
+    try {
+      require_key(req.get_header_value("Authorization"));
+      return true;
+    } catch (const ApiError& e) {
+      send_error(res, e);
+      return false;
+    }
   };
   s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     try {

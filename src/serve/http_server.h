@@ -57,6 +57,7 @@ class CompletionServer {
   struct Job;
   void install_routes();
   void engine_loop();
+  void require_key(const std::string& authorization) const;   // ApiError 401 unless it carries the key (when one is set)
   void answer_completion(const std::string& body, const std::string& authorization, httplib::Response& res);
   std::shared_ptr<Job> start_job(const CompletionRequest& request);
   std::vector<std::shared_ptr<Job>> live_jobs();

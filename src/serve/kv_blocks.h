@@ -21,6 +21,8 @@ class KvBlocks {
   int64_t free() const { return static_cast<int64_t>(free_.size()); }
   int64_t used() const { return total() - free(); }
   int64_t bytes_per_block() const { return bytes_per_block_; }
+  // What one block of `block_size` positions takes for every layer of `model` (keys and values, fp32).
+  static int64_t block_bytes(const nn::CausalLM& model, int64_t block_size);
   // Blocks a sequence needs to hold `positions` positions.
   int64_t blocks_for(int64_t positions) const { return (positions + block_size_ - 1) / block_size_; }
 
