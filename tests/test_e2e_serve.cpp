@@ -154,7 +154,7 @@ TEST(ServeEndToEnd, ConcurrentStreamsGetInfersTokensAndBadClientsGetReasonsWhile
   for (const auto& p : prompts) expected.push_back(greedy_completion(model, p, 12));
   ASSERT_FALSE(HasFailure());
 
-  ServerProcess server(model + " --api-key sekret --max-queue 3 --max-running 4 --kv-memory-gb 0.01 --max-body-bytes 4096 "
+  ServerProcess server(model + " --api-key sekret --max-queue 4 --max-running 4 --kv-memory-gb 0.01 --max-body-bytes 4096 "
                                "--max-tokens 100 --shutdown-grace 20",
                        dir);
   ASSERT_GT(server.port(), 0) << server.log();
@@ -213,7 +213,7 @@ TEST(ServeEndToEnd, ConcurrentStreamsGetInfersTokensAndBadClientsGetReasonsWhile
   const auto too_long = refused(nlohmann::json{{"prompt", long_prompt}, {"max_tokens", 50}}.dump());
   EXPECT_EQ(too_long.first, 400);
   EXPECT_NE(too_long.second.find("maximum context length is 128 tokens"), std::string::npos) << too_long.second;
-  const auto full_queue = refused(R"({"prompt": ["a", "b", "c", "d"], "max_tokens": 4})");
+  const auto full_queue = refused(R"({"prompt": ["a", "b", "c", "d", "e"], "max_tokens": 4})");
   EXPECT_EQ(full_queue.first, 429);
   EXPECT_NE(full_queue.second.find("the queue is full"), std::string::npos) << full_queue.second;
   EXPECT_EQ(cli.Post("/v1/completions", nlohmann::json{{"prompt", "x"}}.dump(), "application/json")->status, 401);
