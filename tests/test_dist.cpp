@@ -33,48 +33,11 @@
 using namespace colossal;
 using namespace colossal::dist;
 using colossal::test::error_of;
+using colossal::test::dp_mesh;
+using colossal::test::env_for;
+using colossal::test::run_ranks;
 
 namespace {
-
-WorkerEnv env_for(int64_t rank, int64_t world, int port) {
-  WorkerEnv e;
-  e.source = "torchrun";
-  e.rank = rank;
-  e.world = world;
-  e.local_rank = rank;
-  e.local_world = world;
-  e.master_addr = "127.0.0.1";
-  e.master_port = port;
-  return e;
-}
-
-MeshShape dp_mesh(int64_t world) {
-  MeshShape m;
-  m.size[static_cast<int>(Dim::dp)] = world;
-  return m;
-}
-
-// Runs fn(rank, runtime) on `world` threads; returns each rank's error message ("" = none).
-std::vector<std::string> run_ranks(int64_t world, const std::function<void(int64_t, Runtime&)>& fn, double timeout_s = 20,
-                                   MeshShape shape = {}) {
-  if (shape.world() == 1) shape = dp_mesh(world);
-  const int port = free_local_port();
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int64_t r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        JoinOptions o;
-        o.timeout_s = timeout_s;
-        auto rt = Runtime::join(env_for(r, world, port), shape, o);
-        fn(r, *rt);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return errors;
-}
 
 Recipe recipe_with(const std::string& parallel) {
   return parse_recipe("[model]\nn_layer = 1\n[parallel]\n" + parallel, "r.toml");

@@ -74,7 +74,7 @@ BertForMaskedLM::BertForMaskedLM(const BertConfig& c, nn::LayerFactory& f) : cfg
 
 at::Tensor BertForMaskedLM::mlm_logits(const at::Tensor& hidden) {
   const at::Tensor h = nn::activate(activation_of(cfg_), mlm_dense->forward(hidden));   // [N, C]
-  return at::linear(ln_mlm->forward(h), bert->token_embedding(), mlm_bias);   // [N, V]
+  return bert->token_embedding().project(ln_mlm->forward(h)) + mlm_bias;   // [N, V] (the tied decoder, gathered when split)
 }
 
 void BertForMaskedLM::init_parameter(const std::string& name, const at::Tensor& value) const {

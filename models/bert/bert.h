@@ -27,7 +27,7 @@ class BertEncoder : public nn::Module {
   // [B, T] -> [B, T, C], each block inside `hooks` (the owning model's chain) when given.
   at::Tensor forward(const nn::EncoderInputs& in, const nn::BlockHooks* hooks = nullptr);
   const std::vector<std::shared_ptr<nn::TransformerBlock>>& blocks() const { return blocks_; }
-  at::Tensor& token_embedding() { return word_embeddings->weight(); }
+  nn::Embedding& token_embedding() { return *word_embeddings; }
 
  private:
   BertConfig cfg_;

@@ -210,13 +210,14 @@ void read_model_state(const nn::Model& model, const HfWeights& weights,
     // fp32 whatever the parameter computes in: a chunk store's master weights take it at full precision
     // (a quantized layer's integers keep their own type)
     const auto dtype = at::isFloatingType(item.value().scalar_type()) ? at::kFloat : item.value().scalar_type();
-    const at::Tensor value = at::empty(item.value().sizes(), dtype);
+    // The whole tensor, of which a tensor-parallel layer takes its piece.
+    const at::Tensor value = at::empty(item.shard().full_shape(item.value().sizes()), dtype);
     for (size_t i = 0; i < target.names.size(); ++i) {
       auto it = stored.find(target.names[i]);
       if (it == stored.end()) throw Error("checkpoint " + weights.describe() + ": tensor \"" + target.names[i] + "\" is missing");
       copy_hf_part(weights, it->second, target, part_of(value, i, target.names.size()));
     }
-    take(item.key(), value);
+    take(item.key(), item.shard().local_of(value));
   }
 }
 

@@ -12,14 +12,15 @@
 
 namespace colossal::nn {
 
-Attention::Attention(const AttentionSpec& spec, LayerFactory& factory) : spec_(spec) {
-  if (spec.alibi) alibi_slopes_ = alibi_slopes(spec.heads);
-  qkv_ = register_module("qkv", factory.linear({.in = spec.width, .out = 3 * spec.width, .bias = spec.bias, .split = Split::Column}));
+Attention::Attention(const AttentionSpec& spec, LayerFactory& factory) : spec_(spec), heads_(factory.local_heads(spec.heads)) {
+  if (spec.alibi) alibi_slopes_ = alibi_slopes(spec.heads).narrow(0, heads_.first, heads_.count).contiguous();   // each head its slope
+  qkv_ = register_module(
+      "qkv", factory.linear({.in = spec.width, .out = 3 * spec.width, .bias = spec.bias, .split = Split::Column, .parts = 3}));
   proj_ = register_module("proj", factory.linear({.in = spec.width, .out = spec.width, .bias = spec.bias, .split = Split::Row}));
 }
 
 at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, const at::Tensor& mask) {
-  const int64_t b = x.size(0), t = x.size(1), c = x.size(2), h = spec_.heads, d = c / h;
+  const int64_t b = x.size(0), t = x.size(1), h = heads_.count, d = head_dim(), c = h * d;   // c: the local heads' width
   const double p = is_training() ? spec_.dropout : 0.0;
   const double p_attn = is_training() ? (spec_.attn_dropout < 0 ? spec_.dropout : spec_.attn_dropout) : 0.0;
   auto packed = qkv_->forward(x);                                                 // [B, T, 3C]
@@ -47,7 +48,7 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
 at::Tensor Attention::paged_forward(const at::Tensor& packed_in, LayerKv& kv) {
   const auto& rows = *kv.paged;
   const auto packed = packed_in.contiguous();
-  const int64_t n = packed.size(0), c = packed.size(2) / 3, h = spec_.heads, d = c / h;
+  const int64_t n = packed.size(0), c = packed.size(2) / 3, h = heads_.count, d = c / h;
   TORCH_CHECK(!is_training() && packed.is_cpu() && packed.scalar_type() == at::kFloat && packed.size(1) == 1 &&
                   static_cast<int64_t>(rows.positions.size()) == n && static_cast<int64_t>(rows.tables.size()) == n &&
                   kv.k.is_contiguous() && kv.v.is_contiguous() && kv.k.size(1) == h && kv.k.size(2) == rows.block_size &&
@@ -62,7 +63,7 @@ at::Tensor Attention::paged_forward(const at::Tensor& packed_in, LayerKv& kv) {
 }
 
 at::Tensor Attention::alibi_forward(const at::Tensor& packed, LayerKv* kv, int64_t offset, const at::Tensor& mask, double p_attn) {
-  const int64_t b = packed.size(0), t = packed.size(1), c = packed.size(2) / 3, h = spec_.heads, d = c / h;
+  const int64_t b = packed.size(0), t = packed.size(1), c = packed.size(2) / 3, h = heads_.count, d = c / h;
   auto parts = packed.view({b, t, 3, h, d}).permute({2, 0, 3, 1, 4});   // [3, B, H, T, D]
   at::Tensor k = parts[1], v = parts[2];
   if (kv) {

@@ -1,5 +1,6 @@
 // Multi-head self-attention with a fused QKV projection (column-split) and an output projection
-// (row-split), on ATen's scaled_dot_product_attention (flash/memory-efficient kernels where the
+// (row-split): under tensor parallelism a rank computes its range of heads whole, between the two
+// splits (Megatron's attention), so nothing here communicates. On ATen's scaled_dot_product_attention (flash/memory-efficient kernels where the
 // device has them). Optionally reads and extends a per-layer KV cache for generation.
 #pragma once
 #include <ATen/core/Tensor.h>
@@ -36,7 +37,7 @@ class Attention : public Module {
   // broadcastable to [B, H, T, offset+T], replaces the causal rule when given.
   at::Tensor forward(const at::Tensor& x, LayerKv* kv = nullptr, int64_t offset = 0, const at::Tensor& mask = {});
 
-  int64_t heads() const { return spec_.heads; }
+  int64_t heads() const { return heads_.count; }   // computed here (all, unless tensor-parallel)
   int64_t head_dim() const { return spec_.width / spec_.heads; }
 
  private:
@@ -46,8 +47,9 @@ class Attention : public Module {
   at::Tensor alibi_forward(const at::Tensor& packed, LayerKv* kv, int64_t offset, const at::Tensor& mask, double p_attn);
 
   AttentionSpec spec_;
+  HeadRange heads_;   // of spec_.heads, the ones this rank computes (the factory's split)
   std::shared_ptr<Linear> qkv_, proj_;
-  at::Tensor alibi_slopes_;   // [H] on the CPU, when spec_.alibi
+  at::Tensor alibi_slopes_;   // [local heads] on the CPU, when spec_.alibi
 };
 
 }  // namespace colossal::nn

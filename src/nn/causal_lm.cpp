@@ -28,6 +28,7 @@ at::Tensor CausalLM::loss(const at::Tensor& ids, const at::Tensor& targets) {
   const at::Tensor w = head_weight();
   if (!at::isFloatingType(w.scalar_type()))   // a quantized head (inference only): its logits, then ATen's loss
     return at::cross_entropy_loss(head_logits(x).reshape({-1, w.size(0)}).to(at::kFloat), targets.reshape({-1}), {}, at::Reduction::Mean, -100);
+  if (auto* e = tied_head()) return e->head_cross_entropy(x.reshape({-1, x.size(-1)}), targets.reshape({-1}));
   return lm_head_cross_entropy(x.reshape({-1, x.size(-1)}), w, targets.reshape({-1}));
 }
 
@@ -67,16 +68,25 @@ void Model::init_weights() {
   for (auto& item : named_parameters()) {
     if (is_unallocated(item.value()))
       throw std::logic_error("init_weights: parameter \"" + item.key() + "\" is deferred (the chunk store initialises it)");
-    init_parameter(item.key(), item.value());
+    // Drawn whole and cut, so a tensor-parallel rank's piece is what one process would have there.
+    const ShardSpec& shard = item.shard();
+    if (!shard.split()) {
+      init_parameter(item.key(), item.value());
+      continue;
+    }
+    const at::Tensor whole = at::empty(shard.full_shape(item.value().sizes()), item.value().options());
+    init_parameter(item.key(), whole);
+    item.value().copy_(shard.local_of(whole));
   }
 }
 
 void for_each_initial_value(const Model& model, const std::function<void(const std::string&, const at::Tensor&)>& take) {
   at::NoGradGuard no_grad;
   for (const auto& item : model.named_parameters()) {
-    const at::Tensor value = at::empty(item.value().sizes(), at::kFloat);
+    const ShardSpec& shard = item.shard();   // whole tensors are drawn, a split layer takes its piece
+    const at::Tensor value = at::empty(shard.full_shape(item.value().sizes()), at::kFloat);
     model.init_parameter(item.key(), value);
-    take(item.key(), value);
+    take(item.key(), shard.local_of(value));
   }
 }
 

@@ -7,6 +7,7 @@
 #include "src/nn/embedding_lookup.h"
 #include "src/nn/layer_norm.h"
 #include "src/nn/linear_forward.h"
+#include "src/nn/lm_head_loss.h"
 #include "src/nn/mlp.h"
 
 namespace colossal::nn {
@@ -38,6 +39,10 @@ class DenseEmbedding : public Embedding {
 }  // namespace
 
 at::Tensor Embedding::project(const at::Tensor& x) { return linear_forward(x, weight()); }
+
+at::Tensor Embedding::head_cross_entropy(const at::Tensor& x, const at::Tensor& targets) {
+  return lm_head_cross_entropy(x, weight(), targets);
+}
 
 at::Tensor unallocated_tensor(at::IntArrayRef shape) {
   at::Tensor t = at::empty({0});

@@ -23,6 +23,9 @@ struct LinearSpec {
   int64_t in = 0, out = 0;
   bool bias = true;
   Split split = Split::Replicated;
+  // The output features are `parts` equal segments (attention's fused q, k, v: 3); a column split cuts
+  // each segment, so a rank's heads stay whole.
+  int64_t parts = 1;
 };
 
 // y = x W^T + b, with W stored [out, in] (torch's layout; HF Conv1D layouts are transposed at IO).
@@ -36,8 +39,11 @@ class Embedding : public Module {
  public:
   virtual at::Tensor forward(const at::Tensor& ids) = 0;   // [...] -> [..., dim]
   virtual at::Tensor& weight() = 0;                         // [num, dim] (a quantized one's integers)
-  // x [..., dim] -> x W^T [..., num]: the tied LM head's logits.
+  // x [..., dim] -> x W^T [..., num]: the tied LM head's logits (all of them, whatever the split).
   virtual at::Tensor project(const at::Tensor& x);
+  // x [N, dim], targets [N] (negative: ignored) -> the mean cross entropy of the tied head's logits,
+  // without storing log-probabilities (lm_head_loss.h); a vocabulary-split table never gathers them.
+  virtual at::Tensor head_cross_entropy(const at::Tensor& x, const at::Tensor& targets);
   // The dtype its rows come out in (and activations and KV caches follow).
   virtual c10::ScalarType output_dtype() { return weight().scalar_type(); }
 };
@@ -58,6 +64,11 @@ struct MlpSpec {
   Act act = Act::GeluTanh;
   bool bias = true;
   double dropout = 0.0;
+};
+
+// The attention heads this rank computes: [first, first + count) of the layer's heads.
+struct HeadRange {
+  int64_t first = 0, count = 0;
 };
 
 class Attention;
@@ -89,6 +100,8 @@ class LayerFactory {
   virtual std::shared_ptr<LayerNorm> layer_norm(int64_t dim, double eps);
   virtual std::shared_ptr<Attention> attention(const AttentionSpec& spec);
   virtual std::shared_ptr<Mlp> mlp(const MlpSpec& spec);
+  // Which of `heads` heads a split attention computes here (all of them unless tensor-parallel).
+  virtual HeadRange local_heads(int64_t heads) const { return {0, heads}; }
 
  private:
   ParamStorage storage_;

@@ -17,16 +17,16 @@ void Module::check_new_name(const std::string& name) const {
   // A programming error in a model's constructor, not user input: std::invalid_argument.
   if (name.empty() || name.find('.') != std::string::npos)
     throw std::invalid_argument("module member name \"" + name + "\" must be non-empty and contain no '.'");
-  for (const auto& [n, _] : params_)
-    if (n == name) throw std::invalid_argument("parameter \"" + name + "\" is registered twice");
+  for (const auto& p : params_)
+    if (p.name == name) throw std::invalid_argument("parameter \"" + name + "\" is registered twice");
   for (const auto& [n, _] : children_)
     if (n == name) throw std::invalid_argument("child module \"" + name + "\" is registered twice");
 }
 
-at::Tensor Module::register_parameter(std::string name, at::Tensor value, bool requires_grad) {
+at::Tensor Module::register_parameter(std::string name, at::Tensor value, bool requires_grad, ShardSpec shard) {
   check_new_name(name);
   if (value.defined()) value.set_requires_grad(requires_grad);
-  params_.emplace_back(std::move(name), value);
+  params_.push_back({std::move(name), value, shard});
   return value;
 }
 
@@ -37,22 +37,22 @@ void Module::add_child(std::string name, std::shared_ptr<Module> child) {
 }
 
 void Module::visit_parameters(const std::string& prefix, const ParameterVisitor& visit) const {
-  for (const auto& [name, p] : params_)
-    if (p.defined()) visit(prefix, name, p);
+  for (const auto& p : params_)
+    if (p.value.defined()) visit(prefix, p.name, p.value, p.shard);
   for (const auto& [name, child] : children_) child->visit_parameters(prefix + name + ".", visit);
 }
 
 NamedParameters Module::named_parameters() const {
   NamedParameters out;
-  visit_parameters("", [&](const std::string& prefix, const std::string& name, const at::Tensor& p) {
-    out.push_back(NamedParameter(prefix + name, p));
+  visit_parameters("", [&](const std::string& prefix, const std::string& name, const at::Tensor& p, const ShardSpec& shard) {
+    out.push_back(NamedParameter(prefix + name, p, shard));
   });
   return out;
 }
 
 std::vector<at::Tensor> Module::parameters() const {   // the same walk, without a name per parameter
   std::vector<at::Tensor> out;
-  visit_parameters("", [&](const std::string&, const std::string&, const at::Tensor& p) { out.push_back(p); });
+  visit_parameters("", [&](const std::string&, const std::string&, const at::Tensor& p, const ShardSpec&) { out.push_back(p); });
   return out;
 }
 

@@ -15,19 +15,25 @@
 #include <utility>
 #include <vector>
 
+#include "src/nn/shard.h"
+
 namespace colossal::nn {
 
 // One parameter and its dotted path from the module it was listed from ("blocks.0.attn.qkv.weight").
 class NamedParameter {
  public:
-  NamedParameter(std::string key, at::Tensor value) : key_(std::move(key)), value_(std::move(value)) {}
+  NamedParameter(std::string key, at::Tensor value, ShardSpec shard = {})
+      : key_(std::move(key)), value_(std::move(value)), shard_(shard) {}
   const std::string& key() const { return key_; }
+  // How this rank's value is a piece of the whole tensor (replicated unless a tensor-parallel layer said).
+  const ShardSpec& shard() const { return shard_; }
   at::Tensor& value() { return value_; }
   const at::Tensor& value() const { return value_; }
 
  private:
   std::string key_;
   at::Tensor value_;   // shares the parameter's TensorImpl: in-place changes reach the module
+  ShardSpec shard_;
 };
 
 // Parameters in listing order, by position or by name.
@@ -56,8 +62,9 @@ class Module {
   Module& operator=(const Module&) = delete;
 
   // `value` becomes a parameter called `name` (no dots; unique among this module's parameters and
-  // children). Returns the same handle, to keep as a member.
-  at::Tensor register_parameter(std::string name, at::Tensor value, bool requires_grad = true);
+  // children). Returns the same handle, to keep as a member. `shard`: how a tensor-parallel layer's
+  // value is a piece of the whole parameter.
+  at::Tensor register_parameter(std::string name, at::Tensor value, bool requires_grad = true, ShardSpec shard = {});
   template <class M>
   std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> child) {
     add_child(std::move(name), child);
@@ -81,10 +88,15 @@ class Module {
   void add_child(std::string name, std::shared_ptr<Module> child);
   void check_new_name(const std::string& name) const;
   // Calls visit(prefix, name, tensor) for each defined parameter: own first, then each child's.
-  using ParameterVisitor = std::function<void(const std::string&, const std::string&, const at::Tensor&)>;
+  using ParameterVisitor = std::function<void(const std::string&, const std::string&, const at::Tensor&, const ShardSpec&)>;
   void visit_parameters(const std::string& prefix, const ParameterVisitor& visit) const;
 
-  std::vector<std::pair<std::string, at::Tensor>> params_;
+  struct Param {
+    std::string name;
+    at::Tensor value;
+    ShardSpec shard;
+  };
+  std::vector<Param> params_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
 };

@@ -1,6 +1,8 @@
 // Test support: see test_support.h.
 #include "tests/support/test_support.h"
 
+#include "src/dist/launcher.h"
+
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -12,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "src/core/error.h"
 #include "src/nn/causal_lm.h"
@@ -187,6 +190,45 @@ void expect_one_line_error(const Run& r, const std::string& fragment) {
   last = last.substr(last.rfind('\n') == std::string::npos ? 0 : last.rfind('\n') + 1);
   EXPECT_EQ(last.rfind("error: ", 0), 0u) << r.output;
   EXPECT_NE(last.find(fragment), std::string::npos) << "expected \"" << fragment << "\" in: " << last;
+}
+
+dist::WorkerEnv env_for(int64_t rank, int64_t world, int port) {
+  dist::WorkerEnv e;
+  e.source = "torchrun";
+  e.rank = rank;
+  e.world = world;
+  e.local_rank = rank;
+  e.local_world = world;
+  e.master_addr = "127.0.0.1";
+  e.master_port = port;
+  return e;
+}
+
+dist::MeshShape dp_mesh(int64_t world) {
+  dist::MeshShape m;
+  m.size[static_cast<int>(dist::Dim::dp)] = world;
+  return m;
+}
+
+std::vector<std::string> run_ranks(int64_t world, const std::function<void(int64_t, dist::Runtime&)>& fn, double timeout_s,
+                                   dist::MeshShape shape) {
+  if (shape.world() == 1) shape = dp_mesh(world);
+  const int port = dist::free_local_port();
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        dist::JoinOptions o;
+        o.timeout_s = timeout_s;
+        auto rt = dist::Runtime::join(env_for(r, world, port), shape, o);
+        fn(r, *rt);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
 }
 
 }  // namespace colossal::test

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/core/recipe.h"
+#include "src/dist/runtime.h"
 #include "src/io/safetensors.h"
 #include "src/nn/causal_lm.h"
 
@@ -36,6 +37,16 @@ const SmallCorpus& small_corpus();
 // A 2-layer, width-32 GPT recipe over small_corpus() writing into `out`: dropout 0.1, grad_accum 2,
 // eval and checkpoint every 3 steps (keep 2), warmup 2, cosine over 12. `overrides` as with --set.
 Recipe tiny_training_recipe(const std::string& out, int64_t max_steps, const std::vector<std::string>& overrides = {});
+
+// A torchrun-style environment for rank `rank` of `world` on 127.0.0.1:`port`, and a mesh of `world`
+// data-parallel ranks.
+dist::WorkerEnv env_for(int64_t rank, int64_t world, int port);
+dist::MeshShape dp_mesh(int64_t world);
+// Runs fn(rank, runtime) on `world` threads (each rank its own rendezvous client and Gloo groups on
+// 127.0.0.1, a free port) over `shape` (default: all data-parallel); returns each rank's error message
+// ("" = none).
+std::vector<std::string> run_ranks(int64_t world, const std::function<void(int64_t, dist::Runtime&)>& fn, double timeout_s = 20,
+                                   dist::MeshShape shape = {});
 
 // The one-line message of the colossal::Error `f` throws, or "(no error)".
 std::string error_of(const std::function<void()>& f);

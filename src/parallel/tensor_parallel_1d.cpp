@@ -1,0 +1,113 @@
+// 1D tensor-parallel layers: see tensor_parallel_1d.h.
+#include "src/parallel/tensor_parallel_1d.h"
+
+#include <ATen/ATen.h>
+
+#include "src/core/error.h"
+#include "src/dist/group.h"
+#include "src/nn/embedding_lookup.h"
+#include "src/nn/linear_forward.h"
+#include "src/parallel/tp_comm.h"
+#include "src/parallel/vocab_cross_entropy.h"
+
+namespace colossal::parallel {
+namespace {
+
+int64_t piece_of(int64_t n, int64_t ranks, const char* what) {
+  if (n % ranks != 0)
+    throw Error(std::string("tensor parallelism: ") + what + " of " + std::to_string(n) + " does not divide among " +
+                std::to_string(ranks) + " ranks");
+  return n / ranks;
+}
+
+// Output features split: W [out/P, in] and b [out/P]; y_r = x W_r^T + b_r, the input entering the region.
+class ColumnLinear : public nn::Linear {
+ public:
+  ColumnLinear(const nn::LinearSpec& s, const nn::LayerFactory& f, dist::Group& g) : group_(g) {
+    const int64_t ranks = g.size();
+    piece_of(s.out, ranks * s.parts, "a column-split layer's output features");
+    const nn::ShardSpec rows{.dim = 0, .count = ranks, .index = g.rank(), .parts = s.parts};
+    weight_ = register_parameter("weight", f.parameter({s.out / ranks, s.in}), true, rows);
+    if (s.bias) bias_ = register_parameter("bias", f.parameter({s.out / ranks}), true, rows);
+  }
+  at::Tensor forward(const at::Tensor& x) override { return nn::linear_forward(enter_region(x, group_), weight_, bias_); }
+  at::Tensor& weight() override { return weight_; }
+
+ private:
+  dist::Group& group_;
+  at::Tensor weight_, bias_;
+};
+
+// Input features split: W [out, in/P], b [out] whole; y = sum_r x_r W_r^T + b, the sum leaving the region.
+class RowLinear : public nn::Linear {
+ public:
+  RowLinear(const nn::LinearSpec& s, const nn::LayerFactory& f, dist::Group& g) : group_(g) {
+    const int64_t ranks = g.size();
+    piece_of(s.in, ranks, "a row-split layer's input features");
+    weight_ = register_parameter("weight", f.parameter({s.out, s.in / ranks}), true, {.dim = 1, .count = ranks, .index = g.rank()});
+    if (s.bias) bias_ = register_parameter("bias", f.parameter({s.out}));
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    at::Tensor y = leave_region(nn::linear_forward(x, weight_), group_);   // [..., out], summed
+    return bias_.defined() ? y + bias_ : y;
+  }
+  at::Tensor& weight() override { return weight_; }
+
+ private:
+  dist::Group& group_;
+  at::Tensor weight_, bias_;
+};
+
+// Vocabulary rows [first, first + num/P): a lookup gives the rows this rank holds and zeros elsewhere,
+// summed over the ranks; the tied head computes this range's logits.
+class VocabEmbedding : public nn::Embedding {
+ public:
+  VocabEmbedding(int64_t num, int64_t dim, const nn::LayerFactory& f, dist::Group& g) : group_(g) {
+    const int64_t ranks = g.size(), rows = piece_of(num, ranks, "the vocabulary");
+    first_ = g.rank() * rows;
+    weight_ = register_parameter("weight", f.parameter({rows, dim}), true, {.dim = 0, .count = ranks, .index = g.rank()});
+  }
+  at::Tensor forward(const at::Tensor& ids) override {   // [...] -> [..., dim]
+    const int64_t rows = weight_.size(0);
+    const at::Tensor elsewhere = ids.lt(first_).logical_or(ids.ge(first_ + rows));
+    at::Tensor local = nn::embedding_lookup(weight_, (ids - first_).masked_fill(elsewhere, 0));
+    local = local.masked_fill(elsewhere.unsqueeze(-1), 0);
+    return leave_region(local, group_);
+  }
+  at::Tensor project(const at::Tensor& x) override {   // [..., dim] -> [..., num], gathered
+    return gather_last(nn::linear_forward(enter_region(x, group_), weight_), group_);
+  }
+  at::Tensor head_cross_entropy(const at::Tensor& x, const at::Tensor& targets) override {
+    return vocab_parallel_cross_entropy(enter_region(x, group_), weight_, targets, first_, group_);
+  }
+  at::Tensor& weight() override { return weight_; }
+
+ private:
+  dist::Group& group_;
+  int64_t first_ = 0;
+  at::Tensor weight_;
+};
+
+}  // namespace
+
+TensorParallel1d::TensorParallel1d(dist::Group& group, nn::ParamStorage storage) : nn::LayerFactory(storage), group_(group) {}
+
+std::shared_ptr<nn::Linear> TensorParallel1d::linear(const nn::LinearSpec& spec) {
+  switch (spec.split) {
+    case nn::Split::Column: return std::make_shared<ColumnLinear>(spec, *this, group_);
+    case nn::Split::Row: return std::make_shared<RowLinear>(spec, *this, group_);
+    default: return nn::LayerFactory::linear(spec);
+  }
+}
+
+std::shared_ptr<nn::Embedding> TensorParallel1d::embedding(int64_t num, int64_t dim, nn::Split split) {
+  if (split == nn::Split::Vocab) return std::make_shared<VocabEmbedding>(num, dim, *this, group_);
+  return nn::LayerFactory::embedding(num, dim, split);
+}
+
+nn::HeadRange TensorParallel1d::local_heads(int64_t heads) const {
+  const int64_t count = piece_of(heads, group_.size(), "the attention heads");
+  return {group_.rank() * count, count};
+}
+
+}  // namespace colossal::parallel

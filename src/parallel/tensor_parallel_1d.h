@@ -1,0 +1,38 @@
+// 1D tensor parallelism (Megatron-LM's): the layer factory whose column-split linears keep a slice of
+// the output features, row-split linears a slice of the input features, and vocabulary-split
+// embeddings a range of the vocabulary, on every rank of the tensor-parallel group. Models ask for
+// splits by name (nn::Split); this factory makes them real, so one block runs
+//
+//   x ─ enter ─ qkv (column, heads whole) ─ attention of the local heads ─ proj (row) ─ leave ─┐
+//   ─ enter ─ fc (column) ─ activation ─ proj (row) ─ leave ─ ...
+//
+// with one all-reduce per sublayer in forward and one in backward (tp_comm.h). Each layer allocates
+// only its partition, and registers how it is a piece of the whole tensor (nn::ShardSpec), so
+// initialisation, loading and checkpoints see whole Hugging Face tensors.
+#pragma once
+#include <memory>
+
+#include "src/nn/factory.h"
+
+namespace colossal::dist {
+class Group;
+}
+
+namespace colossal::parallel {
+
+class TensorParallel1d : public nn::LayerFactory {
+ public:
+  // `group`: the tensor-parallel ranks (the mesh's tp dimension); it must outlive the model.
+  TensorParallel1d(dist::Group& group, nn::ParamStorage storage = nn::ParamStorage::allocated);
+
+  std::shared_ptr<nn::Linear> linear(const nn::LinearSpec& spec) override;
+  std::shared_ptr<nn::Embedding> embedding(int64_t num, int64_t dim, nn::Split split = nn::Split::Replicated) override;
+  nn::HeadRange local_heads(int64_t heads) const override;
+
+  dist::Group& group() const { return group_; }
+
+ private:
+  dist::Group& group_;
+};
+
+}  // namespace colossal::parallel

@@ -1,0 +1,104 @@
+// Conjugate communication functions: see tp_comm.h.
+#include "src/parallel/tp_comm.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "src/dist/group.h"
+
+namespace colossal::parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+dist::Group* group_of(AutogradContext* ctx) { return reinterpret_cast<dist::Group*>(ctx->saved_data["group"].toInt()); }
+
+at::Tensor summed(const at::Tensor& x, dist::Group& g, const char* what) {
+  at::Tensor t = x.contiguous().clone();
+  g.all_reduce(t, dist::Reduce::sum, what);
+  return t;
+}
+
+at::Tensor own_slice(const at::Tensor& x, dist::Group& g) {
+  const int64_t n = x.size(-1) / g.size();
+  return x.narrow(-1, g.rank() * n, n).contiguous();
+}
+
+struct EnterRegion : public torch::autograd::Function<EnterRegion> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, dist::Group* g) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {summed(grad[0], *group_of(ctx), "tensor-parallel input gradient"), at::Tensor()};
+  }
+};
+
+struct LeaveRegion : public torch::autograd::Function<LeaveRegion> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x, dist::Group* g) {
+    return summed(x, *g, "tensor-parallel partial sums");
+  }
+  static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], at::Tensor()}; }
+};
+
+struct GatherLast : public torch::autograd::Function<GatherLast> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, dist::Group* g) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
+    return all_gather_last(x, *g, "tensor-parallel gather");
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) { return {own_slice(grad[0], *group_of(ctx)), at::Tensor()}; }
+};
+
+struct TakeSlice : public torch::autograd::Function<TakeSlice> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, dist::Group* g) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
+    return own_slice(x, *g);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {all_gather_last(grad[0], *group_of(ctx), "tensor-parallel slice gradient"), at::Tensor()};
+  }
+};
+
+bool needs_autograd(const at::Tensor& x) { return at::GradMode::is_enabled() && x.requires_grad(); }
+
+}  // namespace
+
+at::Tensor all_gather_last(const at::Tensor& x, dist::Group& g, const char* what) {
+  if (g.size() == 1) return x;
+  const at::Tensor shard = x.contiguous();
+  at::Tensor whole = at::empty({g.size() * shard.numel()}, shard.options());
+  g.all_gather(whole, shard.reshape({-1}), what);
+  // [P, ..., n] -> [..., P, n] -> [..., P * n]
+  std::vector<int64_t> shape{g.size()};
+  for (int64_t s : shard.sizes()) shape.push_back(s);
+  at::Tensor stacked = whole.view(shape).movedim(0, -2);
+  std::vector<int64_t> out = shard.sizes().vec();
+  out.back() *= g.size();
+  return stacked.reshape(out);
+}
+
+at::Tensor enter_region(const at::Tensor& x, dist::Group& g) {
+  if (g.size() == 1 || !needs_autograd(x)) return x;
+  return EnterRegion::apply(x, &g);
+}
+
+at::Tensor leave_region(const at::Tensor& x, dist::Group& g) {
+  if (g.size() == 1) return x;
+  if (!needs_autograd(x)) return summed(x, g, "tensor-parallel partial sums");
+  return LeaveRegion::apply(x, &g);
+}
+
+at::Tensor gather_last(const at::Tensor& x, dist::Group& g) {
+  if (g.size() == 1) return x;
+  if (!needs_autograd(x)) return all_gather_last(x, g, "tensor-parallel gather");
+  return GatherLast::apply(x, &g);
+}
+
+at::Tensor take_slice(const at::Tensor& x, dist::Group& g) {
+  if (g.size() == 1) return x;
+  if (!needs_autograd(x)) return own_slice(x, g);
+  return TakeSlice::apply(x, &g);
+}
+
+}  // namespace colossal::parallel
