@@ -599,8 +599,8 @@ TEST(DistributedErrors, BadMeshSizesBusyPortsAndLauncherFlagsAreOneLineErrors) {
   EXPECT_NE(last_line(r.output).find("--set parallel.data = 3"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("set data = 2 or \"auto\""), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("rank 0"), std::string::npos) << "checked before any worker starts: " << r.output;
-  r = train(recipe, "--nproc-per-node 2 --set parallel.tensor=2 --set parallel.data=1");
-  EXPECT_NE(last_line(r.output).find("tensor parallelism is not built yet"), std::string::npos) << r.output;
+  r = train(recipe, "--nproc-per-node 2 --set parallel.pipeline=2 --set parallel.data=1");
+  EXPECT_NE(last_line(r.output).find("pipeline parallelism is not built yet"), std::string::npos) << r.output;
   r = train(recipe, "--nnodes 2");
   EXPECT_NE(last_line(r.output).find("belong to the launcher"), std::string::npos) << r.output;
   r = train(recipe, "--nproc-per-node 1 --nnodes 2");
@@ -621,4 +621,62 @@ TEST(DistributedErrors, BadMeshSizesBusyPortsAndLauncherFlagsAreOneLineErrors) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("port " + std::to_string(port) + " on"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("already in use"), std::string::npos) << r.output;
+}
+
+TEST(TensorParallelTraining, TensorTwoAndTensorTimesDataUnderZeroEqualOneProcessWithClipping) {
+  // Clipping at 0.05 is active every step, so the global norm (split tensors summed over their
+  // pieces, replicated ones counted once) must be right for the weights to agree.
+  TempDir dir;
+  const std::string clip = " --set train.grad_clip=0.05";
+  ASSERT_EQ(train(write_recipe(dir, "one"), clip).exit_code, 0);
+  struct Case {
+    std::string name, args;
+  };
+  for (const Case& c : {Case{"tp2", "--nproc-per-node 2 --set parallel.tensor=2"},
+                        Case{"tp2-dp2-zero2", "--nproc-per-node 4 --set parallel.tensor=2 --set train.batch_size=4 --set memory.zero=2 "
+                                              "--set memory.chunk_size_mb=0.01"},
+                        Case{"tp2-lamb", "--nproc-per-node 2 --set parallel.tensor=2 --set optim.name=lamb"}}) {
+    auto r = train(write_recipe(dir, c.name), c.args + clip);
+    ASSERT_EQ(r.exit_code, 0) << c.name << ": " << r.output;
+    if (c.name == "tp2-lamb") {   // LAMB's per-tensor trust ratios need whole tensors' norms
+      ASSERT_EQ(train(write_recipe(dir, "one-lamb"), "--set optim.name=lamb" + clip).exit_code, 0);
+      EXPECT_LT(max_relative_difference(dir / c.name, dir / "one-lamb"), 1e-5) << c.name;
+      continue;
+    }
+    EXPECT_LT(max_relative_difference(dir / c.name, dir / "one"), 1e-5) << c.name;
+    auto mb = colossal::test::metric_values(dir / (c.name + "/metrics.jsonl"), "tp_comm_mb");
+    ASSERT_EQ(mb.size(), 6u) << c.name;
+    EXPECT_GT(mb[0], 0) << c.name;
+  }
+}
+
+TEST(TensorParallelTraining, CheckpointsHoldWholeTensorsAndResumeUnderAnyLayout) {
+  // Three steps split two ways, then three more in one process; and the reverse, ending under tensor x
+  // data parallelism at ZeRO-3: both equal six steps in one process.
+  TempDir dir;
+  ASSERT_EQ(train(write_recipe(dir, "one"), "").exit_code, 0);
+  const std::string a = write_recipe(dir, "from-tp");
+  auto r = train(a, "--nproc-per-node 2 --set parallel.tensor=2 --set memory.zero=1 --set train.max_steps=3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(train(a, "--resume").exit_code, 0);
+  EXPECT_LT(max_relative_difference(dir / "from-tp", dir / "one"), 1e-5);
+  const std::string b = write_recipe(dir, "to-tp");
+  ASSERT_EQ(train(b, "--set train.max_steps=3").exit_code, 0);
+  r = train(b, "--nproc-per-node 4 --set parallel.tensor=2 --set train.batch_size=4 --set memory.zero=3 --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(max_relative_difference(dir / "to-tp", dir / "one"), 1e-5);
+}
+
+TEST(TensorParallelTraining, SizesThatDoNotDivideAndModesNotBuiltAreRefusedBeforeTraining) {
+  TempDir dir;
+  auto r = train(write_recipe(dir, "four"), "--nproc-per-node 4 --set parallel.tensor=4");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("parallel.tensor = 4 does not divide [model] n_head = 2 (tensor sizes that divide every split dimension: 1, 2)"),
+            std::string::npos)
+      << r.output;
+  r = train(write_recipe(dir, "2d", "[parallel]\ntensor = 2\ntensor_mode = \"2d\"\n"), "--nproc-per-node 2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("tensor_mode = \"2d\": 2d tensor parallelism is not built yet (valid today: \"1d\")"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "four/checkpoints")) << "nothing is written before the refusal";
 }

@@ -271,8 +271,11 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   ParallelConfig& pc = r.parallel;
   pc.data = par.integer_or_word("data", pc.data, 1, 1 << 20, "auto", 0);
   pc.tensor = par.integer("tensor", pc.tensor, 1, 1 << 20);
+  pc.tensor_mode = par.string("tensor_mode", pc.tensor_mode, {"1d", "2d", "2.5d", "3d"});
+  pc.tensor_depth = par.integer("tensor_depth", pc.tensor_depth, 1, 1 << 20);
   pc.pipeline = par.integer("pipeline", pc.pipeline, 1, 1 << 20);
   pc.sequence = par.integer("sequence", pc.sequence, 1, 1 << 20);
+  pc.sequence_mode = par.string("sequence_mode", pc.sequence_mode, {"split_gather", "ring", "all_to_all"});
   if (par.real("bucket_mb", -1, 0, 1e300) >= 0)
     par.fail("bucket_mb", "was replaced by [memory] chunk_size_mb: gradients are reduced a chunk at a time (remove the key, "
                           "or set chunk_size_mb = N in MiB)");
@@ -376,7 +379,8 @@ std::string Recipe::to_toml() const {
       {"finetune", toml::table{{"from", finetune.from}}},
       {"kernels", toml::table{{"attention", kernels.attention}, {"gelu", kernels.gelu}, {"gemv", kernels.gemv},
                               {"layer_norm", kernels.layer_norm}, {"gemm", kernels.gemm}}},
-      {"parallel", toml::table{{"tensor", parallel.tensor}, {"pipeline", parallel.pipeline}, {"sequence", parallel.sequence},
+      {"parallel", toml::table{{"tensor", parallel.tensor}, {"tensor_mode", parallel.tensor_mode}, {"tensor_depth", parallel.tensor_depth},
+                               {"pipeline", parallel.pipeline}, {"sequence", parallel.sequence}, {"sequence_mode", parallel.sequence_mode},
                                {"timeout_s", parallel.timeout_s}, {"backend", parallel.backend}}},
       {"memory", toml::table{{"zero", memory.zero}, {"offload_optimizer", memory.offload_optimizer},
                                  {"offload_params", memory.offload_params}, {"nvme_path", memory.nvme_path},

@@ -101,8 +101,11 @@ struct KernelsConfig {               // [kernels]: our CPU kernel or ATen's, for
 struct ParallelConfig {             // [parallel]: how the world's ranks are arranged (src/dist/mesh.h)
   int64_t data = 0;                  // data-parallel size; 0 = "auto" (the world divided by the others)
   int64_t tensor = 1;                // tensor-parallel size
+  std::string tensor_mode = "1d";    // 1d (Megatron's column/row split) | 2d | 2.5d | 3d
+  int64_t tensor_depth = 1;          // 2.5d's depth d (tensor = q * q * d)
   int64_t pipeline = 1;              // pipeline stages
   int64_t sequence = 1;              // sequence-parallel size
+  std::string sequence_mode = "split_gather";   // split_gather | ring | all_to_all
   double timeout_s = 300;            // a collective or the rendezvous waiting longer ends the job
   std::string backend = "auto";      // auto (gloo on CPU, nccl for CUDA tensors) | gloo | nccl
 };

@@ -247,6 +247,13 @@ std::shared_ptr<nn::Model> load_pretrained(const std::string& dir, nn::LayerFact
 
 namespace {
 
+// How each parameter of `model` is a piece of its whole tensor, by name.
+std::map<std::string, nn::ShardSpec> shard_specs(const nn::Model& model) {
+  std::map<std::string, nn::ShardSpec> out;
+  for (const auto& item : model.named_parameters()) out.emplace(item.key(), item.shard());
+  return out;
+}
+
 // "model-00002-of-00004.safetensors": transformers' name for shard 2 of 4.
 std::string shard_file(const std::string& stem, int64_t index, int64_t count) {
   char buf[96];
@@ -280,15 +287,36 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
   const std::string name = step_dir_name(s.state.step);
   const std::string final_path = (fs::path(dir) / name).string();
   const int64_t rank = s.group ? s.group->rank() : 0, ranks = s.group ? s.group->size() : 1;
+  // Tensor parallelism: the group's first rank gathers the split tensors' pieces and writes them whole;
+  // the others write nothing. Barriers pass the data-parallel group, then the tensor-parallel one:
+  // together every rank of the job.
+  dist::Group* tp = s.tensor_group && s.tensor_group->size() > 1 ? s.tensor_group : nullptr;
+  const bool tp_writer = !tp || tp->rank() == 0;
   auto barrier = [&](const std::string& what) {
     if (s.group) s.group->barrier(what + " of the checkpoint at step " + std::to_string(s.state.step));
+    if (tp) tp->barrier(what + " of the checkpoint at step " + std::to_string(s.state.step));
+  };
+  const auto shards = shard_specs(*s.model);
+  // A tensor of slot `name` whole: this rank's piece, or every tensor-parallel rank's gathered onto the
+  // writer (undefined elsewhere).
+  auto whole_of = [&](const std::string& name, const at::Tensor& piece) -> at::Tensor {
+    const nn::ShardSpec& shard = shards.at(name);
+    if (!tp || !shard.split()) return piece;
+    const at::Tensor flat = piece.contiguous().reshape({-1});
+    at::Tensor gathered = tp_writer ? at::empty({tp->size() * flat.numel()}, flat.options()) : at::Tensor();
+    tp->gather(gathered, flat, 0, "checkpoint tensor " + name);
+    if (!tp_writer) return {};
+    std::vector<at::Tensor> pieces;
+    for (int64_t r = 0; r < tp->size(); ++r) pieces.push_back(gathered.narrow(0, r * flat.numel(), flat.numel()).view(piece.sizes()));
+    return shard.assemble(pieces);
   };
   // Sharded when the optimizer states are: every rank writes what it owns. Otherwise rank 0 holds
   // everything and writes it alone, as one file of each kind.
   const bool sharded = s.strategy && s.strategy->store().stage() > 0 && ranks > 1;
   const std::string tag = "step";   // a temporary name every rank can compute
   std::unique_ptr<AtomicDir> out;
-  if (rank == 0) out = std::make_unique<AtomicDir>(final_path, tag);
+  const bool root = rank == 0 && tp_writer;
+  if (root) out = std::make_unique<AtomicDir>(final_path, tag);
   barrier("directory");
   const fs::path tmp(AtomicDir::temp_path(final_path, tag));
   const std::string model_file = sharded ? shard_file("model", rank, ranks) : "model.safetensors";
@@ -308,7 +336,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
     auto& store = s.strategy->store();
     const auto& layout = store.layout();
     const auto state_names = s.strategy->optimizer().state_names();
-    const bool writes = rank == 0 || sharded;
+    const bool writes = (rank == 0 || sharded) && tp_writer;
     // The files' headers first, from shapes alone (meta tensors through the same HF layout), in the
     // order for_each_owned visits the tensors; then, on rank 0, frozen tensors and the RNG state.
     const auto dtype = store.master_options().dtype().toScalarType();
@@ -324,7 +352,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
     for (int64_t i = 0; i < static_cast<int64_t>(layout.slots.size()); ++i) {
       const auto& slot = layout.slots[static_cast<size_t>(i)];
       const auto& hf = hf_of.emplace_back(names.to_hf(slot.name));
-      if (rank == 0) {
+      if (root) {
         const std::string owner_model = shard_file("model", store.owner(i), ranks), owner_optim = shard_file("optimizer", store.owner(i), ranks);
         for (const auto& n : hf.names) {
           weight_map[n] = owner_model;
@@ -332,11 +360,12 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
         }
       }
       if (!writes || store.owner(i) != (sharded ? rank : 0)) continue;
-      add_entries(model_entries, hf, slot.shape, "");
-      for (const auto& sn : state_names) add_entries(state_entries, hf, slot.shape, "." + sn);
+      const auto shape = shards.at(slot.name).full_shape(slot.shape);
+      add_entries(model_entries, hf, shape, "");
+      for (const auto& sn : state_names) add_entries(state_entries, hf, shape, "." + sn);
     }
     std::vector<NamedTensor> extra_weights, extra_states;   // rank 0's
-    if (rank == 0) {
+    if (root) {
       for (auto& item : s.model->named_parameters())   // frozen tensors live outside the store
         if (!store.slot_of(item.key()))
           for (auto& piece : hf_pieces(names.to_hf(item.key()), item.value().detach())) extra_weights.push_back(std::move(piece));
@@ -353,11 +382,16 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
       state_out = std::make_unique<SafetensorsWriter>((tmp / optim_file).string(), std::move(state_entries), optim_meta);
     }
     s.strategy->for_each_owned([&](int64_t i, const at::Tensor& param, const std::vector<at::Tensor>& st) {
+      const std::string& name = layout.slots[static_cast<size_t>(i)].name;
+      const at::Tensor whole = whole_of(name, param);   // collective over the tensor-parallel group
+      std::vector<at::Tensor> states;
+      for (const auto& t : st) states.push_back(whole_of(name, t));
+      if (!tp_writer) return;
       if (!model_out) throw Error("checkpoint: rank " + std::to_string(rank) + " owns a tensor but writes no file (internal)");
       const auto& hf = hf_of[static_cast<size_t>(i)];
-      for (const auto& piece : hf_pieces(hf, param)) model_out->write(piece.name, piece.tensor);
-      for (size_t k = 0; k < st.size(); ++k)
-        for (const auto& piece : hf_pieces(hf, st[k], "." + state_names[k])) state_out->write(piece.name, piece.tensor);
+      for (const auto& piece : hf_pieces(hf, whole)) model_out->write(piece.name, piece.tensor);
+      for (size_t k = 0; k < states.size(); ++k)
+        for (const auto& piece : hf_pieces(hf, states[k], "." + state_names[k])) state_out->write(piece.name, piece.tensor);
     });
     if (writes) {
       for (const auto& w : extra_weights) model_out->write(w.name, w.tensor);
@@ -365,12 +399,12 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
       model_out->finish();
       state_out->finish();
     }
-  } else if (rank == 0) {
+  } else if (root) {
     save_safetensors((tmp / model_file).string(), export_model_state(*s.model), {{"format", "pt"}});
   }
   barrier("every rank's files");
 
-  if (rank == 0) {
+  if (root) {
     if (sharded) {
       const nlohmann::json meta = {{"format", "pt"}};
       write_text(tmp / "model.safetensors.index.json", nlohmann::json{{"metadata", meta}, {"weight_map", weight_map}}.dump(2) + "\n");
@@ -460,14 +494,17 @@ void load_optimizer_state(nn::Model& model, memory::TrainStrategy& strategy, con
   if (auto it = file.metadata().find("optimizer"); it != file.metadata().end() && it->second != strategy.optimizer().name())
     throw Error("checkpoint " + path + ": holds " + it->second + " state, but this run uses " + strategy.optimizer().name() +
                 " (resume with the same [optim] name, or start a new run with `colossal finetune`)");
-  // One tensor at a time: its whole value is read and each rank keeps its own part.
+  // One tensor at a time: its whole value is read and each rank keeps its own part (of a tensor-parallel
+  // layer's piece).
+  const auto shards = shard_specs(model);
   for (int64_t i = 0; i < static_cast<int64_t>(store.layout().slots.size()); ++i) {
     const auto& slot = store.layout().slots[static_cast<size_t>(i)];
     const auto hf = names.to_hf(slot.name);
+    const nn::ShardSpec& shard = shards.at(slot.name);
     for (size_t k = 0; k < state_names.size(); ++k) {
-      at::Tensor whole = at::empty(slot.shape, store.master_options());
+      at::Tensor whole = at::empty(shard.full_shape(slot.shape), store.master_options());
       read_hf_pieces(hf, "." + state_names[k], file, whole);
-      strategy.load_state(i, k, whole);
+      strategy.load_state(i, k, shard.local_of(whole).contiguous());
     }
   }
   auto it = file.metadata().find("step");

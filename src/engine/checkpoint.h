@@ -60,6 +60,7 @@ struct CheckpointSave {
   // config.json of the model the run started from: its fields our config does not write (and its
   // token ids) are kept, so a finetuned Hugging Face model saves with the config it came with.
   nlohmann::json base_config;
+  dist::Group* tensor_group = nullptr;   // tensor parallelism: the ranks holding the other pieces of split tensors
 };
 
 // Writes <dir>/step-NNNNNN atomically, updates <dir>/latest, deletes the oldest beyond keep_last.

@@ -19,6 +19,7 @@
 #include "src/memory/zero_strategy.h"
 #include "src/nn/kernel_choice.h"
 #include "src/optim/factory.h"
+#include "src/parallel/tensor_parallel_1d.h"
 
 namespace fs = std::filesystem;
 
@@ -60,11 +61,42 @@ void check_device_budget(const Recipe& r, int64_t parameters, int64_t dp) {
                         "; raise it, or lower train.batch_size or train.seq_len");
 }
 
+namespace {
+
+// The model's dimensions a 1D tensor split divides: heads, the MLP's hidden width and the vocabulary
+// (language families). A size that does not divide one is refused before anything is allocated, with
+// the sizes that divide them all.
+void check_tensor_split(const Recipe& r) {
+  const int64_t tp = r.parallel.tensor;
+  const ModelConfig& m = r.model;
+  std::vector<std::pair<std::string, int64_t>> dims{{"n_head", m.n_head}, {"n_inner", m.n_inner > 0 ? m.n_inner : 4 * m.n_embd}};
+  if (model_task(m) != "image_classification") dims.emplace_back("vocab_size", m.vocab_size);
+  auto divides_all = [&](int64_t t) {
+    for (const auto& [_, n] : dims)
+      if (n % t != 0) return false;
+    return true;
+  };
+  for (const auto& [key, n] : dims) {
+    if (n % tp == 0) continue;
+    std::string valid;
+    for (int64_t t = 1; t <= std::min<int64_t>(m.n_head, 64); ++t)
+      if (divides_all(t)) valid += (valid.empty() ? "" : ", ") + std::to_string(t);
+    throw Error(r.where("parallel.tensor") + " = " + std::to_string(tp) + " does not divide [model] " + key + " = " + std::to_string(n) +
+                (key == "n_inner" && m.n_inner == 0 ? " (4 x n_embd)" : "") + " (tensor sizes that divide every split dimension: " +
+                valid + ")");
+  }
+}
+
+}  // namespace
+
 // Dimensions whose layers are not built yet are refused here, by name, rather than run as something else.
 dist::MeshShape check_parallel_recipe(const Recipe& r, int64_t world) {
   const dist::MeshShape shape = dist::resolve_mesh(r, world);
-  for (const auto& [key, size] : {std::pair<const char*, int64_t>{"tensor", r.parallel.tensor}, {"pipeline", r.parallel.pipeline},
-                                  {"sequence", r.parallel.sequence}})
+  if (r.parallel.tensor > 1 && r.parallel.tensor_mode != "1d")
+    throw Error(r.where("parallel.tensor_mode") + " = \"" + r.parallel.tensor_mode + "\": " + r.parallel.tensor_mode +
+                " tensor parallelism is not built yet (valid today: \"1d\")");
+  if (r.parallel.tensor > 1) check_tensor_split(r);
+  for (const auto& [key, size] : {std::pair<const char*, int64_t>{"pipeline", r.parallel.pipeline}, {"sequence", r.parallel.sequence}})
     if (size > 1)
       throw Error(r.where(std::string("parallel.") + key) + " = " + std::to_string(size) + ": " + key + " parallelism is not built yet (valid today: 1; data "
                         "parallelism uses every rank with data = \"auto\")");
@@ -109,8 +141,12 @@ void build_model_shapes(TrainPlan& p) {
   nn::set_kernel_policy({nn::parse_kernel_path(r.kernels.attention), nn::parse_kernel_path(r.kernels.gelu),
                          nn::parse_kernel_path(r.kernels.gemv), nn::parse_kernel_path(r.kernels.layer_norm),
                          nn::parse_kernel_path(r.kernels.gemm)});
-  nn::LayerFactory factory(nn::ParamStorage::deferred);   // parallel layout: tensor-parallel layers come from here
-  p.model = build_model(r.model, factory);
+  // The parallel layout: tensor-parallel layers come from the factory, each rank allocating its pieces.
+  std::unique_ptr<nn::LayerFactory> factory;
+  dist::Group& tp = p.runtime->group(dist::Dim::tp);
+  if (tp.size() > 1) factory = std::make_unique<parallel::TensorParallel1d>(tp, nn::ParamStorage::deferred);
+  else factory = std::make_unique<nn::LayerFactory>(nn::ParamStorage::deferred);
+  p.model = build_model(r.model, *factory);
   p.task->check_model(*p.model);
   p.model->train();
 }
@@ -162,6 +198,7 @@ void apply_memory(TrainPlan& p) {
   if (r.memory.offload_optimizer == "nvme") zo.offload_dir = r.memory.nvme_path;
   zo.offload_params = r.memory.offload_params == "nvme";
   zo.placement = resolve_placement(r, p.device, p.counter);
+  zo.tensor_group = &p.runtime->group(dist::Dim::tp);
   p.strategy = std::make_unique<memory::ZeroStrategy>(*p.model, zo, dp, optim::make_optimizer(r.optim));
   // The block-hook chain: ZeRO-3's gather and release, then the profiler's tracer, which sees each block
   // with its chunks in place (recompute will go between them).
@@ -300,7 +337,8 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
   const int64_t dp = check_parallel_recipe(r, env.world).of(dist::Dim::dp);
   if (p->device.is_cpu()) {
     const int64_t local = env.local_world;   // every worker on this node holds its share
-    require_host_memory(estimate_training_memory(r, params, dp).total() * static_cast<double>(local),
+    // a tensor-parallel rank holds about 1/tensor of the parameters
+    require_host_memory(estimate_training_memory(r, params / r.parallel.tensor, dp).total() * static_cast<double>(local),
                         "training this " + human_count(static_cast<double>(params)) +
                             "-parameter model (weights, gradients and " + r.optim.name + " state at ZeRO stage " +
                             std::to_string(r.memory.zero) + ", and one micro-batch's activations" +

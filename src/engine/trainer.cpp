@@ -184,7 +184,7 @@ int run_loop(TrainPlan& p) {
   auto write_metrics = [&](const nlohmann::json& j) {
     if (metrics) metrics->write(j);
   };
-  const int64_t params = p.model->parameter_count();
+  const int64_t params = count_parameters(r.model);   // the whole model's (a tensor-parallel rank holds a piece)
   const int64_t tokens_per_step = p.tokens_per_step();
   spdlog::info("model {}: {} parameters | device {} | {}: {} | {} tokens/step{}", r.model.family,
                human_count(static_cast<double>(params)), describe_device(p.device), task.name(), task.describe_data(),
@@ -199,6 +199,7 @@ int run_loop(TrainPlan& p) {
     state.kernel_choices = nn::kernel_choices();
     state.world_size = p.dp_size;
     CheckpointSave s{p.model.get(), p.strategy.get(), &rt.group(dist::Dim::dp), task.tokenizer_files(), r.to_toml(), state, p.base_config};
+    s.tensor_group = &rt.group(dist::Dim::tp);
     const std::string path = save_checkpoint(r.checkpoint.dir, s, r.checkpoint.keep_last);
     if (root) spdlog::info("saved checkpoint {}", path);
     return path;
@@ -280,6 +281,7 @@ int run_loop(TrainPlan& p) {
     ema_step_s = ema_step_s == 0 ? step_s : 0.9 * ema_step_s + 0.1 * step_s;
     const size_t mem = p.device.is_cpu() ? current_rss_bytes() : device_allocated_bytes(p.device);
     const dist::CommCounters dp_comm = rt.group(dist::Dim::dp).take_counters();
+    const dist::CommCounters tp_comm = rt.group(dist::Dim::tp).take_counters();
     const dist::CommCounters all_comm = rt.take_counters();
     if (steps_this_run > kUntimedSteps) {
       dp_busy_s += dp_comm.busy_s;
@@ -303,7 +305,12 @@ int run_loop(TrainPlan& p) {
     }
     if (rt.world_group().active()) {
       dist::CommCounters total = dp_comm;
+      total += tp_comm;
       total += all_comm;
+      if (rt.group(dist::Dim::tp).active()) {   // the tensor-parallel layers' all-reduces (and the loss's)
+        record["tp_comm_calls"] = tp_comm.calls;
+        record["tp_comm_mb"] = static_cast<double>(tp_comm.bytes) / 1048576.0;
+      }
       record["comm_calls"] = total.calls;
       record["comm_mb"] = static_cast<double>(total.bytes) / 1048576.0;
       record["dp_allreduce_ms"] = dp_comm.busy_s * 1e3;   // gradient buckets, launch to completion

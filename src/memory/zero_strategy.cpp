@@ -102,6 +102,11 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group
       spare_grads_(kStage2InFlight + 1),
       hooks_(std::make_unique<Hooks>()) {
   weight_decay_ = o.weight_decay;
+  if (o.tensor_group && o.tensor_group->size() > 1) {
+    tensor_group_ = o.tensor_group;
+    for (const auto& item : module.named_parameters())
+      if (auto slot = store_.slot_of(item.key())) (item.shard().split() ? split_slots_ : replicated_slots_).push_back(*slot);
+  }
   if (!store_.offloaded()) pieces_ = store_.pieces(optimizer_->state_names(), o.weight_decay);
   placement_ = o.placement;
   if (placement_.mode != PlacementMode::device && o.stage != 3)
@@ -417,7 +422,11 @@ double ZeroStrategy::clip_grad_norm(double max_norm) {
     }
   }
   sq = sq.cpu().reshape({1}).add_(host_sq);   // one transfer from the chunks' device
+  // Tensor parallelism: every rank holds the replicated tensors' whole gradients, so each counts 1/P
+  // of theirs and the split tensors' pieces sum over the group.
+  if (tensor_group_) sq.sub_(replicated_squares(grads) * (1.0 - 1.0 / static_cast<double>(tensor_group_->size())));
   if (store_.stage() > 0) group_.all_reduce(sq, dist::Reduce::sum, "gradient norm");   // shards: sum over ranks
+  if (tensor_group_) tensor_group_->all_reduce(sq, dist::Reduce::sum, "gradient norm");
   // The gradients as the update will read them: a clipping scale not yet applied counts.
   const double norm = std::sqrt(sq.item<double>()) * grad_scale_ * std::abs(store_.grad_factor());
   if (max_norm > 0 && norm > max_norm && std::isfinite(norm)) {
@@ -432,6 +441,18 @@ double ZeroStrategy::clip_grad_norm(double max_norm) {
   return norm;
 }
 
+double ZeroStrategy::replicated_squares(const std::vector<at::Tensor>& grads) const {
+  double sq = 0;
+  for (int64_t slot : replicated_slots_) {
+    const auto part = store_.shard_part(slot);
+    if (!part) continue;
+    const at::Tensor& g = grads[static_cast<size_t>(store_.layout().slots[static_cast<size_t>(slot)].chunk)];
+    if (!g.defined()) continue;
+    sq += at::linalg_vector_norm(g.narrow(0, part->in_shard, part->numel), 2, c10::nullopt, false, at::kDouble).square().item<double>();
+  }
+  return sq;
+}
+
 void ZeroStrategy::step(double lr) {
   at::NoGradGuard no_grad;
   // Gathered chunks kept between uses (placement auto) are copies of the shards the update is about to
@@ -443,8 +464,17 @@ void ZeroStrategy::step(double lr) {
   ctx.tensors = static_cast<int64_t>(store_.layout().slots.size());
   ctx.grad_scale = grad_scale_;   // clipping's, when the optimizer folds it into its pass
   grad_scale_ = 1;
-  if (store_.stage() > 0 && group_.active())   // a tensor may straddle two ranks' shards
-    ctx.sum_across_shards = [this](at::Tensor& t) { group_.all_reduce(t, dist::Reduce::sum, "optimizer norms"); };
+  const bool straddles = store_.stage() > 0 && group_.active();   // a tensor may straddle two ranks' shards
+  if (straddles || tensor_group_)
+    ctx.sum_across_shards = [this, straddles](at::Tensor& t) {
+      if (straddles) group_.all_reduce(t, dist::Reduce::sum, "optimizer norms");
+      if (!tensor_group_ || split_slots_.empty()) return;
+      // [quantities, tensors]: the split tensors' columns summed over their pieces
+      const at::Tensor columns = at::tensor(split_slots_, at::kLong);
+      at::Tensor split = t.index_select(1, columns).contiguous();
+      tensor_group_->all_reduce(split, dist::Reduce::sum, "optimizer norms of split tensors");
+      t.index_copy_(1, columns, split);
+    };
   if (store_.offloaded()) {
     streamed_update(ctx);
   } else {

@@ -64,6 +64,10 @@ struct ZeroOptions {
   int64_t offload_slice = kOffloadSliceNumel;    // elements staged at once (layer-wise optimizers: whole chunks)
   bool offload_params = false;                   // ZeRO-3: block chunks' parameters on NVMe too (needs offload_dir)
   PlacementOptions placement;
+  // Tensor parallelism: the ranks holding the other pieces of the split parameters (nn::ShardSpec).
+  // Norms (clipping's, and layer-wise optimizers' per tensor) sum split tensors over it and count
+  // replicated ones once. Null: no tensor parallelism.
+  dist::Group* tensor_group = nullptr;
 };
 
 class ZeroStrategy : public TrainStrategy {
@@ -146,6 +150,10 @@ class ZeroStrategy : public TrainStrategy {
   bool counting_io_ = false;
 
   dist::Group& group_;
+  dist::Group* tensor_group_ = nullptr;   // with at least two ranks, else null
+  std::vector<int64_t> split_slots_, replicated_slots_;   // under tensor parallelism
+  // This rank's shard's squared gradient norm of the replicated tensors (tensor parallelism's correction).
+  double replicated_squares(const std::vector<at::Tensor>& grads) const;
   ChunkStore store_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<LossScaler> scaler_;
