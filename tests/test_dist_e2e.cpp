@@ -671,7 +671,7 @@ TEST(TensorParallelTraining, SizesThatDoNotDivideAndModesNotBuiltAreRefusedBefor
   TempDir dir;
   auto r = train(write_recipe(dir, "four"), "--nproc-per-node 4 --set parallel.tensor=4");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("parallel.tensor = 4 does not divide [model] n_head = 2 (tensor sizes that divide every split dimension: 1, 2)"),
+  EXPECT_NE(r.output.find("parallel.tensor = 4 does not divide the model's n_head = 2 (tensor sizes that divide every split dimension: 1, 2)"),
             std::string::npos)
       << r.output;
   r = train(write_recipe(dir, "2d", "[parallel]\ntensor = 2\ntensor_mode = \"2d\"\n"), "--nproc-per-node 2");

@@ -54,6 +54,34 @@ TEST_P(InferFromDirectory, GeneratesWhatTransformersGenerates) {
   EXPECT_EQ(j["completion"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), as_json(tok.decode(fresh, true)));
 }
 
+TEST_P(InferFromDirectory, TwoTensorParallelRanksGenerateWhatOneProcessGenerates) {
+  // Greedy as transformers does, and a sampled batch of two prompts token for token as one process
+  // samples it (the logits are gathered whole on every rank, so every rank draws the same tokens).
+  const std::string dir = fixture(GetParam());
+  const auto ref = load_safetensors(dir + "/reference.safetensors");
+  const at::Tensor prompt = ref.at("greedy.prompt", "ref"), output = ref.at("greedy.output", "ref");
+  std::vector<int> fresh;
+  for (int64_t i = prompt.size(1); i < output.size(1); ++i) fresh.push_back(static_cast<int>(output[0][i].item<int64_t>()));
+  auto r = run_colossal("infer " + dir + " -p 'In the beginning God created' --greedy -n 10 --jsonl -q --tensor-parallel 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.output)["completion"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+            as_json(Tokenizer::load(dir).decode(fresh, true)));
+  const std::string sampled = "infer " + dir + " -p 'In the beginning' -p 'And God said' -t 0.9 --top-p 0.95 --seed 7 -n 12 --jsonl -q";
+  auto one = run_colossal(sampled), two = run_colossal(sampled + " --tensor-parallel 2");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_EQ(two.output, one.output);
+}
+
+TEST(EndToEndHf, ATensorSplitThatDoesNotDivideTheModelIsRefusedBeforeAnyWorkerStarts) {
+  auto r = run_colossal("infer " + fixture("opt-tiny") + " -p x --tensor-parallel 3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--tensor-parallel = 3 does not divide the model's n_head = 4 (tensor sizes that divide every split dimension: 1, 2, 4)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("rank 0"), std::string::npos) << "no worker started: " << r.output;
+}
+
 INSTANTIATE_TEST_SUITE_P(Decoders, InferFromDirectory, ::testing::Values("opt-tiny", "bloom-tiny"), [](const auto& info) {
   return info.param == "opt-tiny" ? std::string("opt") : std::string("bloom");
 });

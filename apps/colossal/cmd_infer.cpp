@@ -16,6 +16,8 @@
 #include "src/core/text.h"
 #include "src/engine/checkpoint.h"
 #include "src/engine/generation_checkpoint.h"
+#include "src/engine/generation_job.h"
+#include "src/engine/tensor_split.h"
 #include "src/engine/generator.h"
 #include "src/engine/streamed_weights.h"
 #include "models/registry.h"
@@ -38,7 +40,24 @@ struct InferArgs {
   bool quiet = false;
   bool stream_weights = false;   // each block's weights read from a cache file as it runs (src/engine/streamed_weights.h)
   std::string stream_cache = "/var/tmp";   // where that file goes
+  int64_t tensor_parallel = 1;   // ranks the model is split across (1D tensor parallelism)
 };
+
+// What each worker of a --tensor-parallel job runs: the same command, every option spelled out.
+std::vector<std::string> worker_args(const InferArgs& a) {
+  std::vector<std::string> out{"infer", a.checkpoint};
+  for (const auto& p : a.prompts) out.insert(out.end(), {"--prompt", p});
+  if (!a.prompts_file.empty()) out.insert(out.end(), {"--prompts", a.prompts_file});
+  const SamplingConfig& s = a.sampling;
+  out.insert(out.end(), {"--max-tokens", std::to_string(s.max_tokens), "--temperature", fmt::format("{}", s.temperature), "--top-k",
+                         std::to_string(s.top_k), "--top-p", fmt::format("{}", s.top_p), "--seed", std::to_string(s.seed), "--device",
+                         a.device, "--kernels", a.kernels, "--tensor-parallel", std::to_string(a.tensor_parallel)});
+  if (s.greedy) out.push_back("--greedy");
+  for (const auto& stop : s.stop) out.insert(out.end(), {"--stop", stop});
+  if (a.jsonl) out.push_back("--jsonl");
+  if (a.quiet) out.push_back("--quiet");
+  return out;
+}
 
 // One prompt per line; "\n" inside a line stands for a newline.
 std::vector<std::string> read_prompts(const std::string& path) {
@@ -61,6 +80,22 @@ std::vector<std::string> read_prompts(const std::string& path) {
 
 void run(InferArgs& a) {
   setup_logging("info", "", a.quiet);
+  if (a.tensor_parallel > 1) {   // what would make every worker fail is refused before any starts
+    if (a.stream_weights) throw Error("--stream-weights reads whole blocks, so it runs in one process (drop --tensor-parallel)");
+    const CheckpointInfo info = read_checkpoint_info(resolve_checkpoint(a.checkpoint));
+    check_tensor_split(info.model, a.tensor_parallel, "--tensor-parallel");
+    if (info.config.contains("quantization_config") && !info.config["quantization_config"].is_null())
+      throw Error(resolve_checkpoint(a.checkpoint) + " is quantized: tensor-parallel generation reads fp32, bf16 or fp16 directories for "
+                  "now (run it as one process, or split the directory it was quantized from)");
+  }
+  const GenerationJob job = GenerationJob::start(a.tensor_parallel, [&a] { return worker_args(a); }, "--tensor-parallel");
+  if (job.launched()) {
+    set_exit_code(job.exit_code());
+    return;
+  }
+  dist::Group* tensor_group = job.tensor_group();
+  if (!job.is_root()) setup_logging("warn", "", true);   // rank 0 speaks for the job
+  const bool speak = job.is_root();
   std::vector<std::string> prompts = a.prompts;
   if (!a.prompts_file.empty()) {
     auto more = read_prompts(a.prompts_file);
@@ -88,8 +123,9 @@ void run(InferArgs& a) {
   if (quantized && a.stream_weights)
     throw Error("--stream-weights streams fp32 blocks, and " + dir + " is quantized (" + quant::scheme_name(quantized->scheme) +
                 "); drop --stream-weights (its weights take " + std::to_string(quantized->bits()) + " bits each)");
-  if (device.is_cpu() && !a.stream_weights)
-    require_host_memory((quantized ? quantized->bits() / 8.0 : 4.0) * static_cast<double>(count_parameters(info.model)),
+  if (device.is_cpu() && !a.stream_weights)   // each rank of a tensor-parallel job holds its share
+    require_host_memory((quantized ? quantized->bits() / 8.0 : 4.0) * static_cast<double>(count_parameters(info.model)) /
+                            static_cast<double>(a.tensor_parallel),
                         "the model in " + dir + (quantized ? "" : " (fp32 weights; --stream-weights reads them block by block instead)"));
   const std::string user = "colossal infer (text generation)";
   std::shared_ptr<nn::CausalLM> model;
@@ -97,7 +133,7 @@ void run(InferArgs& a) {
     nn::LayerFactory deferred(nn::ParamStorage::deferred);
     model = nn::model_as<nn::CausalLM>(build_model(info.model, deferred, /*initialise=*/false), user);
   } else {
-    model = load_generation_model(opened, user);
+    model = load_generation_model(opened, user, tensor_group);
   }
   std::shared_ptr<StreamedWeights> streamed;
   // The reading thread uses the model, so any read in flight ends before the model goes, however this
@@ -119,14 +155,17 @@ void run(InferArgs& a) {
                  human_bytes(static_cast<double>(streamed->resident_bytes())), describe_device(device));
   } else {
     model->to(device);
-    spdlog::info("loaded {} ({} parameters{}) on {}", dir, model->parameter_count(),
-                 quantized ? std::string(", ") + quant::scheme_name(quantized->scheme) + " linear layers" : std::string(), describe_device(device));
+    spdlog::info("loaded {} ({} parameters{}{}) on {}", dir, count_parameters(info.model),
+                 quantized ? std::string(", ") + quant::scheme_name(quantized->scheme) + " linear layers" : std::string(),
+                 a.tensor_parallel > 1 ? fmt::format(", split across {} ranks: {} here", a.tensor_parallel, model->parameter_count())
+                                       : std::string(),
+                 describe_device(device));
   }
 
   const nn::KernelPath kernels = nn::parse_kernel_path(a.kernels);
   nn::set_kernel_policy({kernels, kernels, kernels, kernels, kernels});
   Generator generator(model, tokenizer, device);
-  const bool stream = prompts.size() == 1 && !a.jsonl;
+  const bool stream = prompts.size() == 1 && !a.jsonl && speak;
   bool echoed = false;   // the prompt is echoed with the first piece, after the prompts were validated
   auto echo_prompt = [&] {
     if (stream && !echoed) std::fputs(prompts[0].c_str(), stdout);
@@ -139,6 +178,7 @@ void run(InferArgs& a) {
     std::fputs(piece.c_str(), stdout);
     std::fflush(stdout);
   });
+  if (!speak) return;   // every rank computed the same tokens; rank 0 prints them
   echo_prompt();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t generated = 0;
@@ -194,6 +234,10 @@ void add_infer_command(CLI::App& app) {
                 "Keep the blocks' weights on disk: read each block as it runs, the next one while it computes (a model larger than memory)");
   cmd->add_option("--stream-cache", a->stream_cache, "Directory for --stream-weights' cache file (on a fast local disk; removed on exit)")
       ->capture_default_str();
+  cmd->add_option("--tensor-parallel", a->tensor_parallel,
+                  "Split the model across N ranks (1D tensor parallelism): started here as N workers, or joined inside a job of N "
+                  "ranks (torchrun, srun); each reads only its pieces")
+      ->capture_default_str()->check(CLI::Range(1, 4096));
   cmd->add_flag("-q,--quiet", a->quiet, "No log lines, only the generated text");
   cmd->callback([a] {
     for (auto& s : a->sampling.stop) {

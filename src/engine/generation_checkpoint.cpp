@@ -3,6 +3,8 @@
 
 #include "models/registry.h"
 #include "src/core/error.h"
+#include "src/dist/group.h"
+#include "src/parallel/tensor_parallel_1d.h"
 #include "src/quant/quantized_linear.h"
 
 namespace colossal {
@@ -21,9 +23,14 @@ GenerationCheckpoint open_generation_checkpoint(const std::string& path, const s
   return {dir, std::move(info), std::move(tokenizer), quantized};
 }
 
-std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& c, const std::string& command) {
+std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& c, const std::string& command, dist::Group* tensor_group) {
   std::unique_ptr<nn::LayerFactory> factory;
-  if (c.quantized) factory = std::make_unique<quant::QuantizedLayerFactory>(*c.quantized);
+  const bool split = tensor_group && tensor_group->size() > 1;
+  if (split && c.quantized)
+    throw Error(c.dir + " is quantized (" + quant::scheme_name(c.quantized->scheme) + "): tensor-parallel generation reads fp32, "
+                "bf16 or fp16 directories for now (run it as one process, or split the directory it was quantized from)");
+  if (split) factory = std::make_unique<parallel::TensorParallel1d>(*tensor_group);
+  else if (c.quantized) factory = std::make_unique<quant::QuantizedLayerFactory>(*c.quantized);
   else factory = std::make_unique<nn::LayerFactory>();
   auto model = nn::model_as<nn::CausalLM>(build_model(c.info.model, *factory, /*initialise=*/false), command);
   load_model_state(*model, HfWeights::open(c.dir));

@@ -12,6 +12,9 @@
 #include "src/quant/quant_config.h"
 
 namespace colossal {
+namespace dist {
+class Group;
+}
 
 struct GenerationCheckpoint {
   std::string dir;
@@ -24,7 +27,10 @@ struct GenerationCheckpoint {
 // tokenizer has more pieces than the model has rows.
 GenerationCheckpoint open_generation_checkpoint(const std::string& path, const std::string& command);
 // The model built with quantized linear layers when the checkpoint is quantized, every weight read from
-// it (none drawn at random first), in eval mode on the CPU.
-std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& c, const std::string& command);
+// it (none drawn at random first), in eval mode on the CPU. With a tensor-parallel group of several
+// ranks, this rank's pieces only (parallel/tensor_parallel_1d.h): each whole tensor is read in turn and
+// cut, so no rank holds more than its pieces and one tensor.
+std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& c, const std::string& command,
+                                                    dist::Group* tensor_group = nullptr);
 
 }  // namespace colossal

@@ -1,5 +1,6 @@
 // Building a training run: see train_plan.h. The steps below run in this order on every rank.
 #include "src/engine/train_plan.h"
+#include "src/engine/tensor_split.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -61,33 +62,6 @@ void check_device_budget(const Recipe& r, int64_t parameters, int64_t dp) {
                         "; raise it, or lower train.batch_size or train.seq_len");
 }
 
-namespace {
-
-// The model's dimensions a 1D tensor split divides: heads, the MLP's hidden width and the vocabulary
-// (language families). A size that does not divide one is refused before anything is allocated, with
-// the sizes that divide them all.
-void check_tensor_split(const Recipe& r) {
-  const int64_t tp = r.parallel.tensor;
-  const ModelConfig& m = r.model;
-  std::vector<std::pair<std::string, int64_t>> dims{{"n_head", m.n_head}, {"n_inner", m.n_inner > 0 ? m.n_inner : 4 * m.n_embd}};
-  if (model_task(m) != "image_classification") dims.emplace_back("vocab_size", m.vocab_size);
-  auto divides_all = [&](int64_t t) {
-    for (const auto& [_, n] : dims)
-      if (n % t != 0) return false;
-    return true;
-  };
-  for (const auto& [key, n] : dims) {
-    if (n % tp == 0) continue;
-    std::string valid;
-    for (int64_t t = 1; t <= std::min<int64_t>(m.n_head, 64); ++t)
-      if (divides_all(t)) valid += (valid.empty() ? "" : ", ") + std::to_string(t);
-    throw Error(r.where("parallel.tensor") + " = " + std::to_string(tp) + " does not divide [model] " + key + " = " + std::to_string(n) +
-                (key == "n_inner" && m.n_inner == 0 ? " (4 x n_embd)" : "") + " (tensor sizes that divide every split dimension: " +
-                valid + ")");
-  }
-}
-
-}  // namespace
 
 // Dimensions whose layers are not built yet are refused here, by name, rather than run as something else.
 dist::MeshShape check_parallel_recipe(const Recipe& r, int64_t world) {
@@ -95,7 +69,7 @@ dist::MeshShape check_parallel_recipe(const Recipe& r, int64_t world) {
   if (r.parallel.tensor > 1 && r.parallel.tensor_mode != "1d")
     throw Error(r.where("parallel.tensor_mode") + " = \"" + r.parallel.tensor_mode + "\": " + r.parallel.tensor_mode +
                 " tensor parallelism is not built yet (valid today: \"1d\")");
-  if (r.parallel.tensor > 1) check_tensor_split(r);
+  if (r.parallel.tensor > 1) check_tensor_split(r.model, r.parallel.tensor, r.where("parallel.tensor"));
   for (const auto& [key, size] : {std::pair<const char*, int64_t>{"pipeline", r.parallel.pipeline}, {"sequence", r.parallel.sequence}})
     if (size > 1)
       throw Error(r.where(std::string("parallel.") + key) + " = " + std::to_string(size) + ": " + key + " parallelism is not built yet (valid today: 1; data "

@@ -27,6 +27,8 @@ class TransformerBlock : public Module {
   TransformerBlock(const BlockSpec& spec, LayerFactory& f);
   // x [B, T, C] -> [B, T, C]; kv, offset and mask as Attention::forward takes them.
   at::Tensor forward(const at::Tensor& x, LayerKv* kv = nullptr, int64_t offset = 0, const at::Tensor& mask = {});
+  // The attention heads this block computes (a tensor-parallel rank's share), as its KV cache holds them.
+  int64_t heads() const { return attn->heads(); }
 
  private:
   bool pre_norm_;
