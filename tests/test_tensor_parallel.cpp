@@ -17,7 +17,9 @@
 #include "src/dist/runtime.h"
 #include "src/nn/causal_lm.h"
 #include "src/nn/encoder.h"
+#include "src/nn/random_stream.h"
 #include "src/nn/shard.h"
+#include "src/parallel/sequence_attention.h"
 #include "src/parallel/tensor_parallel_1d.h"
 #include "tests/support/test_support.h"
 
@@ -229,4 +231,120 @@ TEST(TensorParallel1d, SizesThatDoNotDivideAreRefusedNamingThem) {
       },
       60, tp_mesh(2));
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+TEST(RandomStream, AStreamContinuesItsOwnSequenceAndNeverTouchesTheDefaultGenerator) {
+  at::manual_seed(5);
+  const at::Tensor shared = at::rand({4});
+  at::manual_seed(5);
+  nn::RandomStream stream(99), other(100);
+  const at::Tensor a = stream.uniform(4), b = stream.uniform(4);
+  EXPECT_FALSE(at::equal(a, b));
+  EXPECT_FALSE(at::equal(a, other.uniform(4)));
+  EXPECT_TRUE(at::equal(at::rand({4}), shared)) << "the default generator continues as if nothing was drawn";
+  const at::Tensor keep = stream.keep_mask({1000}, 0.25, c10::kCPU);
+  EXPECT_EQ(keep.scalar_type(), at::kBool);
+  EXPECT_NEAR(keep.to(at::kFloat).mean().item<double>(), 0.75, 0.05);
+}
+
+TEST(TensorParallel1d, AttentionDropoutDrawsFromEachRanksOwnStreamAndLeavesTheSharedOneInStep) {
+  // Only the attention probabilities drop here: after a training step the default generator (what
+  // replicated dropout draws from) is where it started on every rank, and the ranks' streams differ.
+  ModelConfig c = tiny("opt");   // OPT has a rate for the attention probabilities of its own
+  c.attn_dropout = 0.5;
+  const Reference ref = reference(tiny("opt"));
+  auto errors = test::run_ranks(
+      2,
+      [&](int64_t, dist::Runtime& rt) {
+        dist::Group& tp = rt.group(dist::Dim::tp);
+        parallel::TensorParallel1d f(tp, nn::ParamStorage::allocated, 1337);
+        auto m = build_model(c, f, /*initialise=*/false);
+        {
+          at::NoGradGuard no_grad;
+          for (auto& item : m->named_parameters()) item.value().copy_(item.shard().local_of(ref.initial.at(item.key())));
+        }
+        m->train();
+        auto gen = at::detail::getDefaultCPUGenerator();
+        at::Tensor before;
+        {
+          std::lock_guard<std::mutex> lock(gen.mutex());
+          before = gen.get_state();
+        }
+        at::Tensor loss = loss_of(*m);
+        loss.backward();
+        EXPECT_NEAR(loss.item<double>(), ref.losses[0], 0.5 * std::abs(ref.losses[0])) << "dropout changed the loss, not its scale";
+        {
+          std::lock_guard<std::mutex> lock(gen.mutex());
+          EXPECT_TRUE(at::equal(gen.get_state(), before));
+        }
+        const at::Tensor mine = f.region_random()->uniform(8);
+        at::Tensor both = at::empty({16});
+        tp.all_gather(both, mine, "streams");
+        EXPECT_FALSE(at::equal(both.narrow(0, 0, 8), both.narrow(0, 8, 8))) << "each rank draws its own masks";
+      },
+      60, tp_mesh(2));
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+namespace {
+
+dist::MeshShape sp_mesh(int64_t ranks, int64_t tensor = 1) {
+  dist::MeshShape m;
+  m.size[static_cast<int>(dist::Dim::sp)] = ranks;
+  m.size[static_cast<int>(dist::Dim::tp)] = tensor;
+  return m;
+}
+
+// One attention over a whole sequence (ATen's) against the same split across `ranks` sequence-parallel
+// ranks: each rank's outputs and its tokens' gradients of q, k and v.
+void check_sequence_attention(parallel::SequenceMode mode, int64_t ranks, bool causal) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
+  const at::Tensor q = at::randn({2, 4, 16, 8}, gen), k = at::randn({2, 4, 16, 8}, gen), v = at::randn({2, 4, 16, 8}, gen);
+  const at::Tensor w = at::randn({2, 4, 16, 8}, gen);   // the loss's weights, so every output element matters
+  const at::Tensor qr = q.clone().requires_grad_(), kr = k.clone().requires_grad_(), vr = v.clone().requires_grad_();
+  const at::Tensor y = at::scaled_dot_product_attention(qr, kr, vr, {}, 0.0, causal);
+  (y * w).sum().backward();
+  const std::string name = std::to_string(static_cast<int>(mode)) + (causal ? " causal" : " full") + " at " + std::to_string(ranks);
+  auto errors = test::run_ranks(
+      ranks,
+      [&](int64_t, dist::Runtime& rt) {
+        dist::Group& sp = rt.group(dist::Dim::sp);
+        const parallel::SequenceLayout layout = parallel::sequence_layout(mode, sp);
+        auto mine = [&](const at::Tensor& t) { return layout.local(t.detach(), 2); };
+        const at::Tensor ql = mine(q).requires_grad_(), kl = mine(k).requires_grad_(), vl = mine(v).requires_grad_();
+        auto attention = parallel::make_sequence_attention(mode, sp);
+        const at::Tensor yl = attention->attend(ql, kl, vl, causal);
+        expect_close(yl, mine(y), name + " output");
+        (yl * mine(w)).sum().backward();
+        expect_close(ql.grad(), mine(qr.grad()), name + " dq");
+        expect_close(kl.grad(), mine(kr.grad()), name + " dk");
+        expect_close(vl.grad(), mine(vr.grad()), name + " dv");
+      },
+      60, sp_mesh(ranks));
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << name << " rank " << r;
+}
+
+}  // namespace
+
+TEST(SequenceParallel, GatheredKeysAndValuesEqualWholeSequenceAttentionOnTwoAndFourRanks) {
+  for (int64_t ranks : {2, 4})
+    for (bool causal : {true, false}) check_sequence_attention(parallel::SequenceMode::split_gather, ranks, causal);
+}
+
+TEST(SequenceParallel, RingAttentionWithTheZigzagLayoutEqualsWholeSequenceAttentionOnTwoAndFourRanks) {
+  for (int64_t ranks : {2, 4})
+    for (bool causal : {true, false}) check_sequence_attention(parallel::SequenceMode::ring, ranks, causal);
+}
+
+TEST(SequenceParallel, AllToAllHeadExchangeEqualsWholeSequenceAttentionOnTwoAndFourRanks) {
+  for (int64_t ranks : {2, 4})
+    for (bool causal : {true, false}) check_sequence_attention(parallel::SequenceMode::all_to_all, ranks, causal);
+}
+
+TEST(SequenceParallel, TheZigzagLayoutPairsAnEarlyChunkWithALateOne) {
+  const parallel::SequenceLayout r0(4, 0, true), r3(4, 3, true), c1(4, 1, false);
+  EXPECT_EQ(r0.chunks_of(0), (std::vector<int64_t>{0, 7}));
+  EXPECT_EQ(r3.chunks_of(3), (std::vector<int64_t>{3, 4}));
+  EXPECT_TRUE(at::equal(r3.positions(16), at::tensor({6, 7, 8, 9}, at::kLong)));
+  EXPECT_TRUE(at::equal(c1.positions(16), at::tensor({4, 5, 6, 7}, at::kLong)));
 }

@@ -34,9 +34,11 @@ class CausalSelfAttention(nn.Module):
             self.register_buffer("causal", causal.view(1, 1, block_size, block_size), persistent=False)
 
     def forward(self, x):                                     # [B, T, C]
-        B, T, C = x.shape
+        B, T, _ = x.shape
+        qkv = self.c_attn(x)                                  # [B, T, 3C] (a tensor-parallel rank's 3C/P: its heads)
+        C = qkv.shape[-1] // 3
         H, D = self.n_head, C // self.n_head
-        q, k, v = self.c_attn(x).split(C, dim=2)              # each [B, T, C]
+        q, k, v = qkv.split(C, dim=2)                         # each [B, T, C]
         q = q.view(B, T, H, D).transpose(1, 2)                # each [B, H, T, D]
         k = k.view(B, T, H, D).transpose(1, 2)
         v = v.view(B, T, H, D).transpose(1, 2)
@@ -130,6 +132,19 @@ class Windows:
         return w[:, :-1], w[:, 1:]                            # inputs, targets: [B, T]
 
 
+def clip_mixed(params, max_norm):
+    """clip_grad_norm_ over DTensor and plain gradients together (torch's own refuses the mix): the split
+    tensors' norms summed over their shards, the replicated ones counted once."""
+    from torch.distributed.tensor import DTensor
+    sq = torch.zeros((), dtype=torch.float64)
+    for p in params:
+        n = torch.linalg.vector_norm(p.grad, dtype=torch.float64)
+        sq += (n.full_tensor() if isinstance(n, DTensor) else n) ** 2
+    coef = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
+    for p in params:
+        p.grad.mul_(coef.to(torch.float32))
+
+
 def fail(msg):
     print(f"gpt_ref: error: {msg}", file=sys.stderr)
     sys.exit(2)
@@ -156,6 +171,9 @@ def parse_args():
                     help="under torchrun: DeepSpeed's ZeRO at this stage (Gloo on CPU) instead of DDP")
     ap.add_argument("--fsdp", action="store_true",
                     help="under torchrun: PyTorch FSDP2 (fully_shard on each block, then the root) instead of DDP")
+    ap.add_argument("--tp", action="store_true",
+                    help="under torchrun: PyTorch's tensor parallelism instead of DDP (parallelize_module, DTensor: each "
+                         "block's qkv and MLP expansion column-wise, both projections row-wise; every rank the same batch)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="cuda: model and batches on the GPU, AdamW fused (its fastest eager form)")
     a = ap.parse_args()
@@ -183,7 +201,7 @@ def main():
         import torch.distributed as dist
         dist.init_process_group("nccl" if a.device == "cuda" else "gloo")
     torch.manual_seed(a.seed)
-    data = Windows(a.dataset, a.seq_len, a.batch, a.seed + rank)
+    data = Windows(a.dataset, a.seq_len, a.batch, a.seed + (0 if a.tp else rank))   # tensor parallelism: one batch
     if data.vocab_size is not None and data.vocab_size > a.vocab_size:
         fail(f"{a.dataset}: vocab_size attribute {data.vocab_size} exceeds --vocab-size {a.vocab_size}")
 
@@ -213,6 +231,19 @@ def main():
         params = list(model.parameters())
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    elif world > 1 and a.tp:   # torchtitan's recipe for a GPT block; the fused qkv's columns are laid out per rank
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        if a.n_head % world:
+            fail(f"--n-head {a.n_head} does not split across {world} tensor-parallel ranks")
+        mesh = init_device_mesh(a.device, (world,))
+        for block in model.h:
+            block.attn.n_head //= world                       # each rank computes its heads
+            parallelize_module(block, mesh, {"attn.c_attn": ColwiseParallel(), "attn.c_proj": RowwiseParallel(),
+                                             "mlp.c_fc": ColwiseParallel(), "mlp.c_proj": RowwiseParallel()})
+        params = list(model.parameters())
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     elif world > 1:   # the same bucket size as colossal's default, buckets as views of the gradients
         run = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25, gradient_as_bucket_view=True)
     if engine is None:
@@ -220,7 +251,7 @@ def main():
     run = torch.compile(run) if a.compile else run
     peer = "torch-compile" if a.compile else f"torch-eager-{a.attn}"
     if world > 1:
-        kind = f"deepspeed-zero{a.deepspeed}" if a.deepspeed is not None else ("fsdp2" if a.fsdp else "ddp")
+        kind = f"deepspeed-zero{a.deepspeed}" if a.deepspeed is not None else ("fsdp2" if a.fsdp else ("tp" if a.tp else "ddp"))
         peer = f"torch-{kind}{world}-" + peer.removeprefix("torch-")
     print(f"gpt_ref: {peer}: {n_params / 1e6:.2f}M parameters, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads", file=sys.stderr)
@@ -233,7 +264,10 @@ def main():
             engine.step()
             return loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        if a.tp and world > 1:
+            clip_mixed(params, 1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
@@ -254,7 +288,7 @@ def main():
     print(json.dumps({
         "peer": peer,
         "world_size": world,
-        "tokens_per_s": timed * a.batch * a.seq_len * world / elapsed,
+        "tokens_per_s": timed * a.batch * a.seq_len * (1 if a.tp else world) / elapsed,   # tensor-parallel ranks share a batch
         "steps": a.steps,
         "final_loss": final_loss,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

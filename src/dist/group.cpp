@@ -269,6 +269,55 @@ Pending Group::reduce_scatter_async(const at::Tensor& shard, const at::Tensor& w
   return shard_collective(false, whole, shard, what);
 }
 
+Pending Group::ring_shift_async(const at::Tensor& out, const at::Tensor& in, const std::string& what) {
+  if (out.numel() != in.numel() || out.scalar_type() != in.scalar_type() || !out.is_contiguous() || !in.is_contiguous())
+    throw Error("ring_shift on group " + name_ + " (" + what + "): send and receive buffers differ in size or type, or are not contiguous");
+  if (!backend_) {
+    in.copy_(out);
+    return {};
+  }
+  const int tag = static_cast<int>(exchanges_++ % (int64_t{1} << 30));   // the same count on every rank
+  const int next = static_cast<int>((index_ + 1) % size()), prev = static_cast<int>((index_ + size() - 1) % size());
+  return launch("ring_shift", what, out, [&](Pending& p, std::vector<at::Tensor>&) {
+    std::vector<at::Tensor> send{out.view({-1})}, recv{in.view({-1})};
+    p.state_->works.push_back(backend_->pg->send(send, next, tag));
+    p.state_->works.push_back(backend_->pg->recv(recv, prev, tag));
+  });
+}
+
+void Group::all_to_all(const at::Tensor& out, const at::Tensor& in, const std::string& what) {
+  if (out.numel() != in.numel() || out.scalar_type() != in.scalar_type() || !out.is_contiguous() || !in.is_contiguous() ||
+      in.numel() % size() != 0)
+    throw Error("all_to_all on group " + name_ + " (" + what + "): buffers differ, are not contiguous, or do not split into " +
+                std::to_string(size()) + " equal parts");
+  if (!backend_) {
+    out.copy_(in);
+    return;
+  }
+  const int64_t n = in.numel() / size();
+  const at::Tensor o = out.view({-1}), i = in.view({-1});
+  Pending p;
+  if (point_to_point_) {   // Gloo: each peer's part by send and receive, matched by (peer, tag)
+    const int tag = static_cast<int>(exchanges_++ % (int64_t{1} << 30));
+    p = launch("all_to_all", what, in, [&](Pending& pending, std::vector<at::Tensor>&) {
+      o.narrow(0, index_ * n, n).copy_(i.narrow(0, index_ * n, n));
+      for (int64_t j = 0; j < size(); ++j) {
+        if (j == index_) continue;
+        std::vector<at::Tensor> send{i.narrow(0, j * n, n)}, recv{o.narrow(0, j * n, n)};
+        pending.state_->works.push_back(backend_->pg->send(send, static_cast<int>(j), tag));
+        pending.state_->works.push_back(backend_->pg->recv(recv, static_cast<int>(j), tag));
+      }
+    });
+  } else {
+    p = launch("all_to_all", what, in, [&](Pending& pending, std::vector<at::Tensor>&) {
+      std::vector<int64_t> equal;   // empty split sizes: equal parts
+      pending.state_->works = {backend_->pg->alltoall_base(const_cast<at::Tensor&>(o), const_cast<at::Tensor&>(i), equal, equal,
+                                                           c10d::AllToAllOptions{})};
+    });
+  }
+  wait(p);
+}
+
 void Group::all_gather(const at::Tensor& whole, const at::Tensor& shard, const std::string& what) {
   Pending p = all_gather_async(whole, shard, what);
   wait(p);

@@ -84,6 +84,15 @@ class Group {
   void gather(const at::Tensor& whole, const at::Tensor& shard, int64_t root, const std::string& what);
   void wait(Pending& p);
 
+  // Sequence parallelism's exchanges (contiguous tensors on the communication device):
+  //   ring_shift  sends `out` to group rank (rank + 1) % size and receives `in` from (rank - 1) % size
+  //               (ring attention passes keys and values around the ring this way);
+  //   all_to_all  part j of `in` (size() equal parts, flat) goes to group rank j, and part j of `out`
+  //               comes from rank j (DeepSpeed-Ulysses's head/sequence exchange).
+  // A group without a backend copies `out` into `in`, `in` into `out`.
+  Pending ring_shift_async(const at::Tensor& out, const at::Tensor& in, const std::string& what);
+  void all_to_all(const at::Tensor& out, const at::Tensor& in, const std::string& what);
+
   // Frees the receive buffers kept for the next reduce-scatters (before a phase that runs none).
   void free_spares() { scratch_.clear(); }
 

@@ -1,6 +1,8 @@
 // Runtime: see runtime.h.
 #include "src/dist/runtime.h"
 
+#include <algorithm>
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -239,6 +241,23 @@ std::unique_ptr<Runtime> Runtime::join(const WorkerEnv& env, const MeshShape& sh
     }
     slot = std::make_shared<Group>(name, ranks, index, std::move(h), rt->roster_, comm_device);
   }
+  if (shape.of(Dim::sp) > 1) {   // dp x sp: the ranks whose pp and tp coordinates are this rank's, in rank order
+    const MeshLayout& m = rt->mesh_;
+    std::vector<int64_t> ranks;
+    for (int64_t r = 0; r < env.world; ++r)
+      if (m.coordinate(r, Dim::pp) == m.coordinate(env.rank, Dim::pp) && m.coordinate(r, Dim::tp) == m.coordinate(env.rank, Dim::tp))
+        ranks.push_back(r);
+    const int64_t index = std::find(ranks.begin(), ranks.end(), env.rank) - ranks.begin();
+    std::unique_ptr<BackendHandle> h;
+    if (ranks == all) {
+      h = std::make_unique<BackendHandle>();
+      h->pg = world_pg;
+    } else {
+      h = make("dp_sp/" + std::to_string(m.coordinate(env.rank, Dim::pp) * shape.of(Dim::tp) + m.coordinate(env.rank, Dim::tp)), index,
+               static_cast<int64_t>(ranks.size()));
+    }
+    rt->replicas_ = std::make_shared<Group>("dp_sp", ranks, index, std::move(h), rt->roster_, comm_device);
+  }
   return rt;
 }
 
@@ -247,6 +266,7 @@ std::string Runtime::who(int64_t rank) const { return roster_->who(rank); }
 
 CommCounters Runtime::take_counters() {
   CommCounters c = world_->take_counters();
+  if (replicas_) c += replicas_->take_counters();
   for (size_t i = 0; i < groups_.size(); ++i) {
     // A dimension spanning the world shares the world's backend but has its own counters.
     c += groups_[i]->take_counters();

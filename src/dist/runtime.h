@@ -42,6 +42,10 @@ class Runtime {
 
   Group& world_group() { return *world_; }
   Group& group(Dim d) { return *groups_[static_cast<size_t>(d)]; }
+  // The ranks holding the same parameters: data-parallel and sequence-parallel ones together (each has
+  // other tokens of the same weights), the group gradients are reduced over and ZeRO shards across. The
+  // dp group itself when the sequence is not split.
+  Group& replicas() { return replicas_ ? *replicas_ : group(Dim::dp); }
 
   // Counters of every group since the last take (then reset).
   CommCounters take_counters();
@@ -55,6 +59,7 @@ class Runtime {
   std::shared_ptr<Roster> roster_;
   std::shared_ptr<Group> world_;
   std::vector<std::shared_ptr<Group>> groups_;   // indexed by Dim
+  std::shared_ptr<Group> replicas_;              // dp x sp, when sp > 1
 };
 
 // The number of intra-op threads a worker should use (launch_env.h's rule applied to this machine:

@@ -118,7 +118,8 @@ void build_model_shapes(TrainPlan& p) {
   // The parallel layout: tensor-parallel layers come from the factory, each rank allocating its pieces.
   std::unique_ptr<nn::LayerFactory> factory;
   dist::Group& tp = p.runtime->group(dist::Dim::tp);
-  if (tp.size() > 1) factory = std::make_unique<parallel::TensorParallel1d>(tp, nn::ParamStorage::deferred);
+  if (tp.size() > 1)
+    factory = std::make_unique<parallel::TensorParallel1d>(tp, nn::ParamStorage::deferred, static_cast<uint64_t>(r.train.seed));
   else factory = std::make_unique<nn::LayerFactory>(nn::ParamStorage::deferred);
   p.model = build_model(r.model, *factory);
   p.task->check_model(*p.model);

@@ -9,10 +9,13 @@
 #include "src/nn/alibi.h"
 #include "src/nn/cached_attention.h"
 #include "src/nn/fused_attention.h"
+#include "src/nn/random_stream.h"
+#include "src/nn/sequence_attention.h"
 
 namespace colossal::nn {
 
-Attention::Attention(const AttentionSpec& spec, LayerFactory& factory) : spec_(spec), heads_(factory.local_heads(spec.heads)) {
+Attention::Attention(const AttentionSpec& spec, LayerFactory& factory)
+    : spec_(spec), heads_(factory.local_heads(spec.heads)), region_random_(factory.region_random()), sequence_(factory.sequence_attention()) {
   if (spec.alibi) alibi_slopes_ = alibi_slopes(spec.heads).narrow(0, heads_.first, heads_.count).contiguous();   // each head its slope
   qkv_ = register_module(
       "qkv", factory.linear({.in = spec.width, .out = 3 * spec.width, .bias = spec.bias, .split = Split::Column, .parts = 3}));
@@ -25,6 +28,13 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
   const double p_attn = is_training() ? (spec_.attn_dropout < 0 ? spec_.dropout : spec_.attn_dropout) : 0.0;
   auto packed = qkv_->forward(x);                                                 // [B, T, 3C]
   if (kv && kv->paged) return proj_->forward(paged_forward(packed, *kv));
+  if (sequence_ && !kv) {   // this rank's part of the sequence, attending to every rank's
+    TORCH_CHECK(!mask.defined() && !spec_.alibi && p_attn == 0, "attention: a split sequence takes no mask, ALiBi or attention dropout");
+    auto qkv = packed.view({b, t, 3, h, d}).permute({2, 0, 3, 1, 4});          // [3, B, H, T, D]
+    auto y = sequence_->attend(qkv[0], qkv[1], qkv[2], spec_.causal).transpose(1, 2).reshape({b, t, c});   // [B, T, C]
+    y = proj_->forward(y);
+    return p > 0 ? at::dropout(y, p, true) : y;
+  }
   if (spec_.alibi) {
     auto y = proj_->forward(alibi_forward(packed, kv, offset, mask, p_attn));
     return p > 0 ? at::dropout(y, p, true) : y;
@@ -39,10 +49,24 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
   auto qkv = packed.view({b, t, 3, h, d}).permute({2, 0, 3, 1, 4});              // [3, B, H, T, D]
   std::optional<at::Tensor> attn_mask;   // an undefined tensor inside an optional still counts as a mask
   if (mask.defined()) attn_mask = mask;
-  auto y = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask, p_attn, spec_.causal && !mask.defined());
+  at::Tensor y = region_random_ && p_attn > 0   // this rank's heads draw their dropout from its own stream
+                     ? attention_dropping(qkv[0], qkv[1], qkv[2], mask.defined() ? mask : at::Tensor(), spec_.causal && !mask.defined(), p_attn)
+                     : at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask, p_attn, spec_.causal && !mask.defined());
   y = y.transpose(1, 2).reshape({b, t, c});                                 // [B, T, C]
   y = proj_->forward(y);
   return p > 0 ? at::dropout(y, p, true) : y;
+}
+
+at::Tensor Attention::attention_dropping(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                                         bool causal, double p) {
+  // softmax(q k^T / sqrt(D) + mask) with dropout, then v: [B, H, T, D] x [B, H, S, D] -> [B, H, T, D]
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(q.size(-1))));   // [B, H, T, S]
+  const int64_t t = q.size(2), s = k.size(2);
+  if (causal) scores = scores.masked_fill(at::ones({t, s}, q.options().dtype(at::kBool)).triu(s - t + 1), -INFINITY);
+  if (mask.defined()) scores = mask.scalar_type() == at::kBool ? scores.masked_fill(mask.logical_not(), -INFINITY) : scores + mask;
+  at::Tensor probs = at::softmax(scores, -1);
+  probs = probs * region_random_->keep_mask(probs.sizes(), p, probs.device()) * (1.0 / (1.0 - p));
+  return at::matmul(probs, v);
 }
 
 at::Tensor Attention::paged_forward(const at::Tensor& packed_in, LayerKv& kv) {
@@ -76,7 +100,8 @@ at::Tensor Attention::alibi_forward(const at::Tensor& packed, LayerKv* kv, int64
   }
   const at::Tensor slopes = alibi_slopes_.to(packed.device(), packed.scalar_type());
   const at::Tensor bias = alibi_bias(slopes, t, offset, offset + t, mask, spec_.causal);   // [1 or B, H, T, S]
-  auto y = at::scaled_dot_product_attention(parts[0], k, v, bias, p_attn, false);        // [B, H, T, D]
+  auto y = region_random_ && p_attn > 0 ? attention_dropping(parts[0], k, v, bias, false, p_attn)   // the rank's own stream
+                                        : at::scaled_dot_product_attention(parts[0], k, v, bias, p_attn, false);   // [B, H, T, D]
   return y.transpose(1, 2).reshape({b, t, c});                                          // [B, T, C]
 }
 

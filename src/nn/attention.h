@@ -43,11 +43,17 @@ class Attention : public Module {
  private:
   // Serving's rows against their sequences' blocks (kv.paged), CPU float: packed [N, 1, 3C] -> [N, 1, C].
   at::Tensor paged_forward(const at::Tensor& packed, LayerKv& kv);
+  // Attention whose probabilities drop with a mask from region_random_ (a bool `mask`: true may attend;
+  // a float one: added to the scores): the tensor-parallel path with attention dropout.
+  at::Tensor attention_dropping(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, bool causal,
+                                double p);
   // ALiBi's path: ATen's attention with the distance bias as its float mask, with or without a cache.
   at::Tensor alibi_forward(const at::Tensor& packed, LayerKv* kv, int64_t offset, const at::Tensor& mask, double p_attn);
 
   AttentionSpec spec_;
   HeadRange heads_;   // of spec_.heads, the ones this rank computes (the factory's split)
+  std::shared_ptr<RandomStream> region_random_;   // the probabilities' dropout draws here when the heads are split
+  std::shared_ptr<SequenceAttention> sequence_;    // the sequence is split across ranks (training and eval)
   std::shared_ptr<Linear> qkv_, proj_;
   at::Tensor alibi_slopes_;   // [local heads] on the CPU, when spec_.alibi
 };

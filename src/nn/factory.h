@@ -73,6 +73,8 @@ struct HeadRange {
 
 class Attention;
 class Mlp;
+class RandomStream;
+class SequenceAttention;
 class LayerNorm;
 
 // Where a model's parameters get their memory. `allocated`: at construction (the values then come from
@@ -102,9 +104,17 @@ class LayerFactory {
   virtual std::shared_ptr<Mlp> mlp(const MlpSpec& spec);
   // Which of `heads` heads a split attention computes here (all of them unless tensor-parallel).
   virtual HeadRange local_heads(int64_t heads) const { return {0, heads}; }
+  // The random stream dropout inside a tensor-parallel region draws from (random_stream.h); null: the
+  // default generator, as everywhere when nothing is split.
+  virtual std::shared_ptr<RandomStream> region_random() { return nullptr; }
+  // Attention over a sequence split across ranks (null: each rank holds whole sequences). Any factory
+  // may carry one, so tensor and sequence parallelism combine.
+  std::shared_ptr<SequenceAttention> sequence_attention() const { return sequence_attention_; }
+  void set_sequence_attention(std::shared_ptr<SequenceAttention> s) { sequence_attention_ = std::move(s); }
 
  private:
   ParamStorage storage_;
+  std::shared_ptr<SequenceAttention> sequence_attention_;
 };
 
 }  // namespace colossal::nn

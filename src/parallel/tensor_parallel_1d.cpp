@@ -90,7 +90,8 @@ class VocabEmbedding : public nn::Embedding {
 
 }  // namespace
 
-TensorParallel1d::TensorParallel1d(dist::Group& group, nn::ParamStorage storage) : nn::LayerFactory(storage), group_(group) {}
+TensorParallel1d::TensorParallel1d(dist::Group& group, nn::ParamStorage storage, uint64_t seed)
+    : nn::LayerFactory(storage), group_(group), region_random_(std::make_shared<nn::RandomStream>(seed + 2718 + static_cast<uint64_t>(group.rank()))) {}
 
 std::shared_ptr<nn::Linear> TensorParallel1d::linear(const nn::LinearSpec& spec) {
   switch (spec.split) {

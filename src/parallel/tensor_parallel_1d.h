@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "src/nn/factory.h"
+#include "src/nn/random_stream.h"
 
 namespace colossal::dist {
 class Group;
@@ -22,17 +23,20 @@ namespace colossal::parallel {
 
 class TensorParallel1d : public nn::LayerFactory {
  public:
-  // `group`: the tensor-parallel ranks (the mesh's tp dimension); it must outlive the model.
-  TensorParallel1d(dist::Group& group, nn::ParamStorage storage = nn::ParamStorage::allocated);
+  // `group`: the tensor-parallel ranks (the mesh's tp dimension); it must outlive the model. `seed`: the run's; each rank's dropout stream inside the split regions
+  // starts from seed + 2718 + its rank (Megatron's offset), the same on every data-parallel replica.
+  TensorParallel1d(dist::Group& group, nn::ParamStorage storage = nn::ParamStorage::allocated, uint64_t seed = 0);
 
   std::shared_ptr<nn::Linear> linear(const nn::LinearSpec& spec) override;
   std::shared_ptr<nn::Embedding> embedding(int64_t num, int64_t dim, nn::Split split = nn::Split::Replicated) override;
   nn::HeadRange local_heads(int64_t heads) const override;
+  std::shared_ptr<nn::RandomStream> region_random() override { return region_random_; }
 
   dist::Group& group() const { return group_; }
 
  private:
   dist::Group& group_;
+  std::shared_ptr<nn::RandomStream> region_random_;   // shared with the attention layers, which outlive the factory
 };
 
 }  // namespace colossal::parallel

@@ -1,0 +1,18 @@
+// SequenceAttention: how attention is computed when the sequence is split across ranks (sequence
+// parallelism). Everything else in a block works token by token, so only attention needs the other
+// ranks' tokens; the factory hands Attention one of these (parallel/sequence_attention.h: gathered keys
+// and values, ring attention, or DeepSpeed-Ulysses's all-to-all) and a model never knows.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+namespace colossal::nn {
+
+class SequenceAttention {
+ public:
+  virtual ~SequenceAttention() = default;
+  // q, k, v: this rank's tokens [B, H, T_local, D] (in the layout's order) -> its queries' outputs
+  // [B, H, T_local, D], attending to every rank's keys (the earlier ones only when causal).
+  virtual at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) = 0;
+};
+
+}  // namespace colossal::nn

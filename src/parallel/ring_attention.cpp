@@ -1,0 +1,142 @@
+// Ring attention (see sequence_attention.h): keys and values travel around the sequence-parallel ring
+// one rank's chunks a step, and each rank folds every block of its queries against them into its
+// output with the online softmax of blockwise attention (a running log-sum-exp per query), so no rank
+// ever holds more than two ranks' keys and values. Forward sends the next block while this one is
+// computed. Backward recomputes each block's probabilities from the saved log-sum-exp and sends the
+// keys and values around again together with their gradients, which after a full turn arrive complete
+// at the rank that owns them.
+//
+// Blocks are sub-chunks: under a causal mask a block of query chunk a against key chunk b is skipped
+// when b > a, masked on its diagonal when b == a, and whole when b < a (chunk indices are positions in
+// the sequence), so the zigzag layout's ranks each compute the same number of blocks.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+#include <vector>
+
+#include "src/dist/group.h"
+#include "src/parallel/sequence_attention.h"
+
+namespace colossal::parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+enum class Block { skip, diagonal, whole };
+
+Block block_kind(int64_t query_chunk, int64_t key_chunk, bool causal) {
+  if (!causal || key_chunk < query_chunk) return Block::whole;
+  return key_chunk == query_chunk ? Block::diagonal : Block::skip;
+}
+
+// Scores of a block [B, H, c, c] with the diagonal block's future masked.
+at::Tensor block_scores(const at::Tensor& q, const at::Tensor& k, Block kind, double scale) {
+  at::Tensor s = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
+  if (kind == Block::diagonal) {
+    const int64_t c = q.size(2);
+    s.masked_fill_(at::ones({c, c}, q.options().dtype(at::kBool)).triu(1), -INFINITY);
+  }
+  return s;
+}
+
+struct RingState {
+  const SequenceLayout* layout;
+  dist::Group* group;
+};
+
+struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                            const SequenceLayout* layout, dist::Group* g) {
+    const int64_t s = g->size(), r = g->rank();
+    const auto mine = layout->chunks_of(r);
+    const int64_t m = static_cast<int64_t>(mine.size()), c = q.size(2) / m;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+    at::Tensor o = at::zeros_like(q);
+    at::Tensor lse = at::full({q.size(0), q.size(1), q.size(2)}, -INFINITY, q.options());   // [B, H, Tq]
+    at::Tensor kv = at::stack({k, v}).contiguous(), next = at::empty_like(kv);            // [2, B, H, Tq, D]
+    for (int64_t step = 0; step < s; ++step) {
+      const int64_t src = ((r - step) % s + s) % s;
+      dist::Pending sending;
+      if (step + 1 < s) sending = g->ring_shift_async(kv, next, "ring attention keys and values");
+      const auto theirs = layout->chunks_of(src);
+      for (int64_t qi = 0; qi < m; ++qi) {
+        const at::Tensor qs = q.narrow(2, qi * c, c);
+        at::Tensor o_q = o.narrow(2, qi * c, c), lse_q = lse.narrow(2, qi * c, c);
+        for (int64_t ki = 0; ki < m; ++ki) {
+          const Block kind = block_kind(mine[static_cast<size_t>(qi)], theirs[static_cast<size_t>(ki)], causal);
+          if (kind == Block::skip) continue;
+          const at::Tensor sc = block_scores(qs, kv[0].narrow(2, ki * c, c), kind, scale);   // [B, H, c, c]
+          const at::Tensor block_lse = at::logsumexp(sc, -1);                                // finite: every row sees a key
+          const at::Tensor out = at::matmul(at::exp(sc - block_lse.unsqueeze(-1)), kv[1].narrow(2, ki * c, c));
+          const at::Tensor merged = at::logaddexp(lse_q, block_lse);
+          o_q.mul_(at::exp(lse_q - merged).unsqueeze(-1)).add_(out * at::exp(block_lse - merged).unsqueeze(-1));
+          lse_q.copy_(merged);
+        }
+      }
+      if (sending.active()) {
+        g->wait(sending);
+        std::swap(kv, next);
+      }
+    }
+    ctx->save_for_backward({q, k, v, o, lse});
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["layout"] = reinterpret_cast<int64_t>(layout);
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
+    return o;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &lse = saved[4];
+    const bool causal = ctx->saved_data["causal"].toBool();
+    const auto* layout = reinterpret_cast<const SequenceLayout*>(ctx->saved_data["layout"].toInt());
+    auto* g = reinterpret_cast<dist::Group*>(ctx->saved_data["group"].toInt());
+    const at::Tensor d_o = grad[0].contiguous();
+    const int64_t s = g->size(), r = g->rank();
+    const auto mine = layout->chunks_of(r);
+    const int64_t m = static_cast<int64_t>(mine.size()), c = q.size(2) / m;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+    const at::Tensor delta = (d_o * o).sum(-1);   // [B, H, Tq]: rowsum(dO * O), softmax's backward term
+    at::Tensor dq = at::zeros_like(q);
+    // [k, v, dk, dv] of the chunk held now; the gradients ride along and come home after a full turn.
+    at::Tensor buf = at::stack({k, v, at::zeros_like(k), at::zeros_like(v)}).contiguous(), next = at::empty_like(buf);
+    for (int64_t step = 0; step < s; ++step) {
+      const int64_t src = ((r - step) % s + s) % s;
+      const auto theirs = layout->chunks_of(src);
+      for (int64_t qi = 0; qi < m; ++qi) {
+        const at::Tensor qs = q.narrow(2, qi * c, c), do_q = d_o.narrow(2, qi * c, c);
+        const at::Tensor lse_q = lse.narrow(2, qi * c, c), delta_q = delta.narrow(2, qi * c, c);
+        at::Tensor dq_q = dq.narrow(2, qi * c, c);
+        for (int64_t ki = 0; ki < m; ++ki) {
+          const Block kind = block_kind(mine[static_cast<size_t>(qi)], theirs[static_cast<size_t>(ki)], causal);
+          if (kind == Block::skip) continue;
+          const at::Tensor ks = buf[0].narrow(2, ki * c, c), vs = buf[1].narrow(2, ki * c, c);
+          const at::Tensor p = at::exp(block_scores(qs, ks, kind, scale) - lse_q.unsqueeze(-1));   // [B, H, c, c]
+          buf[3].narrow(2, ki * c, c).add_(at::matmul(p.transpose(-2, -1), do_q));                // dV += P^T dO
+          const at::Tensor ds = p * (at::matmul(do_q, vs.transpose(-2, -1)) - delta_q.unsqueeze(-1));
+          dq_q.add_(at::matmul(ds, ks), scale);                                                    // dQ += dS K
+          buf[2].narrow(2, ki * c, c).add_(at::matmul(ds.transpose(-2, -1), qs), scale);           // dK += dS^T Q
+        }
+      }
+      if (s == 1) break;
+      // After the last step only the gradients still travel, home to their owner.
+      const bool last = step + 1 == s;
+      const at::Tensor out = last ? buf.narrow(0, 2, 2) : buf, in = last ? next.narrow(0, 2, 2) : next;
+      dist::Pending p = g->ring_shift_async(out, in, last ? "ring attention key and value gradients" : "ring attention backward");
+      g->wait(p);
+      std::swap(buf, next);
+    }
+    return {dq, buf[2].clone(), buf[3].clone(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const SequenceLayout& layout,
+                          dist::Group& group) {
+  return RingAttentionFn::apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, &layout, &group);
+}
+
+}  // namespace colossal::parallel

@@ -1,0 +1,141 @@
+// Sequence-parallel attention by gathering and by all-to-all: see sequence_attention.h (ring attention
+// is in ring_attention.cpp).
+#include "src/parallel/sequence_attention.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "src/core/error.h"
+#include "src/dist/group.h"
+
+namespace colossal::parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+dist::Group* group_of(AutogradContext* ctx) { return reinterpret_cast<dist::Group*>(ctx->saved_data["group"].toInt()); }
+
+// [B, H, Tl, D] on each rank -> [B, H, S * Tl, D], chunks in rank order; backward reduce-scatters.
+struct GatherSequence : public torch::autograd::Function<GatherSequence> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, dist::Group* g) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
+    const at::Tensor shard = x.contiguous();
+    const int64_t s = g->size();
+    at::Tensor whole = at::empty({s * shard.numel()}, shard.options());
+    g->all_gather(whole, shard.view({-1}), "sequence keys and values");
+    const auto n = shard.sizes();
+    return whole.view({s, n[0], n[1], n[2], n[3]}).permute({1, 2, 0, 3, 4}).reshape({n[0], n[1], s * n[2], n[3]});
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    dist::Group* g = group_of(ctx);
+    const int64_t s = g->size();
+    const auto n = grad[0].sizes();
+    const at::Tensor whole = grad[0].reshape({n[0], n[1], s, n[2] / s, n[3]}).permute({2, 0, 1, 3, 4}).contiguous();   // [S, B, H, Tl, D]
+    at::Tensor shard = at::empty({n[0], n[1], n[2] / s, n[3]}, grad[0].options());
+    g->reduce_scatter(shard.view({-1}), whole.view({-1}), "sequence key and value gradients");
+    return {shard, at::Tensor()};
+  }
+};
+
+// Ulysses's exchanges. seq_to_heads: [B, H, Tl, D] (this rank's tokens, every head) -> [B, H/S, T, D]
+// (every token, this rank's heads); heads_to_seq is its inverse. Each is the other's backward.
+at::Tensor seq_to_heads_raw(const at::Tensor& x, dist::Group& g) {
+  const int64_t s = g.size(), b = x.size(0), h = x.size(1), t = x.size(2), d = x.size(3);
+  const at::Tensor in = x.reshape({b, s, h / s, t, d}).permute({1, 0, 2, 3, 4}).contiguous();   // [S (to), B, H/S, Tl, D]
+  at::Tensor out = at::empty_like(in);                                                         // [S (from), B, H/S, Tl, D]
+  g.all_to_all(out, in, "sequence to heads");
+  return out.permute({1, 2, 0, 3, 4}).reshape({b, h / s, s * t, d});
+}
+at::Tensor heads_to_seq_raw(const at::Tensor& y, dist::Group& g) {
+  const int64_t s = g.size(), b = y.size(0), hs = y.size(1), t = y.size(2) / s, d = y.size(3);
+  const at::Tensor in = y.reshape({b, hs, s, t, d}).permute({2, 0, 1, 3, 4}).contiguous();   // [S (to: its chunk), B, H/S, Tl, D]
+  at::Tensor out = at::empty_like(in);                                                      // [S (from: its heads), B, H/S, Tl, D]
+  g.all_to_all(out, in, "heads to sequence");
+  return out.permute({1, 0, 2, 3, 4}).reshape({b, s * hs, t, d});
+}
+
+struct SeqToHeads : public torch::autograd::Function<SeqToHeads> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, dist::Group* g) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
+    return seq_to_heads_raw(x, *g);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) { return {heads_to_seq_raw(grad[0], *group_of(ctx)), at::Tensor()}; }
+};
+struct HeadsToSeq : public torch::autograd::Function<HeadsToSeq> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y, dist::Group* g) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
+    return heads_to_seq_raw(y, *g);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) { return {seq_to_heads_raw(grad[0], *group_of(ctx)), at::Tensor()}; }
+};
+
+class GatheredAttention : public nn::SequenceAttention {
+ public:
+  explicit GatheredAttention(dist::Group& g) : group_(g), layout_(g.size(), g.rank(), false) {}
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) override {
+    const at::Tensor kw = GatherSequence::apply(k, &group_), vw = GatherSequence::apply(v, &group_);   // [B, H, T, D]
+    std::optional<at::Tensor> mask;
+    if (causal) {   // this rank's queries sit at positions r * Tl + i of the whole sequence
+      const int64_t t = kw.size(2);
+      const at::Tensor qpos = layout_.positions(t).to(q.device()), kpos = at::arange(t, qpos.options());
+      mask = kpos.unsqueeze(0).le(qpos.unsqueeze(1));   // [Tl, T], true = may attend
+    }
+    return at::scaled_dot_product_attention(q, kw, vw, mask, 0.0, false);
+  }
+
+ private:
+  dist::Group& group_;
+  SequenceLayout layout_;
+};
+
+class AllToAllAttention : public nn::SequenceAttention {
+ public:
+  explicit AllToAllAttention(dist::Group& g) : group_(g) {}
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) override {
+    if (q.size(1) % group_.size() != 0)
+      throw Error("sequence_mode \"all_to_all\": " + std::to_string(q.size(1)) + " heads on this rank do not split among " +
+                  std::to_string(group_.size()) + " sequence-parallel ranks");
+    auto heads = [&](const at::Tensor& x) { return SeqToHeads::apply(x, &group_); };
+    const at::Tensor y = at::scaled_dot_product_attention(heads(q), heads(k), heads(v), {}, 0.0, causal);   // [B, H/S, T, D]
+    return HeadsToSeq::apply(y, &group_);
+  }
+
+ private:
+  dist::Group& group_;
+};
+
+class RingAttention : public nn::SequenceAttention {
+ public:
+  explicit RingAttention(dist::Group& g) : group_(g), layout_(g.size(), g.rank(), true) {}
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) override {
+    return ring_attention(q, k, v, causal, layout_, group_);
+  }
+
+ private:
+  dist::Group& group_;
+  SequenceLayout layout_;
+};
+
+}  // namespace
+
+SequenceMode parse_sequence_mode(const std::string& name) {
+  if (name == "split_gather") return SequenceMode::split_gather;
+  if (name == "ring") return SequenceMode::ring;
+  if (name == "all_to_all") return SequenceMode::all_to_all;
+  throw Error("unknown sequence mode \"" + name + "\" (expected split_gather, ring or all_to_all)");
+}
+
+SequenceLayout sequence_layout(SequenceMode mode, const dist::Group& group) {
+  return SequenceLayout(group.size(), group.rank(), mode == SequenceMode::ring);
+}
+
+std::shared_ptr<nn::SequenceAttention> make_sequence_attention(SequenceMode mode, dist::Group& group) {
+  switch (mode) {
+    case SequenceMode::ring: return std::make_shared<RingAttention>(group);
+    case SequenceMode::all_to_all: return std::make_shared<AllToAllAttention>(group);
+    default: return std::make_shared<GatheredAttention>(group);
+  }
+}
+
+}  // namespace colossal::parallel
