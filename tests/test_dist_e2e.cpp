@@ -680,3 +680,42 @@ TEST(TensorParallelTraining, SizesThatDoNotDivideAndModesNotBuiltAreRefusedBefor
       << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir / "four/checkpoints")) << "nothing is written before the refusal";
 }
+
+TEST(SequenceParallelTraining, EachModeAndItsCombinationsWithDataAndTensorEqualOneProcess) {
+  // The sequence of 32 tokens split two ways (ring: four zigzag chunks), with active clipping; then
+  // ring x data x ZeRO-2 and ring x tensor at 4 ranks.
+  TempDir dir;
+  const std::string clip = " --set train.grad_clip=0.05";
+  ASSERT_EQ(train(write_recipe(dir, "one"), clip).exit_code, 0);
+  struct Case {
+    std::string name, args;
+  };
+  for (const Case& c :
+       {Case{"split_gather", "--nproc-per-node 2 --set parallel.sequence=2 --set parallel.sequence_mode=split_gather"},
+        Case{"ring", "--nproc-per-node 2 --set parallel.sequence=2 --set parallel.sequence_mode=ring"},
+        Case{"all_to_all", "--nproc-per-node 2 --set parallel.sequence=2 --set parallel.sequence_mode=all_to_all"},
+        Case{"ring-dp2-zero2", "--nproc-per-node 4 --set parallel.sequence=2 --set parallel.sequence_mode=ring --set train.batch_size=4 "
+                               "--set memory.zero=2 --set memory.chunk_size_mb=0.01"},
+        Case{"ring-tp2", "--nproc-per-node 4 --set parallel.sequence=2 --set parallel.sequence_mode=ring --set parallel.tensor=2"}}) {
+    auto r = train(write_recipe(dir, c.name), c.args + clip);
+    ASSERT_EQ(r.exit_code, 0) << c.name << ": " << r.output;
+    EXPECT_LT(max_relative_difference(dir / c.name, dir / "one"), 1e-5) << c.name;
+  }
+}
+
+TEST(SequenceParallelTraining, SplitsTheModelOrBatchCannotTakeAreRefusedNamingTheKey) {
+  TempDir dir;
+  const std::string recipe = write_recipe(dir, "bad");
+  auto r = train(recipe, "--nproc-per-node 2 --set parallel.sequence=2 --set parallel.sequence_mode=ring --set train.seq_len=30");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("train.seq_len = 30 does not cut into 4 equal chunks for sequence = 2 under ring attention"), std::string::npos)
+      << r.output;
+  r = train(recipe, "--nproc-per-node 2 --set parallel.sequence=2 --set model.dropout=0.1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("model.dropout: dropout under sequence parallelism is not built yet"), std::string::npos) << r.output;
+  r = train(recipe, "--nproc-per-node 4 --set parallel.sequence=2 --set parallel.tensor=2 --set parallel.sequence_mode=all_to_all");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("1 heads per tensor-parallel rank do not divide among sequence = 2 ranks (use split_gather or ring)"),
+            std::string::npos)
+      << r.output;
+}

@@ -348,3 +348,68 @@ TEST(SequenceParallel, TheZigzagLayoutPairsAnEarlyChunkWithALateOne) {
   EXPECT_TRUE(at::equal(r3.positions(16), at::tensor({6, 7, 8, 9}, at::kLong)));
   EXPECT_TRUE(at::equal(c1.positions(16), at::tensor({4, 5, 6, 7}, at::kLong)));
 }
+
+namespace {
+
+// A causal LM family with its sequence split across `ranks` ranks (and its layers across `tensor`):
+// the mean of the ranks' losses and of their gradients (each a mean over its own tokens, all of equal
+// count) against one process on the whole batch.
+void check_sequence_family(const std::string& family, parallel::SequenceMode mode, int64_t ranks, int64_t tensor) {
+  const ModelConfig c = tiny(family);
+  at::manual_seed(7);
+  nn::LayerFactory plain;
+  auto whole = build_model(c, plain);
+  std::map<std::string, at::Tensor> initial, grads;
+  for (const auto& item : whole->named_parameters()) initial[item.key()] = item.value().detach().clone();
+  const at::Tensor targets = inputs().targets.clamp_min(0);   // every token scored: equal counts on every rank
+  const at::Tensor ref_loss = dynamic_cast<nn::CausalLM&>(*whole).loss(inputs().ids, targets);
+  ref_loss.backward();
+  for (const auto& item : whole->named_parameters()) grads[item.key()] = item.value().grad().clone();
+  const std::string name = family + " mode " + std::to_string(static_cast<int>(mode)) + " sequence " + std::to_string(ranks) +
+                           " tensor " + std::to_string(tensor);
+  auto errors = test::run_ranks(
+      ranks * tensor,
+      [&](int64_t rank, dist::Runtime& rt) {
+        dist::Group &sp = rt.group(dist::Dim::sp), &tp = rt.group(dist::Dim::tp);
+        std::unique_ptr<nn::LayerFactory> f;
+        if (tensor > 1) f = std::make_unique<parallel::TensorParallel1d>(tp);
+        else f = std::make_unique<nn::LayerFactory>();
+        f->set_sequence_attention(parallel::make_sequence_attention(mode, sp));
+        const parallel::SequenceLayout layout = parallel::sequence_layout(mode, sp);
+        auto m = build_model(c, *f, /*initialise=*/false);
+        {
+          at::NoGradGuard no_grad;
+          for (auto& item : m->named_parameters()) item.value().copy_(item.shard().local_of(initial.at(item.key())));
+        }
+        at::Tensor loss = dynamic_cast<nn::CausalLM&>(*m).loss(layout.local(inputs().ids, 1), layout.local(targets, 1),
+                                                                  layout.positions(kSeq));
+        loss.backward();
+        at::Tensor mean = loss.detach().clone().reshape({1});
+        sp.all_reduce(mean, dist::Reduce::sum, "test loss");
+        EXPECT_NEAR(mean.item<double>() / static_cast<double>(ranks), ref_loss.item<double>(), 1e-5 * ref_loss.item<double>())
+            << name << " rank " << rank;
+        for (const auto& item : m->named_parameters()) {
+          at::Tensor g = item.value().grad().clone();
+          sp.all_reduce(g, dist::Reduce::sum, "test gradient");
+          expect_close(g / static_cast<double>(ranks), item.shard().local_of(grads.at(item.key())), name + " gradient of " + item.key());
+        }
+      },
+      60, sp_mesh(ranks, tensor));
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << name << " rank " << r;
+}
+
+}  // namespace
+
+TEST(SequenceParallel, GptAndOptWithEachModeOnTwoAndFourRanksEqualOneProcess) {
+  for (const char* family : {"gpt", "opt"})
+    for (auto mode : {parallel::SequenceMode::split_gather, parallel::SequenceMode::ring, parallel::SequenceMode::all_to_all}) {
+      check_sequence_family(family, mode, 2, 1);
+      if (mode != parallel::SequenceMode::ring) check_sequence_family(family, mode, 4, 1);   // ring's 8 chunks of kSeq = 8: one token each
+    }
+  check_sequence_family("gpt", parallel::SequenceMode::ring, 4, 1);
+}
+
+TEST(SequenceParallel, TensorTimesSequenceOnFourRanksEqualsOneProcess) {
+  check_sequence_family("gpt", parallel::SequenceMode::ring, 2, 2);
+  check_sequence_family("opt", parallel::SequenceMode::all_to_all, 2, 2);
+}

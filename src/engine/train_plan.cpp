@@ -20,6 +20,7 @@
 #include "src/memory/zero_strategy.h"
 #include "src/nn/kernel_choice.h"
 #include "src/optim/factory.h"
+#include "src/parallel/sequence_attention.h"
 #include "src/parallel/tensor_parallel_1d.h"
 
 namespace fs = std::filesystem;
@@ -63,6 +64,38 @@ void check_device_budget(const Recipe& r, int64_t parameters, int64_t dp) {
 }
 
 
+namespace {
+
+// A sequence split the model and the batch allow, refused with the key at fault and what would work.
+void check_sequence_split(const Recipe& r) {
+  const int64_t sp = r.parallel.sequence;
+  const ModelConfig& m = r.model;
+  const std::string head = r.where("parallel.sequence") + " = " + std::to_string(sp) + ": ";
+  if (const std::string task = model_task(m); task != "causal_lm")
+    throw Error(head + "sequence parallelism splits causal language models' sequences, and " + m.family + " trains for " + task +
+                " (valid here: sequence = 1)");
+  if (m.family == "bloom")
+    throw Error(head + "BLOOM's ALiBi attention over a split sequence is not built yet (gpt and opt split their sequences; valid "
+                       "here: sequence = 1)");
+  if (m.dropout > 0 || m.attn_dropout > 0)
+    throw Error(r.where(m.dropout > 0 ? "model.dropout" : "model.attn_dropout") +
+                ": dropout under sequence parallelism is not built yet (set it to 0, or sequence = 1)");
+  const auto mode = parallel::parse_sequence_mode(r.parallel.sequence_mode);
+  const int64_t chunks = mode == parallel::SequenceMode::ring ? 2 * sp : sp, t = r.train.seq_len;
+  if (t % chunks != 0)
+    throw Error(r.where("train.seq_len") + " = " + std::to_string(t) + " does not cut into " + std::to_string(chunks) +
+                " equal chunks for sequence = " + std::to_string(sp) +
+                (mode == parallel::SequenceMode::ring ? " under ring attention (2 zigzag chunks a rank)" : "") + " (use a multiple of " +
+                std::to_string(chunks) + ")");
+  const int64_t heads = m.n_head / r.parallel.tensor;   // each tensor-parallel rank's
+  if (mode == parallel::SequenceMode::all_to_all && heads % sp != 0)
+    throw Error(r.where("parallel.sequence_mode") + " = \"all_to_all\" trades the sequence split for a head split, and " +
+                std::to_string(heads) + " heads" + (r.parallel.tensor > 1 ? " per tensor-parallel rank" : "") +
+                " do not divide among sequence = " + std::to_string(sp) + " ranks (use split_gather or ring)");
+}
+
+}  // namespace
+
 // Dimensions whose layers are not built yet are refused here, by name, rather than run as something else.
 dist::MeshShape check_parallel_recipe(const Recipe& r, int64_t world) {
   const dist::MeshShape shape = dist::resolve_mesh(r, world);
@@ -70,10 +103,10 @@ dist::MeshShape check_parallel_recipe(const Recipe& r, int64_t world) {
     throw Error(r.where("parallel.tensor_mode") + " = \"" + r.parallel.tensor_mode + "\": " + r.parallel.tensor_mode +
                 " tensor parallelism is not built yet (valid today: \"1d\")");
   if (r.parallel.tensor > 1) check_tensor_split(r.model, r.parallel.tensor, r.where("parallel.tensor"));
-  for (const auto& [key, size] : {std::pair<const char*, int64_t>{"pipeline", r.parallel.pipeline}, {"sequence", r.parallel.sequence}})
-    if (size > 1)
-      throw Error(r.where(std::string("parallel.") + key) + " = " + std::to_string(size) + ": " + key + " parallelism is not built yet (valid today: 1; data "
-                        "parallelism uses every rank with data = \"auto\")");
+  if (r.parallel.sequence > 1) check_sequence_split(r);
+  if (r.parallel.pipeline > 1)
+    throw Error(r.where("parallel.pipeline") + " = " + std::to_string(r.parallel.pipeline) + ": pipeline parallelism is not built yet "
+                "(valid today: 1; data parallelism uses every rank with data = \"auto\")");
   return shape;
 }
 
@@ -121,6 +154,12 @@ void build_model_shapes(TrainPlan& p) {
   if (tp.size() > 1)
     factory = std::make_unique<parallel::TensorParallel1d>(tp, nn::ParamStorage::deferred, static_cast<uint64_t>(r.train.seed));
   else factory = std::make_unique<nn::LayerFactory>(nn::ParamStorage::deferred);
+  dist::Group& sp = p.runtime->group(dist::Dim::sp);
+  if (sp.size() > 1) {   // attention over the split sequence; every other layer works on this rank's tokens
+    const auto mode = parallel::parse_sequence_mode(r.parallel.sequence_mode);
+    factory->set_sequence_attention(parallel::make_sequence_attention(mode, sp));
+    p.sequence = parallel::sequence_layout(mode, sp);
+  }
   p.model = build_model(r.model, *factory);
   p.task->check_model(*p.model);
   p.model->train();
@@ -160,7 +199,7 @@ memory::PlacementOptions resolve_placement(const Recipe& r, const c10::Device& d
 // states at the recipe's ZeRO stage, and the strategy reduces gradients across the data-parallel ranks.
 void apply_memory(TrainPlan& p) {
   const Recipe& r = p.recipe;
-  dist::Group& dp = p.runtime->group(dist::Dim::dp);
+  dist::Group& dp = p.runtime->replicas();   // the ranks holding the same weights: dp, and sp when split
   memory::ZeroOptions zo;
   zo.stage = static_cast<int>(r.memory.zero);
   zo.chunk_numel = memory::choose_chunk_numel(memory::chunk_specs(*p.model), r.memory.chunk_size_mb, dp.size(), zo.stage);
@@ -255,6 +294,15 @@ TaskData task_data(const EffectiveRecipe& e, int64_t dp_rank, int64_t dp_size) {
 
 }  // namespace
 
+Batch TrainPlan::local_part(const Batch& b) const {
+  if (!sequence) return b;
+  Batch out = b;
+  out.inputs = sequence->local(b.inputs, 1);     // [B, T / sequence]
+  out.targets = sequence->local(b.targets, 1);
+  out.positions = sequence->positions(b.inputs.size(1)).to(b.inputs.device());
+  return out;
+}
+
 EffectiveRecipe effective_recipe(const Recipe& r, const TrainOptions& opt) {
   EffectiveRecipe e{r, r.data.tokenizer, "", nullptr, ""};
   // Where the weights start: [model] from (train or finetune), else [finetune] from (finetune only).
@@ -336,7 +384,7 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
     spdlog::info("colossal {} {} -> {}", opt.finetune ? "finetune" : "train", r.path, r.output.dir);
   }
   p->task = make_task(effective.task, task_data(effective, p->dp_rank, p->dp_size));
-  p->task->set_global_count([group = &p->runtime->group(dist::Dim::dp)](double local) {
+  p->task->set_global_count([group = &p->runtime->replicas()](double local) {
     at::Tensor t = at::tensor({local}, at::kDouble);
     group->all_reduce(t, dist::Reduce::sum, "loss count");
     return t.item<double>();

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "src/nn/model.h"
 #include "src/memory/memory_tracer.h"
 #include "src/memory/train_strategy.h"
+#include "src/parallel/sequence_layout.h"
 #include "src/tasks/task.h"
 
 namespace colossal {
@@ -41,6 +43,11 @@ struct TrainPlan {
   // This process's resident memory just before the model was built, and its peak once the weights
   // were in place: what building, initialising or loading the model cost this rank.
   size_t rss_before_model = 0, peak_rss_after_setup = 0;
+
+  // Sequence parallelism: which tokens of each sequence this rank holds (unset: all of them).
+  std::optional<parallel::SequenceLayout> sequence;
+  // This rank's share of a batch: its tokens of every sequence with their positions, or the batch itself.
+  Batch local_part(const Batch& b) const;
 
   bool is_root() const { return runtime->is_root(); }
   int64_t tokens_per_step() const {

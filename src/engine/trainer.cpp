@@ -59,10 +59,10 @@ EvalResult evaluate(TrainPlan& p) {
   p.model->eval();
   p.strategy->before_forward();
   EvalSums local;
-  for (const auto& b : p.task->eval_set()) local += p.task->eval(*p.model, b.to(p.device));
+  for (const auto& b : p.task->eval_set()) local += p.task->eval(*p.model, p.local_part(b.to(p.device)));
   p.model->train();
   at::Tensor sums = at::tensor({local.loss, local.batches, local.correct, local.scored}, at::kDouble);
-  p.runtime->group(dist::Dim::dp).all_reduce(sums, dist::Reduce::sum, "eval metrics");
+  p.runtime->replicas().all_reduce(sums, dist::Reduce::sum, "eval metrics");
   const auto v = [&](int i) { return sums[i].item<double>(); };
   EvalResult r;
   if (v(1) > 0) r.loss = v(0) / v(1);
@@ -198,7 +198,7 @@ int run_loop(TrainPlan& p) {
     rt.world_group().barrier("before the checkpoint at step " + std::to_string(state.step));
     state.kernel_choices = nn::kernel_choices();
     state.world_size = p.dp_size;
-    CheckpointSave s{p.model.get(), p.strategy.get(), &rt.group(dist::Dim::dp), task.tokenizer_files(), r.to_toml(), state, p.base_config};
+    CheckpointSave s{p.model.get(), p.strategy.get(), &rt.replicas(), task.tokenizer_files(), r.to_toml(), state, p.base_config};
     s.tensor_group = &rt.group(dist::Dim::tp);
     const std::string path = save_checkpoint(r.checkpoint.dir, s, r.checkpoint.keep_last);
     if (root) spdlog::info("saved checkpoint {}", path);
@@ -241,7 +241,7 @@ int run_loop(TrainPlan& p) {
     if (tracer && state.step + 1 == r.train.max_steps) tracer->begin();
     at::Tensor step_loss;   // summed on the device: one host sync per step, not one per micro-batch
     for (int64_t micro = 0; micro < r.train.grad_accum; ++micro) {
-      const Batch batch = task.next().to(p.device);
+      const Batch batch = p.local_part(task.next().to(p.device));   // this rank's tokens when the sequence is split
       mark("forward");
       p.strategy->before_forward();
       p.strategy->before_backward(micro == r.train.grad_accum - 1);   // the step's gradients are complete after the last
@@ -280,7 +280,7 @@ int run_loop(TrainPlan& p) {
     ema_tokens_per_s = ema_tokens_per_s == 0 ? tps : 0.9 * ema_tokens_per_s + 0.1 * tps;
     ema_step_s = ema_step_s == 0 ? step_s : 0.9 * ema_step_s + 0.1 * step_s;
     const size_t mem = p.device.is_cpu() ? current_rss_bytes() : device_allocated_bytes(p.device);
-    const dist::CommCounters dp_comm = rt.group(dist::Dim::dp).take_counters();
+    const dist::CommCounters dp_comm = rt.replicas().take_counters();   // gradient reduction (dp, and sp when split)
     const dist::CommCounters tp_comm = rt.group(dist::Dim::tp).take_counters();
     const dist::CommCounters all_comm = rt.take_counters();
     if (steps_this_run > kUntimedSteps) {

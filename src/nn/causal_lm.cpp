@@ -23,8 +23,8 @@ at::Tensor CausalLM::head_logits(const at::Tensor& x) {
   return linear_forward(x, head_weight());
 }
 
-at::Tensor CausalLM::loss(const at::Tensor& ids, const at::Tensor& targets) {
-  auto x = features(ids);                                            // [B, T, C]
+at::Tensor CausalLM::loss(const at::Tensor& ids, const at::Tensor& targets, const at::Tensor& positions) {
+  auto x = features(ids, {.positions = positions});                  // [B, T, C]
   const at::Tensor w = head_weight();
   if (!at::isFloatingType(w.scalar_type()))   // a quantized head (inference only): its logits, then ATen's loss
     return at::cross_entropy_loss(head_logits(x).reshape({-1, w.size(0)}).to(at::kFloat), targets.reshape({-1}), {}, at::Reduction::Mean, -100);

@@ -59,8 +59,9 @@ class CausalLM : public Model {
   // ids [B, T] -> logits [B, T, V] (or [B, 1, V] with last_only).
   at::Tensor forward(const at::Tensor& ids, const ForwardOptions& options = {});
   // Mean next-token cross entropy of ids[:, t] predicting targets[:, t], through the fused
-  // head + loss (no logits-sized log-probabilities are ever stored).
-  at::Tensor loss(const at::Tensor& ids, const at::Tensor& targets);
+  // head + loss (no logits-sized log-probabilities are ever stored). `positions` [T]: where the tokens
+  // sit in their sequences (a sequence-parallel rank's share); undefined: 0 .. T-1.
+  at::Tensor loss(const at::Tensor& ids, const at::Tensor& targets, const at::Tensor& positions = {});
 
   virtual KvCache make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const = 0;
   virtual int64_t context_length() const = 0;

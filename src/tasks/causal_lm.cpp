@@ -45,7 +45,7 @@ class CausalLmTask final : public Task {
   int64_t position() const override { return loader_->position(); }
 
   at::Tensor loss(nn::Model& model, const Batch& b) override {
-    return nn::model_as<nn::CausalLM>(model, "the causal_lm task").loss(b.inputs, b.targets);
+    return nn::model_as<nn::CausalLM>(model, "the causal_lm task").loss(b.inputs, b.targets, b.positions);
   }
   const std::vector<Batch>& eval_set() const override { return eval_set_; }
   EvalSums eval(nn::Model& model, const Batch& b) override { return {loss(model, b).item<double>(), 1, 0, 0}; }

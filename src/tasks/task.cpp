@@ -28,7 +28,7 @@ const std::vector<TaskEntry>& tasks() {
 
 Batch Batch::to(const c10::Device& device) const {
   auto move = [&](const at::Tensor& t) { return t.defined() ? t.to(device) : t; };
-  return Batch{move(inputs), move(targets), move(attention_mask), move(token_types)};
+  return Batch{move(inputs), move(targets), move(attention_mask), move(token_types), move(positions)};
 }
 
 std::vector<std::string> task_names() {

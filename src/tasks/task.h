@@ -23,6 +23,8 @@ struct Batch {
   at::Tensor targets;         // next tokens [B, T], masked-token labels [B, T] (-100: not scored) or classes [B]
   at::Tensor attention_mask;  // [B, T] int64, 1 on real tokens (encoder tasks; undefined: no padding)
   at::Tensor token_types;     // [B, T] int64 segment ids (undefined: all 0)
+  at::Tensor positions;       // [T] int64: where the tokens sit in their sequences, when a rank holds part of
+                              // each (sequence parallelism); undefined: 0 .. T-1
   Batch to(const c10::Device& device) const;
 };
 
