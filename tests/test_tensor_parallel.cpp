@@ -297,10 +297,11 @@ dist::MeshShape sp_mesh(int64_t ranks, int64_t tensor = 1) {
 
 // One attention over a whole sequence (ATen's) against the same split across `ranks` sequence-parallel
 // ranks: each rank's outputs and its tokens' gradients of q, k and v.
-void check_sequence_attention(parallel::SequenceMode mode, int64_t ranks, bool causal) {
+void check_sequence_attention(parallel::SequenceMode mode, int64_t ranks, bool causal, at::ScalarType dtype = at::kFloat) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
-  const at::Tensor q = at::randn({2, 4, 16, 8}, gen), k = at::randn({2, 4, 16, 8}, gen), v = at::randn({2, 4, 16, 8}, gen);
-  const at::Tensor w = at::randn({2, 4, 16, 8}, gen);   // the loss's weights, so every output element matters
+  auto draw = [&] { return at::randn({2, 4, 16, 8}, gen).to(dtype); };
+  const at::Tensor q = draw(), k = draw(), v = draw();
+  const at::Tensor w = draw();   // the loss's weights, so every output element matters
   const at::Tensor qr = q.clone().requires_grad_(), kr = k.clone().requires_grad_(), vr = v.clone().requires_grad_();
   const at::Tensor y = at::scaled_dot_product_attention(qr, kr, vr, {}, 0.0, causal);
   (y * w).sum().backward();
@@ -334,6 +335,8 @@ TEST(SequenceParallel, GatheredKeysAndValuesEqualWholeSequenceAttentionOnTwoAndF
 TEST(SequenceParallel, RingAttentionWithTheZigzagLayoutEqualsWholeSequenceAttentionOnTwoAndFourRanks) {
   for (int64_t ranks : {2, 4})
     for (bool causal : {true, false}) check_sequence_attention(parallel::SequenceMode::ring, ranks, causal);
+  // double: the blocks' scores whole (the path other devices take) instead of the CPU's flash kernel
+  check_sequence_attention(parallel::SequenceMode::ring, 4, true, at::kDouble);
 }
 
 TEST(SequenceParallel, AllToAllHeadExchangeEqualsWholeSequenceAttentionOnTwoAndFourRanks) {

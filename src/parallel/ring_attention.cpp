@@ -6,6 +6,9 @@
 // keys and values around again together with their gradients, which after a full turn arrive complete
 // at the rank that owns them.
 //
+// Each block runs ATen's flash-attention kernel on the CPU (forward gives the block's log-sum-exp,
+// backward takes the whole output's), so a block's memory grows with its length, not its square.
+//
 // Blocks are sub-chunks: under a causal mask a block of query chunk a against key chunk b is skipped
 // when b > a, masked on its diagonal when b == a, and whole when b < a (chunk indices are positions in
 // the sequence), so the zigzag layout's ranks each compute the same number of blocks.
@@ -13,6 +16,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "src/dist/group.h"
@@ -31,6 +36,14 @@ Block block_kind(int64_t query_chunk, int64_t key_chunk, bool causal) {
   return key_chunk == query_chunk ? Block::diagonal : Block::skip;
 }
 
+// One block's attention and its log-sum-exp per query: [B, H, c, D] and [B, H, c]. On the CPU ATen's
+// flash kernel, which tiles the block (memory O(c), not O(c^2)); elsewhere the scores whole.
+std::pair<at::Tensor, at::Tensor> block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Block kind, double scale);
+// The block's share of dq, dk and dv from the whole output's gradient, output and log-sum-exp.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> block_backward(const at::Tensor& d_o, const at::Tensor& q, const at::Tensor& k,
+                                                              const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
+                                                              const at::Tensor& delta, Block kind, double scale);
+
 // Scores of a block [B, H, c, c] with the diagonal block's future masked.
 at::Tensor block_scores(const at::Tensor& q, const at::Tensor& k, Block kind, double scale) {
   at::Tensor s = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
@@ -41,10 +54,33 @@ at::Tensor block_scores(const at::Tensor& q, const at::Tensor& k, Block kind, do
   return s;
 }
 
-struct RingState {
-  const SequenceLayout* layout;
-  dist::Group* group;
-};
+// fp32 on the CPU; other dtypes and devices take the scores whole (the tests run that path in double).
+bool flash(const at::Tensor& q) { return q.is_cpu() && q.scalar_type() == at::kFloat; }
+
+std::pair<at::Tensor, at::Tensor> block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Block kind, double scale) {
+  if (flash(q)) {
+    auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q.contiguous(), k.contiguous(), v.contiguous(), 0.0,
+                                                                      kind == Block::diagonal, {}, scale);
+    return {out, lse};
+  }
+  const at::Tensor sc = block_scores(q, k, kind, scale);   // [B, H, c, c]
+  const at::Tensor lse = at::logsumexp(sc, -1);           // finite: every row sees a key
+  return {at::matmul(at::exp(sc - lse.unsqueeze(-1)), v), lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> block_backward(const at::Tensor& d_o, const at::Tensor& q, const at::Tensor& k,
+                                                              const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
+                                                              const at::Tensor& delta, Block kind, double scale) {
+  if (flash(q)) {   // the kernel takes rowsum(dO * O) from the whole output it is given
+    auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        d_o.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o.contiguous(), lse.contiguous(), 0.0, kind == Block::diagonal, {},
+        scale);
+    return {dq, dk, dv};
+  }
+  const at::Tensor p = at::exp(block_scores(q, k, kind, scale) - lse.unsqueeze(-1));   // [B, H, c, c]
+  const at::Tensor ds = p * (at::matmul(d_o, v.transpose(-2, -1)) - delta.unsqueeze(-1));
+  return {at::matmul(ds, k).mul_(scale), at::matmul(ds.transpose(-2, -1), q).mul_(scale), at::matmul(p.transpose(-2, -1), d_o)};
+}
 
 struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
@@ -67,9 +103,7 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
         for (int64_t ki = 0; ki < m; ++ki) {
           const Block kind = block_kind(mine[static_cast<size_t>(qi)], theirs[static_cast<size_t>(ki)], causal);
           if (kind == Block::skip) continue;
-          const at::Tensor sc = block_scores(qs, kv[0].narrow(2, ki * c, c), kind, scale);   // [B, H, c, c]
-          const at::Tensor block_lse = at::logsumexp(sc, -1);                                // finite: every row sees a key
-          const at::Tensor out = at::matmul(at::exp(sc - block_lse.unsqueeze(-1)), kv[1].narrow(2, ki * c, c));
+          const auto [out, block_lse] = block_forward(qs, kv[0].narrow(2, ki * c, c), kv[1].narrow(2, ki * c, c), kind, scale);
           const at::Tensor merged = at::logaddexp(lse_q, block_lse);
           o_q.mul_(at::exp(lse_q - merged).unsqueeze(-1)).add_(out * at::exp(block_lse - merged).unsqueeze(-1));
           lse_q.copy_(merged);
@@ -106,18 +140,17 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
       const int64_t src = ((r - step) % s + s) % s;
       const auto theirs = layout->chunks_of(src);
       for (int64_t qi = 0; qi < m; ++qi) {
-        const at::Tensor qs = q.narrow(2, qi * c, c), do_q = d_o.narrow(2, qi * c, c);
+        const at::Tensor qs = q.narrow(2, qi * c, c), do_q = d_o.narrow(2, qi * c, c), o_q = o.narrow(2, qi * c, c);
         const at::Tensor lse_q = lse.narrow(2, qi * c, c), delta_q = delta.narrow(2, qi * c, c);
         at::Tensor dq_q = dq.narrow(2, qi * c, c);
         for (int64_t ki = 0; ki < m; ++ki) {
           const Block kind = block_kind(mine[static_cast<size_t>(qi)], theirs[static_cast<size_t>(ki)], causal);
           if (kind == Block::skip) continue;
-          const at::Tensor ks = buf[0].narrow(2, ki * c, c), vs = buf[1].narrow(2, ki * c, c);
-          const at::Tensor p = at::exp(block_scores(qs, ks, kind, scale) - lse_q.unsqueeze(-1));   // [B, H, c, c]
-          buf[3].narrow(2, ki * c, c).add_(at::matmul(p.transpose(-2, -1), do_q));                // dV += P^T dO
-          const at::Tensor ds = p * (at::matmul(do_q, vs.transpose(-2, -1)) - delta_q.unsqueeze(-1));
-          dq_q.add_(at::matmul(ds, ks), scale);                                                    // dQ += dS K
-          buf[2].narrow(2, ki * c, c).add_(at::matmul(ds.transpose(-2, -1), qs), scale);           // dK += dS^T Q
+          const auto [dq_b, dk_b, dv_b] = block_backward(do_q, qs, buf[0].narrow(2, ki * c, c), buf[1].narrow(2, ki * c, c), o_q, lse_q,
+                                                         delta_q, kind, scale);
+          dq_q.add_(dq_b);
+          buf[2].narrow(2, ki * c, c).add_(dk_b);
+          buf[3].narrow(2, ki * c, c).add_(dv_b);
         }
       }
       if (s == 1) break;
