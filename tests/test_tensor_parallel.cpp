@@ -183,10 +183,10 @@ TEST(TensorParallel1d, VitEqualsOneProcess) {
 
 TEST(TensorParallel1d, FusedQkvRowsAreSplitPerHeadNotAsOneRange) {
   // [q; k; v] of 4 rows each on 2 ranks: rank 1 holds q's rows 2-3, k's 6-7 and v's 10-11.
-  const nn::ShardSpec s{.dim = 0, .count = 2, .index = 1, .parts = 3};
+  const nn::ShardSpec s = nn::ShardSpec::along(0, 2, 1, 3);
   const at::Tensor whole = at::arange(12, at::kFloat).unsqueeze(1);
   EXPECT_TRUE(at::equal(s.local_of(whole).squeeze(1), at::tensor({2.f, 3.f, 6.f, 7.f, 10.f, 11.f})));
-  const nn::ShardSpec s0{.dim = 0, .count = 2, .index = 0, .parts = 3};
+  const nn::ShardSpec s0 = nn::ShardSpec::along(0, 2, 0, 3);
   EXPECT_TRUE(at::equal(s.assemble({s0.local_of(whole), s.local_of(whole)}), whole));
   EXPECT_EQ(s.full_shape({6, 1}), (std::vector<int64_t>{12, 1}));
 }

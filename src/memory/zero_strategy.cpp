@@ -104,8 +104,13 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group
   weight_decay_ = o.weight_decay;
   if (o.tensor_group && o.tensor_group->size() > 1) {
     tensor_group_ = o.tensor_group;
+    slot_weight_.assign(store_.layout().slots.size(), 1.0);
     for (const auto& item : module.named_parameters())
-      if (auto slot = store_.slot_of(item.key())) (item.shard().split() ? split_slots_ : replicated_slots_).push_back(*slot);
+      if (auto slot = store_.slot_of(item.key())) {
+        const double w = 1.0 / static_cast<double>(item.shard().copies(tensor_group_->size()));
+        slot_weight_[static_cast<size_t>(*slot)] = w;
+        if (w < 1) held_by_several_.emplace_back(*slot, w);
+      }
   }
   if (!store_.offloaded()) pieces_ = store_.pieces(optimizer_->state_names(), o.weight_decay);
   placement_ = o.placement;
@@ -422,9 +427,8 @@ double ZeroStrategy::clip_grad_norm(double max_norm) {
     }
   }
   sq = sq.cpu().reshape({1}).add_(host_sq);   // one transfer from the chunks' device
-  // Tensor parallelism: every rank holds the replicated tensors' whole gradients, so each counts 1/P
-  // of theirs and the split tensors' pieces sum over the group.
-  if (tensor_group_) sq.sub_(replicated_squares(grads) * (1.0 - 1.0 / static_cast<double>(tensor_group_->size())));
+  // Tensor parallelism: a piece held by k ranks counts 1/k on each, and the group's sum counts it once.
+  if (tensor_group_) sq.sub_(excess_squares(grads));
   if (store_.stage() > 0) group_.all_reduce(sq, dist::Reduce::sum, "gradient norm");   // shards: sum over ranks
   if (tensor_group_) tensor_group_->all_reduce(sq, dist::Reduce::sum, "gradient norm");
   // The gradients as the update will read them: a clipping scale not yet applied counts.
@@ -441,14 +445,15 @@ double ZeroStrategy::clip_grad_norm(double max_norm) {
   return norm;
 }
 
-double ZeroStrategy::replicated_squares(const std::vector<at::Tensor>& grads) const {
+double ZeroStrategy::excess_squares(const std::vector<at::Tensor>& grads) const {
   double sq = 0;
-  for (int64_t slot : replicated_slots_) {
+  for (const auto& [slot, weight] : held_by_several_) {
     const auto part = store_.shard_part(slot);
     if (!part) continue;
     const at::Tensor& g = grads[static_cast<size_t>(store_.layout().slots[static_cast<size_t>(slot)].chunk)];
     if (!g.defined()) continue;
-    sq += at::linalg_vector_norm(g.narrow(0, part->in_shard, part->numel), 2, c10::nullopt, false, at::kDouble).square().item<double>();
+    sq += (1.0 - weight) *
+          at::linalg_vector_norm(g.narrow(0, part->in_shard, part->numel), 2, c10::nullopt, false, at::kDouble).square().item<double>();
   }
   return sq;
 }
@@ -468,12 +473,10 @@ void ZeroStrategy::step(double lr) {
   if (straddles || tensor_group_)
     ctx.sum_across_shards = [this, straddles](at::Tensor& t) {
       if (straddles) group_.all_reduce(t, dist::Reduce::sum, "optimizer norms");
-      if (!tensor_group_ || split_slots_.empty()) return;
-      // [quantities, tensors]: the split tensors' columns summed over their pieces
-      const at::Tensor columns = at::tensor(split_slots_, at::kLong);
-      at::Tensor split = t.index_select(1, columns).contiguous();
-      tensor_group_->all_reduce(split, dist::Reduce::sum, "optimizer norms of split tensors");
-      t.index_copy_(1, columns, split);
+      if (!tensor_group_) return;
+      // [quantities, tensors]: each tensor's pieces summed over the group, a piece held by k ranks 1/k each
+      t.mul_(at::tensor(slot_weight_, at::kDouble).unsqueeze(0));
+      tensor_group_->all_reduce(t, dist::Reduce::sum, "optimizer norms of split tensors");
     };
   if (store_.offloaded()) {
     streamed_update(ctx);

@@ -65,8 +65,8 @@ struct ZeroOptions {
   bool offload_params = false;                   // ZeRO-3: block chunks' parameters on NVMe too (needs offload_dir)
   PlacementOptions placement;
   // Tensor parallelism: the ranks holding the other pieces of the split parameters (nn::ShardSpec).
-  // Norms (clipping's, and layer-wise optimizers' per tensor) sum split tensors over it and count
-  // replicated ones once. Null: no tensor parallelism.
+  // Norms (clipping's, and layer-wise optimizers' per tensor) sum over it, each piece counted once
+  // however many ranks hold it. Null: no tensor parallelism.
   dist::Group* tensor_group = nullptr;
 };
 
@@ -151,9 +151,12 @@ class ZeroStrategy : public TrainStrategy {
 
   dist::Group& group_;
   dist::Group* tensor_group_ = nullptr;   // with at least two ranks, else null
-  std::vector<int64_t> split_slots_, replicated_slots_;   // under tensor parallelism
-  // This rank's shard's squared gradient norm of the replicated tensors (tensor parallelism's correction).
-  double replicated_squares(const std::vector<at::Tensor>& grads) const;
+  // Under tensor parallelism, each tensor's share in sums over the group: 1 / the ranks holding the same
+  // piece (nn::ShardSpec::copies), so a sum over the group counts every element once.
+  std::vector<double> slot_weight_;
+  std::vector<std::pair<int64_t, double>> held_by_several_;   // the slots whose weight is below 1
+  // This rank's shard's squared gradient norm, less what the tensors held by several ranks count too often.
+  double excess_squares(const std::vector<at::Tensor>& grads) const;
   ChunkStore store_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<LossScaler> scaler_;

@@ -26,7 +26,7 @@ class ColumnLinear : public nn::Linear {
   ColumnLinear(const nn::LinearSpec& s, const nn::LayerFactory& f, dist::Group& g) : group_(g) {
     const int64_t ranks = g.size();
     piece_of(s.out, ranks * s.parts, "a column-split layer's output features");
-    const nn::ShardSpec rows{.dim = 0, .count = ranks, .index = g.rank(), .parts = s.parts};
+    const nn::ShardSpec rows = nn::ShardSpec::along(0, ranks, g.rank(), s.parts);
     weight_ = register_parameter("weight", f.parameter({s.out / ranks, s.in}), true, rows);
     if (s.bias) bias_ = register_parameter("bias", f.parameter({s.out / ranks}), true, rows);
   }
@@ -44,7 +44,7 @@ class RowLinear : public nn::Linear {
   RowLinear(const nn::LinearSpec& s, const nn::LayerFactory& f, dist::Group& g) : group_(g) {
     const int64_t ranks = g.size();
     piece_of(s.in, ranks, "a row-split layer's input features");
-    weight_ = register_parameter("weight", f.parameter({s.out, s.in / ranks}), true, {.dim = 1, .count = ranks, .index = g.rank()});
+    weight_ = register_parameter("weight", f.parameter({s.out, s.in / ranks}), true, nn::ShardSpec::along(1, ranks, g.rank()));
     if (s.bias) bias_ = register_parameter("bias", f.parameter({s.out}));
   }
   at::Tensor forward(const at::Tensor& x) override {
@@ -65,7 +65,7 @@ class VocabEmbedding : public nn::Embedding {
   VocabEmbedding(int64_t num, int64_t dim, const nn::LayerFactory& f, dist::Group& g) : group_(g) {
     const int64_t ranks = g.size(), rows = piece_of(num, ranks, "the vocabulary");
     first_ = g.rank() * rows;
-    weight_ = register_parameter("weight", f.parameter({rows, dim}), true, {.dim = 0, .count = ranks, .index = g.rank()});
+    weight_ = register_parameter("weight", f.parameter({rows, dim}), true, nn::ShardSpec::along(0, ranks, g.rank()));
   }
   at::Tensor forward(const at::Tensor& ids) override {   // [...] -> [..., dim]
     const int64_t rows = weight_.size(0);
