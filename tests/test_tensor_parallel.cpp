@@ -21,6 +21,7 @@
 #include "src/nn/shard.h"
 #include "src/parallel/sequence_attention.h"
 #include "src/parallel/tensor_parallel_1d.h"
+#include "src/parallel/tensor_parallel_2d.h"
 #include "tests/support/test_support.h"
 
 using namespace colossal;
@@ -415,4 +416,76 @@ TEST(SequenceParallel, GptAndOptWithEachModeOnTwoAndFourRanksEqualOneProcess) {
 TEST(SequenceParallel, TensorTimesSequenceOnFourRanksEqualsOneProcess) {
   check_sequence_family("gpt", parallel::SequenceMode::ring, 2, 2);
   check_sequence_family("opt", parallel::SequenceMode::all_to_all, 2, 2);
+}
+
+namespace {
+
+// A family on a q x q grid (2D tensor parallelism) against one process: each grid row's batch rows, the
+// loss (the mean over the rows), every gradient (each rank's block of the whole), and three SGD steps.
+void check_family_2d(const std::string& family, int64_t q) {
+  const ModelConfig c = tiny(family);
+  at::manual_seed(7);
+  nn::LayerFactory plain;
+  auto whole = build_model(c, plain);
+  std::map<std::string, at::Tensor> initial, first_grads;
+  for (const auto& item : whole->named_parameters()) initial[item.key()] = item.value().detach().clone();
+  const at::Tensor targets = inputs().targets.clamp_min(0);   // every token scored: equal counts on every row
+  std::vector<double> losses;
+  for (int64_t s = 0; s < kSteps; ++s) {
+    at::Tensor loss = dynamic_cast<nn::CausalLM&>(*whole).loss(inputs().ids, targets);
+    loss.backward();
+    losses.push_back(loss.item<double>());
+    if (s == 0)
+      for (const auto& item : whole->named_parameters()) first_grads[item.key()] = item.value().grad().clone();
+    sgd_step(*whole);
+  }
+  dist::MeshShape mesh = tp_mesh(q * q);
+  mesh.tensor_grid = {q, q};
+  auto errors = test::run_ranks(
+      q * q,
+      [&](int64_t rank, dist::Runtime& rt) {
+        dist::Group &column = rt.tensor_axis(0), &row = rt.tensor_axis(1);
+        parallel::TensorParallel2d f(column, row);
+        auto m = build_model(c, f, /*initialise=*/false);
+        {
+          at::NoGradGuard no_grad;
+          for (auto& item : m->named_parameters()) item.value().copy_(item.shard().local_of(initial.at(item.key())));
+        }
+        const int64_t rows = kBatch / q, first = column.rank() * rows;
+        for (int64_t s = 0; s < kSteps; ++s) {
+          at::Tensor loss = dynamic_cast<nn::CausalLM&>(*m).loss(inputs().ids.narrow(0, first, rows), targets.narrow(0, first, rows));
+          loss.backward();
+          EXPECT_NEAR(loss.item<double>(), losses[static_cast<size_t>(s)], 1e-5 * losses[0]) << family << " rank " << rank << " step " << s;
+          if (s == 0)
+            for (const auto& item : m->named_parameters())
+              expect_close(item.value().grad(), item.shard().local_of(first_grads.at(item.key())),
+                           family + " 2d rank " + std::to_string(rank) + " gradient of " + item.key());
+          sgd_step(*m);
+        }
+      },
+      60, mesh);
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << family << " 2d rank " << r;
+}
+
+}  // namespace
+
+TEST(TensorParallel2d, GptOptAndBloomOnATwoByTwoGridEqualOneProcessAfterThreeSteps) {
+  for (const char* family : {"gpt", "opt", "bloom"}) check_family_2d(family, 2);
+}
+
+TEST(TensorParallel2d, BlocksOfAWeightAssembleAcrossTheGridInRankOrder) {
+  // W [4, 4] on a 2 x 2 grid: rank (i, j) holds W[out rows of j, in columns of i].
+  const at::Tensor w = at::arange(16, at::kFloat).view({4, 4});
+  std::vector<at::Tensor> pieces;
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 2; ++j) {
+      const nn::ShardSpec s{{{1, 2, i, 1}, {0, 2, j, 1}}};
+      pieces.push_back(s.local_of(w).contiguous());
+    }
+  EXPECT_TRUE(at::equal(pieces[1], w.narrow(0, 2, 2).narrow(1, 0, 2)));   // rank (0, 1)
+  const nn::ShardSpec any{{{1, 2, 0, 1}, {0, 2, 0, 1}}};
+  EXPECT_TRUE(at::equal(any.assemble(pieces), w));
+  const nn::ShardSpec bias{{{-1, 2, 1, 1}, {0, 2, 1, 1}}};
+  EXPECT_EQ(bias.copies(4), 2);
+  EXPECT_EQ(bias.full_shape({2}), (std::vector<int64_t>{4}));
 }

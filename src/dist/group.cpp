@@ -352,6 +352,13 @@ void Group::broadcast(at::Tensor& t, int64_t root_index, const std::string& what
   blocking("broadcast", what, t, [&](Pending& p, std::vector<at::Tensor>& v) { p.state_->works = {backend_->pg->broadcast(v, o)}; });
 }
 
+void Group::reduce(at::Tensor& t, int64_t root_index, const std::string& what) {
+  c10d::ReduceOptions o;
+  o.rootRank = root_index;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  blocking("reduce", what, t, [&](Pending& p, std::vector<at::Tensor>& v) { p.state_->works = {backend_->pg->reduce(v, o)}; });
+}
+
 void Group::barrier(const std::string& what) {
   if (!backend_) return;
   // An all-reduce of one value rather than c10d's barrier: it honours the same timeout and reaches the

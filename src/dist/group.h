@@ -64,6 +64,8 @@ class Group {
   // Blocking collectives. `what` names the purpose in errors ("gradient bucket 3").
   void all_reduce(at::Tensor& t, Reduce op = Reduce::sum, const std::string& what = "");
   void broadcast(at::Tensor& t, int64_t root_index, const std::string& what = "");
+  // The sum over the group onto group rank `root_index` only (elsewhere `t` is left undefined in value).
+  void reduce(at::Tensor& t, int64_t root_index, const std::string& what = "");
   void barrier(const std::string& what);
 
   // Asynchronous all-reduce of a contiguous tensor, in place.

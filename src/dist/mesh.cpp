@@ -29,6 +29,17 @@ MeshShape resolve_mesh(const Recipe& r, int64_t world) {
   m.size[static_cast<int>(Dim::pp)] = p.pipeline;
   m.size[static_cast<int>(Dim::sp)] = p.sequence;
   m.size[static_cast<int>(Dim::tp)] = p.tensor;
+  if (p.tensor_mode == "2d") {
+    int64_t q = 1;
+    while ((q + 1) * (q + 1) <= p.tensor) ++q;
+    if (q * q != p.tensor) {
+      std::string squares;
+      for (int64_t s = 2; s <= 8; ++s) squares += (s > 2 ? ", " : "") + std::to_string(s * s);
+      throw Error(r.where("parallel.tensor") + " = " + std::to_string(p.tensor) + ": tensor_mode = \"2d\" arranges the tensor ranks in a " +
+                  "q x q grid, so tensor must be a square (" + squares + ", ...)");
+    }
+    m.tensor_grid = {q, q};
+  }
   if (p.data == 0) {   // auto
     if (world % others != 0) {
       const std::string key = r.locations.count("parallel.tensor") ? "parallel.tensor"

@@ -23,13 +23,17 @@ const char* dim_name(Dim d);   // "pp" | "dp" | "sp" | "tp"
 
 struct MeshShape {
   std::array<int64_t, 4> size{1, 1, 1, 1};   // indexed by Dim
+  // The tensor-parallel ranks as a grid (2D: {q, q}), the first axis the most significant digit of a
+  // rank's tp coordinate; empty: one axis (1D).
+  std::vector<int64_t> tensor_grid;
   int64_t of(Dim d) const { return size[static_cast<int>(d)]; }
   int64_t world() const { return size[0] * size[1] * size[2] * size[3]; }
   std::string describe() const;   // "dp=2 pp=1 tp=1 sp=1"
 };
 
 // The recipe's sizes against the world: data = "auto" takes what the others leave. RecipeError at
-// the recipe's [parallel] key when the product does not equal the world size.
+// the recipe's [parallel] key when the product does not equal the world size. tensor_mode "2d" makes
+// the tensor ranks a q x q grid (a size that is not a square is refused).
 MeshShape resolve_mesh(const Recipe& recipe, int64_t world);
 
 class MeshLayout {

@@ -241,6 +241,24 @@ std::unique_ptr<Runtime> Runtime::join(const WorkerEnv& env, const MeshShape& sh
     }
     slot = std::make_shared<Group>(name, ranks, index, std::move(h), rt->roster_, comm_device);
   }
+  // The tensor grid's axes: within this rank's tensor group, the ranks differing only in one digit of
+  // the tp coordinate (the first axis the most significant).
+  const auto& grid = shape.tensor_grid;
+  for (size_t a = 0; a < grid.size(); ++a) {
+    int64_t stride = 1;
+    for (size_t b = a + 1; b < grid.size(); ++b) stride *= grid[b];
+    const int64_t t = rt->mesh_.coordinate(env.rank, Dim::tp), digit = (t / stride) % grid[a];
+    const int64_t first = env.rank - digit * stride;   // tp is the innermost mesh dimension: tp offsets are rank offsets
+    std::vector<int64_t> ranks;
+    for (int64_t i = 0; i < grid[a]; ++i) ranks.push_back(first + i * stride);
+    const std::string name = "tp" + std::to_string(a);
+    if (grid[a] == 1) {
+      rt->tensor_axes_.push_back(std::make_shared<Group>(name));
+      continue;
+    }
+    auto h = make(name + "/" + std::to_string(first), digit, grid[a]);
+    rt->tensor_axes_.push_back(std::make_shared<Group>(name, ranks, digit, std::move(h), rt->roster_, comm_device));
+  }
   if (shape.of(Dim::sp) > 1) {   // dp x sp: the ranks whose pp and tp coordinates are this rank's, in rank order
     const MeshLayout& m = rt->mesh_;
     std::vector<int64_t> ranks;
@@ -267,6 +285,7 @@ std::string Runtime::who(int64_t rank) const { return roster_->who(rank); }
 CommCounters Runtime::take_counters() {
   CommCounters c = world_->take_counters();
   if (replicas_) c += replicas_->take_counters();
+  for (auto& g : tensor_axes_) c += g->take_counters();
   for (size_t i = 0; i < groups_.size(); ++i) {
     // A dimension spanning the world shares the world's backend but has its own counters.
     c += groups_[i]->take_counters();

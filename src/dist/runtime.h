@@ -46,6 +46,9 @@ class Runtime {
   // other tokens of the same weights), the group gradients are reduced over and ZeRO shards across. The
   // dp group itself when the sequence is not split.
   Group& replicas() { return replicas_ ? *replicas_ : group(Dim::dp); }
+  // With a tensor grid (mesh.h: 2D's q x q), the ranks of this rank's tensor group that differ from it
+  // only along grid axis `axis` (2D: axis 0 = its column of the grid, axis 1 = its row).
+  Group& tensor_axis(size_t axis) { return *tensor_axes_.at(axis); }
 
   // Counters of every group since the last take (then reset).
   CommCounters take_counters();
@@ -60,6 +63,7 @@ class Runtime {
   std::shared_ptr<Group> world_;
   std::vector<std::shared_ptr<Group>> groups_;   // indexed by Dim
   std::shared_ptr<Group> replicas_;              // dp x sp, when sp > 1
+  std::vector<std::shared_ptr<Group>> tensor_axes_;   // by grid axis, with a tensor grid
 };
 
 // The number of intra-op threads a worker should use (launch_env.h's rule applied to this machine:

@@ -78,9 +78,11 @@ at::Tensor aten_layer_norm(const at::Tensor& x, const at::Tensor& weight, const 
   return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
 }
 
-LayerNorm::LayerNorm(int64_t dim, double eps, const LayerFactory& f) : dim_(dim), eps_(eps) {
-  weight = register_parameter("weight", f.parameter({dim}));
-  bias = register_parameter("bias", f.parameter({dim}));
+LayerNorm::LayerNorm(int64_t dim, double eps, const LayerFactory& f) : LayerNorm(dim, eps, f, ShardSpec{}) {}
+
+LayerNorm::LayerNorm(int64_t local, double eps, const LayerFactory& f, const ShardSpec& shard) : dim_(local), eps_(eps) {
+  weight = register_parameter("weight", f.parameter({local}), true, shard);
+  bias = register_parameter("bias", f.parameter({local}), true, shard);
 }
 
 at::Tensor LayerNorm::forward(const at::Tensor& x) {

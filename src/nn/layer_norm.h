@@ -13,11 +13,13 @@ namespace colossal::nn {
 class LayerNorm : public Module {
  public:
   LayerNorm(int64_t dim, double eps, const LayerFactory& f);   // parameters from f (values: the model's init rules)
-  at::Tensor forward(const at::Tensor& x);   // [..., dim] -> [..., dim]
+  virtual at::Tensor forward(const at::Tensor& x);   // [..., dim] -> [..., dim]
 
   at::Tensor weight, bias;
 
- private:
+ protected:
+  // A tensor-parallel LayerNorm's: `local` of the features here, each parameter a piece as `shard` says.
+  LayerNorm(int64_t local, double eps, const LayerFactory& f, const ShardSpec& shard);
   int64_t dim_;
   double eps_;
 };

@@ -42,6 +42,16 @@ struct LeaveRegion : public torch::autograd::Function<LeaveRegion> {
   static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], at::Tensor()}; }
 };
 
+struct SumOver : public torch::autograd::Function<SumOver> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, dist::Group* g) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
+    return summed(x, *g, "tensor-parallel sum");
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {summed(grad[0], *group_of(ctx), "tensor-parallel sum gradient"), at::Tensor()};
+  }
+};
+
 struct GatherLast : public torch::autograd::Function<GatherLast> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, dist::Group* g) {
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
@@ -87,6 +97,12 @@ at::Tensor leave_region(const at::Tensor& x, dist::Group& g) {
   if (g.size() == 1) return x;
   if (!needs_autograd(x)) return summed(x, g, "tensor-parallel partial sums");
   return LeaveRegion::apply(x, &g);
+}
+
+at::Tensor sum_over(const at::Tensor& x, dist::Group& g) {
+  if (g.size() == 1) return x;
+  if (!needs_autograd(x)) return summed(x, g, "tensor-parallel sum");
+  return SumOver::apply(x, &g);
 }
 
 at::Tensor gather_last(const at::Tensor& x, dist::Group& g) {

@@ -19,6 +19,9 @@ namespace colossal::parallel {
 
 at::Tensor enter_region(const at::Tensor& x, dist::Group& group);
 at::Tensor leave_region(const at::Tensor& x, dist::Group& group);
+// The sum over the group both ways: forward all-reduces x, backward all-reduces its gradient (a sum
+// whose result every rank then uses differently, as 2D LayerNorm's statistics over a row's features).
+at::Tensor sum_over(const at::Tensor& x, dist::Group& group);
 // x [..., n] on every rank -> [..., n * size] in rank order.
 at::Tensor gather_last(const at::Tensor& x, dist::Group& group);
 // x [..., n * size] -> this rank's [..., n].

@@ -1,0 +1,176 @@
+// 2D tensor-parallel layers: see tensor_parallel_2d.h.
+#include "src/parallel/tensor_parallel_2d.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "src/core/error.h"
+#include "src/dist/group.h"
+#include "src/nn/embedding_lookup.h"
+#include "src/nn/layer_norm.h"
+#include "src/nn/linear_forward.h"
+#include "src/parallel/tp_comm.h"
+
+namespace colossal::parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+int64_t piece_of(int64_t n, int64_t q, const std::string& what) {
+  if (n % q != 0)
+    throw Error("2d tensor parallelism: " + what + " of " + std::to_string(n) + " does not divide among the grid's " + std::to_string(q) +
+                " rows and columns");
+  return n / q;
+}
+
+// This rank's block of a tensor `copy` broadcast from member `root` of `g` (the root sends its own).
+at::Tensor block_from(const at::Tensor& mine, int64_t root, dist::Group& g, const char* what) {
+  at::Tensor t = g.rank() == root ? mine.contiguous() : at::empty_like(mine, at::MemoryFormat::Contiguous);
+  g.broadcast(t, root, what);
+  return t;
+}
+
+// SUMMA: y_ij [rows, out/q] = sum_k x_ik [rows, in/q] W[out j, in k]^T, the x blocks broadcast along the
+// row and the W blocks along the column. Backward broadcasts them again and reduces dx's partial
+// products along the row and dW's along the column, each onto the rank that owns the block.
+struct Summa : public torch::autograd::Function<Summa> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, dist::Group* column, dist::Group* row) {
+    const int64_t q = row->size();
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)}).contiguous();   // [rows, in/q]
+    at::Tensor y = at::zeros({x2.size(0), w.size(0)}, x2.options());  // [rows, out/q]
+    for (int64_t k = 0; k < q; ++k) {
+      const at::Tensor a = block_from(x2, k, *row, "2d activation block");
+      const at::Tensor b = block_from(w, k, *column, "2d weight block");
+      y.addmm_(a, b.t());
+    }
+    ctx->save_for_backward({x2, w});
+    ctx->saved_data["column"] = reinterpret_cast<int64_t>(column);
+    ctx->saved_data["row"] = reinterpret_cast<int64_t>(row);
+    ctx->saved_data["shape"] = x.sizes().vec();
+    std::vector<int64_t> out = x.sizes().vec();
+    out.back() = w.size(0);
+    return y.view(out);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x2 = saved[0], &w = saved[1];
+    auto* column = reinterpret_cast<dist::Group*>(ctx->saved_data["column"].toInt());
+    auto* row = reinterpret_cast<dist::Group*>(ctx->saved_data["row"].toInt());
+    const at::Tensor dy = grad[0].reshape({-1, w.size(0)}).contiguous();   // [rows, out/q]
+    at::Tensor dx, dw;
+    for (int64_t k = 0; k < row->size(); ++k) {
+      at::Tensor part = at::mm(dy, block_from(w, k, *column, "2d weight block"));   // [rows, in/q]: dx_ik's share from column j
+      row->reduce(part, k, "2d input gradient");
+      if (row->rank() == k) dx = part;
+      at::Tensor wpart = at::mm(dy.t(), block_from(x2, k, *row, "2d activation block"));   // [out/q, in/q]: dW's share from row i
+      column->reduce(wpart, k, "2d weight gradient");
+      if (column->rank() == k) dw = wpart;
+    }
+    return {dx.view(ctx->saved_data["shape"].toIntVector()), dw, at::Tensor(), at::Tensor()};
+  }
+};
+
+// W[out j, in i] and b[out j] (b whole along the column); parts: the output's segments (q, k, v).
+class Linear2d : public nn::Linear {
+ public:
+  Linear2d(const nn::LinearSpec& s, const nn::LayerFactory& f, dist::Group& column, dist::Group& row) : column_(column), row_(row) {
+    const int64_t q = row.size();
+    piece_of(s.in, q, "a dense layer's input features");
+    piece_of(s.out, q * s.parts, "a dense layer's output features");
+    const nn::ShardSpec blocks{{{1, q, column.rank(), 1}, {0, q, row.rank(), s.parts}}};
+    weight_ = register_parameter("weight", f.parameter({s.out / q, s.in / q}), true, blocks);
+    if (s.bias) {
+      const nn::ShardSpec cols{{{-1, q, column.rank(), 1}, {0, q, row.rank(), s.parts}}};
+      bias_ = register_parameter("bias", f.parameter({s.out / q}), true, cols);
+    }
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    at::Tensor y = Summa::apply(x, weight_, &column_, &row_);
+    return bias_.defined() ? y + enter_region(bias_, column_) : y;   // the bias's gradient sums the column's rows
+  }
+  at::Tensor& weight() override { return weight_; }
+
+ private:
+  dist::Group &column_, &row_;
+  at::Tensor weight_, bias_;
+};
+
+// A table [num, dim/q]: column j's features of every row, whole along the column.
+class Embedding2d : public nn::Embedding {
+ public:
+  Embedding2d(int64_t num, int64_t dim, const nn::LayerFactory& f, dist::Group& column, dist::Group& row) : column_(column), row_(row) {
+    const int64_t q = row.size();
+    const nn::ShardSpec features{{{-1, q, column.rank(), 1}, {1, q, row.rank(), 1}}};
+    weight_ = register_parameter("weight", f.parameter({num, piece_of(dim, q, "an embedding's width")}), true, features);
+  }
+  at::Tensor forward(const at::Tensor& ids) override {   // this rank's batch rows [...] -> [..., dim/q]
+    return nn::embedding_lookup(enter_region(weight_, column_), ids);
+  }
+  at::Tensor project(const at::Tensor& x) override {   // [..., dim/q] -> [..., num]: the row's partial logits summed
+    return leave_region(nn::linear_forward(x, enter_region(weight_, column_)), row_);
+  }
+  at::Tensor head_cross_entropy(const at::Tensor& x, const at::Tensor& targets) override {
+    // Whole logits for this rank's batch rows; the loss is the mean over the grid's rows (equal counts).
+    const at::Tensor logits = project(x).to(at::kFloat);   // [N, num]
+    const at::Tensor mine = at::cross_entropy_loss(logits, targets, {}, at::Reduction::Mean, -100);
+    return leave_region(mine, column_) / static_cast<double>(column_.size());
+  }
+  at::Tensor& weight() override { return weight_; }
+
+ private:
+  dist::Group &column_, &row_;
+  at::Tensor weight_;
+};
+
+// LayerNorm over features spread along the row: the mean and variance sum each rank's part.
+class LayerNorm2d : public nn::LayerNorm {
+ public:
+  LayerNorm2d(int64_t dim, double eps, const nn::LayerFactory& f, dist::Group& column, dist::Group& row)
+      : nn::LayerNorm(piece_of(dim, row.size(), "a LayerNorm's width"), eps, f,
+                      nn::ShardSpec{{{-1, row.size(), column.rank(), 1}, {0, row.size(), row.rank(), 1}}}),
+        whole_(dim),
+        column_(column),
+        row_(row) {}
+  at::Tensor forward(const at::Tensor& x) override {   // [..., dim/q]
+    const double n = static_cast<double>(whole_);
+    const at::Tensor mean = sum_over(x.sum(-1, true), row_) / n;
+    const at::Tensor centred = x - mean;
+    const at::Tensor var = sum_over((centred * centred).sum(-1, true), row_) / n;
+    return centred * at::rsqrt(var + eps_) * enter_region(weight, column_) + enter_region(bias, column_);
+  }
+
+ private:
+  int64_t whole_;
+  dist::Group &column_, &row_;
+};
+
+}  // namespace
+
+TensorParallel2d::TensorParallel2d(dist::Group& column, dist::Group& row, nn::ParamStorage storage)
+    : nn::LayerFactory(storage), column_(column), row_(row) {
+  if (column.size() != row.size()) throw Error("2d tensor parallelism needs a square grid (internal)");
+}
+
+std::shared_ptr<nn::Linear> TensorParallel2d::linear(const nn::LinearSpec& spec) {
+  if (spec.split == nn::Split::Replicated)
+    throw Error("2d tensor parallelism: this model has a dense layer of " + std::to_string(spec.in) + " -> " + std::to_string(spec.out) +
+                " features outside its blocks, which has no 2d layout yet (2d builds gpt, opt and bloom)");
+  return std::make_shared<Linear2d>(spec, *this, column_, row_);
+}
+
+std::shared_ptr<nn::Embedding> TensorParallel2d::embedding(int64_t num, int64_t dim, nn::Split) {
+  return std::make_shared<Embedding2d>(num, dim, *this, column_, row_);
+}
+
+std::shared_ptr<nn::LayerNorm> TensorParallel2d::layer_norm(int64_t dim, double eps) {
+  return std::make_shared<LayerNorm2d>(dim, eps, *this, column_, row_);
+}
+
+nn::HeadRange TensorParallel2d::local_heads(int64_t heads) const {
+  const int64_t count = piece_of(heads, row_.size(), "the attention heads");
+  return {row_.rank() * count, count};
+}
+
+}  // namespace colossal::parallel

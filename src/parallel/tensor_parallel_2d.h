@@ -1,0 +1,42 @@
+// 2D tensor parallelism (Optimus, SUMMA on a q x q grid; Colossal-AI's 2D): rank (i, j) of the grid
+// holds activations X[batch rows i, :, features j] and, of every weight W [out, in], the block
+// W[out j, in i]; so activations, parameters and their gradients all take 1/q^2 of the memory, where 1D
+// keeps whole activations on every rank. A dense layer is SUMMA: for k = 0..q-1, X[:, in k] is
+// broadcast along each grid row and W[:, in k] along each grid column, and every rank adds their
+// product; backward broadcasts the same blocks again and reduces the partial products to their owners.
+//
+//   x_ij ─ LayerNorm (statistics summed along the row) ─ qkv (SUMMA; q, k, v of column j's heads) ─
+//   attention of those heads over the rank's batch rows ─ proj (SUMMA) ─ ... ─ MLP (two SUMMAs)
+//
+// Every embedding's table is cut by features along the row and held whole along the column; the tied
+// head's partial logits are summed along the row, so each rank's batch rows get whole logits, and the
+// loss is the mean over the grid's rows. Parameters held whole along the column (biases, norms,
+// embeddings) sum their gradient along it. The grid's two groups come from the runtime
+// (Runtime::tensor_axis): `column` = the ranks sharing this rank's j (axis 0, index i), `row` = those
+// sharing its i (axis 1, index j). Batches are cut by rows before they reach the model (the engine).
+#pragma once
+#include <memory>
+
+#include "src/nn/factory.h"
+
+namespace colossal::dist {
+class Group;
+}
+
+namespace colossal::parallel {
+
+class TensorParallel2d : public nn::LayerFactory {
+ public:
+  // Both groups must outlive the model.
+  TensorParallel2d(dist::Group& column, dist::Group& row, nn::ParamStorage storage = nn::ParamStorage::allocated);
+
+  std::shared_ptr<nn::Linear> linear(const nn::LinearSpec& spec) override;
+  std::shared_ptr<nn::Embedding> embedding(int64_t num, int64_t dim, nn::Split split = nn::Split::Replicated) override;
+  std::shared_ptr<nn::LayerNorm> layer_norm(int64_t dim, double eps) override;
+  nn::HeadRange local_heads(int64_t heads) const override;
+
+ private:
+  dist::Group &column_, &row_;
+};
+
+}  // namespace colossal::parallel
