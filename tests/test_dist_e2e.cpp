@@ -674,9 +674,10 @@ TEST(TensorParallelTraining, SizesThatDoNotDivideAndModesNotBuiltAreRefusedBefor
   EXPECT_NE(r.output.find("parallel.tensor = 4 does not divide the model's n_head = 2 (tensor sizes that divide every split dimension: 1, 2)"),
             std::string::npos)
       << r.output;
-  r = train(write_recipe(dir, "2d", "[parallel]\ntensor = 2\ntensor_mode = \"2d\"\n"), "--nproc-per-node 2");
+  r = train(write_recipe(dir, "25d", "[parallel]\ntensor = 2\ntensor_mode = \"2.5d\"\n"), "--nproc-per-node 2");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("tensor_mode = \"2d\": 2d tensor parallelism is not built yet (valid today: \"1d\")"), std::string::npos)
+  EXPECT_NE(r.output.find("tensor_mode = \"2.5d\": 2.5d tensor parallelism is not built yet (valid today: \"1d\" and \"2d\")"),
+            std::string::npos)
       << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir / "four/checkpoints")) << "nothing is written before the refusal";
 }
@@ -718,4 +719,51 @@ TEST(SequenceParallelTraining, SplitsTheModelOrBatchCannotTakeAreRefusedNamingTh
   EXPECT_NE(r.output.find("1 heads per tensor-parallel rank do not divide among sequence = 2 ranks (use split_gather or ring)"),
             std::string::npos)
       << r.output;
+}
+
+TEST(TensorParallel2dTraining, AGridEqualsOneProcessAndItsCheckpointsResumeIn1dAndOneProcessAndLoadInTransformers) {
+  TempDir dir;
+  const std::string clip = " --set train.grad_clip=0.05";
+  const std::string grid = "--nproc-per-node 4 --set parallel.tensor=4 --set parallel.tensor_mode=2d";
+  ASSERT_EQ(train(write_recipe(dir, "one"), clip).exit_code, 0);
+  auto r = train(write_recipe(dir, "grid"), grid + " --set memory.zero=3 --set memory.chunk_size_mb=0.01" + clip);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(max_relative_difference(dir / "grid", dir / "one"), 1e-5);
+  EXPECT_GT(colossal::test::metric_values(dir / "grid/metrics.jsonl", "tp_comm_mb").at(0), 0);
+  // Three steps on the grid, three more split 1D on 2 ranks, or in one process.
+  for (const std::string& then : {std::string("--nproc-per-node 2 --set parallel.tensor=2"), std::string("")}) {
+    const std::string name = then.empty() ? "grid-then-one" : "grid-then-1d";
+    const std::string recipe = write_recipe(dir, name);
+    r = train(recipe, grid + " --set train.max_steps=3" + clip);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = train(recipe, then + " --resume" + clip);
+    ASSERT_EQ(r.exit_code, 0) << name << ": " << r.output;
+    EXPECT_LT(max_relative_difference(dir / name, dir / "one"), 1e-5) << name;
+  }
+  const std::string py = colossal::test::source_dir() + "/.venv/bin/python";
+  if (std::system(("'" + py + "' -c 'import transformers' >/dev/null 2>&1").c_str()) != 0)
+    GTEST_SKIP() << "transformers is not installed in .venv (the benchmark scripts install it; tests do not need it)";
+  const std::string cmd = "'" + py + "' -c \"import sys, transformers\n"
+                          "m, info = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], output_loading_info=True)\n"
+                          "bad = {k: v for k, v in info.items() if v}\n"
+                          "print('loaded', type(m).__name__, bad)\n"
+                          "sys.exit(1 if bad else 0)\" '" + latest_checkpoint(dir / "grid") + "' > '" + (dir / "hf.log") + "' 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << colossal::test::read_file(dir / "hf.log");
+}
+
+TEST(TensorParallel2dTraining, SizesTheGridCannotTakeAreRefusedNamingTheKey) {
+  TempDir dir;
+  const std::string recipe = write_recipe(dir, "bad");
+  auto r = train(recipe, "--nproc-per-node 2 --set parallel.tensor=2 --set parallel.tensor_mode=2d");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("tensor = 2: tensor_mode = \"2d\" arranges the tensor ranks in a q x q grid, so tensor must be a square (4, 9, "),
+            std::string::npos)
+      << r.output;
+  r = train(recipe, "--nproc-per-node 4 --set parallel.tensor=4 --set parallel.tensor_mode=2d --set train.batch_size=3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("train.batch_size = 3: the 2d grid cuts each batch into 2 row blocks (use a multiple of 2)"), std::string::npos)
+      << r.output;
+  r = train(recipe, "--nproc-per-node 4 --set parallel.tensor=4 --set parallel.tensor_mode=3d");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("3d tensor parallelism is not built yet (valid today: \"1d\" and \"2d\")"), std::string::npos) << r.output;
 }

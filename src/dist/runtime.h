@@ -49,6 +49,7 @@ class Runtime {
   // With a tensor grid (mesh.h: 2D's q x q), the ranks of this rank's tensor group that differ from it
   // only along grid axis `axis` (2D: axis 0 = its column of the grid, axis 1 = its row).
   Group& tensor_axis(size_t axis) { return *tensor_axes_.at(axis); }
+  size_t tensor_axes() const { return tensor_axes_.size(); }
 
   // Counters of every group since the last take (then reset).
   CommCounters take_counters();

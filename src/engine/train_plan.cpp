@@ -22,6 +22,7 @@
 #include "src/optim/factory.h"
 #include "src/parallel/sequence_attention.h"
 #include "src/parallel/tensor_parallel_1d.h"
+#include "src/parallel/tensor_parallel_2d.h"
 
 namespace fs = std::filesystem;
 
@@ -94,15 +95,37 @@ void check_sequence_split(const Recipe& r) {
                 " do not divide among sequence = " + std::to_string(sp) + " ranks (use split_gather or ring)");
 }
 
+// A 2D grid of q x q the model and the batch divide, refused with the key at fault.
+void check_grid_split(const Recipe& r, int64_t q) {
+  const ModelConfig& m = r.model;
+  const std::string head = r.where("parallel.tensor_mode") + " = \"2d\": ";
+  if (m.family != "gpt" && m.family != "opt" && m.family != "bloom")
+    throw Error(head + "the 2d layers build gpt, opt and bloom; " + m.family + " has layers outside its blocks with no 2d layout yet (use \"1d\")");
+  if (m.family == "opt" && m.embed_dim > 0 && m.embed_dim != m.n_embd)
+    throw Error(head + "OPT's projections between embed_dim and n_embd have no 2d layout yet (use \"1d\")");
+  if (m.dropout > 0 || m.attn_dropout > 0)
+    throw Error(r.where(m.dropout > 0 ? "model.dropout" : "model.attn_dropout") + ": dropout under 2d tensor parallelism is not built yet (set it to 0, or use \"1d\")");
+  if (r.parallel.sequence > 1) throw Error(head + "2d with sequence parallelism is not built yet (use \"1d\" with sequence)");
+  for (const auto& [key, n] : {std::pair<std::string, int64_t>{"n_head", m.n_head}, {"n_embd", m.n_embd},
+                               {"n_inner", m.n_inner > 0 ? m.n_inner : 4 * m.n_embd}})
+    if (n % q != 0)
+      throw Error(r.where("parallel.tensor") + " = " + std::to_string(q * q) + " (a " + std::to_string(q) + " x " + std::to_string(q) +
+                  " grid) does not divide the model's " + key + " = " + std::to_string(n) + " into " + std::to_string(q) + " columns");
+  if (r.train.batch_size % q != 0)
+    throw Error(r.where("train.batch_size") + " = " + std::to_string(r.train.batch_size) + ": the 2d grid cuts each batch into " +
+                std::to_string(q) + " row blocks (use a multiple of " + std::to_string(q) + ")");
+}
+
 }  // namespace
 
 // Dimensions whose layers are not built yet are refused here, by name, rather than run as something else.
 dist::MeshShape check_parallel_recipe(const Recipe& r, int64_t world) {
   const dist::MeshShape shape = dist::resolve_mesh(r, world);
-  if (r.parallel.tensor > 1 && r.parallel.tensor_mode != "1d")
+  if (r.parallel.tensor > 1 && r.parallel.tensor_mode != "1d" && r.parallel.tensor_mode != "2d")
     throw Error(r.where("parallel.tensor_mode") + " = \"" + r.parallel.tensor_mode + "\": " + r.parallel.tensor_mode +
-                " tensor parallelism is not built yet (valid today: \"1d\")");
-  if (r.parallel.tensor > 1) check_tensor_split(r.model, r.parallel.tensor, r.where("parallel.tensor"));
+                " tensor parallelism is not built yet (valid today: \"1d\" and \"2d\")");
+  if (r.parallel.tensor > 1 && !shape.tensor_grid.empty()) check_grid_split(r, shape.tensor_grid[0]);
+  else if (r.parallel.tensor > 1) check_tensor_split(r.model, r.parallel.tensor, r.where("parallel.tensor"));
   if (r.parallel.sequence > 1) check_sequence_split(r);
   if (r.parallel.pipeline > 1)
     throw Error(r.where("parallel.pipeline") + " = " + std::to_string(r.parallel.pipeline) + ": pipeline parallelism is not built yet "
@@ -151,7 +174,10 @@ void build_model_shapes(TrainPlan& p) {
   // The parallel layout: tensor-parallel layers come from the factory, each rank allocating its pieces.
   std::unique_ptr<nn::LayerFactory> factory;
   dist::Group& tp = p.runtime->group(dist::Dim::tp);
-  if (tp.size() > 1)
+  if (tp.size() > 1 && !p.runtime->mesh().shape().tensor_grid.empty()) {   // 2d: batches are cut by the grid's rows
+    factory = std::make_unique<parallel::TensorParallel2d>(p.runtime->tensor_axis(0), p.runtime->tensor_axis(1), nn::ParamStorage::deferred);
+    p.grid_rows = {p.runtime->tensor_axis(0).rank(), p.runtime->tensor_axis(0).size()};
+  } else if (tp.size() > 1)
     factory = std::make_unique<parallel::TensorParallel1d>(tp, nn::ParamStorage::deferred, static_cast<uint64_t>(r.train.seed));
   else factory = std::make_unique<nn::LayerFactory>(nn::ParamStorage::deferred);
   dist::Group& sp = p.runtime->group(dist::Dim::sp);
@@ -295,6 +321,13 @@ TaskData task_data(const EffectiveRecipe& e, int64_t dp_rank, int64_t dp_size) {
 }  // namespace
 
 Batch TrainPlan::local_part(const Batch& b) const {
+  if (grid_rows.second > 1) {   // 2d: this grid row's block of the batch
+    const int64_t rows = b.inputs.size(0) / grid_rows.second;
+    Batch out = b;
+    out.inputs = b.inputs.narrow(0, grid_rows.first * rows, rows);
+    out.targets = b.targets.narrow(0, grid_rows.first * rows, rows);
+    return out;
+  }
   if (!sequence) return b;
   Batch out = b;
   out.inputs = sequence->local(b.inputs, 1);     // [B, T / sequence]

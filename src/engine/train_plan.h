@@ -8,6 +8,7 @@
 #include <c10/core/Device.h>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,8 @@ struct TrainPlan {
 
   // Sequence parallelism: which tokens of each sequence this rank holds (unset: all of them).
   std::optional<parallel::SequenceLayout> sequence;
+  // 2D tensor parallelism: this rank's row of the grid and the rows (each holds its block of the batch).
+  std::pair<int64_t, int64_t> grid_rows{0, 1};
   // This rank's share of a batch: its tokens of every sequence with their positions, or the batch itself.
   Batch local_part(const Batch& b) const;
 

@@ -281,7 +281,8 @@ int run_loop(TrainPlan& p) {
     ema_step_s = ema_step_s == 0 ? step_s : 0.9 * ema_step_s + 0.1 * step_s;
     const size_t mem = p.device.is_cpu() ? current_rss_bytes() : device_allocated_bytes(p.device);
     const dist::CommCounters dp_comm = rt.replicas().take_counters();   // gradient reduction (dp, and sp when split)
-    const dist::CommCounters tp_comm = rt.group(dist::Dim::tp).take_counters();
+    dist::CommCounters tp_comm = rt.group(dist::Dim::tp).take_counters();
+    for (size_t a = 0; a < rt.tensor_axes(); ++a) tp_comm += rt.tensor_axis(a).take_counters();   // 2d's row and column traffic
     const dist::CommCounters all_comm = rt.take_counters();
     if (steps_this_run > kUntimedSteps) {
       dp_busy_s += dp_comm.busy_s;
@@ -307,7 +308,7 @@ int run_loop(TrainPlan& p) {
       dist::CommCounters total = dp_comm;
       total += tp_comm;
       total += all_comm;
-      if (rt.group(dist::Dim::tp).active()) {   // the tensor-parallel layers' all-reduces (and the loss's)
+      if (rt.group(dist::Dim::tp).active()) {   // the tensor-parallel layers' collectives (and the loss's)
         record["tp_comm_calls"] = tp_comm.calls;
         record["tp_comm_mb"] = static_cast<double>(tp_comm.bytes) / 1048576.0;
       }
