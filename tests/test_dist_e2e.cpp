@@ -674,11 +674,9 @@ TEST(TensorParallelTraining, SizesThatDoNotDivideAndModesNotBuiltAreRefusedBefor
   EXPECT_NE(r.output.find("parallel.tensor = 4 does not divide the model's n_head = 2 (tensor sizes that divide every split dimension: 1, 2)"),
             std::string::npos)
       << r.output;
-  r = train(write_recipe(dir, "25d", "[parallel]\ntensor = 2\ntensor_mode = \"2.5d\"\n"), "--nproc-per-node 2");
+  r = train(write_recipe(dir, "3d", "[parallel]\ntensor = 2\ntensor_mode = \"3d\"\n"), "--nproc-per-node 2");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("tensor_mode = \"2.5d\": 2.5d tensor parallelism is not built yet (valid today: \"1d\" and \"2d\")"),
-            std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("tensor_mode = \"3d\": 3d tensor parallelism is not built yet"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir / "four/checkpoints")) << "nothing is written before the refusal";
 }
 
@@ -721,7 +719,7 @@ TEST(SequenceParallelTraining, SplitsTheModelOrBatchCannotTakeAreRefusedNamingTh
       << r.output;
 }
 
-TEST(TensorParallel2dTraining, AGridEqualsOneProcessAndItsCheckpointsResumeIn1dAndOneProcessAndLoadInTransformers) {
+TEST(TensorParallel2dTraining, AGridAndTwoGridsIn25dEqualOneProcessAndCheckpointsResumeIn1dAndOneProcessAndLoadInTransformers) {
   TempDir dir;
   const std::string clip = " --set train.grad_clip=0.05";
   const std::string grid = "--nproc-per-node 4 --set parallel.tensor=4 --set parallel.tensor_mode=2d";
@@ -730,6 +728,11 @@ TEST(TensorParallel2dTraining, AGridEqualsOneProcessAndItsCheckpointsResumeIn1dA
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_LT(max_relative_difference(dir / "grid", dir / "one"), 1e-5);
   EXPECT_GT(colossal::test::metric_values(dir / "grid/metrics.jsonl", "tp_comm_mb").at(0), 0);
+  // 2.5D: two such grids, each with half of every batch (8 ranks)
+  r = train(write_recipe(dir, "grids"), "--nproc-per-node 8 --set parallel.tensor=8 --set parallel.tensor_mode=2.5d "
+                                        "--set parallel.tensor_depth=2" + clip);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(max_relative_difference(dir / "grids", dir / "one"), 1e-5);
   // Three steps on the grid, three more split 1D on 2 ranks, or in one process.
   for (const std::string& then : {std::string("--nproc-per-node 2 --set parallel.tensor=2"), std::string("")}) {
     const std::string name = then.empty() ? "grid-then-one" : "grid-then-1d";
@@ -765,5 +768,12 @@ TEST(TensorParallel2dTraining, SizesTheGridCannotTakeAreRefusedNamingTheKey) {
       << r.output;
   r = train(recipe, "--nproc-per-node 4 --set parallel.tensor=4 --set parallel.tensor_mode=3d");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("3d tensor parallelism is not built yet (valid today: \"1d\" and \"2d\")"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("3d tensor parallelism is not built yet (valid today: \"1d\", \"2d\" and \"2.5d\")"), std::string::npos)
+      << r.output;
+  r = train(recipe, "--nproc-per-node 4 --set parallel.tensor=4 --set parallel.tensor_mode=2.5d --set parallel.tensor_depth=2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("tensor_mode = \"2.5d\" arranges the tensor ranks in tensor_depth = 2 grids of q x q, so tensor must be 2 x a "
+                          "square (8, 18, ...)"),
+            std::string::npos)
+      << r.output;
 }

@@ -420,57 +420,67 @@ TEST(SequenceParallel, TensorTimesSequenceOnFourRanksEqualsOneProcess) {
 
 namespace {
 
-// A family on a q x q grid (2D tensor parallelism) against one process: each grid row's batch rows, the
-// loss (the mean over the rows), every gradient (each rank's block of the whole), and three SGD steps.
-void check_family_2d(const std::string& family, int64_t q) {
+// A family on a q x q grid (2D tensor parallelism), or `depth` of them (2.5D), against one process:
+// each row block's batch rows, the loss (the mean over the blocks), every gradient (each rank's block of
+// the whole), and three SGD steps.
+void check_family_grid(const std::string& family, int64_t q, int64_t depth = 1) {
   const ModelConfig c = tiny(family);
   at::manual_seed(7);
   nn::LayerFactory plain;
   auto whole = build_model(c, plain);
   std::map<std::string, at::Tensor> initial, first_grads;
   for (const auto& item : whole->named_parameters()) initial[item.key()] = item.value().detach().clone();
-  const at::Tensor targets = inputs().targets.clamp_min(0);   // every token scored: equal counts on every row
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(99);
+  const int64_t batch = 2 * q * depth;   // two rows a block
+  const at::Tensor ids = at::randint(kVocab, {batch, kSeq}, gen, at::kLong), targets = at::randint(kVocab, {batch, kSeq}, gen, at::kLong);
   std::vector<double> losses;
   for (int64_t s = 0; s < kSteps; ++s) {
-    at::Tensor loss = dynamic_cast<nn::CausalLM&>(*whole).loss(inputs().ids, targets);
+    at::Tensor loss = dynamic_cast<nn::CausalLM&>(*whole).loss(ids, targets);
     loss.backward();
     losses.push_back(loss.item<double>());
     if (s == 0)
       for (const auto& item : whole->named_parameters()) first_grads[item.key()] = item.value().grad().clone();
     sgd_step(*whole);
   }
-  dist::MeshShape mesh = tp_mesh(q * q);
-  mesh.tensor_grid = {q, q};
+  dist::MeshShape mesh = tp_mesh(depth * q * q);
+  mesh.tensor_grid = depth > 1 ? std::vector<int64_t>{depth, q, q} : std::vector<int64_t>{q, q};
+  const std::string name = family + (depth > 1 ? " 2.5d" : " 2d");
   auto errors = test::run_ranks(
-      q * q,
+      depth * q * q,
       [&](int64_t rank, dist::Runtime& rt) {
-        dist::Group &column = rt.tensor_axis(0), &row = rt.tensor_axis(1);
-        parallel::TensorParallel2d f(column, row);
+        const size_t a = depth > 1 ? 1 : 0;
+        dist::Group &column = rt.tensor_axis(a), &row = rt.tensor_axis(a + 1);
+        dist::Group* layers = depth > 1 ? &rt.tensor_axis(0) : nullptr;
+        parallel::TensorParallel2d f(column, row, nn::ParamStorage::allocated, layers);
         auto m = build_model(c, f, /*initialise=*/false);
         {
           at::NoGradGuard no_grad;
           for (auto& item : m->named_parameters()) item.value().copy_(item.shard().local_of(initial.at(item.key())));
         }
-        const int64_t rows = kBatch / q, first = column.rank() * rows;
+        const int64_t block = (layers ? layers->rank() * q : 0) + column.rank(), first = block * 2;
         for (int64_t s = 0; s < kSteps; ++s) {
-          at::Tensor loss = dynamic_cast<nn::CausalLM&>(*m).loss(inputs().ids.narrow(0, first, rows), targets.narrow(0, first, rows));
+          at::Tensor loss = dynamic_cast<nn::CausalLM&>(*m).loss(ids.narrow(0, first, 2), targets.narrow(0, first, 2));
           loss.backward();
-          EXPECT_NEAR(loss.item<double>(), losses[static_cast<size_t>(s)], 1e-5 * losses[0]) << family << " rank " << rank << " step " << s;
+          EXPECT_NEAR(loss.item<double>(), losses[static_cast<size_t>(s)], 1e-5 * losses[0]) << name << " rank " << rank << " step " << s;
           if (s == 0)
             for (const auto& item : m->named_parameters())
               expect_close(item.value().grad(), item.shard().local_of(first_grads.at(item.key())),
-                           family + " 2d rank " + std::to_string(rank) + " gradient of " + item.key());
+                           name + " rank " + std::to_string(rank) + " gradient of " + item.key());
           sgd_step(*m);
         }
       },
       60, mesh);
-  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << family << " 2d rank " << r;
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << name << " rank " << r;
 }
 
 }  // namespace
 
 TEST(TensorParallel2d, GptOptAndBloomOnATwoByTwoGridEqualOneProcessAfterThreeSteps) {
-  for (const char* family : {"gpt", "opt", "bloom"}) check_family_2d(family, 2);
+  for (const char* family : {"gpt", "opt", "bloom"}) check_family_grid(family, 2);
+}
+
+TEST(TensorParallel25d, TwoGridsOfTwoByTwoEqualOneProcessAfterThreeSteps) {
+  check_family_grid("gpt", 2, 2);   // 8 ranks: q = 2, depth 2
 }
 
 TEST(TensorParallel2d, BlocksOfAWeightAssembleAcrossTheGridInRankOrder) {

@@ -40,6 +40,16 @@ MeshShape resolve_mesh(const Recipe& r, int64_t world) {
     }
     m.tensor_grid = {q, q};
   }
+  if (p.tensor_mode == "2.5d") {   // d grids of q x q
+    const int64_t d = p.tensor_depth;
+    int64_t q = 1;
+    while ((q + 1) * (q + 1) * d <= p.tensor) ++q;
+    if (p.tensor % d != 0 || q * q * d != p.tensor)
+      throw Error(r.where("parallel.tensor") + " = " + std::to_string(p.tensor) + ": tensor_mode = \"2.5d\" arranges the tensor ranks in " +
+                  "tensor_depth = " + std::to_string(d) + " grids of q x q, so tensor must be " + std::to_string(d) + " x a square (" +
+                  std::to_string(4 * d) + ", " + std::to_string(9 * d) + ", ...)");
+    m.tensor_grid = {d, q, q};
+  }
   if (p.data == 0) {   // auto
     if (world % others != 0) {
       const std::string key = r.locations.count("parallel.tensor") ? "parallel.tensor"

@@ -33,7 +33,7 @@ struct MeshShape {
 
 // The recipe's sizes against the world: data = "auto" takes what the others leave. RecipeError at
 // the recipe's [parallel] key when the product does not equal the world size. tensor_mode "2d" makes
-// the tensor ranks a q x q grid (a size that is not a square is refused).
+// the tensor ranks a q x q grid (a size that is not a square is refused), "2.5d" tensor_depth such grids.
 MeshShape resolve_mesh(const Recipe& recipe, int64_t world);
 
 class MeshLayout {

@@ -95,25 +95,29 @@ void check_sequence_split(const Recipe& r) {
                 " do not divide among sequence = " + std::to_string(sp) + " ranks (use split_gather or ring)");
 }
 
-// A 2D grid of q x q the model and the batch divide, refused with the key at fault.
-void check_grid_split(const Recipe& r, int64_t q) {
+// A 2D grid of q x q (or 2.5D's `depth` of them) the model and the batch divide, refused with the key at fault.
+void check_grid_split(const Recipe& r, int64_t q, int64_t depth) {
   const ModelConfig& m = r.model;
-  const std::string head = r.where("parallel.tensor_mode") + " = \"2d\": ";
+  const std::string mode = r.parallel.tensor_mode;
+  const std::string head = r.where("parallel.tensor_mode") + " = \"" + mode + "\": ";
   if (m.family != "gpt" && m.family != "opt" && m.family != "bloom")
-    throw Error(head + "the 2d layers build gpt, opt and bloom; " + m.family + " has layers outside its blocks with no 2d layout yet (use \"1d\")");
+    throw Error(head + "the " + mode + " layers build gpt, opt and bloom; " + m.family + " has layers outside its blocks with no " + mode +
+                " layout yet (use \"1d\")");
   if (m.family == "opt" && m.embed_dim > 0 && m.embed_dim != m.n_embd)
-    throw Error(head + "OPT's projections between embed_dim and n_embd have no 2d layout yet (use \"1d\")");
+    throw Error(head + "OPT's projections between embed_dim and n_embd have no " + mode + " layout yet (use \"1d\")");
   if (m.dropout > 0 || m.attn_dropout > 0)
-    throw Error(r.where(m.dropout > 0 ? "model.dropout" : "model.attn_dropout") + ": dropout under 2d tensor parallelism is not built yet (set it to 0, or use \"1d\")");
-  if (r.parallel.sequence > 1) throw Error(head + "2d with sequence parallelism is not built yet (use \"1d\" with sequence)");
+    throw Error(r.where(m.dropout > 0 ? "model.dropout" : "model.attn_dropout") + ": dropout under " + mode +
+                " tensor parallelism is not built yet (set it to 0, or use \"1d\")");
+  if (r.parallel.sequence > 1) throw Error(head + mode + " with sequence parallelism is not built yet (use \"1d\" with sequence)");
   for (const auto& [key, n] : {std::pair<std::string, int64_t>{"n_head", m.n_head}, {"n_embd", m.n_embd},
                                {"n_inner", m.n_inner > 0 ? m.n_inner : 4 * m.n_embd}})
     if (n % q != 0)
-      throw Error(r.where("parallel.tensor") + " = " + std::to_string(q * q) + " (a " + std::to_string(q) + " x " + std::to_string(q) +
-                  " grid) does not divide the model's " + key + " = " + std::to_string(n) + " into " + std::to_string(q) + " columns");
-  if (r.train.batch_size % q != 0)
-    throw Error(r.where("train.batch_size") + " = " + std::to_string(r.train.batch_size) + ": the 2d grid cuts each batch into " +
-                std::to_string(q) + " row blocks (use a multiple of " + std::to_string(q) + ")");
+      throw Error(r.where("parallel.tensor") + " = " + std::to_string(depth * q * q) + " (" + (depth > 1 ? std::to_string(depth) + " x " : "") +
+                  std::to_string(q) + " x " + std::to_string(q) + ") does not divide the model's " + key + " = " + std::to_string(n) + " into " +
+                  std::to_string(q) + " columns");
+  if (r.train.batch_size % (q * depth) != 0)
+    throw Error(r.where("train.batch_size") + " = " + std::to_string(r.train.batch_size) + ": the " + mode + " grid cuts each batch into " +
+                std::to_string(q * depth) + " row blocks (use a multiple of " + std::to_string(q * depth) + ")");
 }
 
 }  // namespace
@@ -121,10 +125,10 @@ void check_grid_split(const Recipe& r, int64_t q) {
 // Dimensions whose layers are not built yet are refused here, by name, rather than run as something else.
 dist::MeshShape check_parallel_recipe(const Recipe& r, int64_t world) {
   const dist::MeshShape shape = dist::resolve_mesh(r, world);
-  if (r.parallel.tensor > 1 && r.parallel.tensor_mode != "1d" && r.parallel.tensor_mode != "2d")
-    throw Error(r.where("parallel.tensor_mode") + " = \"" + r.parallel.tensor_mode + "\": " + r.parallel.tensor_mode +
-                " tensor parallelism is not built yet (valid today: \"1d\" and \"2d\")");
-  if (r.parallel.tensor > 1 && !shape.tensor_grid.empty()) check_grid_split(r, shape.tensor_grid[0]);
+  if (r.parallel.tensor > 1 && r.parallel.tensor_mode == "3d")
+    throw Error(r.where("parallel.tensor_mode") + " = \"3d\": 3d tensor parallelism is not built yet (valid today: \"1d\", \"2d\" and \"2.5d\")");
+  const auto& grid = shape.tensor_grid;
+  if (r.parallel.tensor > 1 && !grid.empty()) check_grid_split(r, grid.back(), grid.size() == 3 ? grid[0] : 1);
   else if (r.parallel.tensor > 1) check_tensor_split(r.model, r.parallel.tensor, r.where("parallel.tensor"));
   if (r.parallel.sequence > 1) check_sequence_split(r);
   if (r.parallel.pipeline > 1)
@@ -174,9 +178,14 @@ void build_model_shapes(TrainPlan& p) {
   // The parallel layout: tensor-parallel layers come from the factory, each rank allocating its pieces.
   std::unique_ptr<nn::LayerFactory> factory;
   dist::Group& tp = p.runtime->group(dist::Dim::tp);
-  if (tp.size() > 1 && !p.runtime->mesh().shape().tensor_grid.empty()) {   // 2d: batches are cut by the grid's rows
-    factory = std::make_unique<parallel::TensorParallel2d>(p.runtime->tensor_axis(0), p.runtime->tensor_axis(1), nn::ParamStorage::deferred);
-    p.grid_rows = {p.runtime->tensor_axis(0).rank(), p.runtime->tensor_axis(0).size()};
+  const auto& grid = p.runtime->mesh().shape().tensor_grid;
+  if (tp.size() > 1 && !grid.empty()) {   // 2d (2.5d: grids of it in depth): batches are cut by the grids' rows
+    dist::Runtime& rt = *p.runtime;
+    const size_t a = grid.size() == 3 ? 1 : 0;   // the column's axis; 2.5d's depth is axis 0
+    dist::Group* depth = grid.size() == 3 ? &rt.tensor_axis(0) : nullptr;
+    factory = std::make_unique<parallel::TensorParallel2d>(rt.tensor_axis(a), rt.tensor_axis(a + 1), nn::ParamStorage::deferred, depth);
+    const int64_t layer = depth ? depth->rank() : 0, layers = depth ? depth->size() : 1;
+    p.grid_rows = {layer * rt.tensor_axis(a).size() + rt.tensor_axis(a).rank(), layers * rt.tensor_axis(a).size()};
   } else if (tp.size() > 1)
     factory = std::make_unique<parallel::TensorParallel1d>(tp, nn::ParamStorage::deferred, static_cast<uint64_t>(r.train.seed));
   else factory = std::make_unique<nn::LayerFactory>(nn::ParamStorage::deferred);

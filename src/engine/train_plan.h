@@ -47,7 +47,8 @@ struct TrainPlan {
 
   // Sequence parallelism: which tokens of each sequence this rank holds (unset: all of them).
   std::optional<parallel::SequenceLayout> sequence;
-  // 2D tensor parallelism: this rank's row of the grid and the rows (each holds its block of the batch).
+  // 2D (2.5D) tensor parallelism: this rank's row block and their number, over every grid (each row
+  // block holds its part of the batch).
   std::pair<int64_t, int64_t> grid_rows{0, 1};
   // This rank's share of a batch: its tokens of every sequence with their positions, or the batch itself.
   Batch local_part(const Batch& b) const;

@@ -17,6 +17,27 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// The groups a 2D (or 2.5D) layer talks to.
+struct Grid {
+  dist::Group& column;
+  dist::Group& row;
+  dist::Group* depth;   // 2.5D only
+  int64_t q() const { return row.size(); }
+  // The cuts of a parameter: whole along the depth (2.5D), then along the column either cut (in
+  // features: `column_dim`) or whole (-1), then along the row cut by `row_dim`.
+  nn::ShardSpec cuts(int64_t column_dim, int64_t row_dim, int64_t parts = 1) const {
+    nn::ShardSpec s;
+    if (depth) s.cuts.push_back({-1, depth->size(), depth->rank(), 1});
+    s.cuts.push_back({column_dim, q(), column.rank(), 1});
+    s.cuts.push_back({row_dim, q(), row.rank(), parts});
+    return s;
+  }
+  // A parameter whose gradient is summed over the ranks holding the same piece in the other grids.
+  at::Tensor across_depth(const at::Tensor& p) const { return depth ? enter_region(p, *depth) : p; }
+  // A parameter held whole along the column: its gradient sums the column's rows, and the other grids'.
+  at::Tensor whole_along_column(const at::Tensor& p) const { return across_depth(enter_region(p, column)); }
+};
+
 int64_t piece_of(int64_t n, int64_t q, const std::string& what) {
   if (n % q != 0)
     throw Error("2d tensor parallelism: " + what + " of " + std::to_string(n) + " does not divide among the grid's " + std::to_string(q) +
@@ -75,81 +96,72 @@ struct Summa : public torch::autograd::Function<Summa> {
 // W[out j, in i] and b[out j] (b whole along the column); parts: the output's segments (q, k, v).
 class Linear2d : public nn::Linear {
  public:
-  Linear2d(const nn::LinearSpec& s, const nn::LayerFactory& f, dist::Group& column, dist::Group& row) : column_(column), row_(row) {
-    const int64_t q = row.size();
+  Linear2d(const nn::LinearSpec& s, const nn::LayerFactory& f, const Grid& grid) : grid_(grid) {
+    const int64_t q = grid.q();
     piece_of(s.in, q, "a dense layer's input features");
     piece_of(s.out, q * s.parts, "a dense layer's output features");
-    const nn::ShardSpec blocks{{{1, q, column.rank(), 1}, {0, q, row.rank(), s.parts}}};
-    weight_ = register_parameter("weight", f.parameter({s.out / q, s.in / q}), true, blocks);
-    if (s.bias) {
-      const nn::ShardSpec cols{{{-1, q, column.rank(), 1}, {0, q, row.rank(), s.parts}}};
-      bias_ = register_parameter("bias", f.parameter({s.out / q}), true, cols);
-    }
+    weight_ = register_parameter("weight", f.parameter({s.out / q, s.in / q}), true, grid.cuts(1, 0, s.parts));
+    if (s.bias) bias_ = register_parameter("bias", f.parameter({s.out / q}), true, grid.cuts(-1, 0, s.parts));
   }
   at::Tensor forward(const at::Tensor& x) override {
-    at::Tensor y = Summa::apply(x, weight_, &column_, &row_);
-    return bias_.defined() ? y + enter_region(bias_, column_) : y;   // the bias's gradient sums the column's rows
+    at::Tensor y = Summa::apply(x, grid_.across_depth(weight_), &grid_.column, &grid_.row);
+    return bias_.defined() ? y + grid_.whole_along_column(bias_) : y;
   }
   at::Tensor& weight() override { return weight_; }
 
  private:
-  dist::Group &column_, &row_;
+  Grid grid_;
   at::Tensor weight_, bias_;
 };
 
 // A table [num, dim/q]: column j's features of every row, whole along the column.
 class Embedding2d : public nn::Embedding {
  public:
-  Embedding2d(int64_t num, int64_t dim, const nn::LayerFactory& f, dist::Group& column, dist::Group& row) : column_(column), row_(row) {
-    const int64_t q = row.size();
-    const nn::ShardSpec features{{{-1, q, column.rank(), 1}, {1, q, row.rank(), 1}}};
-    weight_ = register_parameter("weight", f.parameter({num, piece_of(dim, q, "an embedding's width")}), true, features);
+  Embedding2d(int64_t num, int64_t dim, const nn::LayerFactory& f, const Grid& grid) : grid_(grid) {
+    weight_ = register_parameter("weight", f.parameter({num, piece_of(dim, grid.q(), "an embedding's width")}), true, grid.cuts(-1, 1));
   }
   at::Tensor forward(const at::Tensor& ids) override {   // this rank's batch rows [...] -> [..., dim/q]
-    return nn::embedding_lookup(enter_region(weight_, column_), ids);
+    return nn::embedding_lookup(grid_.whole_along_column(weight_), ids);
   }
   at::Tensor project(const at::Tensor& x) override {   // [..., dim/q] -> [..., num]: the row's partial logits summed
-    return leave_region(nn::linear_forward(x, enter_region(weight_, column_)), row_);
+    return leave_region(nn::linear_forward(x, grid_.whole_along_column(weight_)), grid_.row);
   }
   at::Tensor head_cross_entropy(const at::Tensor& x, const at::Tensor& targets) override {
-    // Whole logits for this rank's batch rows; the loss is the mean over the grid's rows (equal counts).
+    // Whole logits for this rank's batch rows; the loss is the mean over every row block (equal counts).
     const at::Tensor logits = project(x).to(at::kFloat);   // [N, num]
-    const at::Tensor mine = at::cross_entropy_loss(logits, targets, {}, at::Reduction::Mean, -100);
-    return leave_region(mine, column_) / static_cast<double>(column_.size());
+    at::Tensor loss = at::cross_entropy_loss(logits, targets, {}, at::Reduction::Mean, -100);
+    loss = leave_region(loss, grid_.column) / static_cast<double>(grid_.q());
+    return grid_.depth ? leave_region(loss, *grid_.depth) / static_cast<double>(grid_.depth->size()) : loss;
   }
   at::Tensor& weight() override { return weight_; }
 
  private:
-  dist::Group &column_, &row_;
+  Grid grid_;
   at::Tensor weight_;
 };
 
 // LayerNorm over features spread along the row: the mean and variance sum each rank's part.
 class LayerNorm2d : public nn::LayerNorm {
  public:
-  LayerNorm2d(int64_t dim, double eps, const nn::LayerFactory& f, dist::Group& column, dist::Group& row)
-      : nn::LayerNorm(piece_of(dim, row.size(), "a LayerNorm's width"), eps, f,
-                      nn::ShardSpec{{{-1, row.size(), column.rank(), 1}, {0, row.size(), row.rank(), 1}}}),
-        whole_(dim),
-        column_(column),
-        row_(row) {}
+  LayerNorm2d(int64_t dim, double eps, const nn::LayerFactory& f, const Grid& grid)
+      : nn::LayerNorm(piece_of(dim, grid.q(), "a LayerNorm's width"), eps, f, grid.cuts(-1, 0)), whole_(dim), grid_(grid) {}
   at::Tensor forward(const at::Tensor& x) override {   // [..., dim/q]
     const double n = static_cast<double>(whole_);
-    const at::Tensor mean = sum_over(x.sum(-1, true), row_) / n;
+    const at::Tensor mean = sum_over(x.sum(-1, true), grid_.row) / n;
     const at::Tensor centred = x - mean;
-    const at::Tensor var = sum_over((centred * centred).sum(-1, true), row_) / n;
-    return centred * at::rsqrt(var + eps_) * enter_region(weight, column_) + enter_region(bias, column_);
+    const at::Tensor var = sum_over((centred * centred).sum(-1, true), grid_.row) / n;
+    return centred * at::rsqrt(var + eps_) * grid_.whole_along_column(weight) + grid_.whole_along_column(bias);
   }
 
  private:
   int64_t whole_;
-  dist::Group &column_, &row_;
+  Grid grid_;
 };
 
 }  // namespace
 
-TensorParallel2d::TensorParallel2d(dist::Group& column, dist::Group& row, nn::ParamStorage storage)
-    : nn::LayerFactory(storage), column_(column), row_(row) {
+TensorParallel2d::TensorParallel2d(dist::Group& column, dist::Group& row, nn::ParamStorage storage, dist::Group* depth)
+    : nn::LayerFactory(storage), column_(column), row_(row), depth_(depth && depth->size() > 1 ? depth : nullptr) {
   if (column.size() != row.size()) throw Error("2d tensor parallelism needs a square grid (internal)");
 }
 
@@ -157,15 +169,15 @@ std::shared_ptr<nn::Linear> TensorParallel2d::linear(const nn::LinearSpec& spec)
   if (spec.split == nn::Split::Replicated)
     throw Error("2d tensor parallelism: this model has a dense layer of " + std::to_string(spec.in) + " -> " + std::to_string(spec.out) +
                 " features outside its blocks, which has no 2d layout yet (2d builds gpt, opt and bloom)");
-  return std::make_shared<Linear2d>(spec, *this, column_, row_);
+  return std::make_shared<Linear2d>(spec, *this, Grid{column_, row_, depth_});
 }
 
 std::shared_ptr<nn::Embedding> TensorParallel2d::embedding(int64_t num, int64_t dim, nn::Split) {
-  return std::make_shared<Embedding2d>(num, dim, *this, column_, row_);
+  return std::make_shared<Embedding2d>(num, dim, *this, Grid{column_, row_, depth_});
 }
 
 std::shared_ptr<nn::LayerNorm> TensorParallel2d::layer_norm(int64_t dim, double eps) {
-  return std::make_shared<LayerNorm2d>(dim, eps, *this, column_, row_);
+  return std::make_shared<LayerNorm2d>(dim, eps, *this, Grid{column_, row_, depth_});
 }
 
 nn::HeadRange TensorParallel2d::local_heads(int64_t heads) const {

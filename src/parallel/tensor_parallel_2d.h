@@ -14,6 +14,12 @@
 // embeddings) sum their gradient along it. The grid's two groups come from the runtime
 // (Runtime::tensor_axis): `column` = the ranks sharing this rank's j (axis 0, index i), `row` = those
 // sharing its i (axis 1, index j). Batches are cut by rows before they reach the model (the engine).
+//
+// 2.5D (Tesseract, q x q x d): d such grids, each with its own block of the batch and the same weights;
+// a weight's gradient, whole along each grid's column or not, is then summed over the d grids too (the
+// `depth` group: the ranks with this rank's i and j in the other grids), and the loss is the mean over
+// all d * q row blocks. Activations take 1/(d q^2) of the memory, parameters 1/q^2, and each grid's
+// SUMMA moves 1/d of the batch.
 #pragma once
 #include <memory>
 
@@ -27,8 +33,9 @@ namespace colossal::parallel {
 
 class TensorParallel2d : public nn::LayerFactory {
  public:
-  // Both groups must outlive the model.
-  TensorParallel2d(dist::Group& column, dist::Group& row, nn::ParamStorage storage = nn::ParamStorage::allocated);
+  // The groups must outlive the model. `depth`: 2.5D's (null: 2D).
+  TensorParallel2d(dist::Group& column, dist::Group& row, nn::ParamStorage storage = nn::ParamStorage::allocated,
+                   dist::Group* depth = nullptr);
 
   std::shared_ptr<nn::Linear> linear(const nn::LinearSpec& spec) override;
   std::shared_ptr<nn::Embedding> embedding(int64_t num, int64_t dim, nn::Split split = nn::Split::Replicated) override;
@@ -37,6 +44,7 @@ class TensorParallel2d : public nn::LayerFactory {
 
  private:
   dist::Group &column_, &row_;
+  dist::Group* depth_;
 };
 
 }  // namespace colossal::parallel
