@@ -22,6 +22,7 @@
 #include "src/parallel/sequence_attention.h"
 #include "src/parallel/tensor_parallel_1d.h"
 #include "src/parallel/tensor_parallel_2d.h"
+#include "src/parallel/tensor_parallel_3d.h"
 #include "tests/support/test_support.h"
 
 using namespace colossal;
@@ -423,7 +424,7 @@ namespace {
 // A family on a q x q grid (2D tensor parallelism), or `depth` of them (2.5D), against one process:
 // each row block's batch rows, the loss (the mean over the blocks), every gradient (each rank's block of
 // the whole), and three SGD steps.
-void check_family_grid(const std::string& family, int64_t q, int64_t depth = 1) {
+void check_family_grid(const std::string& family, int64_t q, int64_t depth = 1, bool cube = false) {
   const ModelConfig c = tiny(family);
   at::manual_seed(7);
   nn::LayerFactory plain;
@@ -431,7 +432,7 @@ void check_family_grid(const std::string& family, int64_t q, int64_t depth = 1) 
   std::map<std::string, at::Tensor> initial, first_grads;
   for (const auto& item : whole->named_parameters()) initial[item.key()] = item.value().detach().clone();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(99);
-  const int64_t batch = 2 * q * depth;   // two rows a block
+  const int64_t blocks = cube ? q * q : q * depth, batch = 2 * blocks;   // two rows a block
   const at::Tensor ids = at::randint(kVocab, {batch, kSeq}, gen, at::kLong), targets = at::randint(kVocab, {batch, kSeq}, gen, at::kLong);
   std::vector<double> losses;
   for (int64_t s = 0; s < kSteps; ++s) {
@@ -442,22 +443,32 @@ void check_family_grid(const std::string& family, int64_t q, int64_t depth = 1) 
       for (const auto& item : whole->named_parameters()) first_grads[item.key()] = item.value().grad().clone();
     sgd_step(*whole);
   }
-  dist::MeshShape mesh = tp_mesh(depth * q * q);
-  mesh.tensor_grid = depth > 1 ? std::vector<int64_t>{depth, q, q} : std::vector<int64_t>{q, q};
-  const std::string name = family + (depth > 1 ? " 2.5d" : " 2d");
+  const int64_t ranks = cube ? q * q * q : depth * q * q;
+  dist::MeshShape mesh = tp_mesh(ranks);
+  mesh.tensor_grid = cube ? std::vector<int64_t>{q, q, q} : depth > 1 ? std::vector<int64_t>{depth, q, q} : std::vector<int64_t>{q, q};
+  const std::string name = family + (cube ? " 3d" : depth > 1 ? " 2.5d" : " 2d");
   auto errors = test::run_ranks(
-      depth * q * q,
+      ranks,
       [&](int64_t rank, dist::Runtime& rt) {
-        const size_t a = depth > 1 ? 1 : 0;
-        dist::Group &column = rt.tensor_axis(a), &row = rt.tensor_axis(a + 1);
-        dist::Group* layers = depth > 1 ? &rt.tensor_axis(0) : nullptr;
-        parallel::TensorParallel2d f(column, row, nn::ParamStorage::allocated, layers);
-        auto m = build_model(c, f, /*initialise=*/false);
+        std::unique_ptr<nn::LayerFactory> f;
+        int64_t block = 0;
+        if (cube) {
+          const std::array<dist::Group*, 3> axes{&rt.tensor_axis(0), &rt.tensor_axis(1), &rt.tensor_axis(2)};
+          f = std::make_unique<parallel::TensorParallel3d>(axes);
+          block = parallel::TensorParallel3d::row_block(axes);
+        } else {
+          const size_t a = depth > 1 ? 1 : 0;
+          dist::Group &column = rt.tensor_axis(a), &row = rt.tensor_axis(a + 1);
+          dist::Group* layers = depth > 1 ? &rt.tensor_axis(0) : nullptr;
+          f = std::make_unique<parallel::TensorParallel2d>(column, row, nn::ParamStorage::allocated, layers);
+          block = (layers ? layers->rank() * q : 0) + column.rank();
+        }
+        auto m = build_model(c, *f, /*initialise=*/false);
         {
           at::NoGradGuard no_grad;
           for (auto& item : m->named_parameters()) item.value().copy_(item.shard().local_of(initial.at(item.key())));
         }
-        const int64_t block = (layers ? layers->rank() * q : 0) + column.rank(), first = block * 2;
+        const int64_t first = block * 2;
         for (int64_t s = 0; s < kSteps; ++s) {
           at::Tensor loss = dynamic_cast<nn::CausalLM&>(*m).loss(ids.narrow(0, first, 2), targets.narrow(0, first, 2));
           loss.backward();
@@ -477,6 +488,10 @@ void check_family_grid(const std::string& family, int64_t q, int64_t depth = 1) 
 
 TEST(TensorParallel2d, GptOptAndBloomOnATwoByTwoGridEqualOneProcessAfterThreeSteps) {
   for (const char* family : {"gpt", "opt", "bloom"}) check_family_grid(family, 2);
+}
+
+TEST(TensorParallel3d, GptAndBloomOnATwoCubedCubeEqualOneProcessAfterThreeSteps) {
+  for (const char* family : {"gpt", "bloom"}) check_family_grid(family, 2, 1, /*cube=*/true);   // 8 ranks
 }
 
 TEST(TensorParallel25d, TwoGridsOfTwoByTwoEqualOneProcessAfterThreeSteps) {

@@ -31,13 +31,27 @@ at::Tensor join(const std::vector<at::Tensor>& pieces, const ShardCut& c) {
   return at::cat(ordered, c.dim);
 }
 
-// Pieces [from, from + n) of the rank-ordered list, whose cuts from `axis` on remain, made whole.
-at::Tensor assemble_from(const std::vector<at::Tensor>& pieces, size_t from, size_t n, const std::vector<ShardCut>& cuts, size_t axis) {
-  if (axis == cuts.size()) return pieces.at(from);
-  const auto count = static_cast<size_t>(cuts[axis].count), each = n / count;
+// The whole tensor from the rank-ordered pieces, cuts from `k` on still to undo; `digit` holds each
+// axis's coordinate fixed so far (every axis has a cut, so all are fixed at the end).
+at::Tensor assemble_from(const std::vector<at::Tensor>& pieces, const std::vector<ShardCut>& cuts, size_t k, std::vector<int64_t>& digit,
+                         const std::vector<int64_t>& stride) {
+  if (k == cuts.size()) {
+    int64_t rank = 0;
+    for (size_t a = 0; a < digit.size(); ++a) rank += digit[a] * stride[a];
+    return pieces.at(static_cast<size_t>(rank));
+  }
+  const ShardCut& c = cuts[k];
+  const auto a = static_cast<size_t>(c.axis >= 0 ? c.axis : static_cast<int64_t>(k));
+  if (c.dim < 0) {   // the same on every rank of this axis: rank 0's
+    digit[a] = 0;
+    return assemble_from(pieces, cuts, k + 1, digit, stride);
+  }
   std::vector<at::Tensor> parts;
-  for (size_t i = 0; i < count; ++i) parts.push_back(assemble_from(pieces, from + i * each, each, cuts, axis + 1));
-  return join(parts, cuts[axis]);
+  for (int64_t i = 0; i < c.count; ++i) {
+    digit[a] = i;
+    parts.push_back(assemble_from(pieces, cuts, k + 1, digit, stride));
+  }
+  return join(parts, c);
 }
 
 }  // namespace
@@ -72,10 +86,13 @@ at::Tensor ShardSpec::local_of(const at::Tensor& full) const {
 
 at::Tensor ShardSpec::assemble(const std::vector<at::Tensor>& pieces) const {
   if (!split()) return pieces.at(0);
+  std::vector<int64_t> count(cuts.size(), 1);   // by axis
+  for (size_t k = 0; k < cuts.size(); ++k) count.at(static_cast<size_t>(cuts[k].axis >= 0 ? cuts[k].axis : static_cast<int64_t>(k))) = cuts[k].count;
+  std::vector<int64_t> stride(count.size(), 1), digit(count.size(), 0);
   int64_t ranks = 1;
-  for (const auto& c : cuts) ranks *= c.count;
+  for (size_t a = count.size(); a-- > 0;) stride[a] = ranks, ranks *= count[a];
   if (static_cast<int64_t>(pieces.size()) != ranks) throw std::invalid_argument("ShardSpec::assemble: wrong number of pieces");
-  return assemble_from(pieces, 0, pieces.size(), cuts, 0);
+  return assemble_from(pieces, cuts, 0, digit, stride);
 }
 
 }  // namespace colossal::nn

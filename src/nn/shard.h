@@ -4,7 +4,9 @@
 //
 // The tensor-parallel group is a grid of one axis (1D) or several (2D's q x q, ...); a tensor-parallel
 // rank's index is its coordinates read as digits, the first axis the most significant. A ShardSpec has
-// one cut per axis, in that order: along an axis of `count` ranks the rank holds piece `index` of
+// one cut per axis (in axis order, or in any order with each cut naming its axis: cuts apply in list
+// order, the first the coarsest, as 3D's weights cut one dimension by two axes): along an axis of
+// `count` ranks the rank holds piece `index` of
 // `count` equal pieces of dimension `dim`, or (dim -1) the same as its peers along that axis. When the
 // cut dimension is `parts` equal segments laid end to end (attention's fused [q; k; v] rows), each
 // segment is cut the same way and the rank's pieces sit side by side: rank r of 2 holds [q_r; k_r; v_r],
@@ -21,6 +23,7 @@ struct ShardCut {
   int64_t count = 1;
   int64_t index = 0;
   int64_t parts = 1;
+  int64_t axis = -1;  // the grid axis it cuts along; -1: its position in the list
 };
 
 struct ShardSpec {
