@@ -667,7 +667,7 @@ TEST(TensorParallelTraining, CheckpointsHoldWholeTensorsAndResumeUnderAnyLayout)
   EXPECT_LT(max_relative_difference(dir / "to-tp", dir / "one"), 1e-5);
 }
 
-TEST(TensorParallelTraining, SizesThatDoNotDivideAndModesNotBuiltAreRefusedBeforeTraining) {
+TEST(TensorParallelTraining, SizesThatDoNotDivideAndAGridThatIsNotACubeAreRefusedBeforeTraining) {
   TempDir dir;
   auto r = train(write_recipe(dir, "four"), "--nproc-per-node 4 --set parallel.tensor=4");
   EXPECT_NE(r.exit_code, 0);
@@ -676,7 +676,9 @@ TEST(TensorParallelTraining, SizesThatDoNotDivideAndModesNotBuiltAreRefusedBefor
       << r.output;
   r = train(write_recipe(dir, "3d", "[parallel]\ntensor = 2\ntensor_mode = \"3d\"\n"), "--nproc-per-node 2");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("tensor_mode = \"3d\": 3d tensor parallelism is not built yet"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tensor = 2: tensor_mode = \"3d\" arranges the tensor ranks in a q x q x q cube, so tensor must be a cube (8, 27"),
+            std::string::npos)
+      << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir / "four/checkpoints")) << "nothing is written before the refusal";
 }
 
@@ -719,7 +721,7 @@ TEST(SequenceParallelTraining, SplitsTheModelOrBatchCannotTakeAreRefusedNamingTh
       << r.output;
 }
 
-TEST(TensorParallel2dTraining, AGridAndTwoGridsIn25dEqualOneProcessAndCheckpointsResumeIn1dAndOneProcessAndLoadInTransformers) {
+TEST(TensorParallel2dTraining, AGridACubeAndTwoGridsIn25dEqualOneProcessAndCheckpointsResumeIn1dAndOneProcessAndLoadInTransformers) {
   TempDir dir;
   const std::string clip = " --set train.grad_clip=0.05";
   const std::string grid = "--nproc-per-node 4 --set parallel.tensor=4 --set parallel.tensor_mode=2d";
@@ -728,6 +730,10 @@ TEST(TensorParallel2dTraining, AGridAndTwoGridsIn25dEqualOneProcessAndCheckpoint
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_LT(max_relative_difference(dir / "grid", dir / "one"), 1e-5);
   EXPECT_GT(colossal::test::metric_values(dir / "grid/metrics.jsonl", "tp_comm_mb").at(0), 0);
+  // 3D: a 2 x 2 x 2 cube (8 ranks)
+  r = train(write_recipe(dir, "cube"), "--nproc-per-node 8 --set parallel.tensor=8 --set parallel.tensor_mode=3d" + clip);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(max_relative_difference(dir / "cube", dir / "one"), 1e-5);
   // 2.5D: two such grids, each with half of every batch (8 ranks)
   r = train(write_recipe(dir, "grids"), "--nproc-per-node 8 --set parallel.tensor=8 --set parallel.tensor_mode=2.5d "
                                         "--set parallel.tensor_depth=2" + clip);
@@ -766,9 +772,9 @@ TEST(TensorParallel2dTraining, SizesTheGridCannotTakeAreRefusedNamingTheKey) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("train.batch_size = 3: the 2d grid cuts each batch into 2 row blocks (use a multiple of 2)"), std::string::npos)
       << r.output;
-  r = train(recipe, "--nproc-per-node 4 --set parallel.tensor=4 --set parallel.tensor_mode=3d");
+  r = train(recipe, "--nproc-per-node 8 --set parallel.tensor=8 --set parallel.tensor_mode=3d --set train.batch_size=6");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("3d tensor parallelism is not built yet (valid today: \"1d\", \"2d\" and \"2.5d\")"), std::string::npos)
+  EXPECT_NE(r.output.find("train.batch_size = 6: the 3d grid cuts each batch into 4 row blocks (use a multiple of 4)"), std::string::npos)
       << r.output;
   r = train(recipe, "--nproc-per-node 4 --set parallel.tensor=4 --set parallel.tensor_mode=2.5d --set parallel.tensor_depth=2");
   EXPECT_NE(r.exit_code, 0);

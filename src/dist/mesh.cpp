@@ -40,6 +40,14 @@ MeshShape resolve_mesh(const Recipe& r, int64_t world) {
     }
     m.tensor_grid = {q, q};
   }
+  if (p.tensor_mode == "3d") {   // a cube of q x q x q
+    int64_t q = 1;
+    while ((q + 1) * (q + 1) * (q + 1) <= p.tensor) ++q;
+    if (q * q * q != p.tensor)
+      throw Error(r.where("parallel.tensor") + " = " + std::to_string(p.tensor) + ": tensor_mode = \"3d\" arranges the tensor ranks in a " +
+                  "q x q x q cube, so tensor must be a cube (8, 27, 64, ...)");
+    m.tensor_grid = {q, q, q};
+  }
   if (p.tensor_mode == "2.5d") {   // d grids of q x q
     const int64_t d = p.tensor_depth;
     int64_t q = 1;

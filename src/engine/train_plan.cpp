@@ -7,6 +7,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <cstdlib>
+#include <tuple>
 #include <filesystem>
 #include <spdlog/spdlog.h>
 
@@ -23,6 +24,7 @@
 #include "src/parallel/sequence_attention.h"
 #include "src/parallel/tensor_parallel_1d.h"
 #include "src/parallel/tensor_parallel_2d.h"
+#include "src/parallel/tensor_parallel_3d.h"
 
 namespace fs = std::filesystem;
 
@@ -96,7 +98,7 @@ void check_sequence_split(const Recipe& r) {
 }
 
 // A 2D grid of q x q (or 2.5D's `depth` of them) the model and the batch divide, refused with the key at fault.
-void check_grid_split(const Recipe& r, int64_t q, int64_t depth) {
+void check_grid_split(const Recipe& r, int64_t q, int64_t depth) {   // (3d: q^2 row blocks)
   const ModelConfig& m = r.model;
   const std::string mode = r.parallel.tensor_mode;
   const std::string head = r.where("parallel.tensor_mode") + " = \"" + mode + "\": ";
@@ -109,12 +111,16 @@ void check_grid_split(const Recipe& r, int64_t q, int64_t depth) {
     throw Error(r.where(m.dropout > 0 ? "model.dropout" : "model.attn_dropout") + ": dropout under " + mode +
                 " tensor parallelism is not built yet (set it to 0, or use \"1d\")");
   if (r.parallel.sequence > 1) throw Error(head + mode + " with sequence parallelism is not built yet (use \"1d\" with sequence)");
-  for (const auto& [key, n] : {std::pair<std::string, int64_t>{"n_head", m.n_head}, {"n_embd", m.n_embd},
-                               {"n_inner", m.n_inner > 0 ? m.n_inner : 4 * m.n_embd}})
-    if (n % q != 0)
-      throw Error(r.where("parallel.tensor") + " = " + std::to_string(depth * q * q) + " (" + (depth > 1 ? std::to_string(depth) + " x " : "") +
-                  std::to_string(q) + " x " + std::to_string(q) + ") does not divide the model's " + key + " = " + std::to_string(n) + " into " +
-                  std::to_string(q) + " columns");
+  const bool cube = mode == "3d";
+  const int64_t pieces = cube ? q * q : q;   // 3d cuts every dense layer's output features q^2 ways
+  const std::string grid = cube ? std::to_string(q) + " x " + std::to_string(q) + " x " + std::to_string(q)
+                                : (depth > 1 ? std::to_string(depth) + " x " : "") + std::to_string(q) + " x " + std::to_string(q);
+  for (const auto& [key, n, by] : {std::tuple<std::string, int64_t, int64_t>{"n_head", m.n_head, q}, {"n_embd", m.n_embd, pieces},
+                                   {"n_inner", m.n_inner > 0 ? m.n_inner : 4 * m.n_embd, pieces}})
+    if (n % by != 0)
+      throw Error(r.where("parallel.tensor") + " = " + std::to_string(r.parallel.tensor) + " (" + grid + ") does not divide the model's " +
+                  key + " = " + std::to_string(n) + " into " + std::to_string(by) + " pieces");
+  if (cube) depth = q;   // a cube's q^2 row blocks
   if (r.train.batch_size % (q * depth) != 0)
     throw Error(r.where("train.batch_size") + " = " + std::to_string(r.train.batch_size) + ": the " + mode + " grid cuts each batch into " +
                 std::to_string(q * depth) + " row blocks (use a multiple of " + std::to_string(q * depth) + ")");
@@ -125,10 +131,8 @@ void check_grid_split(const Recipe& r, int64_t q, int64_t depth) {
 // Dimensions whose layers are not built yet are refused here, by name, rather than run as something else.
 dist::MeshShape check_parallel_recipe(const Recipe& r, int64_t world) {
   const dist::MeshShape shape = dist::resolve_mesh(r, world);
-  if (r.parallel.tensor > 1 && r.parallel.tensor_mode == "3d")
-    throw Error(r.where("parallel.tensor_mode") + " = \"3d\": 3d tensor parallelism is not built yet (valid today: \"1d\", \"2d\" and \"2.5d\")");
   const auto& grid = shape.tensor_grid;
-  if (r.parallel.tensor > 1 && !grid.empty()) check_grid_split(r, grid.back(), grid.size() == 3 ? grid[0] : 1);
+  if (r.parallel.tensor > 1 && !grid.empty()) check_grid_split(r, grid.back(), r.parallel.tensor_mode == "2.5d" ? grid[0] : 1);
   else if (r.parallel.tensor > 1) check_tensor_split(r.model, r.parallel.tensor, r.where("parallel.tensor"));
   if (r.parallel.sequence > 1) check_sequence_split(r);
   if (r.parallel.pipeline > 1)
@@ -179,7 +183,12 @@ void build_model_shapes(TrainPlan& p) {
   std::unique_ptr<nn::LayerFactory> factory;
   dist::Group& tp = p.runtime->group(dist::Dim::tp);
   const auto& grid = p.runtime->mesh().shape().tensor_grid;
-  if (tp.size() > 1 && !grid.empty()) {   // 2d (2.5d: grids of it in depth): batches are cut by the grids' rows
+  if (tp.size() > 1 && r.parallel.tensor_mode == "3d") {   // a cube: batches are cut into q^2 row blocks
+    dist::Runtime& rt = *p.runtime;
+    const std::array<dist::Group*, 3> axes{&rt.tensor_axis(0), &rt.tensor_axis(1), &rt.tensor_axis(2)};
+    factory = std::make_unique<parallel::TensorParallel3d>(axes, nn::ParamStorage::deferred);
+    p.grid_rows = {parallel::TensorParallel3d::row_block(axes), axes[0]->size() * axes[0]->size()};
+  } else if (tp.size() > 1 && !grid.empty()) {   // 2d (2.5d: grids of it in depth): batches are cut by the grids' rows
     dist::Runtime& rt = *p.runtime;
     const size_t a = grid.size() == 3 ? 1 : 0;   // the column's axis; 2.5d's depth is axis 0
     dist::Group* depth = grid.size() == 3 ? &rt.tensor_axis(0) : nullptr;
