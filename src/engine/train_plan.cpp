@@ -115,8 +115,11 @@ void check_grid_split(const Recipe& r, int64_t q, int64_t depth) {   // (3d: q^2
   const int64_t pieces = cube ? q * q : q;   // 3d cuts every dense layer's output features q^2 ways
   const std::string grid = cube ? std::to_string(q) + " x " + std::to_string(q) + " x " + std::to_string(q)
                                 : (depth > 1 ? std::to_string(depth) + " x " : "") + std::to_string(q) + " x " + std::to_string(q);
+  // embeddings are cut by rows (vocabulary, GPT's positions) along the features' axis
+  const int64_t positions = m.family == "gpt" ? m.block_size : q;
   for (const auto& [key, n, by] : {std::tuple<std::string, int64_t, int64_t>{"n_head", m.n_head, q}, {"n_embd", m.n_embd, pieces},
-                                   {"n_inner", m.n_inner > 0 ? m.n_inner : 4 * m.n_embd, pieces}})
+                                   {"n_inner", m.n_inner > 0 ? m.n_inner : 4 * m.n_embd, pieces}, {"vocab_size", m.vocab_size, q},
+                                   {"block_size", positions, q}})
     if (n % by != 0)
       throw Error(r.where("parallel.tensor") + " = " + std::to_string(r.parallel.tensor) + " (" + grid + ") does not divide the model's " +
                   key + " = " + std::to_string(n) + " into " + std::to_string(by) + " pieces");

@@ -10,6 +10,7 @@
 #include "src/nn/layer_norm.h"
 #include "src/nn/linear_forward.h"
 #include "src/parallel/tp_comm.h"
+#include "src/parallel/vocab_cross_entropy.h"
 
 namespace colossal::parallel {
 namespace {
@@ -114,29 +115,42 @@ class Linear2d : public nn::Linear {
   at::Tensor weight_, bias_;
 };
 
-// A table [num, dim/q]: column j's features of every row, whole along the column.
+// A table [num/q, dim]: row j's range of the vocabulary (or positions), whole along the column. A
+// lookup's partial rows are reduce-scattered by features along the row (each rank then holds its
+// features of every token); the tied head all-gathers the features along the row and computes its
+// vocabulary range's logits, and the loss combines the ranges with two all-reduces of N values
+// (vocab_cross_entropy.h), so the whole [N, vocab] logits never exist.
 class Embedding2d : public nn::Embedding {
  public:
   Embedding2d(int64_t num, int64_t dim, const nn::LayerFactory& f, const Grid& grid) : grid_(grid) {
-    weight_ = register_parameter("weight", f.parameter({num, piece_of(dim, grid.q(), "an embedding's width")}), true, grid.cuts(-1, 1));
+    const int64_t rows = piece_of(num, grid.q(), "an embedding's rows (the vocabulary or positions)");
+    piece_of(dim, grid.q(), "an embedding's width");
+    first_ = grid.row.rank() * rows;
+    weight_ = register_parameter("weight", f.parameter({rows, dim}), true, grid.cuts(-1, 0));
   }
   at::Tensor forward(const at::Tensor& ids) override {   // this rank's batch rows [...] -> [..., dim/q]
-    return nn::embedding_lookup(grid_.whole_along_column(weight_), ids);
+    const int64_t rows = weight_.size(0);
+    const at::Tensor elsewhere = ids.lt(first_).logical_or(ids.ge(first_ + rows));
+    const at::Tensor found = nn::embedding_lookup(grid_.whole_along_column(weight_), (ids - first_).masked_fill(elsewhere, 0));
+    return scatter_sum(found.masked_fill(elsewhere.unsqueeze(-1), 0), grid_.row);
   }
-  at::Tensor project(const at::Tensor& x) override {   // [..., dim/q] -> [..., num]: the row's partial logits summed
-    return leave_region(nn::linear_forward(x, grid_.whole_along_column(weight_)), grid_.row);
+  at::Tensor project(const at::Tensor& x) override {   // [..., dim/q] -> [..., num], gathered
+    return gather_last(range_logits(x), grid_.row);
   }
   at::Tensor head_cross_entropy(const at::Tensor& x, const at::Tensor& targets) override {
-    // Whole logits for this rank's batch rows; the loss is the mean over every row block (equal counts).
-    const at::Tensor logits = project(x).to(at::kFloat);   // [N, num]
-    at::Tensor loss = at::cross_entropy_loss(logits, targets, {}, at::Reduction::Mean, -100);
+    // The mean over this rank's rows, then over every row block (equal counts).
+    at::Tensor loss = vocab_parallel_cross_entropy(gather_partial(x, grid_.row), grid_.whole_along_column(weight_), targets, first_, grid_.row);
     loss = leave_region(loss, grid_.column) / static_cast<double>(grid_.q());
     return grid_.depth ? leave_region(loss, *grid_.depth) / static_cast<double>(grid_.depth->size()) : loss;
   }
   at::Tensor& weight() override { return weight_; }
 
  private:
+  at::Tensor range_logits(const at::Tensor& x) {   // [..., dim/q] -> [..., num/q]
+    return nn::linear_forward(gather_partial(x, grid_.row), grid_.whole_along_column(weight_));
+  }
   Grid grid_;
+  int64_t first_ = 0;
   at::Tensor weight_;
 };
 

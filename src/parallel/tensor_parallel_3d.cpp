@@ -10,6 +10,7 @@
 #include "src/nn/layer_norm.h"
 #include "src/nn/linear_forward.h"
 #include "src/parallel/tp_comm.h"
+#include "src/parallel/vocab_cross_entropy.h"
 
 namespace colossal::parallel {
 namespace {
@@ -127,20 +128,29 @@ class Linear3d : public nn::Linear {
   at::Tensor weight_, bias_;
 };
 
-// Tables [num, dim/q]: axis 2's features (the residual stream's layout), whole along axes 0 and 1.
+// Tables [num/q, dim]: axis 2's range of the vocabulary (or positions), whole along axes 0 and 1; as
+// 2D's embeddings (tensor_parallel_2d.cpp) with axis 2 as the row: lookups reduce-scatter by features,
+// the tied head gathers them and the loss combines the vocabulary ranges.
 class Embedding3d : public nn::Embedding {
  public:
   Embedding3d(int64_t num, int64_t dim, const nn::LayerFactory& f, const Axes& axes) : axes_(axes) {
-    weight_ = register_parameter("weight", f.parameter({num, piece_of(dim, axes[0]->size(), "an embedding's width")}), true,
-                                 nn::ShardSpec{{cut(axes, 0, -1), cut(axes, 1, -1), cut(axes, 2, 1)}});
+    const int64_t q = axes[0]->size(), rows = piece_of(num, q, "an embedding's rows (the vocabulary or positions)");
+    piece_of(dim, q, "an embedding's width");
+    first_ = axes[2]->rank() * rows;
+    weight_ = register_parameter("weight", f.parameter({rows, dim}), true, nn::ShardSpec{{cut(axes, 0, -1), cut(axes, 1, -1), cut(axes, 2, 0)}});
   }
-  at::Tensor forward(const at::Tensor& ids) override { return nn::embedding_lookup(summed_over_others(weight_, axes_, 2), ids); }
-  at::Tensor project(const at::Tensor& x) override {   // partial logits over axis 2's features, summed along it
-    return leave_region(nn::linear_forward(x, summed_over_others(weight_, axes_, 2)), *axes_[2]);
+  at::Tensor forward(const at::Tensor& ids) override {
+    const int64_t rows = weight_.size(0);
+    const at::Tensor elsewhere = ids.lt(first_).logical_or(ids.ge(first_ + rows));
+    const at::Tensor found = nn::embedding_lookup(summed_over_others(weight_, axes_, 2), (ids - first_).masked_fill(elsewhere, 0));
+    return scatter_sum(found.masked_fill(elsewhere.unsqueeze(-1), 0), *axes_[2]);
+  }
+  at::Tensor project(const at::Tensor& x) override {
+    return gather_last(nn::linear_forward(gather_partial(x, *axes_[2]), summed_over_others(weight_, axes_, 2)), *axes_[2]);
   }
   at::Tensor head_cross_entropy(const at::Tensor& x, const at::Tensor& targets) override {
-    const at::Tensor logits = project(x).to(at::kFloat);   // [N, num] for this rank's rows
-    at::Tensor loss = at::cross_entropy_loss(logits, targets, {}, at::Reduction::Mean, -100);
+    at::Tensor loss =
+        vocab_parallel_cross_entropy(gather_partial(x, *axes_[2]), summed_over_others(weight_, axes_, 2), targets, first_, *axes_[2]);
     for (int64_t i : {0, 1}) loss = leave_region(loss, *axes_[static_cast<size_t>(i)]) / static_cast<double>(axes_[0]->size());
     return loss;   // the mean over the q^2 row blocks (equal counts)
   }
@@ -148,6 +158,7 @@ class Embedding3d : public nn::Embedding {
 
  private:
   Axes axes_;
+  int64_t first_ = 0;
   at::Tensor weight_;
 };
 

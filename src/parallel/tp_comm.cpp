@@ -70,6 +70,37 @@ struct TakeSlice : public torch::autograd::Function<TakeSlice> {
   }
 };
 
+// [..., n * size] partial on every rank -> this rank's [..., n] of the sum over the group.
+at::Tensor reduce_scatter_last(const at::Tensor& x, dist::Group& g, const char* what) {
+  const int64_t p = g.size(), n = x.size(-1) / p;
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = n;
+  const at::Tensor whole = x.reshape({-1, p, n}).transpose(0, 1).contiguous();   // [P, rows, n]: each rank's block together
+  at::Tensor mine = at::empty(shape, x.options());
+  g.reduce_scatter(mine.view({-1}), whole.view({-1}), what);
+  return mine;
+}
+
+struct GatherPartial : public torch::autograd::Function<GatherPartial> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, dist::Group* g) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
+    return all_gather_last(x, *g, "tensor-parallel feature gather");
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {reduce_scatter_last(grad[0], *group_of(ctx), "tensor-parallel feature gradient"), at::Tensor()};
+  }
+};
+
+struct ScatterSum : public torch::autograd::Function<ScatterSum> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, dist::Group* g) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
+    return reduce_scatter_last(x, *g, "tensor-parallel partial sums by feature");
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {all_gather_last(grad[0], *group_of(ctx), "tensor-parallel partial sum gradient"), at::Tensor()};
+  }
+};
+
 bool needs_autograd(const at::Tensor& x) { return at::GradMode::is_enabled() && x.requires_grad(); }
 
 }  // namespace
@@ -109,6 +140,18 @@ at::Tensor gather_last(const at::Tensor& x, dist::Group& g) {
   if (g.size() == 1) return x;
   if (!needs_autograd(x)) return all_gather_last(x, g, "tensor-parallel gather");
   return GatherLast::apply(x, &g);
+}
+
+at::Tensor gather_partial(const at::Tensor& x, dist::Group& g) {
+  if (g.size() == 1) return x;
+  if (!needs_autograd(x)) return all_gather_last(x, g, "tensor-parallel feature gather");
+  return GatherPartial::apply(x, &g);
+}
+
+at::Tensor scatter_sum(const at::Tensor& x, dist::Group& g) {
+  if (g.size() == 1) return x;
+  if (!needs_autograd(x)) return reduce_scatter_last(x, g, "tensor-parallel partial sums by feature");
+  return ScatterSum::apply(x, &g);
 }
 
 at::Tensor take_slice(const at::Tensor& x, dist::Group& g) {

@@ -27,6 +27,13 @@ at::Tensor gather_last(const at::Tensor& x, dist::Group& group);
 // x [..., n * size] -> this rank's [..., n].
 at::Tensor take_slice(const at::Tensor& x, dist::Group& group);
 
+// The pair for features spread along a group and partial sums of them: gather_partial all-gathers x's
+// last dimension forward and reduce-scatters its gradient backward (the whole is then used differently
+// on each rank, as the head of a vocabulary range); scatter_sum reduce-scatters a partial sum by its
+// last dimension forward and all-gathers the gradient backward (a lookup of a vocabulary range).
+at::Tensor gather_partial(const at::Tensor& x, dist::Group& group);
+at::Tensor scatter_sum(const at::Tensor& x, dist::Group& group);
+
 // All-gather of x along the last dimension without autograd (also used by the two above).
 at::Tensor all_gather_last(const at::Tensor& x, dist::Group& group, const char* what);
 
