@@ -110,6 +110,21 @@ double max_relative_difference(const std::string& a_dir, const std::string& b_di
   return worst;
 }
 
+std::string venv_python() { return colossal::test::source_dir() + "/.venv/bin/python"; }
+bool have_transformers() { return std::system(("'" + venv_python() + "' -c 'import transformers' >/dev/null 2>&1").c_str()) == 0; }
+
+// transformers' AutoModelForCausalLM loads `checkpoint` as GPT-2 with no tensor missing, unexpected or
+// mismatched (its output into `log`).
+void expect_transformers_loads(const std::string& checkpoint, const std::string& log) {
+  const std::string cmd = "'" + venv_python() + "' -c \"import sys, transformers\n"
+                          "m, info = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], output_loading_info=True)\n"
+                          "bad = {k: v for k, v in info.items() if v}\n"
+                          "print('loaded', type(m).__name__, bad)\n"
+                          "sys.exit(1 if bad else 0)\" '" + checkpoint + "' > '" + log + "' 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << colossal::test::read_file(log);
+  EXPECT_NE(colossal::test::read_file(log).find("loaded GPT2LMHeadModel {}"), std::string::npos) << colossal::test::read_file(log);
+}
+
 colossal::test::Run train(const std::string& recipe, const std::string& args) {
   return run_colossal("train " + recipe + " -q " + args);
 }
@@ -178,21 +193,12 @@ TEST(DistributedTraining, ZeroStagesOneToThreeFollowPlainDataParallelAndShardThe
 }
 
 TEST(DistributedTraining, TransformersLoadsAZeroThreeCheckpointWithEveryTensor) {
-  const std::string py = colossal::test::source_dir() + "/.venv/bin/python";
-  if (std::system(("'" + py + "' -c 'import transformers' >/dev/null 2>&1").c_str()) != 0)
-    GTEST_SKIP() << "transformers is not installed in .venv (the benchmark scripts install it; tests do not need it)";
+  if (!have_transformers()) GTEST_SKIP() << "transformers is not installed in .venv (the benchmark scripts install it; tests do not need it)";
   TempDir dir;
   auto r = train(write_recipe(dir, "z3"), "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=3 --set memory.chunk_size_mb=0.01 "
                                           "--set train.max_steps=2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string cmd = "'" + py + "' -c \"import sys, transformers\n"
-                          "m, info = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], output_loading_info=True)\n"
-                          "bad = {k: v for k, v in info.items() if v}\n"
-                          "print('loaded', type(m).__name__, bad)\n"
-                          "sys.exit(1 if bad else 0)\" '" + latest_checkpoint(dir / "z3") + "' > '" + (dir / "hf.log") + "' 2>&1";
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << colossal::test::read_file(dir / "hf.log");
-  EXPECT_NE(colossal::test::read_file(dir / "hf.log").find("loaded GPT2LMHeadModel {}"), std::string::npos)
-      << colossal::test::read_file(dir / "hf.log");
+  expect_transformers_loads(latest_checkpoint(dir / "z3"), dir / "hf.log");
 }
 
 TEST(DistributedTraining, ResumeReshardsAcrossStagesAndRanksAndContinuesTheSameRun) {
@@ -749,15 +755,8 @@ TEST(TensorParallel2dTraining, AGridACubeAndTwoGridsIn25dEqualOneProcessAndCheck
     ASSERT_EQ(r.exit_code, 0) << name << ": " << r.output;
     EXPECT_LT(max_relative_difference(dir / name, dir / "one"), 1e-5) << name;
   }
-  const std::string py = colossal::test::source_dir() + "/.venv/bin/python";
-  if (std::system(("'" + py + "' -c 'import transformers' >/dev/null 2>&1").c_str()) != 0)
-    GTEST_SKIP() << "transformers is not installed in .venv (the benchmark scripts install it; tests do not need it)";
-  const std::string cmd = "'" + py + "' -c \"import sys, transformers\n"
-                          "m, info = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], output_loading_info=True)\n"
-                          "bad = {k: v for k, v in info.items() if v}\n"
-                          "print('loaded', type(m).__name__, bad)\n"
-                          "sys.exit(1 if bad else 0)\" '" + latest_checkpoint(dir / "grid") + "' > '" + (dir / "hf.log") + "' 2>&1";
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << colossal::test::read_file(dir / "hf.log");
+  if (!have_transformers()) GTEST_SKIP() << "transformers is not installed in .venv (the benchmark scripts install it; tests do not need it)";
+  expect_transformers_loads(latest_checkpoint(dir / "grid"), dir / "hf.log");
 }
 
 TEST(TensorParallel2dTraining, SizesTheGridCannotTakeAreRefusedNamingTheKey) {

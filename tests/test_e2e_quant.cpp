@@ -73,6 +73,16 @@ TEST(QuantizeEndToEnd, ATrainedGptQuantizesWithinItsPerplexityBoundsAndGenerates
     const auto second = nlohmann::json::parse(batch.output.substr(batch.output.find('\n') + 1));
     EXPECT_EQ(second["completion"], nlohmann::json::parse(alone.output)["completion"]) << s.flags;
     EXPECT_EQ(second["completion_tokens"], 16) << s.flags;
+    // Split across two ranks (1D: each its quantized pieces), the same tokens as one process.
+    auto split = run_colossal("infer " + out + " --prompts " + (dir / "prompts.txt") + " -n 16 --greedy --jsonl -q --tensor-parallel 2");
+    if (s.flags.find("smoothquant") != std::string::npos) {
+      EXPECT_NE(split.exit_code, 0);
+      EXPECT_NE(split.output.find("int8-smoothquant, whose activations are quantized per token over a whole row"), std::string::npos)
+          << split.output;
+      continue;
+    }
+    ASSERT_EQ(split.exit_code, 0) << s.flags << ": " << split.output;
+    EXPECT_EQ(split.output, batch.output) << s.flags;
   }
 
   const std::string out = dir / "q";   // int4 in groups of 32, the last written

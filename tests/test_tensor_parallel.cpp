@@ -116,6 +116,12 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, const std::stri
   EXPECT_LE(err, 1e-5 * scale + 1e-7) << what << ": max difference " << err << " against max " << scale;
 }
 
+// Each parameter of `m` set to its piece of the whole tensor of the same name in `whole`.
+void copy_pieces(nn::Model& m, const std::map<std::string, at::Tensor>& whole) {
+  at::NoGradGuard no_grad;
+  for (auto& item : m.named_parameters()) item.value().copy_(item.shard().local_of(whole.at(item.key())));
+}
+
 dist::MeshShape tp_mesh(int64_t ranks) {
   dist::MeshShape m;
   m.size[static_cast<int>(dist::Dim::tp)] = ranks;
@@ -131,14 +137,9 @@ void check_family(const std::string& family, int64_t ranks) {
       [&](int64_t rank, dist::Runtime& rt) {
         parallel::TensorParallel1d f(rt.group(dist::Dim::tp));
         auto m = build_model(c, f, /*initialise=*/false);
+        copy_pieces(*m, ref.initial);
         int64_t split = 0;
-        {
-          at::NoGradGuard no_grad;
-          for (auto& item : m->named_parameters()) {
-            item.value().copy_(item.shard().local_of(ref.initial.at(item.key())));
-            split += item.shard().split();
-          }
-        }
+        for (const auto& item : m->named_parameters()) split += item.shard().split();
         EXPECT_EQ(split, 6 * c.n_layer + (family == "vit" ? 0 : 1)) << "split parameters";   // qkv and fc weights and biases, two row weights; the vocabulary
         for (int64_t s = 0; s < kSteps; ++s) {
           at::Tensor loss = loss_of(*m);
@@ -205,10 +206,7 @@ TEST(TensorParallel1d, CommunicationPerStepEqualsTheLayerPlansFormula) {
         dist::Group& tp = rt.group(dist::Dim::tp);
         parallel::TensorParallel1d f(tp);
         auto m = build_model(c, f, /*initialise=*/false);
-        {
-          at::NoGradGuard no_grad;
-          for (auto& item : m->named_parameters()) item.value().copy_(item.shard().local_of(ref.initial.at(item.key())));
-        }
+        copy_pieces(*m, ref.initial);
         tp.take_counters();
         loss_of(*m).backward();
         const dist::CommCounters counted = tp.take_counters();
@@ -261,10 +259,7 @@ TEST(TensorParallel1d, AttentionDropoutDrawsFromEachRanksOwnStreamAndLeavesTheSh
         dist::Group& tp = rt.group(dist::Dim::tp);
         parallel::TensorParallel1d f(tp, nn::ParamStorage::allocated, 1337);
         auto m = build_model(c, f, /*initialise=*/false);
-        {
-          at::NoGradGuard no_grad;
-          for (auto& item : m->named_parameters()) item.value().copy_(item.shard().local_of(ref.initial.at(item.key())));
-        }
+        copy_pieces(*m, ref.initial);
         m->train();
         auto gen = at::detail::getDefaultCPUGenerator();
         at::Tensor before;
@@ -382,10 +377,7 @@ void check_sequence_family(const std::string& family, parallel::SequenceMode mod
         f->set_sequence_attention(parallel::make_sequence_attention(mode, sp));
         const parallel::SequenceLayout layout = parallel::sequence_layout(mode, sp);
         auto m = build_model(c, *f, /*initialise=*/false);
-        {
-          at::NoGradGuard no_grad;
-          for (auto& item : m->named_parameters()) item.value().copy_(item.shard().local_of(initial.at(item.key())));
-        }
+        copy_pieces(*m, initial);
         at::Tensor loss = dynamic_cast<nn::CausalLM&>(*m).loss(layout.local(inputs().ids, 1), layout.local(targets, 1),
                                                                   layout.positions(kSeq));
         loss.backward();
@@ -464,10 +456,7 @@ void check_family_grid(const std::string& family, int64_t q, int64_t depth = 1, 
           block = (layers ? layers->rank() * q : 0) + column.rank();
         }
         auto m = build_model(c, *f, /*initialise=*/false);
-        {
-          at::NoGradGuard no_grad;
-          for (auto& item : m->named_parameters()) item.value().copy_(item.shard().local_of(initial.at(item.key())));
-        }
+        copy_pieces(*m, initial);
         const int64_t first = block * 2;
         for (int64_t s = 0; s < kSteps; ++s) {
           at::Tensor loss = dynamic_cast<nn::CausalLM&>(*m).loss(ids.narrow(0, first, 2), targets.narrow(0, first, 2));

@@ -84,9 +84,9 @@ void run(InferArgs& a) {
     if (a.stream_weights) throw Error("--stream-weights reads whole blocks, so it runs in one process (drop --tensor-parallel)");
     const CheckpointInfo info = read_checkpoint_info(resolve_checkpoint(a.checkpoint));
     check_tensor_split(info.model, a.tensor_parallel, "--tensor-parallel");
-    if (info.config.contains("quantization_config") && !info.config["quantization_config"].is_null())
-      throw Error(resolve_checkpoint(a.checkpoint) + " is quantized: tensor-parallel generation reads fp32, bf16 or fp16 directories for "
-                  "now (run it as one process, or split the directory it was quantized from)");
+    if (const auto q = quant::quant_config_of(info.config, a.checkpoint); q && q->scheme == quant::Scheme::int8_smoothquant)
+      throw Error(resolve_checkpoint(a.checkpoint) + " is quantized with int8-smoothquant, whose activations are quantized per token over "
+                  "a whole row: split across ranks it would compute something else (run it as one process; int8-weight and int4-weight split)");
   }
   const GenerationJob job = GenerationJob::start(a.tensor_parallel, [&a] { return worker_args(a); }, "--tensor-parallel");
   if (job.launched()) {

@@ -26,10 +26,13 @@ GenerationCheckpoint open_generation_checkpoint(const std::string& path, const s
 std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& c, const std::string& command, dist::Group* tensor_group) {
   std::unique_ptr<nn::LayerFactory> factory;
   const bool split = tensor_group && tensor_group->size() > 1;
-  if (split && c.quantized)
-    throw Error(c.dir + " is quantized (" + quant::scheme_name(c.quantized->scheme) + "): tensor-parallel generation reads fp32, "
-                "bf16 or fp16 directories for now (run it as one process, or split the directory it was quantized from)");
-  if (split) factory = std::make_unique<parallel::TensorParallel1d>(*tensor_group);
+  if (split && c.quantized && c.quantized->scheme == quant::Scheme::int8_smoothquant)
+    throw Error(c.dir + " is quantized with int8-smoothquant, whose activations are quantized per token over a whole row: split "
+                "across ranks it would compute something else (run it as one process; int8-weight and int4-weight split)");
+  if (split && c.quantized)   // each rank's pieces are quantized layers of the same scheme
+    factory = std::make_unique<parallel::TensorParallel1d>(*tensor_group, nn::ParamStorage::allocated, 0,
+                                                           std::make_shared<quant::QuantizedLayerFactory>(*c.quantized));
+  else if (split) factory = std::make_unique<parallel::TensorParallel1d>(*tensor_group);
   else if (c.quantized) factory = std::make_unique<quant::QuantizedLayerFactory>(*c.quantized);
   else factory = std::make_unique<nn::LayerFactory>();
   auto model = nn::model_as<nn::CausalLM>(build_model(c.info.model, *factory, /*initialise=*/false), command);

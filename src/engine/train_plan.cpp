@@ -1,14 +1,13 @@
 // Building a training run: see train_plan.h. The steps below run in this order on every rank.
 #include "src/engine/train_plan.h"
-#include "src/engine/tensor_split.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
 #include <cstdlib>
-#include <tuple>
 #include <filesystem>
+#include <tuple>
 #include <spdlog/spdlog.h>
 
 #include "src/core/device.h"
@@ -16,6 +15,7 @@
 #include "src/core/log.h"
 #include "src/core/text.h"
 #include "src/dist/launch_env.h"
+#include "src/engine/tensor_split.h"
 #include "models/registry.h"
 #include "src/io/atomic_dir.h"
 #include "src/memory/zero_strategy.h"
@@ -66,7 +66,6 @@ void check_device_budget(const Recipe& r, int64_t parameters, int64_t dp) {
                         "; raise it, or lower train.batch_size or train.seq_len");
 }
 
-
 namespace {
 
 // A sequence split the model and the batch allow, refused with the key at fault and what would work.
@@ -97,8 +96,9 @@ void check_sequence_split(const Recipe& r) {
                 " do not divide among sequence = " + std::to_string(sp) + " ranks (use split_gather or ring)");
 }
 
-// A 2D grid of q x q (or 2.5D's `depth` of them) the model and the batch divide, refused with the key at fault.
-void check_grid_split(const Recipe& r, int64_t q, int64_t depth) {   // (3d: q^2 row blocks)
+// A grid of side q the model and the batch divide (2d: q x q; 2.5d: `depth` of them; 3d: a cube, whose
+// batches are cut into q^2 row blocks), refused with the key at fault.
+void check_grid_split(const Recipe& r, int64_t q, int64_t depth) {
   const ModelConfig& m = r.model;
   const std::string mode = r.parallel.tensor_mode;
   const std::string head = r.where("parallel.tensor_mode") + " = \"" + mode + "\": ";
@@ -176,37 +176,46 @@ void load_data(TrainPlan& p) {
   p.task->load_data();
 }
 
+// The parallel layout: the factory of the recipe's tensor mode (each rank allocating its pieces), with
+// attention over a split sequence; what part of every batch this rank then takes (p.grid_rows,
+// p.sequence).
+std::unique_ptr<nn::LayerFactory> layout_factory(TrainPlan& p) {
+  const Recipe& r = p.recipe;
+  dist::Runtime& rt = *p.runtime;
+  std::unique_ptr<nn::LayerFactory> factory;
+  dist::Group& tp = rt.group(dist::Dim::tp);
+  const auto& grid = rt.mesh().shape().tensor_grid;
+  if (tp.size() > 1 && r.parallel.tensor_mode == "3d") {   // a cube: batches are cut into q^2 row blocks
+    const std::array<dist::Group*, 3> axes{&rt.tensor_axis(0), &rt.tensor_axis(1), &rt.tensor_axis(2)};
+    factory = std::make_unique<parallel::TensorParallel3d>(axes, nn::ParamStorage::deferred);
+    p.grid_rows = {parallel::TensorParallel3d::row_block(axes), axes[0]->size() * axes[0]->size()};
+  } else if (tp.size() > 1 && !grid.empty()) {   // 2d (2.5d: grids of it in depth): batches are cut by the grids' rows
+    const size_t a = grid.size() == 3 ? 1 : 0;   // the column's axis; 2.5d's depth is axis 0
+    dist::Group* depth = grid.size() == 3 ? &rt.tensor_axis(0) : nullptr;
+    factory = std::make_unique<parallel::TensorParallel2d>(rt.tensor_axis(a), rt.tensor_axis(a + 1), nn::ParamStorage::deferred, depth);
+    const int64_t layer = depth ? depth->rank() : 0, layers = depth ? depth->size() : 1;
+    p.grid_rows = {layer * rt.tensor_axis(a).size() + rt.tensor_axis(a).rank(), layers * rt.tensor_axis(a).size()};
+  } else if (tp.size() > 1) {
+    factory = std::make_unique<parallel::TensorParallel1d>(tp, nn::ParamStorage::deferred, static_cast<uint64_t>(r.train.seed));
+  } else {
+    factory = std::make_unique<nn::LayerFactory>(nn::ParamStorage::deferred);
+  }
+  dist::Group& sp = rt.group(dist::Dim::sp);
+  if (sp.size() > 1) {   // attention over the split sequence; every other layer works on this rank's tokens
+    const auto mode = parallel::parse_sequence_mode(r.parallel.sequence_mode);
+    factory->set_sequence_attention(parallel::make_sequence_attention(mode, sp));
+    p.sequence = parallel::sequence_layout(mode, sp);
+  }
+  return factory;
+}
+
 // Step 3: the model's structure, parameters deferred: no memory until the chunk store gives it (step 4).
 void build_model_shapes(TrainPlan& p) {
   const Recipe& r = p.recipe;
   nn::set_kernel_policy({nn::parse_kernel_path(r.kernels.attention), nn::parse_kernel_path(r.kernels.gelu),
                          nn::parse_kernel_path(r.kernels.gemv), nn::parse_kernel_path(r.kernels.layer_norm),
                          nn::parse_kernel_path(r.kernels.gemm)});
-  // The parallel layout: tensor-parallel layers come from the factory, each rank allocating its pieces.
-  std::unique_ptr<nn::LayerFactory> factory;
-  dist::Group& tp = p.runtime->group(dist::Dim::tp);
-  const auto& grid = p.runtime->mesh().shape().tensor_grid;
-  if (tp.size() > 1 && r.parallel.tensor_mode == "3d") {   // a cube: batches are cut into q^2 row blocks
-    dist::Runtime& rt = *p.runtime;
-    const std::array<dist::Group*, 3> axes{&rt.tensor_axis(0), &rt.tensor_axis(1), &rt.tensor_axis(2)};
-    factory = std::make_unique<parallel::TensorParallel3d>(axes, nn::ParamStorage::deferred);
-    p.grid_rows = {parallel::TensorParallel3d::row_block(axes), axes[0]->size() * axes[0]->size()};
-  } else if (tp.size() > 1 && !grid.empty()) {   // 2d (2.5d: grids of it in depth): batches are cut by the grids' rows
-    dist::Runtime& rt = *p.runtime;
-    const size_t a = grid.size() == 3 ? 1 : 0;   // the column's axis; 2.5d's depth is axis 0
-    dist::Group* depth = grid.size() == 3 ? &rt.tensor_axis(0) : nullptr;
-    factory = std::make_unique<parallel::TensorParallel2d>(rt.tensor_axis(a), rt.tensor_axis(a + 1), nn::ParamStorage::deferred, depth);
-    const int64_t layer = depth ? depth->rank() : 0, layers = depth ? depth->size() : 1;
-    p.grid_rows = {layer * rt.tensor_axis(a).size() + rt.tensor_axis(a).rank(), layers * rt.tensor_axis(a).size()};
-  } else if (tp.size() > 1)
-    factory = std::make_unique<parallel::TensorParallel1d>(tp, nn::ParamStorage::deferred, static_cast<uint64_t>(r.train.seed));
-  else factory = std::make_unique<nn::LayerFactory>(nn::ParamStorage::deferred);
-  dist::Group& sp = p.runtime->group(dist::Dim::sp);
-  if (sp.size() > 1) {   // attention over the split sequence; every other layer works on this rank's tokens
-    const auto mode = parallel::parse_sequence_mode(r.parallel.sequence_mode);
-    factory->set_sequence_attention(parallel::make_sequence_attention(mode, sp));
-    p.sequence = parallel::sequence_layout(mode, sp);
-  }
+  auto factory = layout_factory(p);
   p.model = build_model(r.model, *factory);
   p.task->check_model(*p.model);
   p.model->train();
@@ -342,7 +351,7 @@ TaskData task_data(const EffectiveRecipe& e, int64_t dp_rank, int64_t dp_size) {
 }  // namespace
 
 Batch TrainPlan::local_part(const Batch& b) const {
-  if (grid_rows.second > 1) {   // 2d: this grid row's block of the batch
+  if (grid_rows.second > 1) {   // 2d, 2.5d, 3d: this rank's row block of the batch
     const int64_t rows = b.inputs.size(0) / grid_rows.second;
     Batch out = b;
     out.inputs = b.inputs.narrow(0, grid_rows.first * rows, rows);

@@ -5,7 +5,6 @@
 
 #include "src/core/error.h"
 #include "src/dist/group.h"
-#include "src/nn/embedding_lookup.h"
 #include "src/nn/linear_forward.h"
 #include "src/parallel/tp_comm.h"
 #include "src/parallel/vocab_cross_entropy.h"
@@ -68,11 +67,7 @@ class VocabEmbedding : public nn::Embedding {
     weight_ = register_parameter("weight", f.parameter({rows, dim}), true, nn::ShardSpec::along(0, ranks, g.rank()));
   }
   at::Tensor forward(const at::Tensor& ids) override {   // [...] -> [..., dim]
-    const int64_t rows = weight_.size(0);
-    const at::Tensor elsewhere = ids.lt(first_).logical_or(ids.ge(first_ + rows));
-    at::Tensor local = nn::embedding_lookup(weight_, (ids - first_).masked_fill(elsewhere, 0));
-    local = local.masked_fill(elsewhere.unsqueeze(-1), 0);
-    return leave_region(local, group_);
+    return leave_region(vocab_range_lookup(weight_, ids, first_), group_);
   }
   at::Tensor project(const at::Tensor& x) override {   // [..., dim] -> [..., num], gathered
     return gather_last(nn::linear_forward(enter_region(x, group_), weight_), group_);
@@ -88,12 +83,90 @@ class VocabEmbedding : public nn::Embedding {
   at::Tensor weight_;
 };
 
+// A split layer whose piece another factory builds (a quantized one): the piece's parameters are this
+// layer's under the same names, each registered with how it is cut, and the piece computes. Column:
+// every parameter whose first dimension is the output's is cut along it (qweight, scales, bias).
+// Row: the piece has no bias (it is added once, after the sum), and each parameter is compared with
+// the same layer built whole (one output row is enough): a dimension that is P times larger there is
+// cut (qweight, int4's packed bytes too, a rank's inputs being whole blocks of 32; scales in groups
+// along the input), one that is not stays whole (per-channel scales [out, 1], as the rows they scale).
+class PieceLinear : public nn::Linear {
+ public:
+  PieceLinear(const nn::LinearSpec& s, nn::LayerFactory& local, dist::Group& g) : row_(s.split == nn::Split::Row), group_(g) {
+    const int64_t ranks = g.size();
+    nn::LinearSpec piece = s;
+    piece.split = nn::Split::Replicated;
+    if (row_) {
+      piece.in = piece_of(s.in, ranks, "a row-split layer's input features");
+      piece.bias = false;
+    } else {
+      piece.out = piece_of(s.out, ranks * s.parts, "a column-split layer's output features") * s.parts;
+    }
+    piece_ = local.linear(piece);
+    const auto whole = row_ ? local.linear({.in = s.in, .out = 1, .bias = false})->named_parameters() : nn::NamedParameters{};
+    for (const auto& item : piece_->named_parameters()) {
+      const at::Tensor& v = item.value();
+      nn::ShardSpec shard;
+      if (!row_ && v.dim() >= 1 && v.size(0) == piece.out) shard = nn::ShardSpec::along(0, ranks, g.rank(), s.parts);
+      if (row_) {
+        const at::Tensor& w = whole[item.key()];
+        const int64_t d = v.dim() - 1;   // the input's dimension: the last
+        if (w.size(d) == v.size(d) * ranks) shard = nn::ShardSpec::along(d, ranks, g.rank());
+      }
+      register_parameter(item.key(), v, v.requires_grad(), shard);
+    }
+    if (row_ && s.bias) bias_ = register_parameter("bias", local.parameter({s.out}), false);
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    if (!row_) return piece_->forward(x);   // this rank's outputs; the input is the same on every rank
+    at::Tensor y = leave_region(piece_->forward(x), group_);
+    return bias_.defined() ? y + bias_ : y;
+  }
+  at::Tensor& weight() override { return piece_->weight(); }
+
+ private:
+  bool row_;
+  dist::Group& group_;
+  std::shared_ptr<nn::Linear> piece_;
+  at::Tensor bias_;
+};
+
+// The vocabulary embedding of such a model: the piece is its range's rows.
+class PieceEmbedding : public nn::Embedding {
+ public:
+  PieceEmbedding(int64_t num, int64_t dim, nn::LayerFactory& local, dist::Group& g) : group_(g) {
+    const int64_t rows = piece_of(num, g.size(), "the vocabulary");
+    first_ = g.rank() * rows;
+    piece_ = local.embedding(rows, dim, nn::Split::Vocab);
+    for (const auto& item : piece_->named_parameters())
+      register_parameter(item.key(), item.value(), item.value().requires_grad(), nn::ShardSpec::along(0, g.size(), g.rank()));
+  }
+  at::Tensor forward(const at::Tensor& ids) override {
+    const at::Tensor elsewhere = ids.lt(first_).logical_or(ids.ge(first_ + piece_->weight().size(0)));
+    const at::Tensor found = piece_->forward((ids - first_).masked_fill(elsewhere, 0));
+    return leave_region(found.masked_fill(elsewhere.unsqueeze(-1), 0), group_);
+  }
+  at::Tensor project(const at::Tensor& x) override { return gather_last(piece_->project(x), group_); }
+  at::Tensor& weight() override { return piece_->weight(); }
+  c10::ScalarType output_dtype() override { return piece_->output_dtype(); }
+
+ private:
+  dist::Group& group_;
+  int64_t first_ = 0;
+  std::shared_ptr<nn::Embedding> piece_;
+};
+
 }  // namespace
 
-TensorParallel1d::TensorParallel1d(dist::Group& group, nn::ParamStorage storage, uint64_t seed)
-    : nn::LayerFactory(storage), group_(group), region_random_(std::make_shared<nn::RandomStream>(seed + 2718 + static_cast<uint64_t>(group.rank()))) {}
+TensorParallel1d::TensorParallel1d(dist::Group& group, nn::ParamStorage storage, uint64_t seed, std::shared_ptr<nn::LayerFactory> local)
+    : nn::LayerFactory(storage),
+      group_(group),
+      region_random_(std::make_shared<nn::RandomStream>(seed + 2718 + static_cast<uint64_t>(group.rank()))),
+      local_(std::move(local)) {}
 
 std::shared_ptr<nn::Linear> TensorParallel1d::linear(const nn::LinearSpec& spec) {
+  if (local_ && spec.split != nn::Split::Replicated) return std::make_shared<PieceLinear>(spec, *local_, group_);
+  if (local_) return local_->linear(spec);
   switch (spec.split) {
     case nn::Split::Column: return std::make_shared<ColumnLinear>(spec, *this, group_);
     case nn::Split::Row: return std::make_shared<RowLinear>(spec, *this, group_);
@@ -102,6 +175,8 @@ std::shared_ptr<nn::Linear> TensorParallel1d::linear(const nn::LinearSpec& spec)
 }
 
 std::shared_ptr<nn::Embedding> TensorParallel1d::embedding(int64_t num, int64_t dim, nn::Split split) {
+  if (split == nn::Split::Vocab && local_) return std::make_shared<PieceEmbedding>(num, dim, *local_, group_);
+  if (local_) return local_->embedding(num, dim, split);
   if (split == nn::Split::Vocab) return std::make_shared<VocabEmbedding>(num, dim, *this, group_);
   return nn::LayerFactory::embedding(num, dim, split);
 }

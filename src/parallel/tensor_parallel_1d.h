@@ -25,7 +25,10 @@ class TensorParallel1d : public nn::LayerFactory {
  public:
   // `group`: the tensor-parallel ranks (the mesh's tp dimension); it must outlive the model. `seed`: the run's; each rank's dropout stream inside the split regions
   // starts from seed + 2718 + its rank (Megatron's offset), the same on every data-parallel replica.
-  TensorParallel1d(dist::Group& group, nn::ParamStorage storage = nn::ParamStorage::allocated, uint64_t seed = 0);
+  // `local`: the factory of each rank's piece of a split layer when it is not a dense fp32 one (a
+  // quantized model's: quant::QuantizedLayerFactory, weight-only schemes), for inference.
+  TensorParallel1d(dist::Group& group, nn::ParamStorage storage = nn::ParamStorage::allocated, uint64_t seed = 0,
+                   std::shared_ptr<nn::LayerFactory> local = nullptr);
 
   std::shared_ptr<nn::Linear> linear(const nn::LinearSpec& spec) override;
   std::shared_ptr<nn::Embedding> embedding(int64_t num, int64_t dim, nn::Split split = nn::Split::Replicated) override;
@@ -36,7 +39,8 @@ class TensorParallel1d : public nn::LayerFactory {
 
  private:
   dist::Group& group_;
-  std::shared_ptr<nn::RandomStream> region_random_;   // shared with the attention layers, which outlive the factory
+  std::shared_ptr<nn::RandomStream> region_random_;
+  std::shared_ptr<nn::LayerFactory> local_;   // shared with the attention layers, which outlive the factory
 };
 
 }  // namespace colossal::parallel

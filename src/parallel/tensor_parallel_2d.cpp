@@ -6,7 +6,6 @@
 
 #include "src/core/error.h"
 #include "src/dist/group.h"
-#include "src/nn/embedding_lookup.h"
 #include "src/nn/layer_norm.h"
 #include "src/nn/linear_forward.h"
 #include "src/parallel/tp_comm.h"
@@ -129,10 +128,7 @@ class Embedding2d : public nn::Embedding {
     weight_ = register_parameter("weight", f.parameter({rows, dim}), true, grid.cuts(-1, 0));
   }
   at::Tensor forward(const at::Tensor& ids) override {   // this rank's batch rows [...] -> [..., dim/q]
-    const int64_t rows = weight_.size(0);
-    const at::Tensor elsewhere = ids.lt(first_).logical_or(ids.ge(first_ + rows));
-    const at::Tensor found = nn::embedding_lookup(grid_.whole_along_column(weight_), (ids - first_).masked_fill(elsewhere, 0));
-    return scatter_sum(found.masked_fill(elsewhere.unsqueeze(-1), 0), grid_.row);
+    return scatter_sum(vocab_range_lookup(grid_.whole_along_column(weight_), ids, first_), grid_.row);
   }
   at::Tensor project(const at::Tensor& x) override {   // [..., dim/q] -> [..., num], gathered
     return gather_last(range_logits(x), grid_.row);

@@ -6,7 +6,6 @@
 
 #include "src/core/error.h"
 #include "src/dist/group.h"
-#include "src/nn/embedding_lookup.h"
 #include "src/nn/layer_norm.h"
 #include "src/nn/linear_forward.h"
 #include "src/parallel/tp_comm.h"
@@ -140,10 +139,7 @@ class Embedding3d : public nn::Embedding {
     weight_ = register_parameter("weight", f.parameter({rows, dim}), true, nn::ShardSpec{{cut(axes, 0, -1), cut(axes, 1, -1), cut(axes, 2, 0)}});
   }
   at::Tensor forward(const at::Tensor& ids) override {
-    const int64_t rows = weight_.size(0);
-    const at::Tensor elsewhere = ids.lt(first_).logical_or(ids.ge(first_ + rows));
-    const at::Tensor found = nn::embedding_lookup(summed_over_others(weight_, axes_, 2), (ids - first_).masked_fill(elsewhere, 0));
-    return scatter_sum(found.masked_fill(elsewhere.unsqueeze(-1), 0), *axes_[2]);
+    return scatter_sum(vocab_range_lookup(summed_over_others(weight_, axes_, 2), ids, first_), *axes_[2]);
   }
   at::Tensor project(const at::Tensor& x) override {
     return gather_last(nn::linear_forward(gather_partial(x, *axes_[2]), summed_over_others(weight_, axes_, 2)), *axes_[2]);

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "src/dist/group.h"
+#include "src/nn/embedding_lookup.h"
 
 namespace colossal::parallel {
 namespace {
@@ -46,6 +47,12 @@ struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParalle
 };
 
 }  // namespace
+
+at::Tensor vocab_range_lookup(const at::Tensor& weight, const at::Tensor& ids, int64_t first) {
+  const at::Tensor elsewhere = ids.lt(first).logical_or(ids.ge(first + weight.size(0)));
+  const at::Tensor found = nn::embedding_lookup(weight, (ids - first).masked_fill(elsewhere, 0));
+  return found.masked_fill(elsewhere.unsqueeze(-1), 0);
+}
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets, int64_t first,
                                         dist::Group& group) {
