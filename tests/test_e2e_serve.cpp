@@ -336,3 +336,29 @@ TEST(ServeEndToEnd, AQuantizedDirectoryStreamsWhatInferGeneratesFromIt) {
     EXPECT_TRUE(streams[i].done);
   }
 }
+
+TEST(ServeEndToEnd, ATensorParallelServerStreamsWhatOneProcessGeneratesAndStopsOnSigterm) {
+  // Two ranks: rank 0 serves and schedules, both compute their heads of every step.
+  TempDir dir;
+  const std::string model = train_tiny(dir, 40);
+  const std::vector<std::string> prompts = {"And God said", "In the beginning God created"};
+  std::vector<std::string> expected;
+  for (const auto& p : prompts) expected.push_back(greedy_completion(model, p, 12));
+  ASSERT_FALSE(HasFailure());
+  ServerProcess server(model + " --tensor-parallel 2", dir);
+  ASSERT_GT(server.port(), 0) << server.log();
+  EXPECT_NE(server.log().find("split across 2 ranks"), std::string::npos) << server.log();
+  std::this_thread::sleep_for(1500ms);   // idle passes keep the other rank waiting, not timing out
+  std::vector<Stream> streams(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    clients.emplace_back([&, i] {
+      streams[i] = stream_completion(server.port(), {{"prompt", prompts[i]}, {"max_tokens", 12}, {"temperature", 0}, {"stream", true}}, "");
+    });
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(streams[i].text, expected[i]) << "prompt " << i;
+    EXPECT_TRUE(streams[i].done);
+  }
+  EXPECT_EQ(server.terminate_and_wait(30s), 0) << server.log();
+}

@@ -14,7 +14,13 @@
 #include "src/core/error.h"
 #include "src/core/log.h"
 #include "src/core/text.h"
+#include "src/dist/group.h"
+#include "src/dist/launch_env.h"
 #include "src/engine/generation_checkpoint.h"
+#include "src/engine/generation_job.h"
+#include "src/engine/tensor_split.h"
+#include "src/quant/quant_config.h"
+#include "src/serve/step_plan.h"
 #include "src/serve/http_server.h"
 
 namespace fs = std::filesystem;
@@ -28,21 +34,53 @@ struct ServeArgs {
   serve::EngineConfig engine;
   double kv_memory_gb = 1.0;
   bool quiet = false;
+  int64_t tensor_parallel = 1;   // ranks the model is split across (1D tensor parallelism)
 };
+
+// What each worker of a --tensor-parallel server runs: the same command, every option spelled out.
+std::vector<std::string> worker_args(const ServeArgs& a) {
+  const auto& l = a.server.limits;
+  std::vector<std::string> out{"serve", a.model, "--host", a.server.host, "--port", std::to_string(a.server.port), "--device", a.device,
+                               "--kv-memory-gb", fmt::format("{}", a.kv_memory_gb), "--block-size", std::to_string(a.engine.block_size),
+                               "--max-running", std::to_string(a.engine.max_running), "--max-step-tokens",
+                               std::to_string(a.engine.max_step_tokens), "--max-queue", std::to_string(l.max_queue), "--max-concurrent",
+                               std::to_string(a.server.max_concurrent), "--max-tokens", std::to_string(l.max_tokens), "--max-choices",
+                               std::to_string(l.max_choices), "--max-body-bytes", std::to_string(l.max_body_bytes), "--shutdown-grace",
+                               fmt::format("{}", a.server.shutdown_grace_s), "--tensor-parallel", std::to_string(a.tensor_parallel)};
+  if (!a.model_name.empty()) out.insert(out.end(), {"--model-name", a.model_name});
+  if (!a.api_key.empty()) out.insert(out.end(), {"--api-key", a.api_key});
+  if (a.quiet) out.push_back("--quiet");
+  return out;
+}
 
 void run(ServeArgs& a) {
   setup_logging("info", "", a.quiet);
   if (resolve_device(a.device, "--device").is_cuda())
     throw Error("colossal serve runs its paged KV cache and batch on the CPU; --device cuda is not available for it (use --device cpu)");
-  // SIGTERM and SIGINT go to one watcher thread (blocked here, before any thread starts, so every thread inherits it).
+
+  if (a.tensor_parallel > 1) {   // what would make every worker fail is refused before any starts
+    const CheckpointInfo info = read_checkpoint_info(resolve_checkpoint(a.model));
+    check_tensor_split(info.model, a.tensor_parallel, "--tensor-parallel");
+    if (const auto q = quant::quant_config_of(info.config, a.model); q && q->scheme == quant::Scheme::int8_smoothquant)
+      throw Error(resolve_checkpoint(a.model) + " is quantized with int8-smoothquant, whose activations are quantized per token over a "
+                  "whole row: split across ranks it would compute something else (serve it as one process)");
+  }
+  // SIGTERM and SIGINT go to one watcher thread (blocked here, before any thread starts, the rendezvous's
+  // included, so every thread inherits it). A launcher of --tensor-parallel workers keeps them, to
+  // forward them; the other ranks of a split server leave them blocked: rank 0 stops them once it stops.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
+  const bool launches = a.tensor_parallel > 1 && dist::worker_env(dist::process_env()).world == 1;
+  if (!launches) pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const GenerationJob job = GenerationJob::start(a.tensor_parallel, [&a] { return worker_args(a); }, "--tensor-parallel");
+  if (job.launched()) {
+    set_exit_code(job.exit_code());
+    return;
+  }
   auto opened = open_generation_checkpoint(a.model, "colossal serve");
-  auto model = load_generation_model(opened, "colossal serve");
+  auto model = load_generation_model(opened, "colossal serve", job.tensor_group());
   a.server.model_name = a.model_name.empty() ? fs::path(opened.dir).filename().string() : a.model_name;
   if (a.server.model_name.rfind("step-", 0) == 0) a.server.model_name = fs::path(opened.dir).parent_path().parent_path().filename().string();
   // The pool from --kv-memory-gb: blocks of block_size positions for every layer's keys and values.
@@ -52,11 +90,27 @@ void run(ServeArgs& a) {
     throw Error("--kv-memory-gb " + std::to_string(a.kv_memory_gb) + " holds no KV block of " + human_bytes(block_bytes) +
                 " (give at least " + std::to_string(block_bytes / 1073741824.0) + ")");
   require_host_memory(static_cast<double>(a.engine.num_blocks) * block_bytes, "the KV cache (--kv-memory-gb)");
+  std::shared_ptr<serve::StepMirror> mirror;
+  if (dist::Group* g = job.tensor_group()) mirror = std::make_shared<serve::StepMirror>(*g);
+  if (!job.is_root()) {   // this rank runs the forwards rank 0 schedules, over a pool of the same blocks
+    serve::KvBlocks blocks(*model, a.engine.num_blocks, a.engine.block_size);
+    serve::follow_steps(*model, blocks, *mirror);
+    return;
+  }
+  // Rank 0's last message to the others, however serving ends.
+  struct StopOthers {
+    std::shared_ptr<serve::StepMirror>& m;
+    ~StopOthers() {
+      if (m) m->stop();
+    }
+  } stop_others{mirror};
   serve::BatchEngine engine(model, opened.tokenizer, a.engine);
+  engine.set_mirror(mirror);
   serve::CompletionServer server(engine, opened.tokenizer, a.server);
   const int port = server.bind();
-  spdlog::info("serving {} as \"{}\" on http://{}:{} ({}{} KV blocks of {} positions, {}; at most {} sequences a step)", opened.dir,
+  spdlog::info("serving {} as \"{}\" on http://{}:{} ({}{}{} KV blocks of {} positions, {}; at most {} sequences a step)", opened.dir,
                a.server.model_name, a.server.host, port, opened.quantized ? std::string(quant::scheme_name(opened.quantized->scheme)) + ", " : "",
+               a.tensor_parallel > 1 ? fmt::format("split across {} ranks, ", a.tensor_parallel) : std::string(),
                a.engine.num_blocks, a.engine.block_size, human_bytes(static_cast<double>(a.engine.num_blocks) * block_bytes),
                a.engine.max_running);
   std::printf("listening on http://%s:%d\n", a.server.host.c_str(), port);
@@ -108,6 +162,9 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str()->check(CLI::Range(int64_t{64}, int64_t{1} << 30));
   cmd->add_option("--shutdown-grace", a->server.shutdown_grace_s, "Seconds in-flight requests get on SIGTERM before they are cancelled")
       ->capture_default_str()->check(finite_in(0.0, 3600.0));
+  cmd->add_option("--tensor-parallel", a->tensor_parallel,
+                  "Split the model across N ranks (1D tensor parallelism): rank 0 serves and schedules, every rank computes its pieces")
+      ->capture_default_str()->check(CLI::Range(1, 4096));
   cmd->add_flag("-q,--quiet", a->quiet, "Only warnings and errors in the log");
   cmd->callback([a] {
     a->server.api_key = a->api_key;

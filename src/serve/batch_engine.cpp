@@ -201,41 +201,32 @@ bool BatchEngine::step() {
   std::vector<int64_t> counts;
   if (!schedule(rows, counts)) {
     refresh_stats();
+    if (mirror_) mirror_->idle();   // the other tensor-parallel ranks wait on
     return false;
   }
 
   // The ragged batch: every scheduled token a row of its own, at its position, with its table.
-  nn::PagedRows paged;
-  paged.block_size = blocks_.block_size();
-  std::vector<int64_t> ids, logit_rows;
+  StepPlan plan;
   std::vector<Sequence*> sampled;
   for (size_t r = 0; r < rows.size(); ++r) {
     Sequence& s = *rows[r];
     for (int64_t k = 0; k < counts[r]; ++k) {
       const int64_t pos = s.computed + k;
-      ids.push_back(s.tokens[static_cast<size_t>(pos)]);
-      paged.positions.push_back(pos);
-      paged.tables.push_back(s.blocks.data());
+      plan.ids.push_back(s.tokens[static_cast<size_t>(pos)]);
+      plan.positions.push_back(pos);
+      plan.tables.push_back(s.blocks);
     }
     if (s.pending() > 1 || s.computed == 0) stats_.prompt_tokens += counts[r];   // a prompt chunk (or a recomputation)
     s.computed += counts[r];
     if (s.pending() == 0) {   // its last token is in: its logits give the next one
-      logit_rows.push_back(static_cast<int64_t>(ids.size()) - 1);
+      plan.logit_rows.push_back(static_cast<int64_t>(plan.ids.size()) - 1);
       sampled.push_back(&s);
     }
   }
-  const int64_t n = static_cast<int64_t>(ids.size());
-  at::NoGradGuard no_grad;
-  auto cache = blocks_.cache_for(paged);
-  nn::ForwardOptions options;
-  options.cache = &cache;
-  options.positions = at::tensor(paged.positions, at::kLong).view({n, 1});
-  const at::Tensor features = model_->features(at::tensor(ids, at::kLong).view({n, 1}), options);   // [N, 1, C]
-  if (!sampled.empty()) {
-    const at::Tensor last = features.index_select(0, at::tensor(logit_rows, at::kLong));             // [M, 1, C]
-    const at::Tensor logits = model_->head_logits(last).squeeze(1);                                  // [M, V]
-    for (size_t i = 0; i < sampled.size(); ++i) after_forward(*sampled[i], logits[static_cast<int64_t>(i)]);
-  }
+  const auto n = static_cast<int64_t>(plan.ids.size());
+  if (mirror_) mirror_->send(plan);   // the other ranks run the same forward on their pieces
+  const at::Tensor logits = forward_plan(*model_, blocks_, plan);   // [M, V]
+  for (size_t i = 0; i < sampled.size(); ++i) after_forward(*sampled[i], logits[static_cast<int64_t>(i)]);
   running_.remove_if([](const auto& s) { return s->done; });
   ++stats_.steps;
   stats_.last_step_tokens = n;

@@ -26,6 +26,7 @@
 #include "src/engine/text_stream.h"
 #include "src/nn/causal_lm.h"
 #include "src/serve/kv_blocks.h"
+#include "src/serve/step_plan.h"
 
 namespace colossal::serve {
 
@@ -82,6 +83,9 @@ class BatchEngine {
   void cancel(int64_t id);
   // One forward over the scheduled tokens; false when there was nothing to do.
   bool step();
+  // Tensor parallelism: each step's plan (and each idle pass) is sent to the other ranks first
+  // (step_plan.h); the mirror's stop is the caller's to send.
+  void set_mirror(std::shared_ptr<StepMirror> mirror) { mirror_ = std::move(mirror); }
   EngineStats stats() const;
   int64_t context_length() const { return model_->context_length(); }
   int64_t vocab_size() const { return model_->vocab_size(); }
@@ -110,6 +114,7 @@ class BatchEngine {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::list<std::unique_ptr<Sequence>> running_;   // in admission order
   EngineStats stats_;
+  std::shared_ptr<StepMirror> mirror_;
 };
 
 }  // namespace colossal::serve
