@@ -90,6 +90,42 @@ void copy_hf_part(const HfWeights& weights, const std::string& stored, const nn:
   dst.copy_(from_hf_layout(t, target));
 }
 
+// A 1D tensor-parallel rank's piece of one of our floating-point tensors, read from the mapped files
+// so that only its rows are touched where the layout keeps them together (a vocabulary range, a row
+// layer's input rows, OPT's q, k and v each cut alike, BLOOM's fused heads: rows of whole heads in
+// its interleaved layout); false when the layout has no such view (the caller reads whole tensors).
+bool read_piece(const HfWeights& weights, const std::map<std::string, std::string>& stored, const nn::HfTarget& target,
+                const nn::ShardSpec& shard, const at::Tensor& piece) {
+  if (shard.cuts.size() != 1 || !at::isFloatingType(piece.scalar_type())) return false;
+  const nn::ShardCut& c = shard.cuts[0];
+  const auto names = static_cast<int64_t>(target.names.size());
+  if (c.dim < 0 || (names > 1 && (names != c.parts || c.dim != 0)) || (target.interleave_heads && (names != 1 || c.dim != 0 || c.parts != 3)))
+    return false;
+  const std::vector<int64_t> whole = shard.full_shape(piece.sizes());
+  std::vector<at::Tensor> sources;
+  for (int64_t i = 0; i < names; ++i) {
+    auto it = stored.find(target.names[static_cast<size_t>(i)]);
+    if (it == stored.end()) throw Error("checkpoint " + weights.describe() + ": tensor \"" + target.names[static_cast<size_t>(i)] + "\" is missing");
+    at::Tensor t = weights.map(it->second);
+    std::vector<int64_t> expected = whole;
+    expected[0] /= names;   // each name one segment
+    if (t.sizes() != hf_shape(at::empty(expected, at::kMeta), target) || !at::isFloatingType(t.scalar_type())) return false;   // the whole read reports it
+    sources.push_back(t);
+  }
+  if (target.interleave_heads) {   // [heads, 3, D] rows: this rank's heads are rows together, then our [3, heads, D]
+    const at::Tensor rows = sources[0].narrow(0, c.index * (whole[0] / c.count), whole[0] / c.count);
+    piece.copy_(swap_row_groups(rows, target.interleave_heads / c.count, 3));
+    return true;
+  }
+  if (names == 1) {
+    piece.copy_(shard.local_of(from_hf_layout(sources[0], target)));
+    return true;
+  }
+  const nn::ShardSpec each = nn::ShardSpec::along(0, c.count, c.index);   // OPT's q, k, v: each cut alike
+  for (int64_t i = 0; i < names; ++i) part_of(piece, static_cast<size_t>(i), static_cast<size_t>(names)).copy_(each.local_of(from_hf_layout(sources[static_cast<size_t>(i)], target)));
+  return true;
+}
+
 void rotate(const std::string& dir, int64_t keep_last, const std::string& keep) {
   static const std::regex pattern("step-[0-9]+");
   std::vector<std::string> steps;
@@ -210,6 +246,13 @@ void read_model_state(const nn::Model& model, const HfWeights& weights,
     // fp32 whatever the parameter computes in: a chunk store's master weights take it at full precision
     // (a quantized layer's integers keep their own type)
     const auto dtype = at::isFloatingType(item.value().scalar_type()) ? at::kFloat : item.value().scalar_type();
+    if (item.shard().split()) {   // a tensor-parallel piece: only its rows, where the files keep them together
+      const at::Tensor piece = at::empty(item.value().sizes(), dtype);
+      if (read_piece(weights, stored, target, item.shard(), piece)) {
+        take(item.key(), piece);
+        continue;
+      }
+    }
     // The whole tensor, of which a tensor-parallel layer takes its piece.
     const at::Tensor value = at::empty(item.shard().full_shape(item.value().sizes()), dtype);
     for (size_t i = 0; i < target.names.size(); ++i) {

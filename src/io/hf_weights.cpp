@@ -191,6 +191,13 @@ at::Tensor HfWeights::get(const std::string& name) const {
   return e.header ? read_safetensors_tensor(*e.header, e.header->entries[e.index]) : e.tensor;
 }
 
+at::Tensor HfWeights::map(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) throw Error("weights " + description_ + ": tensor \"" + name + "\" is missing");
+  const Entry& e = it->second;
+  return e.header ? map_safetensors_tensor(*e.header, e.header->entries[e.index]) : e.tensor;
+}
+
 const std::string& HfWeights::file_of(const std::string& name) const {
   auto it = tensors_.find(name);
   return it == tensors_.end() ? description_ : it->second.file;

@@ -30,6 +30,9 @@ class HfWeights {
   // place and lets it go, so loading never holds a second copy of the model); Error naming the files
   // when missing.
   at::Tensor get(const std::string& name) const;
+  // The same, mapped rather than read when it is in a safetensors file (read-only: only what the caller
+  // touches is read; see map_safetensors_tensor).
+  at::Tensor map(const std::string& name) const;
   const std::string& file_of(const std::string& name) const;
   const std::string& describe() const { return description_; }   // "<dir>/model.safetensors" or "<index> (3 shards)"
   // The single file's metadata, or the string values of the index's "metadata" object.

@@ -7,6 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <cerrno>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "src/core/error.h"
 #include "src/core/json_value.h"
@@ -180,6 +184,20 @@ at::Tensor read_safetensors_tensor(const SafetensorsHeader& header, const Safete
   in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.bytes));
   if (!in) throw Error("checkpoint " + header.path + ": could not read tensor \"" + e.name + "\" (file truncated or changed?)");
   return t;
+}
+
+at::Tensor map_safetensors_tensor(const SafetensorsHeader& header, const SafetensorsEntry& e) {
+  if (e.bytes == 0) return at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
+  const int fd = open(header.path.c_str(), O_RDONLY);
+  if (fd < 0) throw Error("checkpoint " + header.path + ": cannot open it to read tensor \"" + e.name + "\": " + std::strerror(errno));
+  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t start = e.offset / page * page, length = e.offset + e.bytes - start;
+  void* base = mmap(nullptr, length, PROT_READ, MAP_PRIVATE, fd, static_cast<off_t>(start));
+  close(fd);   // the mapping keeps the file
+  if (base == MAP_FAILED)
+    throw Error("checkpoint " + header.path + ": cannot map tensor \"" + e.name + "\": " + std::strerror(errno));
+  void* data = static_cast<char*>(base) + (e.offset - start);
+  return at::from_blob(data, e.shape, [base, length](void*) { munmap(base, length); }, at::TensorOptions().dtype(e.dtype));
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {

@@ -67,5 +67,8 @@ struct SafetensorsHeader {
 };
 SafetensorsHeader read_safetensors_header(const std::string& path);
 at::Tensor read_safetensors_tensor(const SafetensorsHeader& header, const SafetensorsEntry& entry);
+// The tensor as a read-only view of the file mapped into memory: only the pages a reader touches are
+// read from the disk (a tensor-parallel rank's rows of a table). Must not be written.
+at::Tensor map_safetensors_tensor(const SafetensorsHeader& header, const SafetensorsEntry& entry);
 
 }  // namespace colossal
