@@ -397,8 +397,8 @@ void check_sequence_family(const std::string& family, parallel::SequenceMode mod
 
 }  // namespace
 
-TEST(SequenceParallel, GptAndOptWithEachModeOnTwoAndFourRanksEqualOneProcess) {
-  for (const char* family : {"gpt", "opt"})
+TEST(SequenceParallel, GptOptAndBloomWithEachModeOnTwoAndFourRanksEqualOneProcess) {
+  for (const char* family : {"gpt", "opt", "bloom"})   // BLOOM: ALiBi's bias over each rank's positions
     for (auto mode : {parallel::SequenceMode::split_gather, parallel::SequenceMode::ring, parallel::SequenceMode::all_to_all}) {
       check_sequence_family(family, mode, 2, 1);
       if (mode != parallel::SequenceMode::ring) check_sequence_family(family, mode, 4, 1);   // ring's 8 chunks of kSeq = 8: one token each
@@ -409,6 +409,7 @@ TEST(SequenceParallel, GptAndOptWithEachModeOnTwoAndFourRanksEqualOneProcess) {
 TEST(SequenceParallel, TensorTimesSequenceOnFourRanksEqualsOneProcess) {
   check_sequence_family("gpt", parallel::SequenceMode::ring, 2, 2);
   check_sequence_family("opt", parallel::SequenceMode::all_to_all, 2, 2);
+  check_sequence_family("bloom", parallel::SequenceMode::ring, 2, 2);
 }
 
 namespace {

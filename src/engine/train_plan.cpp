@@ -76,9 +76,6 @@ void check_sequence_split(const Recipe& r) {
   if (const std::string task = model_task(m); task != "causal_lm")
     throw Error(head + "sequence parallelism splits causal language models' sequences, and " + m.family + " trains for " + task +
                 " (valid here: sequence = 1)");
-  if (m.family == "bloom")
-    throw Error(head + "BLOOM's ALiBi attention over a split sequence is not built yet (gpt and opt split their sequences; valid "
-                       "here: sequence = 1)");
   if (m.dropout > 0 || m.attn_dropout > 0)
     throw Error(r.where(m.dropout > 0 ? "model.dropout" : "model.attn_dropout") +
                 ": dropout under sequence parallelism is not built yet (set it to 0, or sequence = 1)");

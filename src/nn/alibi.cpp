@@ -27,4 +27,10 @@ at::Tensor alibi_bias(const at::Tensor& slopes, int64_t t, int64_t offset, int64
   return causal ? bias.masked_fill(distance > 0, blocked) : bias;
 }
 
+at::Tensor alibi_bias_at(const at::Tensor& slopes, const at::Tensor& qpos, const at::Tensor& kpos, bool causal) {
+  const auto distance = (kpos.view({1, -1}) - qpos.view({-1, 1})).to(slopes.scalar_type());   // [Tq, Tk]
+  auto bias = slopes.view({-1, 1, 1}) * distance;                                              // [H, Tq, Tk]
+  return causal ? bias.masked_fill(distance.gt(0), -std::numeric_limits<float>::infinity()) : bias;
+}
+
 }  // namespace colossal::nn

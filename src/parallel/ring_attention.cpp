@@ -16,11 +16,13 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "src/dist/group.h"
+#include "src/nn/alibi.h"
 #include "src/parallel/sequence_attention.h"
 
 namespace colossal::parallel {
@@ -38,11 +40,21 @@ Block block_kind(int64_t query_chunk, int64_t key_chunk, bool causal) {
 
 // One block's attention and its log-sum-exp per query: [B, H, c, D] and [B, H, c]. On the CPU ATen's
 // flash kernel, which tiles the block (memory O(c), not O(c^2)); elsewhere the scores whole.
-std::pair<at::Tensor, at::Tensor> block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Block kind, double scale);
+// `bias`: ALiBi's [1, H, c, c] for this block (its diagonal's future -inf), or undefined.
+std::pair<at::Tensor, at::Tensor> block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Block kind, double scale,
+                                                const at::Tensor& bias);
 // The block's share of dq, dk and dv from the whole output's gradient, output and log-sum-exp.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> block_backward(const at::Tensor& d_o, const at::Tensor& q, const at::Tensor& k,
                                                               const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
-                                                              const at::Tensor& delta, Block kind, double scale);
+                                                              const at::Tensor& delta, Block kind, double scale, const at::Tensor& bias);
+
+// ALiBi's bias of query chunk qc against key chunk kc, chunks of c positions (undefined without slopes).
+at::Tensor block_bias(const at::Tensor& slopes, int64_t qc, int64_t kc, int64_t c, Block kind) {
+  if (!slopes.defined()) return {};
+  const auto opts = at::TensorOptions(at::kLong).device(slopes.device());
+  return nn::alibi_bias_at(slopes, at::arange(qc * c, qc * c + c, opts), at::arange(kc * c, kc * c + c, opts), kind == Block::diagonal)
+      .unsqueeze(0);   // [1, H, c, c]
+}
 
 // Scores of a block [B, H, c, c] with the diagonal block's future masked.
 at::Tensor block_scores(const at::Tensor& q, const at::Tensor& k, Block kind, double scale) {
@@ -57,34 +69,41 @@ at::Tensor block_scores(const at::Tensor& q, const at::Tensor& k, Block kind, do
 // fp32 on the CPU; other dtypes and devices take the scores whole (the tests run that path in double).
 bool flash(const at::Tensor& q) { return q.is_cpu() && q.scalar_type() == at::kFloat; }
 
-std::pair<at::Tensor, at::Tensor> block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Block kind, double scale) {
+std::pair<at::Tensor, at::Tensor> block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Block kind, double scale,
+                                                const at::Tensor& bias) {
+  const std::optional<at::Tensor> mask = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
   if (flash(q)) {
     auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q.contiguous(), k.contiguous(), v.contiguous(), 0.0,
-                                                                      kind == Block::diagonal, {}, scale);
+                                                                      kind == Block::diagonal && !mask, mask, scale);
     return {out, lse};
   }
-  const at::Tensor sc = block_scores(q, k, kind, scale);   // [B, H, c, c]
+  at::Tensor sc = block_scores(q, k, kind, scale);   // [B, H, c, c]
+  if (mask) sc = sc + *mask;
   const at::Tensor lse = at::logsumexp(sc, -1);           // finite: every row sees a key
   return {at::matmul(at::exp(sc - lse.unsqueeze(-1)), v), lse};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> block_backward(const at::Tensor& d_o, const at::Tensor& q, const at::Tensor& k,
                                                               const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
-                                                              const at::Tensor& delta, Block kind, double scale) {
+                                                              const at::Tensor& delta, Block kind, double scale, const at::Tensor& bias) {
+  const std::optional<at::Tensor> mask = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
   if (flash(q)) {   // the kernel takes rowsum(dO * O) from the whole output it is given
-    auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-        d_o.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o.contiguous(), lse.contiguous(), 0.0, kind == Block::diagonal, {},
-        scale);
+    auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(d_o.contiguous(), q.contiguous(), k.contiguous(),
+                                                                                 v.contiguous(), o.contiguous(), lse.contiguous(), 0.0,
+                                                                                 kind == Block::diagonal && !mask, mask, scale);
     return {dq, dk, dv};
   }
-  const at::Tensor p = at::exp(block_scores(q, k, kind, scale) - lse.unsqueeze(-1));   // [B, H, c, c]
+  at::Tensor sc = block_scores(q, k, kind, scale);
+  if (mask) sc = sc + *mask;
+  const at::Tensor p = at::exp(sc - lse.unsqueeze(-1));   // [B, H, c, c]
   const at::Tensor ds = p * (at::matmul(d_o, v.transpose(-2, -1)) - delta.unsqueeze(-1));
   return {at::matmul(ds, k).mul_(scale), at::matmul(ds.transpose(-2, -1), q).mul_(scale), at::matmul(p.transpose(-2, -1), d_o)};
 }
 
 struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                            const SequenceLayout* layout, dist::Group* g) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor* alibi,
+                            bool causal, const SequenceLayout* layout, dist::Group* g) {
+    const at::Tensor slopes = *alibi;   // not an autograd input: an undefined one has no place there
     const int64_t s = g->size(), r = g->rank();
     const auto mine = layout->chunks_of(r);
     const int64_t m = static_cast<int64_t>(mine.size()), c = q.size(2) / m;
@@ -103,7 +122,8 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
         for (int64_t ki = 0; ki < m; ++ki) {
           const Block kind = block_kind(mine[static_cast<size_t>(qi)], theirs[static_cast<size_t>(ki)], causal);
           if (kind == Block::skip) continue;
-          const auto [out, block_lse] = block_forward(qs, kv[0].narrow(2, ki * c, c), kv[1].narrow(2, ki * c, c), kind, scale);
+          const at::Tensor bias = block_bias(slopes, mine[static_cast<size_t>(qi)], theirs[static_cast<size_t>(ki)], c, kind);
+          const auto [out, block_lse] = block_forward(qs, kv[0].narrow(2, ki * c, c), kv[1].narrow(2, ki * c, c), kind, scale, bias);
           const at::Tensor merged = at::logaddexp(lse_q, block_lse);
           o_q.mul_(at::exp(lse_q - merged).unsqueeze(-1)).add_(out * at::exp(block_lse - merged).unsqueeze(-1));
           lse_q.copy_(merged);
@@ -115,6 +135,7 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
       }
     }
     ctx->save_for_backward({q, k, v, o, lse});
+    if (slopes.defined()) ctx->saved_data["slopes"] = slopes;
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["layout"] = reinterpret_cast<int64_t>(layout);
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
@@ -124,6 +145,7 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &lse = saved[4];
+    const at::Tensor slopes = ctx->saved_data.count("slopes") ? ctx->saved_data["slopes"].toTensor() : at::Tensor();
     const bool causal = ctx->saved_data["causal"].toBool();
     const auto* layout = reinterpret_cast<const SequenceLayout*>(ctx->saved_data["layout"].toInt());
     auto* g = reinterpret_cast<dist::Group*>(ctx->saved_data["group"].toInt());
@@ -146,8 +168,9 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
         for (int64_t ki = 0; ki < m; ++ki) {
           const Block kind = block_kind(mine[static_cast<size_t>(qi)], theirs[static_cast<size_t>(ki)], causal);
           if (kind == Block::skip) continue;
+          const at::Tensor bias = block_bias(slopes, mine[static_cast<size_t>(qi)], theirs[static_cast<size_t>(ki)], c, kind);
           const auto [dq_b, dk_b, dv_b] = block_backward(do_q, qs, buf[0].narrow(2, ki * c, c), buf[1].narrow(2, ki * c, c), o_q, lse_q,
-                                                         delta_q, kind, scale);
+                                                         delta_q, kind, scale, bias);
           dq_q.add_(dq_b);
           buf[2].narrow(2, ki * c, c).add_(dk_b);
           buf[3].narrow(2, ki * c, c).add_(dv_b);
@@ -161,15 +184,15 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
       g->wait(p);
       std::swap(buf, next);
     }
-    return {dq, buf[2].clone(), buf[3].clone(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq, buf[2].clone(), buf[3].clone(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const SequenceLayout& layout,
-                          dist::Group& group) {
-  return RingAttentionFn::apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, &layout, &group);
+                          dist::Group& group, const at::Tensor& alibi) {
+  return RingAttentionFn::apply(q.contiguous(), k.contiguous(), v.contiguous(), &alibi, causal, &layout, &group);
 }
 
 }  // namespace colossal::parallel

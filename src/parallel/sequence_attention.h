@@ -31,8 +31,8 @@ SequenceLayout sequence_layout(SequenceMode mode, const dist::Group& group);
 std::shared_ptr<nn::SequenceAttention> make_sequence_attention(SequenceMode mode, dist::Group& group);
 
 // Ring attention alone (ring_attention.cpp): q [B, H, Tq, D] of this rank's chunks, k and v of its own,
-// -> [B, H, Tq, D].
+// -> [B, H, Tq, D]; `alibi`: the heads' slopes, or undefined.
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const SequenceLayout& layout,
-                          dist::Group& group);
+                          dist::Group& group, const at::Tensor& alibi = {});
 
 }  // namespace colossal::parallel
