@@ -629,31 +629,43 @@ TEST(DistributedErrors, BadMeshSizesBusyPortsAndLauncherFlagsAreOneLineErrors) {
   EXPECT_NE(r.output.find("already in use"), std::string::npos) << r.output;
 }
 
+namespace {
+
+struct Layout {
+  std::string name, args;   // the run's name and its launch and [parallel] flags
+};
+
+// One process trains the recipe (with `common` flags: active clipping, so the global norm must be right
+// too), then each layout does, and each ends with one process's weights.
+void expect_layouts_train_as_one_process(const TempDir& dir, const std::vector<Layout>& layouts, const std::string& common,
+                                         const std::string& one = "one") {
+  ASSERT_EQ(train(write_recipe(dir, one), common).exit_code, 0);
+  for (const Layout& l : layouts) {
+    auto r = train(write_recipe(dir, l.name), l.args + common);
+    ASSERT_EQ(r.exit_code, 0) << l.name << ": " << r.output;
+    EXPECT_LT(max_relative_difference(dir / l.name, dir / one), 1e-5) << l.name;
+  }
+}
+
+}  // namespace
+
 TEST(TensorParallelTraining, TensorTwoAndTensorTimesDataUnderZeroEqualOneProcessWithClipping) {
-  // Clipping at 0.05 is active every step, so the global norm (split tensors summed over their
-  // pieces, replicated ones counted once) must be right for the weights to agree.
+  // Split tensors' norms sum over their pieces, replicated ones count once; LAMB's per-tensor trust
+  // ratios need whole tensors' norms too.
   TempDir dir;
   const std::string clip = " --set train.grad_clip=0.05";
-  ASSERT_EQ(train(write_recipe(dir, "one"), clip).exit_code, 0);
-  struct Case {
-    std::string name, args;
-  };
-  for (const Case& c : {Case{"tp2", "--nproc-per-node 2 --set parallel.tensor=2"},
-                        Case{"tp2-dp2-zero2", "--nproc-per-node 4 --set parallel.tensor=2 --set train.batch_size=4 --set memory.zero=2 "
-                                              "--set memory.chunk_size_mb=0.01"},
-                        Case{"tp2-lamb", "--nproc-per-node 2 --set parallel.tensor=2 --set optim.name=lamb"}}) {
-    auto r = train(write_recipe(dir, c.name), c.args + clip);
-    ASSERT_EQ(r.exit_code, 0) << c.name << ": " << r.output;
-    if (c.name == "tp2-lamb") {   // LAMB's per-tensor trust ratios need whole tensors' norms
-      ASSERT_EQ(train(write_recipe(dir, "one-lamb"), "--set optim.name=lamb" + clip).exit_code, 0);
-      EXPECT_LT(max_relative_difference(dir / c.name, dir / "one-lamb"), 1e-5) << c.name;
-      continue;
-    }
-    EXPECT_LT(max_relative_difference(dir / c.name, dir / "one"), 1e-5) << c.name;
-    auto mb = colossal::test::metric_values(dir / (c.name + "/metrics.jsonl"), "tp_comm_mb");
-    ASSERT_EQ(mb.size(), 6u) << c.name;
-    EXPECT_GT(mb[0], 0) << c.name;
+  expect_layouts_train_as_one_process(dir,
+                                      {{"tp2", "--nproc-per-node 2 --set parallel.tensor=2"},
+                                       {"tp2-dp2-zero2", "--nproc-per-node 4 --set parallel.tensor=2 --set train.batch_size=4 "
+                                                         "--set memory.zero=2 --set memory.chunk_size_mb=0.01"}},
+                                      clip);
+  for (const std::string name : {"tp2", "tp2-dp2-zero2"}) {
+    auto mb = colossal::test::metric_values(dir / (name + "/metrics.jsonl"), "tp_comm_mb");
+    ASSERT_EQ(mb.size(), 6u) << name;
+    EXPECT_GT(mb[0], 0) << name;
   }
+  expect_layouts_train_as_one_process(dir, {{"tp2-lamb", "--nproc-per-node 2 --set parallel.tensor=2"}}, " --set optim.name=lamb" + clip,
+                                      "one-lamb");
 }
 
 TEST(TensorParallelTraining, CheckpointsHoldWholeTensorsAndResumeUnderAnyLayout) {
@@ -692,22 +704,15 @@ TEST(SequenceParallelTraining, EachModeAndItsCombinationsWithDataAndTensorEqualO
   // The sequence of 32 tokens split two ways (ring: four zigzag chunks), with active clipping; then
   // ring x data x ZeRO-2 and ring x tensor at 4 ranks.
   TempDir dir;
-  const std::string clip = " --set train.grad_clip=0.05";
-  ASSERT_EQ(train(write_recipe(dir, "one"), clip).exit_code, 0);
-  struct Case {
-    std::string name, args;
-  };
-  for (const Case& c :
-       {Case{"split_gather", "--nproc-per-node 2 --set parallel.sequence=2 --set parallel.sequence_mode=split_gather"},
-        Case{"ring", "--nproc-per-node 2 --set parallel.sequence=2 --set parallel.sequence_mode=ring"},
-        Case{"all_to_all", "--nproc-per-node 2 --set parallel.sequence=2 --set parallel.sequence_mode=all_to_all"},
-        Case{"ring-dp2-zero2", "--nproc-per-node 4 --set parallel.sequence=2 --set parallel.sequence_mode=ring --set train.batch_size=4 "
-                               "--set memory.zero=2 --set memory.chunk_size_mb=0.01"},
-        Case{"ring-tp2", "--nproc-per-node 4 --set parallel.sequence=2 --set parallel.sequence_mode=ring --set parallel.tensor=2"}}) {
-    auto r = train(write_recipe(dir, c.name), c.args + clip);
-    ASSERT_EQ(r.exit_code, 0) << c.name << ": " << r.output;
-    EXPECT_LT(max_relative_difference(dir / c.name, dir / "one"), 1e-5) << c.name;
-  }
+  expect_layouts_train_as_one_process(
+      dir,
+      {{"split_gather", "--nproc-per-node 2 --set parallel.sequence=2 --set parallel.sequence_mode=split_gather"},
+       {"ring", "--nproc-per-node 2 --set parallel.sequence=2 --set parallel.sequence_mode=ring"},
+       {"all_to_all", "--nproc-per-node 2 --set parallel.sequence=2 --set parallel.sequence_mode=all_to_all"},
+       {"ring-dp2-zero2", "--nproc-per-node 4 --set parallel.sequence=2 --set parallel.sequence_mode=ring --set train.batch_size=4 "
+                          "--set memory.zero=2 --set memory.chunk_size_mb=0.01"},
+       {"ring-tp2", "--nproc-per-node 4 --set parallel.sequence=2 --set parallel.sequence_mode=ring --set parallel.tensor=2"}},
+      " --set train.grad_clip=0.05");
 }
 
 TEST(SequenceParallelTraining, SplitsTheModelOrBatchCannotTakeAreRefusedNamingTheKey) {

@@ -343,3 +343,19 @@ TEST(QuantKernels, GemmPackingAQuantizedWeightMatchesDoublePrecisionOverTheDequa
           }
   }
 }
+
+TEST(QuantizedMatmul, APrefillWhoseRowsTheGemmCannotTakeWholeSplitsOffTheTailAndMatchesTheDequantizedWeight) {
+  // 50 output rows (a vocabulary like GPT-2's 50257, not a multiple of the GEMM's 16 columns) over a
+  // prefill of 40 rows: the first 48 through the dequantizing GEMM, the last 2 dequantized.
+  at::manual_seed(27);
+  at::NoGradGuard no_grad;
+  for (const quant::QuantConfig c : {quant::QuantConfig{quant::Scheme::int8_weight, 0}, quant::QuantConfig{quant::Scheme::int4_weight, 32}}) {
+    const int64_t in = 64, out = 50;
+    auto x = at::randn({40, in}), w = at::randn({out, in}), b = at::randn({out});
+    const auto q = quant::quantize_weight(w, c);
+    const auto y = quant::quantized_matmul(x, q.q, q.scales, c, in, b);
+    const auto ref = at::mm(x.to(at::kDouble), quant::dequantize_weight(q.q, q.scales, c, in).to(at::kDouble).t()) + b.to(at::kDouble);
+    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{40, out}));
+    EXPECT_LT(max_abs_diff(y, ref), 2e-6 * in + 1e-5) << quant::scheme_name(c.scheme);
+  }
+}

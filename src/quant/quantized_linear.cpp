@@ -56,8 +56,19 @@ at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& q, const at::
   const int64_t out = q.size(0);
   const bool cpu_float = x.is_cpu() && q.is_cpu() && x.scalar_type() == at::kFloat && !at::GradMode::is_enabled();
   const bool decoding = cpu_float && decoding_rows(x, in);
-  if (!decoding && cpu_float && out % kernels::kGemmColumnMultiple == 0 && x.numel() > 0) return dequantizing_gemm(x, q, scales, c, in, bias);
-  if (!decoding)   // other devices, and row counts the GEMM's columns cannot take (a vocabulary of 50257)
+  const int64_t gemm_rows = out / kernels::kGemmColumnMultiple * kernels::kGemmColumnMultiple;
+  if (!decoding && cpu_float && gemm_rows == out && x.numel() > 0) return dequantizing_gemm(x, q, scales, c, in, bias);
+  if (!decoding && cpu_float && gemm_rows > 0 && x.numel() > 0) {
+    // A row count the GEMM's columns cannot take whole (a vocabulary of 50257): the GEMM for all but the
+    // last < 16 rows, those few dequantized, rather than the whole weight dequantized for every call.
+    auto part = [&](const at::Tensor& t, int64_t from, int64_t n) { return t.defined() ? t.narrow(0, from, n) : t; };
+    const int64_t rest = out - gemm_rows;
+    const at::Tensor head = dequantizing_gemm(x, q.narrow(0, 0, gemm_rows), scales.narrow(0, 0, gemm_rows), c, in, part(bias, 0, gemm_rows));
+    const at::Tensor tail = nn::linear_forward(x, dequantize_weight(q.narrow(0, gemm_rows, rest), scales.narrow(0, gemm_rows, rest), c, in),
+                                               part(bias, gemm_rows, rest));
+    return at::cat({head, tail}, -1);
+  }
+  if (!decoding)   // other devices
     return nn::linear_forward(x, dequantize_weight(q, scales, c, in).to(x.device(), x.scalar_type()),
                               bias.defined() ? bias.to(x.device(), x.scalar_type()) : at::Tensor());
   auto xc = x.contiguous();
