@@ -31,6 +31,19 @@ std::string finetune_args(const TempDir& dir, const std::string& from, int steps
 // JSON text as --jsonl prints it (bytes that are not UTF-8 become U+FFFD).
 std::string as_json(const std::string& s) { return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
 
+// make_opt.py / make_bloom.py's greedy reference: the prompt's token count and the tokens generate() added.
+struct GreedyReference {
+  int64_t prompt_tokens = 0;
+  std::vector<int> fresh;
+};
+GreedyReference greedy_reference(const std::string& dir) {
+  const auto ref = load_safetensors(dir + "/reference.safetensors");
+  const at::Tensor prompt = ref.at("greedy.prompt", "ref"), output = ref.at("greedy.output", "ref");
+  GreedyReference r{prompt.size(1), {}};
+  for (int64_t i = prompt.size(1); i < output.size(1); ++i) r.fresh.push_back(static_cast<int>(output[0][i].item<int64_t>()));
+  return r;
+}
+
 }  // namespace
 
 class InferFromDirectory : public ::testing::TestWithParam<std::string> {};
@@ -39,33 +52,27 @@ TEST_P(InferFromDirectory, GeneratesWhatTransformersGenerates) {
   // make_opt.py / make_bloom.py: tokenizer("In the beginning God created") (OPT's prepends </s>),
   // then generate() greedily for 10 tokens.
   const std::string dir = fixture(GetParam());
-  const auto ref = load_safetensors(dir + "/reference.safetensors");
-  const at::Tensor prompt = ref.at("greedy.prompt", "ref"), output = ref.at("greedy.output", "ref");
-  std::vector<int> fresh;
-  for (int64_t i = prompt.size(1); i < output.size(1); ++i) fresh.push_back(static_cast<int>(output[0][i].item<int64_t>()));
+  const GreedyReference ref = greedy_reference(dir);
   const auto tok = Tokenizer::load(dir);
-  ASSERT_EQ(std::count(fresh.begin(), fresh.end(), *tok.end_of_text()), 0) << "the reference stops early; regenerate it";
+  ASSERT_EQ(std::count(ref.fresh.begin(), ref.fresh.end(), *tok.end_of_text()), 0) << "the reference stops early; regenerate it";
 
   auto r = run_colossal("infer " + dir + " -p 'In the beginning God created' --greedy -n 10 --jsonl -q");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = nlohmann::json::parse(r.output);
-  EXPECT_EQ(j["prompt_tokens"], prompt.size(1));
+  EXPECT_EQ(j["prompt_tokens"], ref.prompt_tokens);
   EXPECT_EQ(j["completion_tokens"], 10);
-  EXPECT_EQ(j["completion"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), as_json(tok.decode(fresh, true)));
+  EXPECT_EQ(j["completion"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), as_json(tok.decode(ref.fresh, true)));
 }
 
 TEST_P(InferFromDirectory, TwoTensorParallelRanksGenerateWhatOneProcessGenerates) {
   // Greedy as transformers does, and a sampled batch of two prompts token for token as one process
   // samples it (the logits are gathered whole on every rank, so every rank draws the same tokens).
   const std::string dir = fixture(GetParam());
-  const auto ref = load_safetensors(dir + "/reference.safetensors");
-  const at::Tensor prompt = ref.at("greedy.prompt", "ref"), output = ref.at("greedy.output", "ref");
-  std::vector<int> fresh;
-  for (int64_t i = prompt.size(1); i < output.size(1); ++i) fresh.push_back(static_cast<int>(output[0][i].item<int64_t>()));
+  const GreedyReference ref = greedy_reference(dir);
   auto r = run_colossal("infer " + dir + " -p 'In the beginning God created' --greedy -n 10 --jsonl -q --tensor-parallel 2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(nlohmann::json::parse(r.output)["completion"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-            as_json(Tokenizer::load(dir).decode(fresh, true)));
+            as_json(Tokenizer::load(dir).decode(ref.fresh, true)));
   const std::string sampled = "infer " + dir + " -p 'In the beginning' -p 'And God said' -t 0.9 --top-p 0.95 --seed 7 -n 12 --jsonl -q";
   auto one = run_colossal(sampled), two = run_colossal(sampled + " --tensor-parallel 2");
   ASSERT_EQ(one.exit_code, 0) << one.output;

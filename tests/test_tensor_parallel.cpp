@@ -93,14 +93,14 @@ void sgd_step(nn::Model& m) {
   }
 }
 
-Reference reference(const ModelConfig& c) {
+Reference reference(const ModelConfig& c, const LossFn& loss_fn = loss_of) {
   at::manual_seed(7);
   nn::LayerFactory plain;
   auto m = build_model(c, plain);
   Reference r;
   for (const auto& item : m->named_parameters()) r.initial[item.key()] = item.value().detach().clone();
   for (int64_t s = 0; s < kSteps; ++s) {
-    at::Tensor loss = loss_of(*m);
+    at::Tensor loss = loss_fn(*m);
     loss.backward();
     r.losses.push_back(loss.item<double>());
     if (s == 0)
@@ -356,15 +356,9 @@ namespace {
 // count) against one process on the whole batch.
 void check_sequence_family(const std::string& family, parallel::SequenceMode mode, int64_t ranks, int64_t tensor) {
   const ModelConfig c = tiny(family);
-  at::manual_seed(7);
-  nn::LayerFactory plain;
-  auto whole = build_model(c, plain);
-  std::map<std::string, at::Tensor> initial, grads;
-  for (const auto& item : whole->named_parameters()) initial[item.key()] = item.value().detach().clone();
   const at::Tensor targets = inputs().targets.clamp_min(0);   // every token scored: equal counts on every rank
-  const at::Tensor ref_loss = dynamic_cast<nn::CausalLM&>(*whole).loss(inputs().ids, targets);
-  ref_loss.backward();
-  for (const auto& item : whole->named_parameters()) grads[item.key()] = item.value().grad().clone();
+  const Reference ref = reference(c, [&](nn::Model& m) { return dynamic_cast<nn::CausalLM&>(m).loss(inputs().ids, targets); });
+  const double ref_loss = ref.losses[0];
   const std::string name = family + " mode " + std::to_string(static_cast<int>(mode)) + " sequence " + std::to_string(ranks) +
                            " tensor " + std::to_string(tensor);
   auto errors = test::run_ranks(
@@ -377,18 +371,18 @@ void check_sequence_family(const std::string& family, parallel::SequenceMode mod
         f->set_sequence_attention(parallel::make_sequence_attention(mode, sp));
         const parallel::SequenceLayout layout = parallel::sequence_layout(mode, sp);
         auto m = build_model(c, *f, /*initialise=*/false);
-        copy_pieces(*m, initial);
+        copy_pieces(*m, ref.initial);
         at::Tensor loss = dynamic_cast<nn::CausalLM&>(*m).loss(layout.local(inputs().ids, 1), layout.local(targets, 1),
                                                                   layout.positions(kSeq));
         loss.backward();
         at::Tensor mean = loss.detach().clone().reshape({1});
         sp.all_reduce(mean, dist::Reduce::sum, "test loss");
-        EXPECT_NEAR(mean.item<double>() / static_cast<double>(ranks), ref_loss.item<double>(), 1e-5 * ref_loss.item<double>())
+        EXPECT_NEAR(mean.item<double>() / static_cast<double>(ranks), ref_loss, 1e-5 * ref_loss)
             << name << " rank " << rank;
         for (const auto& item : m->named_parameters()) {
           at::Tensor g = item.value().grad().clone();
           sp.all_reduce(g, dist::Reduce::sum, "test gradient");
-          expect_close(g / static_cast<double>(ranks), item.shard().local_of(grads.at(item.key())), name + " gradient of " + item.key());
+          expect_close(g / static_cast<double>(ranks), item.shard().local_of(ref.first_grads.at(item.key())), name + " gradient of " + item.key());
         }
       },
       60, sp_mesh(ranks, tensor));
@@ -419,23 +413,11 @@ namespace {
 // the whole), and three SGD steps.
 void check_family_grid(const std::string& family, int64_t q, int64_t depth = 1, bool cube = false) {
   const ModelConfig c = tiny(family);
-  at::manual_seed(7);
-  nn::LayerFactory plain;
-  auto whole = build_model(c, plain);
-  std::map<std::string, at::Tensor> initial, first_grads;
-  for (const auto& item : whole->named_parameters()) initial[item.key()] = item.value().detach().clone();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(99);
   const int64_t blocks = cube ? q * q : q * depth, batch = 2 * blocks;   // two rows a block
   const at::Tensor ids = at::randint(kVocab, {batch, kSeq}, gen, at::kLong), targets = at::randint(kVocab, {batch, kSeq}, gen, at::kLong);
-  std::vector<double> losses;
-  for (int64_t s = 0; s < kSteps; ++s) {
-    at::Tensor loss = dynamic_cast<nn::CausalLM&>(*whole).loss(ids, targets);
-    loss.backward();
-    losses.push_back(loss.item<double>());
-    if (s == 0)
-      for (const auto& item : whole->named_parameters()) first_grads[item.key()] = item.value().grad().clone();
-    sgd_step(*whole);
-  }
+  const Reference ref = reference(c, [&](nn::Model& m) { return dynamic_cast<nn::CausalLM&>(m).loss(ids, targets); });
+  const auto& losses = ref.losses;
   const int64_t ranks = cube ? q * q * q : depth * q * q;
   dist::MeshShape mesh = tp_mesh(ranks);
   mesh.tensor_grid = cube ? std::vector<int64_t>{q, q, q} : depth > 1 ? std::vector<int64_t>{depth, q, q} : std::vector<int64_t>{q, q};
@@ -457,7 +439,7 @@ void check_family_grid(const std::string& family, int64_t q, int64_t depth = 1, 
           block = (layers ? layers->rank() * q : 0) + column.rank();
         }
         auto m = build_model(c, *f, /*initialise=*/false);
-        copy_pieces(*m, initial);
+        copy_pieces(*m, ref.initial);
         const int64_t first = block * 2;
         for (int64_t s = 0; s < kSteps; ++s) {
           at::Tensor loss = dynamic_cast<nn::CausalLM&>(*m).loss(ids.narrow(0, first, 2), targets.narrow(0, first, 2));
@@ -465,7 +447,7 @@ void check_family_grid(const std::string& family, int64_t q, int64_t depth = 1, 
           EXPECT_NEAR(loss.item<double>(), losses[static_cast<size_t>(s)], 1e-5 * losses[0]) << name << " rank " << rank << " step " << s;
           if (s == 0)
             for (const auto& item : m->named_parameters())
-              expect_close(item.value().grad(), item.shard().local_of(first_grads.at(item.key())),
+              expect_close(item.value().grad(), item.shard().local_of(ref.first_grads.at(item.key())),
                            name + " rank " + std::to_string(rank) + " gradient of " + item.key());
           sgd_step(*m);
         }

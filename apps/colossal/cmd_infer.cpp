@@ -17,7 +17,6 @@
 #include "src/engine/checkpoint.h"
 #include "src/engine/generation_checkpoint.h"
 #include "src/engine/generation_job.h"
-#include "src/engine/tensor_split.h"
 #include "src/engine/generator.h"
 #include "src/engine/streamed_weights.h"
 #include "models/registry.h"
@@ -82,11 +81,7 @@ void run(InferArgs& a) {
   setup_logging("info", "", a.quiet);
   if (a.tensor_parallel > 1) {   // what would make every worker fail is refused before any starts
     if (a.stream_weights) throw Error("--stream-weights reads whole blocks, so it runs in one process (drop --tensor-parallel)");
-    const CheckpointInfo info = read_checkpoint_info(resolve_checkpoint(a.checkpoint));
-    check_tensor_split(info.model, a.tensor_parallel, "--tensor-parallel");
-    if (const auto q = quant::quant_config_of(info.config, a.checkpoint); q && q->scheme == quant::Scheme::int8_smoothquant)
-      throw Error(resolve_checkpoint(a.checkpoint) + " is quantized with int8-smoothquant, whose activations are quantized per token over "
-                  "a whole row: split across ranks it would compute something else (run it as one process; int8-weight and int4-weight split)");
+    check_generation_split(a.checkpoint, a.tensor_parallel);
   }
   const GenerationJob job = GenerationJob::start(a.tensor_parallel, [&a] { return worker_args(a); }, "--tensor-parallel");
   if (job.launched()) {

@@ -18,7 +18,6 @@
 #include "src/dist/launch_env.h"
 #include "src/engine/generation_checkpoint.h"
 #include "src/engine/generation_job.h"
-#include "src/engine/tensor_split.h"
 #include "src/quant/quant_config.h"
 #include "src/serve/step_plan.h"
 #include "src/serve/http_server.h"
@@ -58,13 +57,7 @@ void run(ServeArgs& a) {
   if (resolve_device(a.device, "--device").is_cuda())
     throw Error("colossal serve runs its paged KV cache and batch on the CPU; --device cuda is not available for it (use --device cpu)");
 
-  if (a.tensor_parallel > 1) {   // what would make every worker fail is refused before any starts
-    const CheckpointInfo info = read_checkpoint_info(resolve_checkpoint(a.model));
-    check_tensor_split(info.model, a.tensor_parallel, "--tensor-parallel");
-    if (const auto q = quant::quant_config_of(info.config, a.model); q && q->scheme == quant::Scheme::int8_smoothquant)
-      throw Error(resolve_checkpoint(a.model) + " is quantized with int8-smoothquant, whose activations are quantized per token over a "
-                  "whole row: split across ranks it would compute something else (serve it as one process)");
-  }
+  if (a.tensor_parallel > 1) check_generation_split(a.model, a.tensor_parallel);   // before any worker starts
   // SIGTERM and SIGINT go to one watcher thread (blocked here, before any thread starts, the rendezvous's
   // included, so every thread inherits it). A launcher of --tensor-parallel workers keeps them, to
   // forward them; the other ranks of a split server leave them blocked: rank 0 stops them once it stops.

@@ -1,6 +1,8 @@
 // Runtime: see runtime.h.
 #include "src/dist/runtime.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 
 #include <arpa/inet.h>
@@ -300,6 +302,10 @@ int64_t threads_for_worker(const WorkerEnv& env) {
   if (sched_getaffinity(0, sizeof set, &set) == 0) affinity = CPU_COUNT(&set);
   const int64_t node = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
   return worker_threads(process_env(), affinity > 0 ? affinity : node, node, env.local_world);
+}
+
+void use_worker_threads(const WorkerEnv& env) {
+  if (!std::getenv("OMP_NUM_THREADS")) at::set_num_threads(static_cast<int>(threads_for_worker(env)));
 }
 
 }  // namespace colossal::dist

@@ -70,5 +70,8 @@ class Runtime {
 // The number of intra-op threads a worker should use (launch_env.h's rule applied to this machine:
 // SLURM_CPUS_PER_TASK, the affinity mask, or the node's cores over the local ranks).
 int64_t threads_for_worker(const WorkerEnv& env);
+// Sets LibTorch's intra-op threads to that, unless OMP_NUM_THREADS names them (before any ATen work starts
+// its pool). Workers that each kept every core's worth of spinning OpenMP threads took turns on the cores.
+void use_worker_threads(const WorkerEnv& env);
 
 }  // namespace colossal::dist

@@ -4,6 +4,7 @@
 #include "models/registry.h"
 #include "src/core/error.h"
 #include "src/dist/group.h"
+#include "src/engine/tensor_split.h"
 #include "src/parallel/tensor_parallel_1d.h"
 #include "src/quant/quantized_linear.h"
 
@@ -23,13 +24,19 @@ GenerationCheckpoint open_generation_checkpoint(const std::string& path, const s
   return {dir, std::move(info), std::move(tokenizer), quantized};
 }
 
+void check_generation_split(const std::string& path, int64_t tensor) {
+  const std::string dir = resolve_checkpoint(path);
+  const CheckpointInfo info = read_checkpoint_info(dir);
+  check_tensor_split(info.model, tensor, "--tensor-parallel");
+  if (const auto q = quant::quant_config_of(info.config, dir + "/config.json"); q && q->scheme == quant::Scheme::int8_smoothquant)
+    throw Error(dir + " is quantized with int8-smoothquant, whose activations are quantized per token over a whole row: split across "
+                "ranks it would compute something else (run it as one process; int8-weight and int4-weight split)");
+}
+
 std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& c, const std::string& command, dist::Group* tensor_group) {
   std::unique_ptr<nn::LayerFactory> factory;
   const bool split = tensor_group && tensor_group->size() > 1;
-  if (split && c.quantized && c.quantized->scheme == quant::Scheme::int8_smoothquant)
-    throw Error(c.dir + " is quantized with int8-smoothquant, whose activations are quantized per token over a whole row: split "
-                "across ranks it would compute something else (run it as one process; int8-weight and int4-weight split)");
-  if (split && c.quantized)   // each rank's pieces are quantized layers of the same scheme
+  if (split && c.quantized)   // (SmoothQuant was refused by check_generation_split)   // each rank's pieces are quantized layers of the same scheme
     factory = std::make_unique<parallel::TensorParallel1d>(*tensor_group, nn::ParamStorage::allocated, 0,
                                                            std::make_shared<quant::QuantizedLayerFactory>(*c.quantized));
   else if (split) factory = std::make_unique<parallel::TensorParallel1d>(*tensor_group);

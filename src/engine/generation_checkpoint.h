@@ -26,6 +26,11 @@ struct GenerationCheckpoint {
 // Error naming `command` when the directory holds no causal language model, and the files when the
 // tokenizer has more pieces than the model has rows.
 GenerationCheckpoint open_generation_checkpoint(const std::string& path, const std::string& command);
+// What would make every rank of a --tensor-parallel N job fail, refused before any starts: a split the
+// model at `path` does not divide (tensor_split.h), and SmoothQuant, whose activations are quantized per
+// token over a whole row (split across ranks it would compute something else).
+void check_generation_split(const std::string& path, int64_t tensor);
+
 // The model built with quantized linear layers when the checkpoint is quantized, every weight read from
 // it (none drawn at random first), in eval mode on the CPU. With a tensor-parallel group of several
 // ranks, this rank's pieces only (parallel/tensor_parallel_1d.h): each whole tensor is read in turn and

@@ -1,9 +1,6 @@
 // Joining or launching a tensor-parallel generation job: see generation_job.h.
 #include "src/engine/generation_job.h"
 
-#include <ATen/Parallel.h>
-
-#include <cstdlib>
 #include <filesystem>
 #include <unistd.h>
 
@@ -42,10 +39,7 @@ GenerationJob GenerationJob::start(int64_t tensor, const std::function<std::vect
                 "): the model is split across every rank, so give " + flag + " " + std::to_string(env.world));
   dist::MeshShape shape;
   shape.size[static_cast<int>(dist::Dim::tp)] = tensor;
-  // Each worker its share of the node's cores (as training's): N workers each with every core's worth of
-  // spinning OpenMP threads took turns on the cores at every collective (2 ranks of GPT-2 124M on 2
-  // cores decoded 3.9 tokens/s).
-  if (!std::getenv("OMP_NUM_THREADS")) at::set_num_threads(static_cast<int>(dist::threads_for_worker(env)));
+  dist::use_worker_threads(env);   // each its share of the node's cores, as training's workers
   set_log_rank(env.rank, env.world);
   job.runtime_ = dist::Runtime::join(env, shape, dist::JoinOptions{});
   return job;

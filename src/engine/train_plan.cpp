@@ -149,7 +149,7 @@ std::unique_ptr<dist::Runtime> join_job(const Recipe& r, const TrainOptions& opt
   if (device.is_cuda() && env.local_world > 1)   // one GPU per local rank
     device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % std::max<int64_t>(1, cuda_device_count())));
   const dist::MeshShape shape = check_parallel_recipe(r, env.world);
-  if (!std::getenv("OMP_NUM_THREADS") && device.is_cpu()) at::set_num_threads(static_cast<int>(dist::threads_for_worker(env)));
+  if (device.is_cpu()) dist::use_worker_threads(env);
   set_log_rank(env.rank, env.world);
   dist::JoinOptions jo;
   jo.timeout_s = r.parallel.timeout_s;

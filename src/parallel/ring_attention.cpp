@@ -154,7 +154,9 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
     const auto mine = layout->chunks_of(r);
     const int64_t m = static_cast<int64_t>(mine.size()), c = q.size(2) / m;
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-    const at::Tensor delta = (d_o * o).sum(-1);   // [B, H, Tq]: rowsum(dO * O), softmax's backward term
+    // [B, H, Tq]: rowsum(dO * O), softmax's backward term, for the whole-scores path (the flash kernel
+    // takes it from the output it is given)
+    const at::Tensor delta = flash(q) ? at::Tensor() : (d_o * o).sum(-1);
     at::Tensor dq = at::zeros_like(q);
     // [k, v, dk, dv] of the chunk held now; the gradients ride along and come home after a full turn.
     at::Tensor buf = at::stack({k, v, at::zeros_like(k), at::zeros_like(v)}).contiguous(), next = at::empty_like(buf);
@@ -163,7 +165,7 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
       const auto theirs = layout->chunks_of(src);
       for (int64_t qi = 0; qi < m; ++qi) {
         const at::Tensor qs = q.narrow(2, qi * c, c), do_q = d_o.narrow(2, qi * c, c), o_q = o.narrow(2, qi * c, c);
-        const at::Tensor lse_q = lse.narrow(2, qi * c, c), delta_q = delta.narrow(2, qi * c, c);
+        const at::Tensor lse_q = lse.narrow(2, qi * c, c), delta_q = delta.defined() ? delta.narrow(2, qi * c, c) : delta;
         at::Tensor dq_q = dq.narrow(2, qi * c, c);
         for (int64_t ki = 0; ki < m; ++ki) {
           const Block kind = block_kind(mine[static_cast<size_t>(qi)], theirs[static_cast<size_t>(ki)], causal);

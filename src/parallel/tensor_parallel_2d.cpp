@@ -6,10 +6,8 @@
 
 #include "src/core/error.h"
 #include "src/dist/group.h"
-#include "src/nn/layer_norm.h"
-#include "src/nn/linear_forward.h"
+#include "src/parallel/feature_split.h"
 #include "src/parallel/tp_comm.h"
-#include "src/parallel/vocab_cross_entropy.h"
 
 namespace colossal::parallel {
 namespace {
@@ -32,18 +30,12 @@ struct Grid {
     s.cuts.push_back({row_dim, q(), row.rank(), parts});
     return s;
   }
-  // A parameter whose gradient is summed over the ranks holding the same piece in the other grids.
-  at::Tensor across_depth(const at::Tensor& p) const { return depth ? enter_region(p, *depth) : p; }
-  // A parameter held whole along the column: its gradient sums the column's rows, and the other grids'.
-  at::Tensor whole_along_column(const at::Tensor& p) const { return across_depth(enter_region(p, column)); }
+  // The groups along which a rank's rows are cut and its other parameters held whole: the column, and
+  // 2.5D's depth (feature_split.h).
+  std::vector<dist::Group*> batch() const { return depth ? std::vector<dist::Group*>{&column, depth} : std::vector<dist::Group*>{&column}; }
 };
 
-int64_t piece_of(int64_t n, int64_t q, const std::string& what) {
-  if (n % q != 0)
-    throw Error("2d tensor parallelism: " + what + " of " + std::to_string(n) + " does not divide among the grid's " + std::to_string(q) +
-                " rows and columns");
-  return n / q;
-}
+int64_t piece_of(int64_t n, int64_t q, const std::string& what) { return parallel::piece_of(n, q, "2d", what); }
 
 // This rank's block of a tensor `copy` broadcast from member `root` of `g` (the root sends its own).
 at::Tensor block_from(const at::Tensor& mine, int64_t root, dist::Group& g, const char* what) {
@@ -104,68 +96,15 @@ class Linear2d : public nn::Linear {
     if (s.bias) bias_ = register_parameter("bias", f.parameter({s.out / q}), true, grid.cuts(-1, 0, s.parts));
   }
   at::Tensor forward(const at::Tensor& x) override {
-    at::Tensor y = Summa::apply(x, grid_.across_depth(weight_), &grid_.column, &grid_.row);
-    return bias_.defined() ? y + grid_.whole_along_column(bias_) : y;
+    // the weight's gradient also sums over the other grids (2.5D), which hold the same block
+    at::Tensor y = Summa::apply(x, grid_.depth ? enter_region(weight_, *grid_.depth) : weight_, &grid_.column, &grid_.row);
+    return bias_.defined() ? y + held_whole(bias_, grid_.batch()) : y;
   }
   at::Tensor& weight() override { return weight_; }
 
  private:
   Grid grid_;
   at::Tensor weight_, bias_;
-};
-
-// A table [num/q, dim]: row j's range of the vocabulary (or positions), whole along the column. A
-// lookup's partial rows are reduce-scattered by features along the row (each rank then holds its
-// features of every token); the tied head all-gathers the features along the row and computes its
-// vocabulary range's logits, and the loss combines the ranges with two all-reduces of N values
-// (vocab_cross_entropy.h), so the whole [N, vocab] logits never exist.
-class Embedding2d : public nn::Embedding {
- public:
-  Embedding2d(int64_t num, int64_t dim, const nn::LayerFactory& f, const Grid& grid) : grid_(grid) {
-    const int64_t rows = piece_of(num, grid.q(), "an embedding's rows (the vocabulary or positions)");
-    piece_of(dim, grid.q(), "an embedding's width");
-    first_ = grid.row.rank() * rows;
-    weight_ = register_parameter("weight", f.parameter({rows, dim}), true, grid.cuts(-1, 0));
-  }
-  at::Tensor forward(const at::Tensor& ids) override {   // this rank's batch rows [...] -> [..., dim/q]
-    return scatter_sum(vocab_range_lookup(grid_.whole_along_column(weight_), ids, first_), grid_.row);
-  }
-  at::Tensor project(const at::Tensor& x) override {   // [..., dim/q] -> [..., num], gathered
-    return gather_last(range_logits(x), grid_.row);
-  }
-  at::Tensor head_cross_entropy(const at::Tensor& x, const at::Tensor& targets) override {
-    // The mean over this rank's rows, then over every row block (equal counts).
-    at::Tensor loss = vocab_parallel_cross_entropy(gather_partial(x, grid_.row), grid_.whole_along_column(weight_), targets, first_, grid_.row);
-    loss = leave_region(loss, grid_.column) / static_cast<double>(grid_.q());
-    return grid_.depth ? leave_region(loss, *grid_.depth) / static_cast<double>(grid_.depth->size()) : loss;
-  }
-  at::Tensor& weight() override { return weight_; }
-
- private:
-  at::Tensor range_logits(const at::Tensor& x) {   // [..., dim/q] -> [..., num/q]
-    return nn::linear_forward(gather_partial(x, grid_.row), grid_.whole_along_column(weight_));
-  }
-  Grid grid_;
-  int64_t first_ = 0;
-  at::Tensor weight_;
-};
-
-// LayerNorm over features spread along the row: the mean and variance sum each rank's part.
-class LayerNorm2d : public nn::LayerNorm {
- public:
-  LayerNorm2d(int64_t dim, double eps, const nn::LayerFactory& f, const Grid& grid)
-      : nn::LayerNorm(piece_of(dim, grid.q(), "a LayerNorm's width"), eps, f, grid.cuts(-1, 0)), whole_(dim), grid_(grid) {}
-  at::Tensor forward(const at::Tensor& x) override {   // [..., dim/q]
-    const double n = static_cast<double>(whole_);
-    const at::Tensor mean = sum_over(x.sum(-1, true), grid_.row) / n;
-    const at::Tensor centred = x - mean;
-    const at::Tensor var = sum_over((centred * centred).sum(-1, true), grid_.row) / n;
-    return centred * at::rsqrt(var + eps_) * grid_.whole_along_column(weight) + grid_.whole_along_column(bias);
-  }
-
- private:
-  int64_t whole_;
-  Grid grid_;
 };
 
 }  // namespace
@@ -183,11 +122,13 @@ std::shared_ptr<nn::Linear> TensorParallel2d::linear(const nn::LinearSpec& spec)
 }
 
 std::shared_ptr<nn::Embedding> TensorParallel2d::embedding(int64_t num, int64_t dim, nn::Split) {
-  return std::make_shared<Embedding2d>(num, dim, *this, Grid{column_, row_, depth_});
+  const Grid grid{column_, row_, depth_};
+  return std::make_shared<FeatureSplitEmbedding>(num, dim, *this, row_, grid.batch(), grid.cuts(-1, 0), "2d");
 }
 
 std::shared_ptr<nn::LayerNorm> TensorParallel2d::layer_norm(int64_t dim, double eps) {
-  return std::make_shared<LayerNorm2d>(dim, eps, *this, Grid{column_, row_, depth_});
+  const Grid grid{column_, row_, depth_};
+  return std::make_shared<FeatureSplitLayerNorm>(dim, eps, *this, row_, grid.batch(), grid.cuts(-1, 0), "2d");
 }
 
 nn::HeadRange TensorParallel2d::local_heads(int64_t heads) const {

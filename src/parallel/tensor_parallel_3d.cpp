@@ -6,10 +6,8 @@
 
 #include "src/core/error.h"
 #include "src/dist/group.h"
-#include "src/nn/layer_norm.h"
-#include "src/nn/linear_forward.h"
+#include "src/parallel/feature_split.h"
 #include "src/parallel/tp_comm.h"
-#include "src/parallel/vocab_cross_entropy.h"
 
 namespace colossal::parallel {
 namespace {
@@ -18,11 +16,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using Axes = std::array<dist::Group*, 3>;
 
-int64_t piece_of(int64_t n, int64_t pieces, const std::string& what) {
-  if (n % pieces != 0)
-    throw Error("3d tensor parallelism: " + what + " of " + std::to_string(n) + " does not divide into " + std::to_string(pieces) + " pieces");
-  return n / pieces;
-}
+int64_t piece_of(int64_t n, int64_t pieces, const std::string& what) { return parallel::piece_of(n, pieces, "3d", what); }
 
 // [n, k] on each rank of g -> [size * n, k], the ranks' rows in order.
 at::Tensor gather_rows(const at::Tensor& x, dist::Group& g, const char* what) {
@@ -92,12 +86,13 @@ nn::ShardCut cut(const Axes& axes, int64_t axis, int64_t dim, int64_t parts = 1)
   return {dim, g->size(), g->rank(), parts, axis};
 }
 
-// A parameter held whole along the two axes other than `keep`: its gradient summed over both.
-at::Tensor summed_over_others(const at::Tensor& p, const Axes& axes, int64_t keep) {
-  at::Tensor t = p;
+// The axes other than `keep`, in order: those a tensor whose features lie on `keep` is held whole along
+// (the residual stream's, features on axis 2: its batch groups, feature_split.h).
+std::vector<dist::Group*> others(const Axes& axes, int64_t keep) {
+  std::vector<dist::Group*> out;
   for (int64_t i = 0; i < 3; ++i)
-    if (i != keep) t = enter_region(t, *axes[static_cast<size_t>(i)]);
-  return t;
+    if (i != keep) out.push_back(axes[static_cast<size_t>(i)]);
+  return out;
 }
 
 class Linear3d : public nn::Linear {
@@ -117,7 +112,7 @@ class Linear3d : public nn::Linear {
   at::Tensor forward(const at::Tensor& x) override {
     auto g = [&](int64_t i) { return axes_[static_cast<size_t>(i)]; };
     at::Tensor y = Linear3dFn::apply(x, weight_, g(a_), g(w_), g(o_), parts_);
-    return bias_.defined() ? y + summed_over_others(bias_, axes_, a_) : y;   // output features lie on A
+    return bias_.defined() ? y + held_whole(bias_, others(axes_, a_)) : y;   // output features lie on A
   }
   at::Tensor& weight() override { return weight_; }
 
@@ -125,58 +120,6 @@ class Linear3d : public nn::Linear {
   Axes axes_;
   int64_t parts_, a_ = 0, w_ = 1, o_ = 2;
   at::Tensor weight_, bias_;
-};
-
-// Tables [num/q, dim]: axis 2's range of the vocabulary (or positions), whole along axes 0 and 1; as
-// 2D's embeddings (tensor_parallel_2d.cpp) with axis 2 as the row: lookups reduce-scatter by features,
-// the tied head gathers them and the loss combines the vocabulary ranges.
-class Embedding3d : public nn::Embedding {
- public:
-  Embedding3d(int64_t num, int64_t dim, const nn::LayerFactory& f, const Axes& axes) : axes_(axes) {
-    const int64_t q = axes[0]->size(), rows = piece_of(num, q, "an embedding's rows (the vocabulary or positions)");
-    piece_of(dim, q, "an embedding's width");
-    first_ = axes[2]->rank() * rows;
-    weight_ = register_parameter("weight", f.parameter({rows, dim}), true, nn::ShardSpec{{cut(axes, 0, -1), cut(axes, 1, -1), cut(axes, 2, 0)}});
-  }
-  at::Tensor forward(const at::Tensor& ids) override {
-    return scatter_sum(vocab_range_lookup(summed_over_others(weight_, axes_, 2), ids, first_), *axes_[2]);
-  }
-  at::Tensor project(const at::Tensor& x) override {
-    return gather_last(nn::linear_forward(gather_partial(x, *axes_[2]), summed_over_others(weight_, axes_, 2)), *axes_[2]);
-  }
-  at::Tensor head_cross_entropy(const at::Tensor& x, const at::Tensor& targets) override {
-    at::Tensor loss =
-        vocab_parallel_cross_entropy(gather_partial(x, *axes_[2]), summed_over_others(weight_, axes_, 2), targets, first_, *axes_[2]);
-    for (int64_t i : {0, 1}) loss = leave_region(loss, *axes_[static_cast<size_t>(i)]) / static_cast<double>(axes_[0]->size());
-    return loss;   // the mean over the q^2 row blocks (equal counts)
-  }
-  at::Tensor& weight() override { return weight_; }
-
- private:
-  Axes axes_;
-  int64_t first_ = 0;
-  at::Tensor weight_;
-};
-
-// LayerNorm on the residual stream: features on axis 2, statistics summed along it.
-class LayerNorm3d : public nn::LayerNorm {
- public:
-  LayerNorm3d(int64_t dim, double eps, const nn::LayerFactory& f, const Axes& axes)
-      : nn::LayerNorm(piece_of(dim, axes[0]->size(), "a LayerNorm's width"), eps, f,
-                      nn::ShardSpec{{cut(axes, 0, -1), cut(axes, 1, -1), cut(axes, 2, 0)}}),
-        whole_(dim),
-        axes_(axes) {}
-  at::Tensor forward(const at::Tensor& x) override {
-    const double n = static_cast<double>(whole_);
-    const at::Tensor mean = sum_over(x.sum(-1, true), *axes_[2]) / n;
-    const at::Tensor centred = x - mean;
-    const at::Tensor var = sum_over((centred * centred).sum(-1, true), *axes_[2]) / n;
-    return centred * at::rsqrt(var + eps_) * summed_over_others(weight, axes_, 2) + summed_over_others(bias, axes_, 2);
-  }
-
- private:
-  int64_t whole_;
-  Axes axes_;
 };
 
 }  // namespace
@@ -193,11 +136,13 @@ std::shared_ptr<nn::Linear> TensorParallel3d::linear(const nn::LinearSpec& spec)
 }
 
 std::shared_ptr<nn::Embedding> TensorParallel3d::embedding(int64_t num, int64_t dim, nn::Split) {
-  return std::make_shared<Embedding3d>(num, dim, *this, axes_);
+  return std::make_shared<FeatureSplitEmbedding>(num, dim, *this, *axes_[2], others(axes_, 2),
+                                                 nn::ShardSpec{{cut(axes_, 0, -1), cut(axes_, 1, -1), cut(axes_, 2, 0)}}, "3d");
 }
 
 std::shared_ptr<nn::LayerNorm> TensorParallel3d::layer_norm(int64_t dim, double eps) {
-  return std::make_shared<LayerNorm3d>(dim, eps, *this, axes_);
+  return std::make_shared<FeatureSplitLayerNorm>(dim, eps, *this, *axes_[2], others(axes_, 2),
+                                                 nn::ShardSpec{{cut(axes_, 0, -1), cut(axes_, 1, -1), cut(axes_, 2, 0)}}, "3d");
 }
 
 nn::HeadRange TensorParallel3d::local_heads(int64_t heads) const {   // qkv's output features lie on axis 0

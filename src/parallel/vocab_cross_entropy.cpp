@@ -23,15 +23,17 @@ struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParalle
     logits.sub_(max.unsqueeze(1));
     const at::Tensor mine = targets.ge(first).logical_and(targets.lt(first + local));
     const at::Tensor row_of_target = (targets - first).clamp(0, local - 1);
-    // [2, N]: the softmax's normaliser and the target's (shifted) logit, summed over the ranks at once
-    at::Tensor sums = at::stack({logits.exp().sum(1), logits.gather(1, row_of_target.unsqueeze(1)).squeeze(1) * mine});
+    const at::Tensor picked = logits.gather(1, row_of_target.unsqueeze(1)).squeeze(1) * mine;   // the target's shifted logit
+    logits.exp_();   // once, in place: the normaliser's terms now, the softmax after the division below
+    // [2, N]: the softmax's normaliser and the target's logit, summed over the ranks at once
+    at::Tensor sums = at::stack({logits.sum(1), picked});
     g->all_reduce(sums, dist::Reduce::sum, "vocabulary-parallel softmax sums");
     const at::Tensor valid = targets.ge(0);
     const double counted = static_cast<double>(valid.sum().item<int64_t>());
     const double scale = counted > 0 ? 1.0 / counted : 0.0;
     const at::Tensor loss = ((sums[0].log() - sums[1]) * valid).sum() * scale;
     // d(loss)/d(logits) = (softmax - one_hot(target)) * valid / counted
-    logits.exp_().div_(sums[0].unsqueeze(1));
+    logits.div_(sums[0].unsqueeze(1));
     logits.scatter_add_(1, row_of_target.unsqueeze(1), -(mine.logical_and(valid)).to(logits.scalar_type()).unsqueeze(1));
     logits.mul_((valid.to(logits.scalar_type()) * scale).unsqueeze(1));
     ctx->save_for_backward({x, weight, logits.to(x.scalar_type())});

@@ -210,11 +210,12 @@ bool BatchEngine::step() {
   std::vector<Sequence*> sampled;
   for (size_t r = 0; r < rows.size(); ++r) {
     Sequence& s = *rows[r];
+    plan.tables.push_back(s.blocks);   // once a sequence, however many of its tokens run
     for (int64_t k = 0; k < counts[r]; ++k) {
       const int64_t pos = s.computed + k;
       plan.ids.push_back(s.tokens[static_cast<size_t>(pos)]);
       plan.positions.push_back(pos);
-      plan.tables.push_back(s.blocks);
+      plan.table_of.push_back(static_cast<int64_t>(r));
     }
     if (s.pending() > 1 || s.computed == 0) stats_.prompt_tokens += counts[r];   // a prompt chunk (or a recomputation)
     s.computed += counts[r];

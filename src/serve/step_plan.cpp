@@ -11,11 +11,14 @@ namespace {
 
 enum Kind : int64_t { kIdle = 0, kStep = 1, kStop = 2 };
 
-// [rows, logit rows, ids..., positions..., logit rows..., then each row's table length and entries]
+// [rows, logit rows, tables, ids..., positions..., table_of..., logit rows..., then each table's length
+// and entries]
 at::Tensor encode(const StepPlan& p) {
-  std::vector<int64_t> v{static_cast<int64_t>(p.ids.size()), static_cast<int64_t>(p.logit_rows.size())};
+  std::vector<int64_t> v{static_cast<int64_t>(p.ids.size()), static_cast<int64_t>(p.logit_rows.size()),
+                         static_cast<int64_t>(p.tables.size())};
   v.insert(v.end(), p.ids.begin(), p.ids.end());
   v.insert(v.end(), p.positions.begin(), p.positions.end());
+  v.insert(v.end(), p.table_of.begin(), p.table_of.end());
   v.insert(v.end(), p.logit_rows.begin(), p.logit_rows.end());
   for (const auto& t : p.tables) {
     v.push_back(static_cast<int64_t>(t.size()));
@@ -26,13 +29,14 @@ at::Tensor encode(const StepPlan& p) {
 
 StepPlan decode(const at::Tensor& t) {
   const int64_t* v = t.const_data_ptr<int64_t>();
-  const int64_t n = v[0], m = v[1];
-  size_t at = 2;
+  const int64_t n = v[0], m = v[1], tables = v[2];
+  size_t at = 3;
   StepPlan p;
   p.ids.assign(v + at, v + at + n), at += static_cast<size_t>(n);
   p.positions.assign(v + at, v + at + n), at += static_cast<size_t>(n);
+  p.table_of.assign(v + at, v + at + n), at += static_cast<size_t>(n);
   p.logit_rows.assign(v + at, v + at + m), at += static_cast<size_t>(m);
-  for (int64_t r = 0; r < n; ++r) {
+  for (int64_t t = 0; t < tables; ++t) {
     const auto len = static_cast<size_t>(v[at++]);
     p.tables.emplace_back(v + at, v + at + len);
     at += len;
@@ -47,7 +51,7 @@ at::Tensor forward_plan(nn::CausalLM& model, const KvBlocks& blocks, const StepP
   nn::PagedRows paged;
   paged.block_size = blocks.block_size();
   paged.positions = plan.positions;
-  for (const auto& t : plan.tables) paged.tables.push_back(t.data());
+  for (int64_t t : plan.table_of) paged.tables.push_back(plan.tables[static_cast<size_t>(t)].data());
   at::NoGradGuard no_grad;
   auto cache = blocks.cache_for(paged);
   nn::ForwardOptions options;

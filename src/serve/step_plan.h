@@ -21,9 +21,9 @@ class Group;
 namespace colossal::serve {
 
 struct StepPlan {
-  std::vector<int64_t> ids, positions;        // one a row
-  std::vector<std::vector<int32_t>> tables;   // each row's block table
-  std::vector<int64_t> logit_rows;            // the rows whose next-token logits are taken
+  std::vector<int64_t> ids, positions, table_of;   // one a row; table_of: the row's sequence's table
+  std::vector<std::vector<int32_t>> tables;        // each scheduled sequence's block table, once
+  std::vector<int64_t> logit_rows;                 // the rows whose next-token logits are taken
 };
 
 // The plan's forward over `blocks`: the logits [M, V] of its logit rows (undefined when none).
