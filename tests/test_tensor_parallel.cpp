@@ -408,15 +408,69 @@ TEST(SequenceParallel, TensorTimesSequenceOnFourRanksEqualsOneProcess) {
 
 namespace {
 
-// A family on a q x q grid (2D tensor parallelism), or `depth` of them (2.5D), against one process:
-// each row block's batch rows, the loss (the mean over the blocks), every gradient (each rank's block of
-// the whole), and three SGD steps.
-void check_family_grid(const std::string& family, int64_t q, int64_t depth = 1, bool cube = false) {
-  const ModelConfig c = tiny(family);
+// A grid test's batch: `rows` of every input a family takes (BERT's with padding and token types).
+struct GridBatch {
+  at::Tensor ids, targets, masked, types, mask, images, labels;   // masked: masked LM's targets
+  GridBatch rows(int64_t first, int64_t n) const {
+    auto r = [&](const at::Tensor& t) { return t.narrow(0, first, n); };
+    return {r(ids), r(targets), r(masked), r(types), r(mask), r(images), r(labels)};
+  }
+};
+
+GridBatch grid_batch(int64_t batch) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(99);
+  GridBatch b;
+  b.ids = at::randint(kVocab, {batch, kSeq}, gen, at::kLong);
+  b.targets = at::randint(kVocab, {batch, kSeq}, gen, at::kLong);
+  b.types = at::randint(2, {batch, kSeq}, gen, at::kLong);
+  b.mask = at::ones({batch, kSeq}, at::kLong);
+  for (int64_t i = 0; i < batch; i += 2) b.mask[i].narrow(0, kSeq - 1 - i % 3, 1 + i % 3).zero_();   // padded rows
+  // masked LM scores every third real token (so the blocks score different counts)
+  const at::Tensor scored = (at::arange(batch * kSeq, at::kLong).view({batch, kSeq}) % 3 == 0).logical_and(b.mask.to(at::kBool));
+  b.masked = at::where(scored, b.targets, at::full_like(b.targets, -100));
+  b.images = at::randn({batch, 3, 8, 8}, gen);
+  b.labels = at::randint(4, {batch}, gen, at::kLong);
+  return b;
+}
+
+// The loss of a part of the batch that is one of `parts` (the whole batch: 1) as the task computes it:
+// the mean over its rows, or masked LM's sum over its scored tokens over the whole batch's count, times
+// the parts; mean_over_row_blocks then gives the batch's loss.
+at::Tensor grid_loss(nn::Model& m, const GridBatch& b, double parts, double scored) {
+  if (auto* lm = dynamic_cast<nn::CausalLM*>(&m)) return lm->loss(b.ids, b.targets);
+  if (auto* mlm = dynamic_cast<nn::MaskedLM*>(&m)) {
+    const at::Tensor h = mlm->encode({.ids = b.ids, .token_types = b.types, .attention_mask = b.mask});
+    const at::Tensor logits = mlm->mlm_logits(h.reshape({-1, h.size(-1)}));
+    return at::cross_entropy_loss(logits, b.masked.reshape({-1}), {}, at::Reduction::Sum) * (parts / scored);
+  }
+  if (auto* cls = dynamic_cast<nn::SequenceClassifier*>(&m))
+    return at::cross_entropy_loss(cls->classify({.ids = b.ids, .token_types = b.types, .attention_mask = b.mask}), b.labels.remainder(2));
+  return at::cross_entropy_loss(dynamic_cast<nn::ImageClassifier&>(m).classify_images(b.images), b.labels);
+}
+
+ModelConfig grid_config(const std::string& family) {
+  if (family == "bert-cls") {
+    ModelConfig c = tiny("bert");
+    c.head = "classifier";
+    return c;
+  }
+  if (family == "opt-narrow") {   // token embeddings narrower than the blocks: project_in and project_out
+    ModelConfig c = tiny("opt");
+    c.embed_dim = 16;
+    return c;
+  }
+  return tiny(family);
+}
+
+// A family on a q x q grid (2D tensor parallelism), or `depth` of them (2.5D), or a q x q x q cube (3D),
+// against one process: each row block's batch rows, the loss (the mean over the blocks), every gradient
+// (each rank's block of the whole), and three SGD steps.
+void check_family_grid(const std::string& family, int64_t q, int64_t depth = 1, bool cube = false) {
+  const ModelConfig c = grid_config(family);
   const int64_t blocks = cube ? q * q : q * depth, batch = 2 * blocks;   // two rows a block
-  const at::Tensor ids = at::randint(kVocab, {batch, kSeq}, gen, at::kLong), targets = at::randint(kVocab, {batch, kSeq}, gen, at::kLong);
-  const Reference ref = reference(c, [&](nn::Model& m) { return dynamic_cast<nn::CausalLM&>(m).loss(ids, targets); });
+  const GridBatch all = grid_batch(batch);
+  const double scored = all.masked.ge(0).sum().item<double>();
+  const Reference ref = reference(c, [&](nn::Model& m) { return grid_loss(m, all, 1, scored); });
   const auto& losses = ref.losses;
   const int64_t ranks = cube ? q * q * q : depth * q * q;
   dist::MeshShape mesh = tp_mesh(ranks);
@@ -425,7 +479,7 @@ void check_family_grid(const std::string& family, int64_t q, int64_t depth = 1, 
   auto errors = test::run_ranks(
       ranks,
       [&](int64_t rank, dist::Runtime& rt) {
-        std::unique_ptr<nn::LayerFactory> f;
+        std::unique_ptr<parallel::FeatureSplitFactory> f;
         int64_t block = 0;
         if (cube) {
           const std::array<dist::Group*, 3> axes{&rt.tensor_axis(0), &rt.tensor_axis(1), &rt.tensor_axis(2)};
@@ -440,9 +494,9 @@ void check_family_grid(const std::string& family, int64_t q, int64_t depth = 1, 
         }
         auto m = build_model(c, *f, /*initialise=*/false);
         copy_pieces(*m, ref.initial);
-        const int64_t first = block * 2;
+        const GridBatch mine = all.rows(block * 2, 2);
         for (int64_t s = 0; s < kSteps; ++s) {
-          at::Tensor loss = dynamic_cast<nn::CausalLM&>(*m).loss(ids.narrow(0, first, 2), targets.narrow(0, first, 2));
+          at::Tensor loss = parallel::mean_over_row_blocks(grid_loss(*m, mine, static_cast<double>(blocks), scored), f->batch_groups());
           loss.backward();
           EXPECT_NEAR(loss.item<double>(), losses[static_cast<size_t>(s)], 1e-5 * losses[0]) << name << " rank " << rank << " step " << s;
           if (s == 0)
@@ -459,15 +513,23 @@ void check_family_grid(const std::string& family, int64_t q, int64_t depth = 1, 
 }  // namespace
 
 TEST(TensorParallel2d, GptOptAndBloomOnATwoByTwoGridEqualOneProcessAfterThreeSteps) {
-  for (const char* family : {"gpt", "opt", "bloom"}) check_family_grid(family, 2);
+  for (const char* family : {"gpt", "opt", "bloom", "opt-narrow"}) check_family_grid(family, 2);
+}
+
+TEST(TensorParallel2d, BertWithPaddingBertClassifierAndVitOnATwoByTwoGridEqualOneProcess) {
+  for (const char* family : {"bert", "bert-cls", "vit"}) check_family_grid(family, 2);
 }
 
 TEST(TensorParallel3d, GptAndBloomOnATwoCubedCubeEqualOneProcessAfterThreeSteps) {
   for (const char* family : {"gpt", "bloom"}) check_family_grid(family, 2, 1, /*cube=*/true);   // 8 ranks
 }
 
+TEST(TensorParallel3d, BertAndVitOnATwoCubedCubeEqualOneProcessAfterThreeSteps) {
+  for (const char* family : {"bert", "vit"}) check_family_grid(family, 2, 1, /*cube=*/true);
+}
+
 TEST(TensorParallel25d, TwoGridsOfTwoByTwoEqualOneProcessAfterThreeSteps) {
-  check_family_grid("gpt", 2, 2);   // 8 ranks: q = 2, depth 2
+  for (const char* family : {"gpt", "vit"}) check_family_grid(family, 2, 2);   // 8 ranks: q = 2, depth 2
 }
 
 TEST(TensorParallel2d, BlocksOfAWeightAssembleAcrossTheGridInRankOrder) {

@@ -64,7 +64,7 @@ void bert_padding_row(const BertConfig& c, const std::string& name, const at::Te
   if (name == "bert.word_embeddings.weight" && c.pad_token_id < c.vocab_size) value[c.pad_token_id].zero_();
 }
 
-BertForMaskedLM::BertForMaskedLM(const BertConfig& c, nn::LayerFactory& f) : cfg_(c) {
+BertForMaskedLM::BertForMaskedLM(const BertConfig& c, nn::LayerFactory& f) : cfg_(c), cut_(f.stream_cut()) {
   bert = register_module("bert", std::make_shared<BertEncoder>(c, f));
   blocks_ = bert->blocks();
   mlm_dense = register_module("mlm_dense", f.linear({.in = c.n_embd, .out = c.n_embd}));
@@ -74,7 +74,8 @@ BertForMaskedLM::BertForMaskedLM(const BertConfig& c, nn::LayerFactory& f) : cfg
 
 at::Tensor BertForMaskedLM::mlm_logits(const at::Tensor& hidden) {
   const at::Tensor h = nn::activate(activation_of(cfg_), mlm_dense->forward(hidden));   // [N, C]
-  return bert->token_embedding().project(ln_mlm->forward(h)) + mlm_bias;   // [N, V] (the tied decoder, gathered when split)
+  // [N, V] (the tied decoder, gathered when split); the bias is whole, held by every rank
+  return bert->token_embedding().project(ln_mlm->forward(h)) + cut_->use(mlm_bias);
 }
 
 void BertForMaskedLM::init_parameter(const std::string& name, const at::Tensor& value) const {
@@ -99,7 +100,7 @@ BertForClassification::BertForClassification(const BertConfig& c, nn::LayerFacto
   bert = register_module("bert", std::make_shared<BertEncoder>(c, f));
   blocks_ = bert->blocks();
   pooler = register_module("pooler", f.linear({.in = c.n_embd, .out = c.n_embd}));
-  classifier = register_module("classifier", f.linear({.in = c.n_embd, .out = c.num_labels}));
+  classifier = register_module("classifier", f.linear({.in = c.n_embd, .out = c.num_labels, .split = nn::Split::Head}));
 }
 
 at::Tensor BertForClassification::pooled(const nn::EncoderInputs& in) {

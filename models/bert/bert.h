@@ -52,6 +52,7 @@ class BertForMaskedLM : public nn::MaskedLM {
   std::shared_ptr<BertEncoder> bert;
   std::shared_ptr<nn::Linear> mlm_dense;
   std::shared_ptr<nn::LayerNorm> ln_mlm;
+  std::shared_ptr<const nn::StreamCut> cut_;   // how the layout holds the stream (the bias's gradient sums over split rows)
   at::Tensor mlm_bias;   // [V]
 };
 

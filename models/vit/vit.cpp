@@ -7,11 +7,11 @@
 
 namespace colossal::vit {
 
-Vit::Vit(const VitConfig& c, nn::LayerFactory& f) : cfg_(c) {
-  const int64_t e = c.n_embd;
+Vit::Vit(const VitConfig& c, nn::LayerFactory& f) : cfg_(c), cut_(f.stream_cut()) {
+  const int64_t e = c.n_embd, features = e / cut_->pieces();   // this rank's features of the stream
   patch = register_module("patch", std::make_shared<nn::PatchEmbedding>(c.channels, e, c.patch_size, f));
-  cls_token = register_parameter("cls_token", f.parameter({1, 1, e}));
-  position_embeddings = register_parameter("position_embeddings", f.parameter({1, c.patches() + 1, e}));
+  cls_token = register_parameter("cls_token", f.parameter({1, 1, features}), true, cut_->shard(2));
+  position_embeddings = register_parameter("position_embeddings", f.parameter({1, c.patches() + 1, features}), true, cut_->shard(2));
   const nn::BlockSpec spec{
       .attn = {.width = e, .heads = c.n_head, .causal = false, .bias = true, .dropout = c.dropout, .attn_dropout = c.attn_dropout},
       .mlp = {.width = e, .hidden = c.intermediate, .act = activation_of(c), .bias = true, .dropout = c.dropout},
@@ -19,7 +19,7 @@ Vit::Vit(const VitConfig& c, nn::LayerFactory& f) : cfg_(c) {
       .pre_norm = true};
   blocks_ = nn::add_blocks(*this, spec, c.n_layer, f);
   ln_f = register_module("ln_f", f.layer_norm(e, c.layer_norm_eps));
-  classifier = register_module("classifier", f.linear({.in = e, .out = c.num_labels}));
+  classifier = register_module("classifier", f.linear({.in = e, .out = c.num_labels, .split = nn::Split::Head}));
 }
 
 void Vit::init_parameter(const std::string& name, const at::Tensor& value) const { nn::init_normal(name, value, cfg_.init_std); }
@@ -29,7 +29,7 @@ at::Tensor Vit::features(const at::Tensor& images) {
                   images.size(3) == cfg_.image_size,
               "ViT expects images [B, ", cfg_.channels, ", ", cfg_.image_size, ", ", cfg_.image_size, "], got ", images.sizes());
   auto x = patch->forward(images);                                                    // [B, N, C]
-  x = at::cat({cls_token.expand({x.size(0), 1, x.size(2)}), x}, 1) + position_embeddings;   // [B, N + 1, C]
+  x = at::cat({cut_->use(cls_token).expand({x.size(0), 1, x.size(2)}), x}, 1) + cut_->use(position_embeddings);   // [B, N + 1, C]
   if (is_training() && cfg_.dropout > 0) x = at::dropout(x, cfg_.dropout, true);
   return ln_f->forward(nn::run_blocks(blocks_, x, {}, block_hooks()));
 }

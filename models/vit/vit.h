@@ -31,7 +31,8 @@ class Vit : public nn::ImageClassifier {
  private:
   VitConfig cfg_;
   std::shared_ptr<nn::PatchEmbedding> patch;
-  at::Tensor cls_token, position_embeddings;   // [1, 1, C], [1, patches + 1, C]
+  std::shared_ptr<const nn::StreamCut> cut_;   // how the layout holds the stream's features
+  at::Tensor cls_token, position_embeddings;   // [1, 1, C], [1, patches + 1, C] (C / pieces when cut)
   std::shared_ptr<nn::LayerNorm> ln_f;
   std::shared_ptr<nn::Linear> classifier;
 };

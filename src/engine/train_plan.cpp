@@ -99,11 +99,6 @@ void check_grid_split(const Recipe& r, int64_t q, int64_t depth) {
   const ModelConfig& m = r.model;
   const std::string mode = r.parallel.tensor_mode;
   const std::string head = r.where("parallel.tensor_mode") + " = \"" + mode + "\": ";
-  if (m.family != "gpt" && m.family != "opt" && m.family != "bloom")
-    throw Error(head + "the " + mode + " layers build gpt, opt and bloom; " + m.family + " has layers outside its blocks with no " + mode +
-                " layout yet (use \"1d\")");
-  if (m.family == "opt" && m.embed_dim > 0 && m.embed_dim != m.n_embd)
-    throw Error(head + "OPT's projections between embed_dim and n_embd have no " + mode + " layout yet (use \"1d\")");
   if (m.dropout > 0 || m.attn_dropout > 0)
     throw Error(r.where(m.dropout > 0 ? "model.dropout" : "model.attn_dropout") + ": dropout under " + mode +
                 " tensor parallelism is not built yet (set it to 0, or use \"1d\")");
@@ -112,11 +107,13 @@ void check_grid_split(const Recipe& r, int64_t q, int64_t depth) {
   const int64_t pieces = cube ? q * q : q;   // 3d cuts every dense layer's output features q^2 ways
   const std::string grid = cube ? std::to_string(q) + " x " + std::to_string(q) + " x " + std::to_string(q)
                                 : (depth > 1 ? std::to_string(depth) + " x " : "") + std::to_string(q) + " x " + std::to_string(q);
-  // embeddings are cut by rows (vocabulary, GPT's positions) along the features' axis
-  const int64_t positions = m.family == "gpt" ? m.block_size : q;
-  for (const auto& [key, n, by] : {std::tuple<std::string, int64_t, int64_t>{"n_head", m.n_head, q}, {"n_embd", m.n_embd, pieces},
-                                   {"n_inner", m.n_inner > 0 ? m.n_inner : 4 * m.n_embd, pieces}, {"vocab_size", m.vocab_size, q},
-                                   {"block_size", positions, q}})
+  // The stream's features are cut q ways (so every width outside the blocks), a block's dense layers'
+  // outputs `pieces` ways, heads q ways, the tied vocabulary q ways.
+  std::vector<std::tuple<std::string, int64_t, int64_t>> sizes{
+      {"n_head", m.n_head, q}, {"n_embd", m.n_embd, pieces}, {"n_inner", m.n_inner > 0 ? m.n_inner : 4 * m.n_embd, pieces}};
+  if (model_task(m) != "image_classification") sizes.emplace_back("vocab_size", m.vocab_size, q);
+  if (m.family == "opt" && m.embed_dim > 0) sizes.emplace_back("embed_dim", m.embed_dim, q);
+  for (const auto& [key, n, by] : sizes)
     if (n % by != 0)
       throw Error(r.where("parallel.tensor") + " = " + std::to_string(r.parallel.tensor) + " (" + grid + ") does not divide the model's " +
                   key + " = " + std::to_string(n) + " into " + std::to_string(by) + " pieces");
@@ -184,14 +181,18 @@ std::unique_ptr<nn::LayerFactory> layout_factory(TrainPlan& p) {
   const auto& grid = rt.mesh().shape().tensor_grid;
   if (tp.size() > 1 && r.parallel.tensor_mode == "3d") {   // a cube: batches are cut into q^2 row blocks
     const std::array<dist::Group*, 3> axes{&rt.tensor_axis(0), &rt.tensor_axis(1), &rt.tensor_axis(2)};
-    factory = std::make_unique<parallel::TensorParallel3d>(axes, nn::ParamStorage::deferred);
+    auto cube = std::make_unique<parallel::TensorParallel3d>(axes, nn::ParamStorage::deferred);
     p.grid_rows = {parallel::TensorParallel3d::row_block(axes), axes[0]->size() * axes[0]->size()};
+    p.row_groups = cube->batch_groups();
+    factory = std::move(cube);
   } else if (tp.size() > 1 && !grid.empty()) {   // 2d (2.5d: grids of it in depth): batches are cut by the grids' rows
     const size_t a = grid.size() == 3 ? 1 : 0;   // the column's axis; 2.5d's depth is axis 0
     dist::Group* depth = grid.size() == 3 ? &rt.tensor_axis(0) : nullptr;
-    factory = std::make_unique<parallel::TensorParallel2d>(rt.tensor_axis(a), rt.tensor_axis(a + 1), nn::ParamStorage::deferred, depth);
+    auto grid2 = std::make_unique<parallel::TensorParallel2d>(rt.tensor_axis(a), rt.tensor_axis(a + 1), nn::ParamStorage::deferred, depth);
     const int64_t layer = depth ? depth->rank() : 0, layers = depth ? depth->size() : 1;
     p.grid_rows = {layer * rt.tensor_axis(a).size() + rt.tensor_axis(a).rank(), layers * rt.tensor_axis(a).size()};
+    p.row_groups = grid2->batch_groups();
+    factory = std::move(grid2);
   } else if (tp.size() > 1) {
     factory = std::make_unique<parallel::TensorParallel1d>(tp, nn::ParamStorage::deferred, static_cast<uint64_t>(r.train.seed));
   } else {
@@ -350,9 +351,12 @@ TaskData task_data(const EffectiveRecipe& e, int64_t dp_rank, int64_t dp_size) {
 Batch TrainPlan::local_part(const Batch& b) const {
   if (grid_rows.second > 1) {   // 2d, 2.5d, 3d: this rank's row block of the batch
     const int64_t rows = b.inputs.size(0) / grid_rows.second;
+    auto mine = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, grid_rows.first * rows, rows) : t; };
     Batch out = b;
-    out.inputs = b.inputs.narrow(0, grid_rows.first * rows, rows);
-    out.targets = b.targets.narrow(0, grid_rows.first * rows, rows);
+    out.inputs = mine(b.inputs);
+    out.targets = mine(b.targets);
+    out.attention_mask = mine(b.attention_mask);
+    out.token_types = mine(b.token_types);
     return out;
   }
   if (!sequence) return b;
@@ -362,6 +366,8 @@ Batch TrainPlan::local_part(const Batch& b) const {
   out.positions = sequence->positions(b.inputs.size(1)).to(b.inputs.device());
   return out;
 }
+
+at::Tensor TrainPlan::batch_loss(const at::Tensor& loss) const { return parallel::mean_over_row_blocks(loss, row_groups); }
 
 EffectiveRecipe effective_recipe(const Recipe& r, const TrainOptions& opt) {
   EffectiveRecipe e{r, r.data.tokenizer, "", nullptr, ""};
@@ -444,15 +450,20 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
     spdlog::info("colossal {} {} -> {}", opt.finetune ? "finetune" : "train", r.path, r.output.dir);
   }
   p->task = make_task(effective.task, task_data(effective, p->dp_rank, p->dp_size));
-  p->task->set_global_count([group = &p->runtime->replicas()](double local) {
-    at::Tensor t = at::tensor({local}, at::kDouble);
-    group->all_reduce(t, dist::Reduce::sum, "loss count");
-    return t.item<double>();
-  });
   load_data(*p);                                                  // 2. data
   const std::string resume_from = opt.resume ? resume_checkpoint(*p) : "";
   p->rss_before_model = current_rss_bytes();
   build_model_shapes(*p);                                         // 3. model (shapes only)
+  // A count's sum over the step's parts: the replicas', and the row blocks' of a 2D or 3D layout.
+  std::vector<dist::Group*> parts{&p->runtime->replicas()};
+  parts.insert(parts.end(), p->row_groups.begin(), p->row_groups.end());
+  p->task->set_global_count(
+      [parts](double local) {
+        at::Tensor t = at::tensor({local}, at::kDouble);
+        for (dist::Group* g : parts) g->all_reduce(t, dist::Reduce::sum, "loss count");
+        return t.item<double>();
+      },
+      static_cast<double>(p->runtime->replicas().size() * p->grid_rows.second));
   apply_memory(*p);                                               // 4. memory layout, data parallelism, optimizer
   fill_parameters(*p, opt.resume ? resume_from : effective.init_checkpoint, opt.resume);   // 5. weights
   p->peak_rss_after_setup = peak_rss_bytes();

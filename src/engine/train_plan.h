@@ -50,8 +50,13 @@ struct TrainPlan {
   // 2D (2.5D) tensor parallelism: this rank's row block and their number, over every grid (each row
   // block holds its part of the batch).
   std::pair<int64_t, int64_t> grid_rows{0, 1};
+  // ... and the groups those row blocks are cut along inside the tensor group (empty: none).
+  std::vector<dist::Group*> row_groups;
   // This rank's share of a batch: its tokens of every sequence with their positions, or the batch itself.
   Batch local_part(const Batch& b) const;
+  // The loss of this rank's part of a batch as the batch's: the mean over the row blocks (the gradient
+  // scaled to match), or the loss itself.
+  at::Tensor batch_loss(const at::Tensor& loss) const;
 
   bool is_root() const { return runtime->is_root(); }
   int64_t tokens_per_step() const {

@@ -63,6 +63,7 @@ EvalResult evaluate(TrainPlan& p) {
   p.model->train();
   at::Tensor sums = at::tensor({local.loss, local.batches, local.correct, local.scored}, at::kDouble);
   p.runtime->replicas().all_reduce(sums, dist::Reduce::sum, "eval metrics");
+  for (dist::Group* g : p.row_groups) g->all_reduce(sums, dist::Reduce::sum, "eval metrics");   // each row block's
   const auto v = [&](int i) { return sums[i].item<double>(); };
   EvalResult r;
   if (v(1) > 0) r.loss = v(0) / v(1);
@@ -245,7 +246,7 @@ int run_loop(TrainPlan& p) {
       mark("forward");
       p.strategy->before_forward();
       p.strategy->before_backward(micro == r.train.grad_accum - 1);   // the step's gradients are complete after the last
-      auto loss = task.loss(*p.model, batch);
+      auto loss = p.batch_loss(task.loss(*p.model, batch));
       if (r.train.grad_accum > 1) loss = loss / static_cast<double>(r.train.grad_accum);
       mark("backward");
       p.strategy->scale_loss(loss).backward();   // fp16: scaled so small gradients survive its range

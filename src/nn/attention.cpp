@@ -15,14 +15,19 @@
 namespace colossal::nn {
 
 Attention::Attention(const AttentionSpec& spec, LayerFactory& factory)
-    : spec_(spec), heads_(factory.local_heads(spec.heads)), region_random_(factory.region_random()), sequence_(factory.sequence_attention()) {
+    : spec_(spec),
+      heads_(factory.local_heads(spec.heads)),
+      region_random_(factory.region_random()),
+      sequence_(factory.sequence_attention()),
+      mask_rows_(factory.attention_rows()) {
   if (spec.alibi) alibi_slopes_ = alibi_slopes(spec.heads).narrow(0, heads_.first, heads_.count).contiguous();   // each head its slope
   qkv_ = register_module(
       "qkv", factory.linear({.in = spec.width, .out = 3 * spec.width, .bias = spec.bias, .split = Split::Column, .parts = 3}));
   proj_ = register_module("proj", factory.linear({.in = spec.width, .out = spec.width, .bias = spec.bias, .split = Split::Row}));
 }
 
-at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, const at::Tensor& mask) {
+at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, const at::Tensor& input_mask) {
+  const at::Tensor mask = input_mask.defined() && mask_rows_ ? mask_rows_(input_mask) : input_mask;
   const int64_t b = x.size(0), t = x.size(1), h = heads_.count, d = head_dim(), c = h * d;   // c: the local heads' width
   const double p = is_training() ? spec_.dropout : 0.0;
   const double p_attn = is_training() ? (spec_.attn_dropout < 0 ? spec_.dropout : spec_.attn_dropout) : 0.0;

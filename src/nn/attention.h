@@ -54,6 +54,7 @@ class Attention : public Module {
   HeadRange heads_;   // of spec_.heads, the ones this rank computes (the factory's split)
   std::shared_ptr<RandomStream> region_random_;   // the probabilities' dropout draws here when the heads are split
   std::shared_ptr<SequenceAttention> sequence_;    // the sequence is split across ranks (training and eval)
+  std::function<at::Tensor(const at::Tensor&)> mask_rows_;   // the factory's attention_rows
   std::shared_ptr<Linear> qkv_, proj_;
   at::Tensor alibi_slopes_;   // [local heads] on the CPU, when spec_.alibi
 };

@@ -38,6 +38,11 @@ class DenseEmbedding : public Embedding {
 
 }  // namespace
 
+std::shared_ptr<const StreamCut> LayerFactory::stream_cut() const {
+  static const auto whole = std::make_shared<const StreamCut>();
+  return whole;
+}
+
 at::Tensor Embedding::project(const at::Tensor& x) { return linear_forward(x, weight()); }
 
 at::Tensor Embedding::head_cross_entropy(const at::Tensor& x, const at::Tensor& targets) {

@@ -5,6 +5,7 @@
 // so models never branch on a parallel mode.
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <functional>
 #include <memory>
 
 #include "src/nn/module.h"
@@ -17,6 +18,8 @@ enum class Split {
   Column,   // output features split: y_i = x W_i (no communication in forward)
   Row,      // input features split: y = sum_i x_i W_i (all-reduce in forward)
   Vocab,    // embedding rows split by vocabulary range
+  Head,     // a model's output layer (a classifier): the input as the layout holds the residual stream,
+            // the outputs whole (layouts that cut the stream's features sum the partial products)
 };
 
 struct LinearSpec {
@@ -71,6 +74,20 @@ struct HeadRange {
   int64_t first = 0, count = 0;
 };
 
+// How a layout holds the residual stream's features, for the parameters a model adds to the stream
+// itself (ViT's class token, position table and patch projection; BERT's MLM bias): 2D and 3D cut the
+// features and hold such a parameter whole along the ranks that split the batch, summing its gradient
+// over them; every other layout holds each feature on every rank and uses the parameter as it is.
+class StreamCut {
+ public:
+  virtual ~StreamCut() = default;
+  virtual int64_t pieces() const { return 1; }   // the stream's features are cut into this many
+  // The cut of a parameter whose dimension `dim` runs over the stream's features (-1: none of them do).
+  virtual ShardSpec shard(int64_t /*dim*/) const { return {}; }
+  // The parameter's value as forward uses it.
+  virtual at::Tensor use(const at::Tensor& p) const { return p; }
+};
+
 class Attention;
 class Mlp;
 class RandomStream;
@@ -104,6 +121,11 @@ class LayerFactory {
   virtual std::shared_ptr<Mlp> mlp(const MlpSpec& spec);
   // Which of `heads` heads a split attention computes here (all of them unless tensor-parallel).
   virtual HeadRange local_heads(int64_t heads) const { return {0, heads}; }
+  // How this layout cuts the residual stream's features (stream_cut's StreamCut).
+  virtual std::shared_ptr<const StreamCut> stream_cut() const;
+  // The padding mask of the rows a split attention computes, from the mask of the rows its block's
+  // input holds (empty: the same rows; 3D's dense layers move the rows between axes).
+  virtual std::function<at::Tensor(const at::Tensor&)> attention_rows() const { return {}; }
   // The random stream dropout inside a tensor-parallel region draws from (random_stream.h); null: the
   // default generator, as everywhere when nothing is split.
   virtual std::shared_ptr<RandomStream> region_random() { return nullptr; }

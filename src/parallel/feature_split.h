@@ -1,10 +1,23 @@
-// The layers 2D, 2.5D and 3D tensor parallelism share (tensor_parallel_2d.h, tensor_parallel_3d.h): on
-// the residual stream a rank holds its block of the batch's rows and its block of the features, the
+// What 2D, 2.5D and 3D tensor parallelism share (tensor_parallel_2d.h, tensor_parallel_3d.h): on the
+// residual stream a rank holds its block of the batch's rows and its block of the features, the
 // features cut along one group (2D: the grid's row; 3D: the cube's third axis) and the rows along the
-// others (the "batch groups": 2D's column and 2.5D's depth; 3D's first two axes). Parameters outside
-// the dense layers are cut by features only, so they are held whole along the batch groups, whose
-// ranks each add their rows' share of the gradient.
+// others (the "batch groups": 2D's column and 2.5D's depth; 3D's first two axes). The modes differ in
+// their dense layers inside the blocks; every layer outside them is built here, on the stream's layout
+// alone:
+//   - embeddings: the tied vocabulary table cut by rows along the features group (its lookup
+//     reduce-scattered by features, its head computing the range's logits); other tables (positions,
+//     token types) cut by features, so a lookup needs no communication;
+//   - LayerNorm with statistics summed over the features group;
+//   - dense layers outside the blocks (BERT's MLM transform and pooler, OPT's projections): the input's
+//     features gathered, this rank's output features computed (a weight of out/P rows);
+//   - output layers (Split::Head, a classifier): partial products over this rank's input features,
+//     summed, so every rank has whole outputs for its rows;
+//   - parameters a model adds to the stream itself (nn::StreamCut).
+// Parameters cut by features only are held whole along the batch groups, whose ranks each add their
+// rows' share of the gradient. A loss is the mean over this rank's rows; mean_over_row_blocks makes
+// it the batch's.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,22 +31,52 @@ class Group;
 
 namespace colossal::parallel {
 
+// How the residual stream is laid out over the tensor group.
+struct StreamLayout {
+  dist::Group* features = nullptr;     // the stream's features are cut along this group
+  std::vector<dist::Group*> batch;     // and its rows along these
+  // The cut of a parameter whose dimension `dim` runs over the stream's features, whole along the
+  // batch groups (the cuts in the layout's axis order).
+  std::function<nn::ShardSpec(int64_t dim)> cut;
+  std::string mode;                    // "2d", "3d": named in errors
+};
+
 // n / pieces, or Error "<mode> tensor parallelism: <what> of n does not divide into <pieces> pieces".
 int64_t piece_of(int64_t n, int64_t pieces, const std::string& mode, const std::string& what);
 
 // A parameter held whole along every group of `batch`: its gradient summed over each (identity forward).
 at::Tensor held_whole(const at::Tensor& p, const std::vector<dist::Group*>& batch);
 
-// A table [num/P, dim] (P: the features group's size): this rank's range of the vocabulary (or
-// positions), whole along the batch groups. A lookup's partial rows are reduce-scattered by features
+// A loss that is the mean over this rank's rows -> the mean over every row block (equal row counts):
+// summed over the batch groups and divided by their sizes, the gradient scaled to match.
+at::Tensor mean_over_row_blocks(const at::Tensor& loss, const std::vector<dist::Group*>& batch);
+
+// The layers outside the blocks for a feature-split layout; the modes add their dense block layers.
+class FeatureSplitFactory : public nn::LayerFactory {
+ public:
+  FeatureSplitFactory(StreamLayout layout, nn::ParamStorage storage);
+
+  std::shared_ptr<nn::Linear> linear(const nn::LinearSpec& spec) override;
+  std::shared_ptr<nn::Embedding> embedding(int64_t num, int64_t dim, nn::Split split = nn::Split::Replicated) override;
+  std::shared_ptr<nn::LayerNorm> layer_norm(int64_t dim, double eps) override;
+  std::shared_ptr<const nn::StreamCut> stream_cut() const override;
+  // The groups a batch's rows are cut along (what mean_over_row_blocks and the engine's sums take).
+  const std::vector<dist::Group*>& batch_groups() const { return layout_.batch; }
+
+ protected:
+  // A column- or row-split dense layer inside a block.
+  virtual std::shared_ptr<nn::Linear> block_linear(const nn::LinearSpec& spec) = 0;
+  StreamLayout layout_;
+};
+
+// The tied vocabulary table [num/P, dim] (P: the features group's size): this rank's range of the
+// vocabulary, whole along the batch groups. A lookup's partial rows are reduce-scattered by features
 // along the features group; the tied head all-gathers the features and computes its range's logits,
 // and the loss combines the ranges with two all-reduces of N values (vocab_cross_entropy.h), so whole
-// [N, vocab] logits never exist; then the mean over every row block (equal counts).
+// [N, vocab] logits never exist. The loss is the mean over this rank's rows.
 class FeatureSplitEmbedding : public nn::Embedding {
  public:
-  // `shard`: the table's cuts in the layout's axis order (the features group's cutting dimension 0).
-  FeatureSplitEmbedding(int64_t num, int64_t dim, const nn::LayerFactory& f, dist::Group& features, std::vector<dist::Group*> batch,
-                        const nn::ShardSpec& shard, const std::string& mode);
+  FeatureSplitEmbedding(int64_t num, int64_t dim, const nn::LayerFactory& f, const StreamLayout& layout);
   at::Tensor forward(const at::Tensor& ids) override;   // this rank's rows [...] -> [..., dim/P]
   at::Tensor project(const at::Tensor& x) override;     // [..., dim/P] -> [..., num], gathered
   at::Tensor head_cross_entropy(const at::Tensor& x, const at::Tensor& targets) override;
@@ -49,8 +92,7 @@ class FeatureSplitEmbedding : public nn::Embedding {
 // LayerNorm over features spread along the features group: its mean and variance sum every rank's part.
 class FeatureSplitLayerNorm : public nn::LayerNorm {
  public:
-  FeatureSplitLayerNorm(int64_t dim, double eps, const nn::LayerFactory& f, dist::Group& features, std::vector<dist::Group*> batch,
-                        const nn::ShardSpec& shard, const std::string& mode);
+  FeatureSplitLayerNorm(int64_t dim, double eps, const nn::LayerFactory& f, const StreamLayout& layout);
   at::Tensor forward(const at::Tensor& x) override;   // [..., dim/P]
 
  private:

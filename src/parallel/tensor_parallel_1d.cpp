@@ -165,7 +165,8 @@ TensorParallel1d::TensorParallel1d(dist::Group& group, nn::ParamStorage storage,
       local_(std::move(local)) {}
 
 std::shared_ptr<nn::Linear> TensorParallel1d::linear(const nn::LinearSpec& spec) {
-  if (local_ && spec.split != nn::Split::Replicated) return std::make_shared<PieceLinear>(spec, *local_, group_);
+  const bool split = spec.split == nn::Split::Column || spec.split == nn::Split::Row;   // the others are whole here
+  if (local_ && split) return std::make_shared<PieceLinear>(spec, *local_, group_);
   if (local_) return local_->linear(spec);
   switch (spec.split) {
     case nn::Split::Column: return std::make_shared<ColumnLinear>(spec, *this, group_);

@@ -109,26 +109,26 @@ class Linear2d : public nn::Linear {
 
 }  // namespace
 
+namespace {
+
+// The stream on a grid: features along the row, rows along the column (and 2.5D's depth).
+StreamLayout grid_stream(dist::Group& column, dist::Group& row, dist::Group* depth) {
+  const Grid grid{column, row, depth};
+  return {&row, grid.batch(), [grid](int64_t dim) { return grid.cuts(-1, dim); }, "2d"};
+}
+
+}  // namespace
+
 TensorParallel2d::TensorParallel2d(dist::Group& column, dist::Group& row, nn::ParamStorage storage, dist::Group* depth)
-    : nn::LayerFactory(storage), column_(column), row_(row), depth_(depth && depth->size() > 1 ? depth : nullptr) {
+    : FeatureSplitFactory(grid_stream(column, row, depth && depth->size() > 1 ? depth : nullptr), storage),
+      column_(column),
+      row_(row),
+      depth_(depth && depth->size() > 1 ? depth : nullptr) {
   if (column.size() != row.size()) throw Error("2d tensor parallelism needs a square grid (internal)");
 }
 
-std::shared_ptr<nn::Linear> TensorParallel2d::linear(const nn::LinearSpec& spec) {
-  if (spec.split == nn::Split::Replicated)
-    throw Error("2d tensor parallelism: this model has a dense layer of " + std::to_string(spec.in) + " -> " + std::to_string(spec.out) +
-                " features outside its blocks, which has no 2d layout yet (2d builds gpt, opt and bloom)");
+std::shared_ptr<nn::Linear> TensorParallel2d::block_linear(const nn::LinearSpec& spec) {
   return std::make_shared<Linear2d>(spec, *this, Grid{column_, row_, depth_});
-}
-
-std::shared_ptr<nn::Embedding> TensorParallel2d::embedding(int64_t num, int64_t dim, nn::Split) {
-  const Grid grid{column_, row_, depth_};
-  return std::make_shared<FeatureSplitEmbedding>(num, dim, *this, row_, grid.batch(), grid.cuts(-1, 0), "2d");
-}
-
-std::shared_ptr<nn::LayerNorm> TensorParallel2d::layer_norm(int64_t dim, double eps) {
-  const Grid grid{column_, row_, depth_};
-  return std::make_shared<FeatureSplitLayerNorm>(dim, eps, *this, row_, grid.batch(), grid.cuts(-1, 0), "2d");
 }
 
 nn::HeadRange TensorParallel2d::local_heads(int64_t heads) const {

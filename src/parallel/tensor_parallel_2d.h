@@ -8,9 +8,9 @@
 //   x_ij ─ LayerNorm (statistics summed along the row) ─ qkv (SUMMA; q, k, v of column j's heads) ─
 //   attention of those heads over the rank's batch rows ─ proj (SUMMA) ─ ... ─ MLP (two SUMMAs)
 //
-// Every embedding's table is cut by features along the row and held whole along the column; the tied
-// head's partial logits are summed along the row, so each rank's batch rows get whole logits, and the
-// loss is the mean over the grid's rows. Parameters held whole along the column (biases, norms,
+// Embeddings, LayerNorm and the layers outside the blocks cut the features along the row and are held
+// whole along the column (feature_split.h); the loss of a rank's rows becomes the batch's mean over the
+// grid's row blocks (mean_over_row_blocks). Parameters held whole along the column (biases, norms,
 // embeddings) sum their gradient along it. The grid's two groups come from the runtime
 // (Runtime::tensor_axis): `column` = the ranks sharing this rank's j (axis 0, index i), `row` = those
 // sharing its i (axis 1, index j). Batches are cut by rows before they reach the model (the engine).
@@ -23,7 +23,7 @@
 #pragma once
 #include <memory>
 
-#include "src/nn/factory.h"
+#include "src/parallel/feature_split.h"
 
 namespace colossal::dist {
 class Group;
@@ -31,16 +31,17 @@ class Group;
 
 namespace colossal::parallel {
 
-class TensorParallel2d : public nn::LayerFactory {
+// The layers outside the blocks (embeddings, LayerNorm, dense and output layers) are feature_split.h's.
+class TensorParallel2d : public FeatureSplitFactory {
  public:
   // The groups must outlive the model. `depth`: 2.5D's (null: 2D).
   TensorParallel2d(dist::Group& column, dist::Group& row, nn::ParamStorage storage = nn::ParamStorage::allocated,
                    dist::Group* depth = nullptr);
 
-  std::shared_ptr<nn::Linear> linear(const nn::LinearSpec& spec) override;
-  std::shared_ptr<nn::Embedding> embedding(int64_t num, int64_t dim, nn::Split split = nn::Split::Replicated) override;
-  std::shared_ptr<nn::LayerNorm> layer_norm(int64_t dim, double eps) override;
   nn::HeadRange local_heads(int64_t heads) const override;
+
+ protected:
+  std::shared_ptr<nn::Linear> block_linear(const nn::LinearSpec& spec) override;
 
  private:
   dist::Group &column_, &row_;

@@ -124,30 +124,38 @@ class Linear3d : public nn::Linear {
 
 }  // namespace
 
-TensorParallel3d::TensorParallel3d(std::array<dist::Group*, 3> axes, nn::ParamStorage storage) : nn::LayerFactory(storage), axes_(axes) {
+namespace {
+
+// The stream on a cube: features along axis 2, rows along axes 0 and 1.
+StreamLayout cube_stream(const Axes& axes) {
+  return {axes[2], others(axes, 2), [axes](int64_t dim) { return nn::ShardSpec{{cut(axes, 0, -1), cut(axes, 1, -1), cut(axes, 2, dim)}}; },
+          "3d"};
+}
+
+}  // namespace
+
+TensorParallel3d::TensorParallel3d(std::array<dist::Group*, 3> axes, nn::ParamStorage storage)
+    : FeatureSplitFactory(cube_stream(axes), storage), axes_(axes) {
   if (axes[0]->size() != axes[1]->size() || axes[1]->size() != axes[2]->size()) throw Error("3d tensor parallelism needs a cube (internal)");
 }
 
-std::shared_ptr<nn::Linear> TensorParallel3d::linear(const nn::LinearSpec& spec) {
-  if (spec.split == nn::Split::Replicated)
-    throw Error("3d tensor parallelism: this model has a dense layer of " + std::to_string(spec.in) + " -> " + std::to_string(spec.out) +
-                " features outside its blocks, which has no 3d layout yet (3d builds gpt, opt and bloom)");
+std::shared_ptr<nn::Linear> TensorParallel3d::block_linear(const nn::LinearSpec& spec) {
   return std::make_shared<Linear3d>(spec, *this, axes_);
-}
-
-std::shared_ptr<nn::Embedding> TensorParallel3d::embedding(int64_t num, int64_t dim, nn::Split) {
-  return std::make_shared<FeatureSplitEmbedding>(num, dim, *this, *axes_[2], others(axes_, 2),
-                                                 nn::ShardSpec{{cut(axes_, 0, -1), cut(axes_, 1, -1), cut(axes_, 2, 0)}}, "3d");
-}
-
-std::shared_ptr<nn::LayerNorm> TensorParallel3d::layer_norm(int64_t dim, double eps) {
-  return std::make_shared<FeatureSplitLayerNorm>(dim, eps, *this, *axes_[2], others(axes_, 2),
-                                                 nn::ShardSpec{{cut(axes_, 0, -1), cut(axes_, 1, -1), cut(axes_, 2, 0)}}, "3d");
 }
 
 nn::HeadRange TensorParallel3d::local_heads(int64_t heads) const {   // qkv's output features lie on axis 0
   const int64_t count = piece_of(heads, axes_[0]->size(), "the attention heads");
   return {axes_[0]->rank() * count, count};
+}
+
+std::function<at::Tensor(const at::Tensor&)> TensorParallel3d::attention_rows() const {
+  return [a = axes_[0], piece = axes_[2]->rank()](const at::Tensor& mask) {
+    if (mask.size(0) == 1) return mask;   // the same for every row
+    const at::Tensor mine = mask.to(at::kByte).contiguous();
+    at::Tensor rows = at::empty({a->size(), mine.numel()}, mine.options());
+    a->all_gather(rows.view({-1}), mine.view({-1}), "3d attention mask rows");
+    return rows[piece].view(mask.sizes()).to(mask.scalar_type());
+  };
 }
 
 int64_t TensorParallel3d::row_block(const std::array<dist::Group*, 3>& axes) { return axes[1]->rank() * axes[1]->size() + axes[0]->rank(); }

@@ -11,14 +11,14 @@
 // A axis, so the next layer swaps A and O (Colossal-AI's alternation): a block's qkv and fc layers use
 // (A, W, O) = (axis 0, 1, 2), its projections (2, 1, 0), and every block starts and ends in the same
 // layout: features on axis 2, rows on axis 1 then axis 0. Attention computes the heads of its rank's
-// axis-0 coordinate over its rows. LayerNorm sums its statistics along the feature axis; embeddings keep
-// the features of axis 2 and the tied head sums its partial logits along it; the loss is the mean over
-// the q^2 row blocks. Parameters held whole along an axis sum their gradient over it.
+// axis-0 coordinate over its rows. Embeddings, LayerNorm and the layers outside the blocks work on the
+// features of axis 2 (feature_split.h); the loss is the mean over the q^2 row blocks. Parameters held
+// whole along an axis sum their gradient over it.
 #pragma once
 #include <array>
 #include <memory>
 
-#include "src/nn/factory.h"
+#include "src/parallel/feature_split.h"
 
 namespace colossal::dist {
 class Group;
@@ -26,18 +26,22 @@ class Group;
 
 namespace colossal::parallel {
 
-class TensorParallel3d : public nn::LayerFactory {
+// The layers outside the blocks are feature_split.h's, on the stream's features of axis 2.
+class TensorParallel3d : public FeatureSplitFactory {
  public:
   // `axes`: the cube's groups (Runtime::tensor_axis 0, 1, 2), which must outlive the model.
   TensorParallel3d(std::array<dist::Group*, 3> axes, nn::ParamStorage storage = nn::ParamStorage::allocated);
 
-  std::shared_ptr<nn::Linear> linear(const nn::LinearSpec& spec) override;
-  std::shared_ptr<nn::Embedding> embedding(int64_t num, int64_t dim, nn::Split split = nn::Split::Replicated) override;
-  std::shared_ptr<nn::LayerNorm> layer_norm(int64_t dim, double eps) override;
   nn::HeadRange local_heads(int64_t heads) const override;
+  // Attention computes the rows of block (axis 1, axis 2), its input holds block (axis 1, axis 0): the
+  // mask of its rows is gathered along axis 0 and the piece of this rank's axis-2 coordinate taken.
+  std::function<at::Tensor(const at::Tensor&)> attention_rows() const override;
 
   // This rank's block of a batch's rows: index (axis-1 coordinate) * q + (axis-0 coordinate) of q^2.
   static int64_t row_block(const std::array<dist::Group*, 3>& axes);
+
+ protected:
+  std::shared_ptr<nn::Linear> block_linear(const nn::LinearSpec& spec) override;
 
  private:
   std::array<dist::Group*, 3> axes_;

@@ -61,13 +61,12 @@ class MaskedLmTask final : public Task {
 
   at::Tensor loss(nn::Model& model, const Batch& b) override {
     auto [logits, labels] = scored_logits(masked_lm(model), b);
-    // The mean over every rank's masked positions, times the ranks (data parallelism averages the
-    // ranks' gradients): each rank masks a different number of positions. The loss in fp32 whatever
-    // the model computes in.
+    // The mean over every part's masked positions, times the parts (the engine averages the parts'
+    // losses and gradients): each part masks a different number of positions. The loss in fp32
+    // whatever the model computes in.
     const double global = global_count_(static_cast<double>(labels.numel()));
-    const double ranks = static_cast<double>(text_.data().dp_size);
     if (global == 0) return logits.sum() * 0.0;   // nothing masked anywhere: no gradient, on every rank alike
-    return at::cross_entropy_loss(logits.to(at::kFloat), labels, {}, at::Reduction::Sum) * (ranks / global);
+    return at::cross_entropy_loss(logits.to(at::kFloat), labels, {}, at::Reduction::Sum) * (parts_ / global);
   }
   const std::vector<Batch>& eval_set() const override { return eval_set_; }
   EvalSums eval(nn::Model& model, const Batch& b) override {

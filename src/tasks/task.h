@@ -78,11 +78,16 @@ class Task {
   virtual int64_t position() const = 0;          // global samples consumed
 
   // Mean loss of one batch (with autograd). A loss that is a mean over a count that varies by batch
-  // (masked-LM's masked positions) divides by the count over every data-parallel rank's batch, as
-  // set_global_count gives it, so any data-parallel size equals one process on the global batch.
+  // (masked-LM's masked positions) divides by the count over every part of the step's batch, as
+  // set_global_count gives it, so any layout equals one process on the global batch.
   virtual at::Tensor loss(nn::Model& model, const Batch& batch) = 0;
-  // How this rank's count becomes the data-parallel group's (a sum over the ranks; one process: itself).
-  void set_global_count(std::function<double(double)> sum_over_ranks) { global_count_ = std::move(sum_over_ranks); }
+  // How this rank's count becomes the step's (a sum over the ranks holding the other parts of the batch;
+  // one process: itself), and the number of parts, whose losses the engine averages: data-parallel
+  // replicas times the row blocks a 2D or 3D layout cuts each batch into.
+  void set_global_count(std::function<double(double)> sum_over_parts, double parts) {
+    global_count_ = std::move(sum_over_parts);
+    parts_ = parts;
+  }
   // This rank's share of the held-out set, the same batches at every eval.
   virtual const std::vector<Batch>& eval_set() const = 0;
   virtual EvalSums eval(nn::Model& model, const Batch& batch) = 0;
@@ -90,6 +95,7 @@ class Task {
 
  protected:
   std::function<double(double)> global_count_ = [](double local) { return local; };
+  double parts_ = 1;
 };
 
 // The task `name` reading `data`; Error naming the valid tasks otherwise.
