@@ -716,12 +716,37 @@ TEST(SequenceParallelTraining, EachModeAndItsCombinationsWithDataAndTensorEqualO
       " --set train.grad_clip=0.05");
 }
 
+TEST(SequenceParallelTraining, MaskedLmInEachModeEqualsOneProcess) {
+  // BERT-tiny's sequences of 32 split two ways: positions from the layout, token types cut, the
+  // attention mask whole, the masked count summed over the sequence's ranks.
+  TempDir dir;
+  auto bert = [&](const std::string& name, const std::string& layout) {
+    return "recipes/bert-tiny.toml --set train.max_steps=4 --set optim.warmup_steps=1 --set optim.decay_steps=6 --set train.seq_len=32"
+           " --set train.eval_every=0 --set optim.eps=1e-5 --set train.batch_size=4 --set train.grad_clip=0.05 --set output.dir=" +
+           (dir / name) + " --set data.dataset=" + (dir / "data.h5") + colossal::test::pinned_kernels() + layout;
+  };
+  ASSERT_EQ(train(bert("one", ""), "").exit_code, 0);
+  for (const std::string mode : {"split_gather", "ring", "all_to_all"}) {
+    auto r = train(bert(mode, " --nproc-per-node 2 --set parallel.sequence=2 --set parallel.sequence_mode=" + mode), "");
+    ASSERT_EQ(r.exit_code, 0) << mode << ": " << r.output;
+    EXPECT_LT(max_relative_difference(dir / mode, dir / "one", "key.bias"), 1e-5) << mode;
+    const auto a = colossal::test::metric_values(dir / "one/metrics.jsonl", "loss"), b = colossal::test::metric_values(dir / (mode + "/metrics.jsonl"), "loss");
+    ASSERT_EQ(a.size(), b.size()) << mode;
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << mode << " step " << i + 1;
+  }
+}
+
 TEST(SequenceParallelTraining, SplitsTheModelOrBatchCannotTakeAreRefusedNamingTheKey) {
   TempDir dir;
   const std::string recipe = write_recipe(dir, "bad");
   auto r = train(recipe, "--nproc-per-node 2 --set parallel.sequence=2 --set parallel.sequence_mode=ring --set train.seq_len=30");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("train.seq_len = 30 does not cut into 4 equal chunks for sequence = 2 under ring attention"), std::string::npos)
+      << r.output;
+  r = run_colossal("train recipes/vit-tiny.toml -q --nproc-per-node 2 --set parallel.sequence=2 --set output.dir=" + (dir / "vit"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("vit trains for image_classification, whose sequence of patches is not split yet (valid here: sequence = 1)"),
+            std::string::npos)
       << r.output;
   r = train(recipe, "--nproc-per-node 2 --set parallel.sequence=2 --set model.dropout=0.1");
   EXPECT_NE(r.exit_code, 0);

@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "models/registry.h"
@@ -294,15 +295,26 @@ dist::MeshShape sp_mesh(int64_t ranks, int64_t tensor = 1) {
 
 // One attention over a whole sequence (ATen's) against the same split across `ranks` sequence-parallel
 // ranks: each rank's outputs and its tokens' gradients of q, k and v.
-void check_sequence_attention(parallel::SequenceMode mode, int64_t ranks, bool causal, at::ScalarType dtype = at::kFloat) {
+// `padded`: the second sequence's last keys are padding (a key mask over the whole sequence).
+void check_sequence_attention(parallel::SequenceMode mode, int64_t ranks, bool causal, at::ScalarType dtype = at::kFloat,
+                              bool padded = false) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
   auto draw = [&] { return at::randn({2, 4, 16, 8}, gen).to(dtype); };
   const at::Tensor q = draw(), k = draw(), v = draw();
   const at::Tensor w = draw();   // the loss's weights, so every output element matters
+  at::Tensor keys;               // [B, T], true: a real key
+  std::optional<at::Tensor> mask;
+  if (padded) {
+    keys = at::ones({2, 16}, at::kBool);
+    keys[1].narrow(0, 11, 5).fill_(false);   // whole ring blocks of padding at 4 ranks (2 tokens a chunk)
+    mask = keys.view({2, 1, 1, 16});
+    if (causal) mask = mask->logical_and(at::ones({16, 16}, at::kBool).tril());
+  }
   const at::Tensor qr = q.clone().requires_grad_(), kr = k.clone().requires_grad_(), vr = v.clone().requires_grad_();
-  const at::Tensor y = at::scaled_dot_product_attention(qr, kr, vr, {}, 0.0, causal);
+  const at::Tensor y = at::scaled_dot_product_attention(qr, kr, vr, mask, 0.0, causal && !padded);
   (y * w).sum().backward();
-  const std::string name = std::to_string(static_cast<int>(mode)) + (causal ? " causal" : " full") + " at " + std::to_string(ranks);
+  const std::string name = std::to_string(static_cast<int>(mode)) + (causal ? " causal" : " full") + (padded ? " padded" : "") + " at " +
+                           std::to_string(ranks);
   auto errors = test::run_ranks(
       ranks,
       [&](int64_t, dist::Runtime& rt) {
@@ -311,7 +323,7 @@ void check_sequence_attention(parallel::SequenceMode mode, int64_t ranks, bool c
         auto mine = [&](const at::Tensor& t) { return layout.local(t.detach(), 2); };
         const at::Tensor ql = mine(q).requires_grad_(), kl = mine(k).requires_grad_(), vl = mine(v).requires_grad_();
         auto attention = parallel::make_sequence_attention(mode, sp);
-        const at::Tensor yl = attention->attend(ql, kl, vl, causal);
+        const at::Tensor yl = attention->attend(ql, kl, vl, causal, {}, keys);
         expect_close(yl, mine(y), name + " output");
         (yl * mine(w)).sum().backward();
         expect_close(ql.grad(), mine(qr.grad()), name + " dq");
@@ -327,6 +339,7 @@ void check_sequence_attention(parallel::SequenceMode mode, int64_t ranks, bool c
 TEST(SequenceParallel, GatheredKeysAndValuesEqualWholeSequenceAttentionOnTwoAndFourRanks) {
   for (int64_t ranks : {2, 4})
     for (bool causal : {true, false}) check_sequence_attention(parallel::SequenceMode::split_gather, ranks, causal);
+  check_sequence_attention(parallel::SequenceMode::split_gather, 2, false, at::kFloat, /*padded=*/true);
 }
 
 TEST(SequenceParallel, RingAttentionWithTheZigzagLayoutEqualsWholeSequenceAttentionOnTwoAndFourRanks) {
@@ -336,9 +349,17 @@ TEST(SequenceParallel, RingAttentionWithTheZigzagLayoutEqualsWholeSequenceAttent
   check_sequence_attention(parallel::SequenceMode::ring, 4, true, at::kDouble);
 }
 
+TEST(SequenceParallel, RingAttentionWithPaddedKeysEqualsWholeSequenceAttentionOnTwoAndFourRanks) {
+  // at 4 ranks some blocks hold only padding: a row that sees no real key there must add nothing
+  for (int64_t ranks : {2, 4})
+    for (bool causal : {false, true}) check_sequence_attention(parallel::SequenceMode::ring, ranks, causal, at::kFloat, /*padded=*/true);
+  check_sequence_attention(parallel::SequenceMode::ring, 4, false, at::kDouble, /*padded=*/true);
+}
+
 TEST(SequenceParallel, AllToAllHeadExchangeEqualsWholeSequenceAttentionOnTwoAndFourRanks) {
   for (int64_t ranks : {2, 4})
     for (bool causal : {true, false}) check_sequence_attention(parallel::SequenceMode::all_to_all, ranks, causal);
+  check_sequence_attention(parallel::SequenceMode::all_to_all, 2, false, at::kFloat, /*padded=*/true);
 }
 
 TEST(SequenceParallel, TheZigzagLayoutPairsAnEarlyChunkWithALateOne) {
@@ -436,10 +457,10 @@ GridBatch grid_batch(int64_t batch) {
 // The loss of a part of the batch that is one of `parts` (the whole batch: 1) as the task computes it:
 // the mean over its rows, or masked LM's sum over its scored tokens over the whole batch's count, times
 // the parts; mean_over_row_blocks then gives the batch's loss.
-at::Tensor grid_loss(nn::Model& m, const GridBatch& b, double parts, double scored) {
+at::Tensor grid_loss(nn::Model& m, const GridBatch& b, double parts, double scored, const at::Tensor& positions = {}) {
   if (auto* lm = dynamic_cast<nn::CausalLM*>(&m)) return lm->loss(b.ids, b.targets);
   if (auto* mlm = dynamic_cast<nn::MaskedLM*>(&m)) {
-    const at::Tensor h = mlm->encode({.ids = b.ids, .token_types = b.types, .attention_mask = b.mask});
+    const at::Tensor h = mlm->encode({.ids = b.ids, .token_types = b.types, .attention_mask = b.mask, .positions = positions});
     const at::Tensor logits = mlm->mlm_logits(h.reshape({-1, h.size(-1)}));
     return at::cross_entropy_loss(logits, b.masked.reshape({-1}), {}, at::Reduction::Sum) * (parts / scored);
   }
@@ -530,6 +551,58 @@ TEST(TensorParallel3d, BertAndVitOnATwoCubedCubeEqualOneProcessAfterThreeSteps) 
 
 TEST(TensorParallel25d, TwoGridsOfTwoByTwoEqualOneProcessAfterThreeSteps) {
   for (const char* family : {"gpt", "vit"}) check_family_grid(family, 2, 2);   // 8 ranks: q = 2, depth 2
+}
+
+namespace {
+
+// BERT with padded sequences split across `ranks` sequence-parallel ranks (and its layers across
+// `tensor`): each rank encodes its tokens at their positions against every rank's real keys, and scores
+// its masked tokens over the whole batch's count; the mean of the ranks' losses and gradients equals
+// one process.
+void check_sequence_encoder(parallel::SequenceMode mode, int64_t ranks, int64_t tensor = 1) {
+  const ModelConfig c = tiny("bert");
+  const GridBatch all = grid_batch(kBatch);
+  const double scored = all.masked.ge(0).sum().item<double>();
+  const Reference ref = reference(c, [&](nn::Model& m) { return grid_loss(m, all, 1, scored); });
+  const std::string name = "bert mode " + std::to_string(static_cast<int>(mode)) + " sequence " + std::to_string(ranks) + " tensor " +
+                           std::to_string(tensor);
+  auto errors = test::run_ranks(
+      ranks * tensor,
+      [&](int64_t rank, dist::Runtime& rt) {
+        dist::Group &sp = rt.group(dist::Dim::sp), &tp = rt.group(dist::Dim::tp);
+        std::unique_ptr<nn::LayerFactory> f;
+        if (tensor > 1) f = std::make_unique<parallel::TensorParallel1d>(tp);
+        else f = std::make_unique<nn::LayerFactory>();
+        f->set_sequence_attention(parallel::make_sequence_attention(mode, sp));
+        const parallel::SequenceLayout layout = parallel::sequence_layout(mode, sp);
+        auto m = build_model(c, *f, /*initialise=*/false);
+        copy_pieces(*m, ref.initial);
+        GridBatch mine = all;
+        for (at::Tensor* t : {&mine.ids, &mine.targets, &mine.masked, &mine.types}) *t = layout.local(*t, 1);   // the mask stays whole
+        at::Tensor loss = grid_loss(*m, mine, static_cast<double>(ranks), scored, layout.positions(kSeq));
+        loss.backward();
+        at::Tensor mean = loss.detach().clone().reshape({1});
+        sp.all_reduce(mean, dist::Reduce::sum, "test loss");
+        EXPECT_NEAR(mean.item<double>() / static_cast<double>(ranks), ref.losses[0], 1e-5 * ref.losses[0]) << name << " rank " << rank;
+        for (const auto& item : m->named_parameters()) {
+          at::Tensor g = item.value().grad().clone();
+          sp.all_reduce(g, dist::Reduce::sum, "test gradient");
+          expect_close(g / static_cast<double>(ranks), item.shard().local_of(ref.first_grads.at(item.key())), name + " gradient of " + item.key());
+        }
+      },
+      60, sp_mesh(ranks, tensor));
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << name << " rank " << r;
+}
+
+}  // namespace
+
+TEST(SequenceParallel, BertWithPaddedSequencesInEachModeOnTwoAndFourRanksEqualsOneProcess) {
+  for (auto mode : {parallel::SequenceMode::split_gather, parallel::SequenceMode::ring, parallel::SequenceMode::all_to_all}) {
+    check_sequence_encoder(mode, 2);
+    if (mode != parallel::SequenceMode::ring) check_sequence_encoder(mode, 4);
+  }
+  check_sequence_encoder(parallel::SequenceMode::ring, 4);   // one token a chunk: blocks of padding only
+  check_sequence_encoder(parallel::SequenceMode::ring, 2, 2);   // with 1D tensor parallelism
 }
 
 TEST(TensorParallel2d, BlocksOfAWeightAssembleAcrossTheGridInRankOrder) {

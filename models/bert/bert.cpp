@@ -48,9 +48,9 @@ BertEncoder::BertEncoder(const BertConfig& c, nn::LayerFactory& f) : cfg_(c) {
 }
 
 at::Tensor BertEncoder::forward(const nn::EncoderInputs& in, const nn::BlockHooks* hooks) {
-  const int64_t t = in.ids.size(1);
+  const int64_t t = in.attention_mask.defined() ? in.attention_mask.size(1) : in.ids.size(1);   // the whole sequence's
   TORCH_CHECK(t <= cfg_.max_positions, "sequence of ", t, " tokens exceeds BERT's ", cfg_.max_positions, " positions");
-  const at::Tensor positions = at::arange(t, in.ids.options().dtype(at::kLong));
+  const at::Tensor positions = in.positions.defined() ? in.positions : at::arange(in.ids.size(1), in.ids.options().dtype(at::kLong));
   const at::Tensor types = in.token_types.defined() ? in.token_types : at::zeros_like(in.ids);
   auto x = word_embeddings->forward(in.ids) + position_embeddings->forward(positions) + token_type_embeddings->forward(types);
   x = ln_emb->forward(x);                                                   // [B, T, C]

@@ -73,9 +73,9 @@ void check_sequence_split(const Recipe& r) {
   const int64_t sp = r.parallel.sequence;
   const ModelConfig& m = r.model;
   const std::string head = r.where("parallel.sequence") + " = " + std::to_string(sp) + ": ";
-  if (const std::string task = model_task(m); task != "causal_lm")
-    throw Error(head + "sequence parallelism splits causal language models' sequences, and " + m.family + " trains for " + task +
-                " (valid here: sequence = 1)");
+  if (const std::string task = model_task(m); task != "causal_lm" && task != "masked_lm")
+    throw Error(head + "sequence parallelism splits the token sequences of language models (causal and masked), and " + m.family +
+                " trains for " + task + ", whose sequence of patches is not split yet (valid here: sequence = 1)");
   if (m.dropout > 0 || m.attn_dropout > 0)
     throw Error(r.where(m.dropout > 0 ? "model.dropout" : "model.attn_dropout") +
                 ": dropout under sequence parallelism is not built yet (set it to 0, or sequence = 1)");
@@ -363,6 +363,8 @@ Batch TrainPlan::local_part(const Batch& b) const {
   Batch out = b;
   out.inputs = sequence->local(b.inputs, 1);     // [B, T / sequence]
   out.targets = sequence->local(b.targets, 1);
+  if (b.token_types.defined()) out.token_types = sequence->local(b.token_types, 1);
+  // the attention mask stays whole: attention needs every key's, wherever the key is computed
   out.positions = sequence->positions(b.inputs.size(1)).to(b.inputs.device());
   return out;
 }

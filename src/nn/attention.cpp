@@ -34,10 +34,14 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
   auto packed = qkv_->forward(x);                                                 // [B, T, 3C]
   if (kv && kv->paged) return proj_->forward(paged_forward(packed, *kv));
   if (sequence_ && !kv) {   // this rank's part of the sequence, attending to every rank's
-    TORCH_CHECK(!mask.defined() && p_attn == 0, "attention: a split sequence takes no mask or attention dropout");
+    // the only mask a split sequence takes: which keys of the whole sequence are real, [B, 1, 1, T]
+    TORCH_CHECK(!mask.defined() || (mask.dim() == 4 && mask.size(1) == 1 && mask.size(2) == 1),
+                "attention: a split sequence takes only a key padding mask [B, 1, 1, T]");
+    TORCH_CHECK(p_attn == 0, "attention: a split sequence takes no attention dropout");
+    const at::Tensor keys = mask.defined() ? mask.reshape({mask.size(0), mask.size(3)}).to(at::kBool) : at::Tensor();
     auto qkv = packed.view({b, t, 3, h, d}).permute({2, 0, 3, 1, 4});          // [3, B, H, T, D]
     const at::Tensor slopes = spec_.alibi ? alibi_slopes_.to(packed.device(), packed.scalar_type()) : at::Tensor();
-    auto y = sequence_->attend(qkv[0], qkv[1], qkv[2], spec_.causal, slopes).transpose(1, 2).reshape({b, t, c});   // [B, T, C]
+    auto y = sequence_->attend(qkv[0], qkv[1], qkv[2], spec_.causal, slopes, keys).transpose(1, 2).reshape({b, t, c});   // [B, T, C]
     y = proj_->forward(y);
     return p > 0 ? at::dropout(y, p, true) : y;
   }

@@ -12,6 +12,10 @@ struct EncoderInputs {
   at::Tensor ids;             // [B, T] int64
   at::Tensor token_types;     // [B, T] int64 segment ids (undefined: all 0)
   at::Tensor attention_mask;  // [B, T], nonzero on real tokens (undefined: no padding)
+  // [T] int64: where the tokens sit in their sequences when a rank holds part of each (sequence
+  // parallelism: `ids` and `token_types` are this rank's tokens, `attention_mask` the whole sequences');
+  // undefined: 0 .. T-1.
+  at::Tensor positions;
 };
 
 class MaskedLM : public Model {

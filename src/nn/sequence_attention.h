@@ -13,7 +13,10 @@ class SequenceAttention {
   // q, k, v: this rank's tokens [B, H, T_local, D] (in the layout's order) -> its queries' outputs
   // [B, H, T_local, D], attending to every rank's keys (the earlier ones only when causal). `alibi`:
   // the heads' ALiBi slopes [H] (BLOOM), biasing each score by slope x (key - query position).
-  virtual at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& alibi = {}) = 0;
+  // `keys`: which keys of the whole sequence are real [B, T] (bool, in position order; an encoder's
+  // padding), or undefined: all of them.
+  virtual at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& alibi = {},
+                            const at::Tensor& keys = {}) = 0;
 };
 
 }  // namespace colossal::nn

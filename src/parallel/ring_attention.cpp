@@ -11,7 +11,8 @@
 //
 // Blocks are sub-chunks: under a causal mask a block of query chunk a against key chunk b is skipped
 // when b > a, masked on its diagonal when b == a, and whole when b < a (chunk indices are positions in
-// the sequence), so the zigzag layout's ranks each compute the same number of blocks.
+// the sequence), so the zigzag layout's ranks each compute the same number of blocks. An encoder's
+// padding masks each block's keys by a bias built from the whole sequence's real keys (masks are small).
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -48,12 +49,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> block_backward(const at::Tensor& 
                                                               const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
                                                               const at::Tensor& delta, Block kind, double scale, const at::Tensor& bias);
 
-// ALiBi's bias of query chunk qc against key chunk kc, chunks of c positions (undefined without slopes).
-at::Tensor block_bias(const at::Tensor& slopes, int64_t qc, int64_t kc, int64_t c, Block kind) {
-  if (!slopes.defined()) return {};
-  const auto opts = at::TensorOptions(at::kLong).device(slopes.device());
-  return nn::alibi_bias_at(slopes, at::arange(qc * c, qc * c + c, opts), at::arange(kc * c, kc * c + c, opts), kind == Block::diagonal)
-      .unsqueeze(0);   // [1, H, c, c]
+// A padding key's score: finite, so a row that sees no real key in some block gets a log-sum-exp the
+// merge then weighs at zero rather than a NaN (every row has a real key somewhere in the sequence).
+constexpr double kPaddingScore = -1e30;
+
+// The float bias of query chunk qc against key chunk kc, chunks of c positions: ALiBi's distances
+// (`slopes`, with a diagonal block's future at -inf) and the padding of `keys` [B, T] (real: true), or
+// undefined when neither applies. [B or 1, H or 1, c, c]; `like` gives its dtype and device.
+at::Tensor block_bias(const at::Tensor& slopes, const at::Tensor& keys, int64_t qc, int64_t kc, int64_t c, Block kind, const at::Tensor& like) {
+  at::Tensor bias;
+  if (slopes.defined()) {
+    const auto opts = at::TensorOptions(at::kLong).device(slopes.device());
+    bias = nn::alibi_bias_at(slopes, at::arange(qc * c, qc * c + c, opts), at::arange(kc * c, kc * c + c, opts), kind == Block::diagonal)
+               .unsqueeze(0);   // [1, H, c, c]
+  }
+  if (!keys.defined()) return bias;
+  const int64_t b = keys.size(0);
+  const at::Tensor padded = keys.narrow(1, kc * c, c).logical_not().view({b, 1, 1, c});
+  const at::Tensor pad = at::zeros({b, 1, 1, c}, like.options()).masked_fill_(padded, kPaddingScore);
+  if (!bias.defined() && kind == Block::diagonal)   // a bias replaces the kernel's causal flag: the future in it
+    bias = at::zeros({c, c}, like.options()).masked_fill_(at::ones({c, c}, like.options().dtype(at::kBool)).triu(1), -INFINITY).view({1, 1, c, c});
+  return bias.defined() ? bias + pad : pad;
 }
 
 // Scores of a block [B, H, c, c] with the diagonal block's future masked.
@@ -102,8 +118,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> block_backward(const at::Tensor& 
 
 struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor* alibi,
-                            bool causal, const SequenceLayout* layout, dist::Group* g) {
-    const at::Tensor slopes = *alibi;   // not an autograd input: an undefined one has no place there
+                            const at::Tensor* real_keys, bool causal, const SequenceLayout* layout, dist::Group* g) {
+    const at::Tensor slopes = *alibi, keys = *real_keys;   // not autograd inputs: an undefined one has no place there
     const int64_t s = g->size(), r = g->rank();
     const auto mine = layout->chunks_of(r);
     const int64_t m = static_cast<int64_t>(mine.size()), c = q.size(2) / m;
@@ -122,7 +138,7 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
         for (int64_t ki = 0; ki < m; ++ki) {
           const Block kind = block_kind(mine[static_cast<size_t>(qi)], theirs[static_cast<size_t>(ki)], causal);
           if (kind == Block::skip) continue;
-          const at::Tensor bias = block_bias(slopes, mine[static_cast<size_t>(qi)], theirs[static_cast<size_t>(ki)], c, kind);
+          const at::Tensor bias = block_bias(slopes, keys, mine[static_cast<size_t>(qi)], theirs[static_cast<size_t>(ki)], c, kind, q);
           const auto [out, block_lse] = block_forward(qs, kv[0].narrow(2, ki * c, c), kv[1].narrow(2, ki * c, c), kind, scale, bias);
           const at::Tensor merged = at::logaddexp(lse_q, block_lse);
           o_q.mul_(at::exp(lse_q - merged).unsqueeze(-1)).add_(out * at::exp(block_lse - merged).unsqueeze(-1));
@@ -136,6 +152,7 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
     }
     ctx->save_for_backward({q, k, v, o, lse});
     if (slopes.defined()) ctx->saved_data["slopes"] = slopes;
+    if (keys.defined()) ctx->saved_data["keys"] = keys;
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["layout"] = reinterpret_cast<int64_t>(layout);
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
@@ -146,6 +163,7 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &lse = saved[4];
     const at::Tensor slopes = ctx->saved_data.count("slopes") ? ctx->saved_data["slopes"].toTensor() : at::Tensor();
+    const at::Tensor keys = ctx->saved_data.count("keys") ? ctx->saved_data["keys"].toTensor() : at::Tensor();
     const bool causal = ctx->saved_data["causal"].toBool();
     const auto* layout = reinterpret_cast<const SequenceLayout*>(ctx->saved_data["layout"].toInt());
     auto* g = reinterpret_cast<dist::Group*>(ctx->saved_data["group"].toInt());
@@ -170,7 +188,7 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
         for (int64_t ki = 0; ki < m; ++ki) {
           const Block kind = block_kind(mine[static_cast<size_t>(qi)], theirs[static_cast<size_t>(ki)], causal);
           if (kind == Block::skip) continue;
-          const at::Tensor bias = block_bias(slopes, mine[static_cast<size_t>(qi)], theirs[static_cast<size_t>(ki)], c, kind);
+          const at::Tensor bias = block_bias(slopes, keys, mine[static_cast<size_t>(qi)], theirs[static_cast<size_t>(ki)], c, kind, q);
           const auto [dq_b, dk_b, dv_b] = block_backward(do_q, qs, buf[0].narrow(2, ki * c, c), buf[1].narrow(2, ki * c, c), o_q, lse_q,
                                                          delta_q, kind, scale, bias);
           dq_q.add_(dq_b);
@@ -186,15 +204,15 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
       g->wait(p);
       std::swap(buf, next);
     }
-    return {dq, buf[2].clone(), buf[3].clone(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq, buf[2].clone(), buf[3].clone(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const SequenceLayout& layout,
-                          dist::Group& group, const at::Tensor& alibi) {
-  return RingAttentionFn::apply(q.contiguous(), k.contiguous(), v.contiguous(), &alibi, causal, &layout, &group);
+                          dist::Group& group, const at::Tensor& alibi, const at::Tensor& keys) {
+  return RingAttentionFn::apply(q.contiguous(), k.contiguous(), v.contiguous(), &alibi, &keys, causal, &layout, &group);
 }
 
 }  // namespace colossal::parallel

@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cmath>
+
 #include "src/core/error.h"
 #include "src/dist/group.h"
 #include "src/nn/alibi.h"
@@ -74,15 +76,13 @@ struct HeadsToSeq : public torch::autograd::Function<HeadsToSeq> {
 class GatheredAttention : public nn::SequenceAttention {
  public:
   explicit GatheredAttention(dist::Group& g) : group_(g), layout_(g.size(), g.rank(), false) {}
-  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& alibi) override {
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& alibi,
+                    const at::Tensor& keys) override {
     const at::Tensor kw = GatherSequence::apply(k, &group_), vw = GatherSequence::apply(v, &group_);   // [B, H, T, D]
-    std::optional<at::Tensor> mask;
     // this rank's queries sit at positions r * Tl + i of the whole sequence
     const int64_t t = kw.size(2);
     const at::Tensor qpos = layout_.positions(t).to(q.device()), kpos = at::arange(t, qpos.options());
-    if (alibi.defined()) mask = nn::alibi_bias_at(alibi, qpos, kpos, causal).unsqueeze(0);   // [1, H, Tl, T]
-    else if (causal) mask = kpos.unsqueeze(0).le(qpos.unsqueeze(1));                     // [Tl, T], true = may attend
-    return at::scaled_dot_product_attention(q, kw, vw, mask, 0.0, false);
+    return at::scaled_dot_product_attention(q, kw, vw, scores_mask(qpos, kpos, causal, alibi, keys), 0.0, false);
   }
 
  private:
@@ -93,17 +93,19 @@ class GatheredAttention : public nn::SequenceAttention {
 class AllToAllAttention : public nn::SequenceAttention {
  public:
   explicit AllToAllAttention(dist::Group& g) : group_(g) {}
-  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& alibi) override {
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& alibi,
+                    const at::Tensor& keys) override {
     if (q.size(1) % group_.size() != 0)
       throw Error("sequence_mode \"all_to_all\": " + std::to_string(q.size(1)) + " heads on this rank do not split among " +
                   std::to_string(group_.size()) + " sequence-parallel ranks");
     auto heads = [&](const at::Tensor& x) { return SeqToHeads::apply(x, &group_); };
     const at::Tensor qh = heads(q), kh = heads(k), vh = heads(v);   // [B, H/S, T, D]: this rank's heads, whole sequences
-    if (!alibi.defined()) return HeadsToSeq::apply(at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, causal), &group_);
+    if (!alibi.defined() && !keys.defined())
+      return HeadsToSeq::apply(at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, causal), &group_);
     const int64_t mine = qh.size(1), t = qh.size(2);
     const at::Tensor pos = at::arange(t, at::TensorOptions(at::kLong).device(q.device()));
-    const at::Tensor bias = nn::alibi_bias_at(alibi.narrow(0, group_.rank() * mine, mine), pos, pos, causal).unsqueeze(0);
-    return HeadsToSeq::apply(at::scaled_dot_product_attention(qh, kh, vh, bias, 0.0, false), &group_);
+    const at::Tensor slopes = alibi.defined() ? alibi.narrow(0, group_.rank() * mine, mine) : alibi;
+    return HeadsToSeq::apply(at::scaled_dot_product_attention(qh, kh, vh, scores_mask(pos, pos, causal, slopes, keys), 0.0, false), &group_);
   }
 
  private:
@@ -113,8 +115,9 @@ class AllToAllAttention : public nn::SequenceAttention {
 class RingAttention : public nn::SequenceAttention {
  public:
   explicit RingAttention(dist::Group& g) : group_(g), layout_(g.size(), g.rank(), true) {}
-  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& alibi) override {
-    return ring_attention(q, k, v, causal, layout_, group_, alibi);
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& alibi,
+                    const at::Tensor& keys) override {
+    return ring_attention(q, k, v, causal, layout_, group_, alibi, keys);
   }
 
  private:
@@ -123,6 +126,19 @@ class RingAttention : public nn::SequenceAttention {
 };
 
 }  // namespace
+
+std::optional<at::Tensor> scores_mask(const at::Tensor& qpos, const at::Tensor& kpos, bool causal, const at::Tensor& alibi,
+                                      const at::Tensor& keys) {
+  const at::Tensor real = keys.defined() ? keys.index_select(1, kpos).view({keys.size(0), 1, 1, kpos.size(0)}) : keys;   // [B, 1, 1, Tk]
+  if (alibi.defined()) {
+    const at::Tensor bias = nn::alibi_bias_at(alibi, qpos, kpos, causal).unsqueeze(0);   // [1, H, Tq, Tk]
+    return real.defined() ? bias.masked_fill(real.logical_not(), -INFINITY) : bias;
+  }
+  std::optional<at::Tensor> mask;
+  if (causal) mask = kpos.unsqueeze(0).le(qpos.unsqueeze(1));   // [Tq, Tk], true = may attend
+  if (real.defined()) mask = mask ? real.logical_and(*mask) : real;
+  return mask;
+}
 
 SequenceMode parse_sequence_mode(const std::string& name) {
   if (name == "split_gather") return SequenceMode::split_gather;

@@ -11,6 +11,7 @@
 //    group; four all-to-alls a layer each way, each 1/S of the activations.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "src/nn/sequence_attention.h"
@@ -31,8 +32,15 @@ SequenceLayout sequence_layout(SequenceMode mode, const dist::Group& group);
 std::shared_ptr<nn::SequenceAttention> make_sequence_attention(SequenceMode mode, dist::Group& group);
 
 // Ring attention alone (ring_attention.cpp): q [B, H, Tq, D] of this rank's chunks, k and v of its own,
-// -> [B, H, Tq, D]; `alibi`: the heads' slopes, or undefined.
+// -> [B, H, Tq, D]; `alibi`: the heads' slopes, or undefined; `keys`: the whole sequence's real keys
+// [B, T] (bool, position order), or undefined.
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const SequenceLayout& layout,
-                          dist::Group& group, const at::Tensor& alibi = {});
+                          dist::Group& group, const at::Tensor& alibi = {}, const at::Tensor& keys = {});
+
+// The scores' mask of queries at `qpos` [Tq] against keys at `kpos` [Tk] for the modes that attend with
+// ATen: ALiBi's float bias (with the causal future at -inf), a bool causal mask, and the real keys of
+// `keys` [B, T] (at kpos); nullopt when nothing is masked. [B or 1, H or 1, Tq, Tk].
+std::optional<at::Tensor> scores_mask(const at::Tensor& qpos, const at::Tensor& kpos, bool causal, const at::Tensor& alibi,
+                                      const at::Tensor& keys);
 
 }  // namespace colossal::parallel

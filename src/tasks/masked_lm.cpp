@@ -110,7 +110,7 @@ class MaskedLmTask final : public Task {
 
   // The MLM head on the scored positions only: logits [N, V] and their labels [N].
   static std::pair<at::Tensor, at::Tensor> scored_logits(nn::MaskedLM& m, const Batch& b) {
-    const at::Tensor h = m.encode({b.inputs, b.token_types, b.attention_mask});   // [B, T, C]
+    const at::Tensor h = m.encode({b.inputs, b.token_types, b.attention_mask, b.positions});   // [B, T, C]
     const at::Tensor flat = b.targets.reshape({-1});
     const at::Tensor scored = flat.ge(0).nonzero().squeeze(1);
     return {m.mlm_logits(h.reshape({-1, h.size(-1)}).index_select(0, scored)), flat.index_select(0, scored)};
