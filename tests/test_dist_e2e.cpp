@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <tuple>
@@ -640,7 +641,8 @@ struct Layout {
 // too), then each layout does, and each ends with one process's weights.
 void expect_layouts_train_as_one_process(const TempDir& dir, const std::vector<Layout>& layouts, const std::string& common,
                                          const std::string& one = "one") {
-  ASSERT_EQ(train(write_recipe(dir, one), common).exit_code, 0);
+  const auto first = train(write_recipe(dir, one), common);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
   for (const Layout& l : layouts) {
     auto r = train(write_recipe(dir, l.name), l.args + common);
     ASSERT_EQ(r.exit_code, 0) << l.name << ": " << r.output;
@@ -750,7 +752,10 @@ TEST(SequenceParallelTraining, SplitsTheModelOrBatchCannotTakeAreRefusedNamingTh
       << r.output;
   r = train(recipe, "--nproc-per-node 2 --set parallel.sequence=2 --set model.dropout=0.1");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("model.dropout: dropout under sequence parallelism is not built yet"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.dropout: dropout of attention probabilities under sequence parallelism is not built yet (set "
+                          "model.attn_dropout = 0 to keep the hidden dropout of 0.1, or sequence = 1)"),
+            std::string::npos)
+      << r.output;
   r = train(recipe, "--nproc-per-node 4 --set parallel.sequence=2 --set parallel.tensor=2 --set parallel.sequence_mode=all_to_all");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("1 heads per tensor-parallel rank do not divide among sequence = 2 ranks (use split_gather or ring)"),
@@ -824,6 +829,27 @@ TEST(TensorParallel2dTraining, BertOnAGridAndVitOnACubeEqualOneProcessLossesEval
       for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(y[i], x[i], tolerance * x[i]) << name << " " << metric << " " << i;
     }
   }
+}
+
+TEST(TensorParallel2dTraining, HiddenDropoutOnAGridACubeAndASplitSequenceEqualsOneProcess) {
+  // Every layout draws the whole batch's masks from the shared generator and keeps its piece (rows and
+  // features, or tokens), so the masks equal one process's. Attention's probabilities drop from each
+  // rank's own stream on the grid: a run, not one process's numbers.
+  TempDir dir;
+  const std::string common = " --set model.dropout=0.1 --set model.attn_dropout=0 --set train.grad_clip=0.05";
+  expect_layouts_train_as_one_process(
+      dir,
+      {{"grid", "--nproc-per-node 4 --set parallel.tensor=4 --set parallel.tensor_mode=2d"},
+       {"cube", "--nproc-per-node 8 --set parallel.tensor=8 --set parallel.tensor_mode=3d"},
+       {"ring", "--nproc-per-node 2 --set parallel.sequence=2 --set parallel.sequence_mode=ring"},
+       {"ring-tp2", "--nproc-per-node 4 --set parallel.sequence=2 --set parallel.sequence_mode=ring --set parallel.tensor=2"}},
+      common);
+  auto r = train(write_recipe(dir, "grid-attn"), "--nproc-per-node 4 --set parallel.tensor=4 --set parallel.tensor_mode=2d"
+                                                 " --set model.dropout=0.1 --set model.attn_dropout=0.1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto losses = colossal::test::metric_values(dir / "grid-attn/metrics.jsonl", "loss");
+  ASSERT_FALSE(losses.empty());
+  for (double l : losses) EXPECT_TRUE(std::isfinite(l)) << l;
 }
 
 TEST(TensorParallel2dTraining, SizesTheGridCannotTakeAreRefusedNamingTheKey) {

@@ -33,7 +33,7 @@ std::vector<nn::HfNameRule> with(std::vector<nn::HfNameRule> rules, std::vector<
 
 }  // namespace
 
-BertEncoder::BertEncoder(const BertConfig& c, nn::LayerFactory& f) : cfg_(c) {
+BertEncoder::BertEncoder(const BertConfig& c, nn::LayerFactory& f) : cfg_(c), cut_(f.stream_cut()) {
   const int64_t e = c.n_embd;
   word_embeddings = register_module("word_embeddings", f.embedding(c.vocab_size, e, nn::Split::Vocab));
   position_embeddings = register_module("position_embeddings", f.embedding(c.max_positions, e));
@@ -54,7 +54,7 @@ at::Tensor BertEncoder::forward(const nn::EncoderInputs& in, const nn::BlockHook
   const at::Tensor types = in.token_types.defined() ? in.token_types : at::zeros_like(in.ids);
   auto x = word_embeddings->forward(in.ids) + position_embeddings->forward(positions) + token_type_embeddings->forward(types);
   x = ln_emb->forward(x);                                                   // [B, T, C]
-  if (is_training() && cfg_.dropout > 0) x = at::dropout(x, cfg_.dropout, true);
+  if (is_training() && cfg_.dropout > 0) x = cut_->dropout(x, cfg_.dropout);
   nn::ForwardOptions o;
   o.mask = nn::padding_mask(in.attention_mask);
   return nn::run_blocks(blocks_, x, o, hooks);
@@ -96,7 +96,7 @@ const nn::HfNameMap& BertForMaskedLM::hf_names() const {
   return map;
 }
 
-BertForClassification::BertForClassification(const BertConfig& c, nn::LayerFactory& f) : cfg_(c) {
+BertForClassification::BertForClassification(const BertConfig& c, nn::LayerFactory& f) : cfg_(c), cut_(f.stream_cut()) {
   bert = register_module("bert", std::make_shared<BertEncoder>(c, f));
   blocks_ = bert->blocks();
   pooler = register_module("pooler", f.linear({.in = c.n_embd, .out = c.n_embd}));
@@ -110,7 +110,7 @@ at::Tensor BertForClassification::pooled(const nn::EncoderInputs& in) {
 at::Tensor BertForClassification::classify(const nn::EncoderInputs& in) {
   auto x = pooled(in);
   const double p = is_training() ? cfg_.dropout : 0.0;   // HF's classifier_dropout defaults to the hidden dropout
-  return classifier->forward(p > 0 ? at::dropout(x, p, true) : x);   // [B, labels]
+  return classifier->forward(p > 0 ? cut_->dropout(x, p) : x);   // [B, labels]
 }
 
 void BertForClassification::init_parameter(const std::string& name, const at::Tensor& value) const {

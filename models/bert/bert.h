@@ -31,6 +31,7 @@ class BertEncoder : public nn::Module {
 
  private:
   BertConfig cfg_;
+  std::shared_ptr<const nn::StreamCut> cut_;   // dropout on the layout's piece of the stream
   std::shared_ptr<nn::Embedding> word_embeddings, position_embeddings, token_type_embeddings;
   std::shared_ptr<nn::LayerNorm> ln_emb;
   std::vector<std::shared_ptr<nn::TransformerBlock>> blocks_;
@@ -68,6 +69,7 @@ class BertForClassification : public nn::SequenceClassifier {
 
  private:
   BertConfig cfg_;
+  std::shared_ptr<const nn::StreamCut> cut_;   // the classifier's dropout on the layout's piece
   std::shared_ptr<BertEncoder> bert;
   std::shared_ptr<nn::Linear> pooler, classifier;
 };

@@ -9,7 +9,7 @@ namespace colossal::gpt {
 namespace {
 
 nn::BlockSpec block_spec(const GptConfig& c) {
-  return {.attn = {.width = c.n_embd, .heads = c.n_head, .causal = true, .bias = c.bias, .dropout = c.dropout},
+  return {.attn = {.width = c.n_embd, .heads = c.n_head, .causal = true, .bias = c.bias, .dropout = c.dropout, .attn_dropout = c.attn_dropout},
           .mlp = {.width = c.n_embd, .hidden = 4 * c.n_embd, .act = nn::Act::GeluTanh, .bias = c.bias, .dropout = c.dropout},
           .norm_eps = c.layer_norm_eps,
           .pre_norm = true};
@@ -17,7 +17,7 @@ nn::BlockSpec block_spec(const GptConfig& c) {
 
 }  // namespace
 
-Gpt::Gpt(const GptConfig& c, nn::LayerFactory& f) : cfg_(c) {
+Gpt::Gpt(const GptConfig& c, nn::LayerFactory& f) : cfg_(c), cut_(f.stream_cut()) {
   wte = register_module("wte", f.embedding(c.vocab_size, c.n_embd, nn::Split::Vocab));
   wpe = register_module("wpe", f.embedding(c.block_size, c.n_embd));
   blocks_ = nn::add_blocks(*this, block_spec(c), c.n_layer, f);
@@ -35,7 +35,7 @@ void Gpt::init_parameter(const std::string& name, const at::Tensor& p) const {
 at::Tensor Gpt::embed(const at::Tensor& ids, const at::Tensor& positions) {
   auto x = wte->forward(ids) + wpe->forward(positions);   // [B, T, C]
   const double p = is_training() ? cfg_.dropout : 0.0;
-  return p > 0 ? at::dropout(x, p, true) : x;
+  return p > 0 ? cut_->dropout(x, p) : x;
 }
 
 at::Tensor Gpt::features(const at::Tensor& ids, const nn::ForwardOptions& o) {

@@ -33,6 +33,7 @@ class Gpt : public nn::CausalLM {
 
  private:
   GptConfig cfg_;
+  std::shared_ptr<const nn::StreamCut> cut_;   // dropout on the layout's piece of the stream
   std::shared_ptr<nn::Embedding> wte, wpe;
   std::shared_ptr<nn::LayerNorm> ln_f;
 };

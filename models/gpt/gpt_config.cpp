@@ -16,9 +16,8 @@ GptConfig from_recipe(const ModelConfig& m) {
   if (!m.pre_norm) throw ModelKeyError("pre_norm", "= false: GPT-2 blocks normalise before each sublayer (valid: true)");
   if (m.embed_dim != 0 && m.embed_dim != m.n_embd)
     throw ModelKeyError("embed_dim", "= " + std::to_string(m.embed_dim) + ": GPT-2 embeds at the model width (valid: 0 or n_embd)");
-  if (m.attn_dropout >= 0 && m.attn_dropout != m.dropout)
-    throw ModelKeyError("attn_dropout", "= " + format_number(m.attn_dropout) + ": GPT-2 here uses one dropout rate (valid: -1 or dropout)");
-  return {m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, m.dropout, m.bias, m.layer_norm_eps, m.init_std};
+  const double attn = m.attn_dropout < 0 ? m.dropout : m.attn_dropout;   // HF's attn_pdrop; -1: the dropout rate
+  return {m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, m.dropout, m.bias, m.layer_norm_eps, m.init_std, attn};
 }
 
 ModelConfig to_model_config(const GptConfig& c) {
@@ -27,6 +26,7 @@ ModelConfig to_model_config(const GptConfig& c) {
   m.n_layer = c.n_layer, m.n_head = c.n_head, m.n_embd = c.n_embd;
   m.block_size = c.block_size, m.vocab_size = c.vocab_size;
   m.dropout = c.dropout, m.bias = c.bias, m.layer_norm_eps = c.layer_norm_eps, m.init_std = c.init_std;
+  m.attn_dropout = c.attn_dropout == c.dropout ? -1 : c.attn_dropout;
   return m;
 }
 
@@ -44,7 +44,7 @@ nlohmann::json to_hf_config(const GptConfig& c) {
       {"activation_function", "gelu_new"},
       {"resid_pdrop", c.dropout},
       {"embd_pdrop", c.dropout},
-      {"attn_pdrop", c.dropout},
+      {"attn_pdrop", c.attn_dropout},
       {"layer_norm_epsilon", c.layer_norm_eps},
       {"initializer_range", c.init_std},
       {"bos_token_id", 1},
@@ -63,6 +63,7 @@ GptConfig from_hf_config(const nlohmann::json& j, const std::string& path) {
   c.block_size = r.size("n_positions", 1 << 20);
   c.vocab_size = r.size("vocab_size", 1 << 24);
   c.dropout = r.real("resid_pdrop", c.dropout, 0.0, 1.0);
+  c.attn_dropout = r.real("attn_pdrop", c.dropout, 0.0, 1.0);
   c.layer_norm_eps = r.real("layer_norm_epsilon", c.layer_norm_eps, 0.0, 1.0, true);
   c.init_std = r.real("initializer_range", c.init_std, 0.0, 1.0, true);
   if (c.n_embd % c.n_head != 0)

@@ -14,6 +14,7 @@ struct GptConfig {
   bool bias = true;
   double layer_norm_eps = 1e-5;
   double init_std = 0.02;
+  double attn_dropout = 0.0;   // attention probabilities (HF's attn_pdrop); the rest drop at `dropout`
 };
 
 GptConfig from_recipe(const ModelConfig& m);

@@ -30,7 +30,7 @@ at::Tensor Vit::features(const at::Tensor& images) {
               "ViT expects images [B, ", cfg_.channels, ", ", cfg_.image_size, ", ", cfg_.image_size, "], got ", images.sizes());
   auto x = patch->forward(images);                                                    // [B, N, C]
   x = at::cat({cut_->use(cls_token).expand({x.size(0), 1, x.size(2)}), x}, 1) + cut_->use(position_embeddings);   // [B, N + 1, C]
-  if (is_training() && cfg_.dropout > 0) x = at::dropout(x, cfg_.dropout, true);
+  if (is_training() && cfg_.dropout > 0) x = cut_->dropout(x, cfg_.dropout);
   return ln_f->forward(nn::run_blocks(blocks_, x, {}, block_hooks()));
 }
 

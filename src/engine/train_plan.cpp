@@ -76,9 +76,12 @@ void check_sequence_split(const Recipe& r) {
   if (const std::string task = model_task(m); task != "causal_lm" && task != "masked_lm")
     throw Error(head + "sequence parallelism splits the token sequences of language models (causal and masked), and " + m.family +
                 " trains for " + task + ", whose sequence of patches is not split yet (valid here: sequence = 1)");
-  if (m.dropout > 0 || m.attn_dropout > 0)
-    throw Error(r.where(m.dropout > 0 ? "model.dropout" : "model.attn_dropout") +
-                ": dropout under sequence parallelism is not built yet (set it to 0, or sequence = 1)");
+  // Hidden dropout works on each rank's tokens of the whole sequence's masks; attention's probabilities
+  // never exist whole under ring attention, so their dropout is not built.
+  if (const double attn = m.attn_dropout < 0 ? m.dropout : m.attn_dropout; attn > 0)
+    throw Error(r.where(m.attn_dropout < 0 ? "model.dropout" : "model.attn_dropout") + ": dropout of attention probabilities under "
+                "sequence parallelism is not built yet (set model.attn_dropout = 0 to keep the hidden dropout of " + format_number(m.dropout) +
+                ", or sequence = 1)");
   const auto mode = parallel::parse_sequence_mode(r.parallel.sequence_mode);
   const int64_t chunks = mode == parallel::SequenceMode::ring ? 2 * sp : sp, t = r.train.seq_len;
   if (t % chunks != 0)
@@ -99,9 +102,6 @@ void check_grid_split(const Recipe& r, int64_t q, int64_t depth) {
   const ModelConfig& m = r.model;
   const std::string mode = r.parallel.tensor_mode;
   const std::string head = r.where("parallel.tensor_mode") + " = \"" + mode + "\": ";
-  if (m.dropout > 0 || m.attn_dropout > 0)
-    throw Error(r.where(m.dropout > 0 ? "model.dropout" : "model.attn_dropout") + ": dropout under " + mode +
-                " tensor parallelism is not built yet (set it to 0, or use \"1d\")");
   if (r.parallel.sequence > 1) throw Error(head + mode + " with sequence parallelism is not built yet (use \"1d\" with sequence)");
   const bool cube = mode == "3d";
   const int64_t pieces = cube ? q * q : q;   // 3d cuts every dense layer's output features q^2 ways
@@ -181,14 +181,15 @@ std::unique_ptr<nn::LayerFactory> layout_factory(TrainPlan& p) {
   const auto& grid = rt.mesh().shape().tensor_grid;
   if (tp.size() > 1 && r.parallel.tensor_mode == "3d") {   // a cube: batches are cut into q^2 row blocks
     const std::array<dist::Group*, 3> axes{&rt.tensor_axis(0), &rt.tensor_axis(1), &rt.tensor_axis(2)};
-    auto cube = std::make_unique<parallel::TensorParallel3d>(axes, nn::ParamStorage::deferred);
+    auto cube = std::make_unique<parallel::TensorParallel3d>(axes, nn::ParamStorage::deferred, static_cast<uint64_t>(r.train.seed));
     p.grid_rows = {parallel::TensorParallel3d::row_block(axes), axes[0]->size() * axes[0]->size()};
     p.row_groups = cube->batch_groups();
     factory = std::move(cube);
   } else if (tp.size() > 1 && !grid.empty()) {   // 2d (2.5d: grids of it in depth): batches are cut by the grids' rows
     const size_t a = grid.size() == 3 ? 1 : 0;   // the column's axis; 2.5d's depth is axis 0
     dist::Group* depth = grid.size() == 3 ? &rt.tensor_axis(0) : nullptr;
-    auto grid2 = std::make_unique<parallel::TensorParallel2d>(rt.tensor_axis(a), rt.tensor_axis(a + 1), nn::ParamStorage::deferred, depth);
+    auto grid2 = std::make_unique<parallel::TensorParallel2d>(rt.tensor_axis(a), rt.tensor_axis(a + 1), nn::ParamStorage::deferred, depth,
+                                                              static_cast<uint64_t>(r.train.seed));
     const int64_t layer = depth ? depth->rank() : 0, layers = depth ? depth->size() : 1;
     p.grid_rows = {layer * rt.tensor_axis(a).size() + rt.tensor_axis(a).rank(), layers * rt.tensor_axis(a).size()};
     p.row_groups = grid2->batch_groups();

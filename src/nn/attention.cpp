@@ -19,7 +19,8 @@ Attention::Attention(const AttentionSpec& spec, LayerFactory& factory)
       heads_(factory.local_heads(spec.heads)),
       region_random_(factory.region_random()),
       sequence_(factory.sequence_attention()),
-      mask_rows_(factory.attention_rows()) {
+      mask_rows_(factory.attention_rows()),
+      cut_(factory.stream_cut()) {
   if (spec.alibi) alibi_slopes_ = alibi_slopes(spec.heads).narrow(0, heads_.first, heads_.count).contiguous();   // each head its slope
   qkv_ = register_module(
       "qkv", factory.linear({.in = spec.width, .out = 3 * spec.width, .bias = spec.bias, .split = Split::Column, .parts = 3}));
@@ -43,11 +44,11 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
     const at::Tensor slopes = spec_.alibi ? alibi_slopes_.to(packed.device(), packed.scalar_type()) : at::Tensor();
     auto y = sequence_->attend(qkv[0], qkv[1], qkv[2], spec_.causal, slopes, keys).transpose(1, 2).reshape({b, t, c});   // [B, T, C]
     y = proj_->forward(y);
-    return p > 0 ? at::dropout(y, p, true) : y;
+    return p > 0 ? cut_->dropout(y, p) : y;
   }
   if (spec_.alibi) {
     auto y = proj_->forward(alibi_forward(packed, kv, offset, mask, p_attn));
-    return p > 0 ? at::dropout(y, p, true) : y;
+    return p > 0 ? cut_->dropout(y, p) : y;
   }
   if (!kv && !mask.defined() && spec_.causal && p == 0 && p_attn == 0 && fused_attention_applies(packed) &&
       fused_attention_chosen(packed, h))
@@ -64,7 +65,7 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
                      : at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask, p_attn, spec_.causal && !mask.defined());
   y = y.transpose(1, 2).reshape({b, t, c});                                 // [B, T, C]
   y = proj_->forward(y);
-  return p > 0 ? at::dropout(y, p, true) : y;
+  return p > 0 ? cut_->dropout(y, p) : y;
 }
 
 at::Tensor Attention::attention_dropping(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,

@@ -55,6 +55,7 @@ class Attention : public Module {
   std::shared_ptr<RandomStream> region_random_;   // the probabilities' dropout draws here when the heads are split
   std::shared_ptr<SequenceAttention> sequence_;    // the sequence is split across ranks (training and eval)
   std::function<at::Tensor(const at::Tensor&)> mask_rows_;   // the factory's attention_rows
+  std::shared_ptr<const StreamCut> cut_;   // dropout on the layout's piece of the stream
   std::shared_ptr<Linear> qkv_, proj_;
   at::Tensor alibi_slopes_;   // [local heads] on the CPU, when spec_.alibi
 };

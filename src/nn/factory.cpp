@@ -9,6 +9,7 @@
 #include "src/nn/linear_forward.h"
 #include "src/nn/lm_head_loss.h"
 #include "src/nn/mlp.h"
+#include "src/nn/sequence_attention.h"
 
 namespace colossal::nn {
 namespace {
@@ -38,8 +39,29 @@ class DenseEmbedding : public Embedding {
 
 }  // namespace
 
+at::Tensor StreamCut::dropout(const at::Tensor& x, double p) const { return at::dropout(x, p, true); }
+
+at::Tensor dropout_noise(at::IntArrayRef whole, double p, const at::TensorOptions& options) {
+  return at::empty(whole, options).bernoulli_(1 - p).div_(1 - p);   // ATen's _dropout, CPU and GPU alike
+}
+
+namespace {
+
+// A sequence split across ranks: each rank's tokens of the whole sequence's masks.
+class SequenceStreamCut : public StreamCut {
+ public:
+  explicit SequenceStreamCut(std::shared_ptr<SequenceAttention> s) : sequence_(std::move(s)) {}
+  at::Tensor dropout(const at::Tensor& x, double p) const override { return sequence_->dropout(x, p); }
+
+ private:
+  std::shared_ptr<SequenceAttention> sequence_;
+};
+
+}  // namespace
+
 std::shared_ptr<const StreamCut> LayerFactory::stream_cut() const {
   static const auto whole = std::make_shared<const StreamCut>();
+  if (sequence_attention_) return std::make_shared<SequenceStreamCut>(sequence_attention_);
   return whole;
 }
 

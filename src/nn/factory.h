@@ -74,10 +74,14 @@ struct HeadRange {
   int64_t first = 0, count = 0;
 };
 
-// How a layout holds the residual stream's features, for the parameters a model adds to the stream
-// itself (ViT's class token, position table and patch projection; BERT's MLM bias): 2D and 3D cut the
-// features and hold such a parameter whole along the ranks that split the batch, summing its gradient
-// over them; every other layout holds each feature on every rank and uses the parameter as it is.
+// How a layout holds the residual stream [rows, (tokens,) features]: for the parameters a model adds
+// to the stream itself (ViT's class token, position table and patch projection; BERT's MLM bias), 2D
+// and 3D cut the features and hold such a parameter whole along the ranks that split the batch,
+// summing its gradient over them; every other layout holds each feature on every rank and uses the
+// parameter as it is. And for dropout on the stream (the "shared stream" of Megatron's tracker): every
+// layout draws the mask of the whole batch from the default generator and keeps the piece it holds
+// (rows and features under 2D and 3D, tokens under sequence parallelism), so masks and the generator's
+// state equal one process's whatever the layout.
 class StreamCut {
  public:
   virtual ~StreamCut() = default;
@@ -86,7 +90,13 @@ class StreamCut {
   virtual ShardSpec shard(int64_t /*dim*/) const { return {}; }
   // The parameter's value as forward uses it.
   virtual at::Tensor use(const at::Tensor& p) const { return p; }
+  // x (this rank's piece of the stream) with dropout p in training (at::dropout's draws, whole).
+  virtual at::Tensor dropout(const at::Tensor& x, double p) const;
 };
+
+// at::dropout's noise for a tensor of `whole` sizes: Bernoulli(1 - p) / (1 - p) from the default
+// generator, drawn exactly as ATen draws it, so a piece of it is that piece of one process's mask.
+at::Tensor dropout_noise(at::IntArrayRef whole, double p, const at::TensorOptions& options);
 
 class Attention;
 class Mlp;

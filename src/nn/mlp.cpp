@@ -7,7 +7,7 @@
 
 namespace colossal::nn {
 
-Mlp::Mlp(const MlpSpec& spec, LayerFactory& factory) : spec_(spec) {
+Mlp::Mlp(const MlpSpec& spec, LayerFactory& factory) : spec_(spec), cut_(factory.stream_cut()) {
   fc_ = register_module("fc", factory.linear({.in = spec.width, .out = spec.hidden, .bias = spec.bias, .split = Split::Column}));
   proj_ = register_module("proj", factory.linear({.in = spec.hidden, .out = spec.width, .bias = spec.bias, .split = Split::Row}));
 }
@@ -15,7 +15,7 @@ Mlp::Mlp(const MlpSpec& spec, LayerFactory& factory) : spec_(spec) {
 at::Tensor Mlp::forward(const at::Tensor& x) {
   auto y = proj_->forward(activate(spec_.act, fc_->forward(x)));   // through [B, T, hidden]
   const double p = is_training() ? spec_.dropout : 0.0;
-  return p > 0 ? at::dropout(y, p, true) : y;
+  return p > 0 ? cut_->dropout(y, p) : y;
 }
 
 }  // namespace colossal::nn

@@ -15,6 +15,7 @@ class Mlp : public Module {
 
  private:
   MlpSpec spec_;
+  std::shared_ptr<const StreamCut> cut_;   // dropout on the layout's piece of the stream
   std::shared_ptr<Linear> fc_, proj_;
 };
 

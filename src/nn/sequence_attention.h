@@ -17,6 +17,9 @@ class SequenceAttention {
   // padding), or undefined: all of them.
   virtual at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& alibi = {},
                             const at::Tensor& keys = {}) = 0;
+  // x: this rank's tokens of the stream [B, T_local, ...] with dropout p: the whole sequence's mask drawn
+  // (nn::dropout_noise) and this rank's tokens of it kept.
+  virtual at::Tensor dropout(const at::Tensor& x, double p) = 0;
 };
 
 }  // namespace colossal::nn

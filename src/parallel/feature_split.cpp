@@ -7,6 +7,7 @@
 #include "src/dist/group.h"
 #include "src/nn/embedding_lookup.h"
 #include "src/nn/linear_forward.h"
+#include "src/nn/random_stream.h"
 #include "src/parallel/tp_comm.h"
 #include "src/parallel/vocab_cross_entropy.h"
 
@@ -39,6 +40,13 @@ class LayoutStreamCut : public nn::StreamCut {
   int64_t pieces() const override { return layout_.features->size(); }
   nn::ShardSpec shard(int64_t dim) const override { return dim < 0 ? nn::ShardSpec{} : layout_.cut(dim); }
   at::Tensor use(const at::Tensor& p) const override { return held_whole(p, layout_.batch); }
+  at::Tensor dropout(const at::Tensor& x, double p) const override {   // x [rows, ..., features]
+    std::vector<int64_t> whole = x.sizes().vec();
+    whole.front() *= layout_.row_blocks;
+    whole.back() *= pieces();
+    const at::Tensor noise = nn::dropout_noise(whole, p, x.options());
+    return x * noise.narrow(0, layout_.row_block * x.size(0), x.size(0)).narrow(-1, layout_.features->rank() * x.size(-1), x.size(-1));
+  }
 
  private:
   StreamLayout layout_;
@@ -113,8 +121,11 @@ class HeadLinear : public nn::Linear {
 
 }  // namespace
 
-FeatureSplitFactory::FeatureSplitFactory(StreamLayout layout, nn::ParamStorage storage)
-    : nn::LayerFactory(storage), layout_(std::move(layout)) {}
+FeatureSplitFactory::FeatureSplitFactory(StreamLayout layout, nn::ParamStorage storage, uint64_t seed)
+    : nn::LayerFactory(storage), layout_(std::move(layout)) {
+  const int64_t rank = layout_.row_block * layout_.features->size() + layout_.features->rank();   // unique in the tensor group
+  region_random_ = std::make_shared<nn::RandomStream>(seed + 2718 + static_cast<uint64_t>(rank));
+}
 
 std::shared_ptr<nn::Linear> FeatureSplitFactory::linear(const nn::LinearSpec& spec) {
   switch (spec.split) {

@@ -12,7 +12,9 @@
 //     features gathered, this rank's output features computed (a weight of out/P rows);
 //   - output layers (Split::Head, a classifier): partial products over this rank's input features,
 //     summed, so every rank has whole outputs for its rows;
-//   - parameters a model adds to the stream itself (nn::StreamCut).
+//   - parameters a model adds to the stream itself, and dropout on the stream: each rank's rows and
+//     features of the whole batch's mask (nn::StreamCut); attention's probabilities drop from each
+//     rank's own stream (its rows and heads are its alone).
 // Parameters cut by features only are held whole along the batch groups, whose ranks each add their
 // rows' share of the gradient. A loss is the mean over this rank's rows; mean_over_row_blocks makes
 // it the batch's.
@@ -38,6 +40,7 @@ struct StreamLayout {
   // The cut of a parameter whose dimension `dim` runs over the stream's features, whole along the
   // batch groups (the cuts in the layout's axis order).
   std::function<nn::ShardSpec(int64_t dim)> cut;
+  int64_t row_block = 0, row_blocks = 1;   // this rank's block of the batch's rows, of so many
   std::string mode;                    // "2d", "3d": named in errors
 };
 
@@ -54,12 +57,15 @@ at::Tensor mean_over_row_blocks(const at::Tensor& loss, const std::vector<dist::
 // The layers outside the blocks for a feature-split layout; the modes add their dense block layers.
 class FeatureSplitFactory : public nn::LayerFactory {
  public:
-  FeatureSplitFactory(StreamLayout layout, nn::ParamStorage storage);
+  // `seed`: the run's; each rank's attention-dropout stream derives from it.
+  FeatureSplitFactory(StreamLayout layout, nn::ParamStorage storage, uint64_t seed);
 
   std::shared_ptr<nn::Linear> linear(const nn::LinearSpec& spec) override;
   std::shared_ptr<nn::Embedding> embedding(int64_t num, int64_t dim, nn::Split split = nn::Split::Replicated) override;
   std::shared_ptr<nn::LayerNorm> layer_norm(int64_t dim, double eps) override;
   std::shared_ptr<const nn::StreamCut> stream_cut() const override;
+  // Attention's probabilities are this rank's rows and heads alone: their dropout draws from its own stream.
+  std::shared_ptr<nn::RandomStream> region_random() override { return region_random_; }
   // The groups a batch's rows are cut along (what mean_over_row_blocks and the engine's sums take).
   const std::vector<dist::Group*>& batch_groups() const { return layout_.batch; }
 
@@ -67,6 +73,7 @@ class FeatureSplitFactory : public nn::LayerFactory {
   // A column- or row-split dense layer inside a block.
   virtual std::shared_ptr<nn::Linear> block_linear(const nn::LinearSpec& spec) = 0;
   StreamLayout layout_;
+  std::shared_ptr<nn::RandomStream> region_random_;
 };
 
 // The tied vocabulary table [num/P, dim] (P: the features group's size): this rank's range of the

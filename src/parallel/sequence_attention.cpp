@@ -10,6 +10,7 @@
 #include "src/core/error.h"
 #include "src/dist/group.h"
 #include "src/nn/alibi.h"
+#include "src/nn/factory.h"
 
 namespace colossal::parallel {
 namespace {
@@ -73,9 +74,25 @@ struct HeadsToSeq : public torch::autograd::Function<HeadsToSeq> {
   static variable_list backward(AutogradContext* ctx, variable_list grad) { return {seq_to_heads_raw(grad[0], *group_of(ctx)), at::Tensor()}; }
 };
 
-class GatheredAttention : public nn::SequenceAttention {
+// What the three modes share: the group, this rank's tokens, and dropout on them.
+class SplitSequence : public nn::SequenceAttention {
  public:
-  explicit GatheredAttention(dist::Group& g) : group_(g), layout_(g.size(), g.rank(), false) {}
+  SplitSequence(dist::Group& g, bool zigzag) : group_(g), layout_(g.size(), g.rank(), zigzag) {}
+  at::Tensor dropout(const at::Tensor& x, double p) override {
+    TORCH_CHECK(x.dim() >= 2, "sequence-parallel dropout: expected [B, T, ...], got ", x.sizes());
+    std::vector<int64_t> whole = x.sizes().vec();
+    whole[1] *= layout_.ranks();
+    return x * layout_.local(nn::dropout_noise(whole, p, x.options()), 1);
+  }
+
+ protected:
+  dist::Group& group_;
+  SequenceLayout layout_;
+};
+
+class GatheredAttention : public SplitSequence {
+ public:
+  explicit GatheredAttention(dist::Group& g) : SplitSequence(g, false) {}
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& alibi,
                     const at::Tensor& keys) override {
     const at::Tensor kw = GatherSequence::apply(k, &group_), vw = GatherSequence::apply(v, &group_);   // [B, H, T, D]
@@ -84,15 +101,11 @@ class GatheredAttention : public nn::SequenceAttention {
     const at::Tensor qpos = layout_.positions(t).to(q.device()), kpos = at::arange(t, qpos.options());
     return at::scaled_dot_product_attention(q, kw, vw, scores_mask(qpos, kpos, causal, alibi, keys), 0.0, false);
   }
-
- private:
-  dist::Group& group_;
-  SequenceLayout layout_;
 };
 
-class AllToAllAttention : public nn::SequenceAttention {
+class AllToAllAttention : public SplitSequence {
  public:
-  explicit AllToAllAttention(dist::Group& g) : group_(g) {}
+  explicit AllToAllAttention(dist::Group& g) : SplitSequence(g, false) {}
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& alibi,
                     const at::Tensor& keys) override {
     if (q.size(1) % group_.size() != 0)
@@ -107,22 +120,15 @@ class AllToAllAttention : public nn::SequenceAttention {
     const at::Tensor slopes = alibi.defined() ? alibi.narrow(0, group_.rank() * mine, mine) : alibi;
     return HeadsToSeq::apply(at::scaled_dot_product_attention(qh, kh, vh, scores_mask(pos, pos, causal, slopes, keys), 0.0, false), &group_);
   }
-
- private:
-  dist::Group& group_;
 };
 
-class RingAttention : public nn::SequenceAttention {
+class RingAttention : public SplitSequence {
  public:
-  explicit RingAttention(dist::Group& g) : group_(g), layout_(g.size(), g.rank(), true) {}
+  explicit RingAttention(dist::Group& g) : SplitSequence(g, true) {}
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& alibi,
                     const at::Tensor& keys) override {
     return ring_attention(q, k, v, causal, layout_, group_, alibi, keys);
   }
-
- private:
-  dist::Group& group_;
-  SequenceLayout layout_;
 };
 
 }  // namespace

@@ -114,13 +114,15 @@ namespace {
 // The stream on a grid: features along the row, rows along the column (and 2.5D's depth).
 StreamLayout grid_stream(dist::Group& column, dist::Group& row, dist::Group* depth) {
   const Grid grid{column, row, depth};
-  return {&row, grid.batch(), [grid](int64_t dim) { return grid.cuts(-1, dim); }, "2d"};
+  const int64_t layer = depth ? depth->rank() : 0, layers = depth ? depth->size() : 1;
+  return {&row, grid.batch(), [grid](int64_t dim) { return grid.cuts(-1, dim); }, layer * column.size() + column.rank(),
+          layers * column.size(), "2d"};
 }
 
 }  // namespace
 
-TensorParallel2d::TensorParallel2d(dist::Group& column, dist::Group& row, nn::ParamStorage storage, dist::Group* depth)
-    : FeatureSplitFactory(grid_stream(column, row, depth && depth->size() > 1 ? depth : nullptr), storage),
+TensorParallel2d::TensorParallel2d(dist::Group& column, dist::Group& row, nn::ParamStorage storage, dist::Group* depth, uint64_t seed)
+    : FeatureSplitFactory(grid_stream(column, row, depth && depth->size() > 1 ? depth : nullptr), storage, seed),
       column_(column),
       row_(row),
       depth_(depth && depth->size() > 1 ? depth : nullptr) {

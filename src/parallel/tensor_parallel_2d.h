@@ -34,9 +34,9 @@ namespace colossal::parallel {
 // The layers outside the blocks (embeddings, LayerNorm, dense and output layers) are feature_split.h's.
 class TensorParallel2d : public FeatureSplitFactory {
  public:
-  // The groups must outlive the model. `depth`: 2.5D's (null: 2D).
+  // The groups must outlive the model. `depth`: 2.5D's (null: 2D). `seed`: the run's (attention dropout's streams).
   TensorParallel2d(dist::Group& column, dist::Group& row, nn::ParamStorage storage = nn::ParamStorage::allocated,
-                   dist::Group* depth = nullptr);
+                   dist::Group* depth = nullptr, uint64_t seed = 0);
 
   nn::HeadRange local_heads(int64_t heads) const override;
 

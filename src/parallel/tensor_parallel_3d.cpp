@@ -129,13 +129,13 @@ namespace {
 // The stream on a cube: features along axis 2, rows along axes 0 and 1.
 StreamLayout cube_stream(const Axes& axes) {
   return {axes[2], others(axes, 2), [axes](int64_t dim) { return nn::ShardSpec{{cut(axes, 0, -1), cut(axes, 1, -1), cut(axes, 2, dim)}}; },
-          "3d"};
+          TensorParallel3d::row_block(axes), axes[0]->size() * axes[0]->size(), "3d"};
 }
 
 }  // namespace
 
-TensorParallel3d::TensorParallel3d(std::array<dist::Group*, 3> axes, nn::ParamStorage storage)
-    : FeatureSplitFactory(cube_stream(axes), storage), axes_(axes) {
+TensorParallel3d::TensorParallel3d(std::array<dist::Group*, 3> axes, nn::ParamStorage storage, uint64_t seed)
+    : FeatureSplitFactory(cube_stream(axes), storage, seed), axes_(axes) {
   if (axes[0]->size() != axes[1]->size() || axes[1]->size() != axes[2]->size()) throw Error("3d tensor parallelism needs a cube (internal)");
 }
 

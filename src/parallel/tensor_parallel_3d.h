@@ -30,7 +30,7 @@ namespace colossal::parallel {
 class TensorParallel3d : public FeatureSplitFactory {
  public:
   // `axes`: the cube's groups (Runtime::tensor_axis 0, 1, 2), which must outlive the model.
-  TensorParallel3d(std::array<dist::Group*, 3> axes, nn::ParamStorage storage = nn::ParamStorage::allocated);
+  TensorParallel3d(std::array<dist::Group*, 3> axes, nn::ParamStorage storage = nn::ParamStorage::allocated, uint64_t seed = 0);
 
   nn::HeadRange local_heads(int64_t heads) const override;
   // Attention computes the rows of block (axis 1, axis 2), its input holds block (axis 1, axis 0): the
