@@ -671,6 +671,30 @@ TEST(TensorParallelTraining, TensorTwoAndTensorTimesDataUnderZeroEqualOneProcess
                                       "one-lamb");
 }
 
+TEST(TensorParallelTraining, MegatronSequenceSplitWithDropoutAndWithDataUnderZeroEqualsOneProcess) {
+  // tensor_sequence: the blocks' LayerNorms, dropouts and residuals on each tensor rank's tokens; the
+  // hidden dropout keeps each rank's tokens of the whole masks (attention's drops per rank: off here).
+  // With data parallelism, without dropout: data-parallel replicas draw their own batches' masks.
+  TempDir dir;
+  expect_layouts_train_as_one_process(dir, {{"tp2-seq", "--nproc-per-node 2 --set parallel.tensor=2 --set parallel.tensor_sequence=true"}},
+                                      " --set model.dropout=0.1 --set model.attn_dropout=0 --set train.grad_clip=0.05", "one-dropout");
+  expect_layouts_train_as_one_process(
+      dir,
+      {{"tp2-seq-dp2-zero2", "--nproc-per-node 4 --set parallel.tensor=2 --set parallel.tensor_sequence=true --set train.batch_size=4 "
+                             "--set memory.zero=2 --set memory.chunk_size_mb=0.01"}},
+      " --set train.grad_clip=0.05");
+  auto r = train(write_recipe(dir, "bad"), "--nproc-per-node 2 --set parallel.tensor_sequence=true --set parallel.data=2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("parallel.tensor_sequence = true: splits the blocks' tokens among the tensor-parallel ranks, and tensor = 1"),
+            std::string::npos)
+      << r.output;
+  r = train(write_recipe(dir, "bad"), "--nproc-per-node 2 --set parallel.tensor=2 --set parallel.tensor_sequence=true --set train.seq_len=31");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("each sample's 31 tokens do not split among tensor = 2 ranks (use a train.seq_len that is a multiple of 2)"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(TensorParallelTraining, CheckpointsHoldWholeTensorsAndResumeUnderAnyLayout) {
   // Three steps split two ways, then three more in one process; and the reverse, ending under tensor x
   // data parallelism at ZeRO-3: both equal six steps in one process.

@@ -130,13 +130,15 @@ dist::MeshShape tp_mesh(int64_t ranks) {
 }
 
 // The family's model split over `ranks` ranks against one process, loss and gradients and three steps.
-void check_family(const std::string& family, int64_t ranks) {
+// `tokens`: Megatron-style sequence parallelism, the blocks' tokens split between their layers.
+void check_family(const std::string& family, int64_t ranks, bool tokens = false) {
   const ModelConfig c = tiny(family);
   const Reference ref = reference(c);
   auto errors = test::run_ranks(
       ranks,
       [&](int64_t rank, dist::Runtime& rt) {
         parallel::TensorParallel1d f(rt.group(dist::Dim::tp));
+        f.split_block_tokens(tokens);
         auto m = build_model(c, f, /*initialise=*/false);
         copy_pieces(*m, ref.initial);
         int64_t split = 0;
@@ -185,6 +187,11 @@ TEST(TensorParallel1d, VitEqualsOneProcess) {
   check_family("vit", 4);
 }
 
+TEST(TensorParallel1d, MegatronSequenceSplitOfTheBlocksTokensEqualsOneProcessForEveryTextFamily) {
+  for (const char* family : {"gpt", "opt", "bloom", "bert"})
+    for (int64_t ranks : {2, 4}) check_family(family, ranks, /*tokens=*/true);   // 8 tokens: 4 or 2 a rank
+}
+
 TEST(TensorParallel1d, FusedQkvRowsAreSplitPerHeadNotAsOneRange) {
   // [q; k; v] of 4 rows each on 2 ranks: rank 1 holds q's rows 2-3, k's 6-7 and v's 10-11.
   const nn::ShardSpec s = nn::ShardSpec::along(0, 2, 1, 3);
@@ -214,6 +221,32 @@ TEST(TensorParallel1d, CommunicationPerStepEqualsTheLayerPlansFormula) {
         const int64_t l = c.n_layer, n = kBatch * kSeq, activation = n * c.n_embd * 4;
         EXPECT_EQ(counted.calls, (1 + 2 * l) + 2 + 2 * l + 1);
         EXPECT_EQ(counted.bytes, (1 + 2 * l) * activation + 4 * n + 4 * 2 * n + (2 * l + 1) * activation);
+      },
+      60, tp_mesh(2));
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+TEST(TensorParallel1d, MegatronSequenceSplitTradesEachAllReduceForAGatherAndAReduceScatter) {
+  // GPT at 2 ranks with the blocks' tokens split: forward all-reduces the embedding's lookup (1), gathers
+  // tokens into each column split and reduce-scatters each row split's output (4L), joins the blocks'
+  // tokens (1) and all-reduces the loss's max and sums (2); backward mirrors the block's four (4L),
+  // gathers each column split's input again rather than having stored it (2L), sums the gradients of the
+  // parameters used on each rank's tokens alone (two LayerNorms and two row biases a block: 6L), gathers
+  // the blocks' input gradient (1) and all-reduces the head's input gradient (1).
+  const ModelConfig c = tiny("gpt");
+  const Reference ref = reference(c);
+  auto errors = test::run_ranks(
+      2,
+      [&](int64_t, dist::Runtime& rt) {
+        dist::Group& tp = rt.group(dist::Dim::tp);
+        parallel::TensorParallel1d f(tp);
+        f.split_block_tokens(true);
+        auto m = build_model(c, f, /*initialise=*/false);
+        copy_pieces(*m, ref.initial);
+        tp.take_counters();
+        loss_of(*m).backward();
+        const int64_t l = c.n_layer;
+        EXPECT_EQ(tp.take_counters().calls, 1 + 4 * l + 1 + 2 + 4 * l + 2 * l + 6 * l + 1 + 1);
       },
       60, tp_mesh(2));
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;

@@ -276,6 +276,7 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   pc.pipeline = par.integer("pipeline", pc.pipeline, 1, 1 << 20);
   pc.sequence = par.integer("sequence", pc.sequence, 1, 1 << 20);
   pc.sequence_mode = par.string("sequence_mode", pc.sequence_mode, {"split_gather", "ring", "all_to_all"});
+  pc.tensor_sequence = par.boolean("tensor_sequence", pc.tensor_sequence);
   if (par.real("bucket_mb", -1, 0, 1e300) >= 0)
     par.fail("bucket_mb", "was replaced by [memory] chunk_size_mb: gradients are reduced a chunk at a time (remove the key, "
                           "or set chunk_size_mb = N in MiB)");
@@ -381,6 +382,7 @@ std::string Recipe::to_toml() const {
                               {"layer_norm", kernels.layer_norm}, {"gemm", kernels.gemm}}},
       {"parallel", toml::table{{"tensor", parallel.tensor}, {"tensor_mode", parallel.tensor_mode}, {"tensor_depth", parallel.tensor_depth},
                                {"pipeline", parallel.pipeline}, {"sequence", parallel.sequence}, {"sequence_mode", parallel.sequence_mode},
+                               {"tensor_sequence", parallel.tensor_sequence},
                                {"timeout_s", parallel.timeout_s}, {"backend", parallel.backend}}},
       {"memory", toml::table{{"zero", memory.zero}, {"offload_optimizer", memory.offload_optimizer},
                                  {"offload_params", memory.offload_params}, {"nvme_path", memory.nvme_path},

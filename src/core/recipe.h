@@ -106,6 +106,7 @@ struct ParallelConfig {             // [parallel]: how the world's ranks are arr
   int64_t pipeline = 1;              // pipeline stages
   int64_t sequence = 1;              // sequence-parallel size
   std::string sequence_mode = "split_gather";   // split_gather | ring | all_to_all
+  bool tensor_sequence = false;      // Megatron-style: 1d tensor ranks split the blocks' tokens between layers
   double timeout_s = 300;            // a collective or the rendezvous waiting longer ends the job
   std::string backend = "auto";      // auto (gloo on CPU, nccl for CUDA tensors) | gloo | nccl
 };

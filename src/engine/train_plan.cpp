@@ -96,6 +96,24 @@ void check_sequence_split(const Recipe& r) {
                 " do not divide among sequence = " + std::to_string(sp) + " ranks (use split_gather or ring)");
 }
 
+// Megatron-style sequence parallelism: a 1D tensor group whose size divides every sample's tokens.
+void check_tensor_sequence(const Recipe& r) {
+  const std::string head = r.where("parallel.tensor_sequence") + " = true: ";
+  if (r.parallel.tensor < 2)
+    throw Error(head + "splits the blocks' tokens among the tensor-parallel ranks, and tensor = " + std::to_string(r.parallel.tensor) +
+                " (set tensor > 1, or tensor_sequence = false)");
+  if (r.parallel.tensor_mode != "1d")
+    throw Error(head + "is Megatron's split of 1D tensor parallelism, and tensor_mode = \"" + r.parallel.tensor_mode +
+                "\" (use \"1d\")");
+  if (r.parallel.sequence > 1)
+    throw Error(head + "with sequence = " + std::to_string(r.parallel.sequence) + " is not built yet (use one of them)");
+  const int64_t tokens = tokens_per_sample(r);
+  if (tokens % r.parallel.tensor != 0)
+    throw Error(head + "each sample's " + std::to_string(tokens) + " tokens" + (model_task(r.model) == "image_classification" ? " (patches and the class token)" : "") +
+                " do not split among tensor = " + std::to_string(r.parallel.tensor) + " ranks" +
+                (model_task(r.model) == "image_classification" ? "" : " (use a train.seq_len that is a multiple of " + std::to_string(r.parallel.tensor) + ")"));
+}
+
 // A grid of side q the model and the batch divide (2d: q x q; 2.5d: `depth` of them; 3d: a cube, whose
 // batches are cut into q^2 row blocks), refused with the key at fault.
 void check_grid_split(const Recipe& r, int64_t q, int64_t depth) {
@@ -132,6 +150,7 @@ dist::MeshShape check_parallel_recipe(const Recipe& r, int64_t world) {
   if (r.parallel.tensor > 1 && !grid.empty()) check_grid_split(r, grid.back(), r.parallel.tensor_mode == "2.5d" ? grid[0] : 1);
   else if (r.parallel.tensor > 1) check_tensor_split(r.model, r.parallel.tensor, r.where("parallel.tensor"));
   if (r.parallel.sequence > 1) check_sequence_split(r);
+  if (r.parallel.tensor_sequence) check_tensor_sequence(r);
   if (r.parallel.pipeline > 1)
     throw Error(r.where("parallel.pipeline") + " = " + std::to_string(r.parallel.pipeline) + ": pipeline parallelism is not built yet "
                 "(valid today: 1; data parallelism uses every rank with data = \"auto\")");
@@ -195,7 +214,9 @@ std::unique_ptr<nn::LayerFactory> layout_factory(TrainPlan& p) {
     p.row_groups = grid2->batch_groups();
     factory = std::move(grid2);
   } else if (tp.size() > 1) {
-    factory = std::make_unique<parallel::TensorParallel1d>(tp, nn::ParamStorage::deferred, static_cast<uint64_t>(r.train.seed));
+    auto split = std::make_unique<parallel::TensorParallel1d>(tp, nn::ParamStorage::deferred, static_cast<uint64_t>(r.train.seed));
+    split->split_block_tokens(r.parallel.tensor_sequence);
+    factory = std::move(split);
   } else {
     factory = std::make_unique<nn::LayerFactory>(nn::ParamStorage::deferred);
   }
@@ -439,9 +460,10 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
   check_device_budget(r, params, dp);
 
   // ATen's allocations on this thread are counted from here, before the data and the model exist, so
-  // whatever they hold is known when a step frees it: `colossal profile`'s tracer reads the count, and so
-  // does a device budget on a CPU (the device is host memory there).
-  if (!opt.profile_out.empty() || (r.memory.device_memory_limit_gb > 0 && p->device.is_cpu()))
+  // whatever they hold is known when a step frees it: `colossal profile`'s tracer reads the count, a
+  // device budget on a CPU (the device is host memory there), and on a CPU every step's metrics
+  // (tensor_peak_mb: exact, where the resident set carries glibc's free lists).
+  if (!opt.profile_out.empty() || p->device.is_cpu())
     p->counter = std::make_shared<memory::AllocationCounter>();
   if (!opt.profile_out.empty()) p->tracer = std::make_shared<memory::MemoryTracer>(p->counter);
   p->runtime = join_job(r, opt, env, p->device);                       // 1. the job and its mesh

@@ -28,6 +28,7 @@
 #include "src/nn/kernel_choice.h"
 #include "src/io/atomic_dir.h"
 #include "src/engine/memory_profile.h"
+#include "src/memory/allocation_counter.h"
 #include "src/memory/offload_file.h"
 #include "src/optim/schedule.h"
 
@@ -240,6 +241,9 @@ int run_loop(TrainPlan& p) {
     const auto t0 = Clock::now();
     const double lr = optim::lr_at(r.optim, state.step);
     if (tracer && state.step + 1 == r.train.max_steps) tracer->begin();
+    // what ATen holds on this thread when the step starts, and a new peak interval from there
+    const int64_t held_before = p.counter ? p.counter->live() : 0;
+    if (p.counter) p.counter->take_peak(memory::AllocationCounter::step);
     at::Tensor step_loss;   // summed on the device: one host sync per step, not one per micro-batch
     for (int64_t micro = 0; micro < r.train.grad_accum; ++micro) {
       const Batch batch = p.local_part(task.next().to(p.device));   // this rank's tokens when the sequence is split
@@ -301,6 +305,8 @@ int run_loop(TrainPlan& p) {
       record["skipped"] = report.skipped;
       record["skipped_steps"] = p.strategy->skipped_steps();
     }
+    if (p.counter)   // tensors the step added at its peak (activations, gradients, the update's temporaries): exact bytes
+      record["tensor_peak_mb"] = static_cast<double>(p.counter->take_peak(memory::AllocationCounter::step) - held_before) / 1048576.0;
     if (report.device_peak > 0) {   // a device budget (placement): the step's largest window, and what kept it within
       record["device_peak_mb"] = static_cast<double>(report.device_peak) / 1048576.0;
       record["evictions"] = report.evictions;

@@ -3,8 +3,8 @@
 // uses: c10::MemoryReportingInfoBase, set for the thread as its PROFILER_STATE debug info). Exact bytes of
 // tensors, not the resident set with glibc's free lists in it.
 //
-// Two users share one counter, since a thread has one such hook: `colossal profile`'s tracer, and on a
-// CPU the placement's device meter (on a CPU the compute device is host memory, and a device budget is
+// Its users share one counter, since a thread has one such hook: `colossal profile`'s tracer, the
+// trainer's per-step tensor peak (metrics' tensor_peak_mb), and on a CPU the placement's device meter (on a CPU the compute device is host memory, and a device budget is
 // enforced against what ATen holds there).
 //
 // Allocations made on other threads (the data loader's batches) are not counted, and neither are their
@@ -25,7 +25,7 @@ class AllocationCounter {
 
   // Each reader keeps its own peak intervals, so the profiler's events and the placement's windows
   // do not cut each other's short.
-  enum Reader { profile = 0, placement = 1, kReaders = 2 };
+  enum Reader { profile = 0, placement = 1, step = 2, kReaders = 3 };   // step: the trainer's per-step metric
   int64_t live() const;                // bytes held now
   int64_t peak(Reader r) const;        // the most held since r's last take_peak (or construction)
   int64_t take_peak(Reader r);         // peak(r), and a new interval for r starting from live()

@@ -29,10 +29,11 @@ Attention::Attention(const AttentionSpec& spec, LayerFactory& factory)
 
 at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, const at::Tensor& input_mask) {
   const at::Tensor mask = input_mask.defined() && mask_rows_ ? mask_rows_(input_mask) : input_mask;
-  const int64_t b = x.size(0), t = x.size(1), h = heads_.count, d = head_dim(), c = h * d;   // c: the local heads' width
   const double p = is_training() ? spec_.dropout : 0.0;
   const double p_attn = is_training() ? (spec_.attn_dropout < 0 ? spec_.dropout : spec_.attn_dropout) : 0.0;
   auto packed = qkv_->forward(x);                                                 // [B, T, 3C]
+  // T from the projection: a layout that splits the block's tokens gathers them in it
+  const int64_t b = x.size(0), t = packed.size(1), h = heads_.count, d = head_dim(), c = h * d;   // c: the local heads' width
   if (kv && kv->paged) return proj_->forward(paged_forward(packed, *kv));
   if (sequence_ && !kv) {   // this rank's part of the sequence, attending to every rank's
     // the only mask a split sequence takes: which keys of the whole sequence are real, [B, 1, 1, T]

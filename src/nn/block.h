@@ -29,9 +29,12 @@ class TransformerBlock : public Module {
   at::Tensor forward(const at::Tensor& x, LayerKv* kv = nullptr, int64_t offset = 0, const at::Tensor& mask = {});
   // The attention heads this block computes (a tensor-parallel rank's share), as its KV cache holds them.
   int64_t heads() const { return attn->heads(); }
+  // How the layout holds the stream inside the blocks (run_blocks enters and leaves it).
+  const StreamCut& stream() const { return *cut_; }
 
  private:
   bool pre_norm_;
+  std::shared_ptr<const StreamCut> cut_;
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<Attention> attn;
   std::shared_ptr<Mlp> mlp;

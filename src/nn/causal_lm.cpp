@@ -50,10 +50,12 @@ at::Tensor positions_of(const at::Tensor& ids, const ForwardOptions& o, int64_t 
 at::Tensor run_blocks(const std::vector<std::shared_ptr<TransformerBlock>>& blocks, at::Tensor x, const ForwardOptions& o,
                       const BlockHooks* hooks) {
   const int64_t offset = o.cache ? o.cache->length : 0;
+  if (!blocks.empty()) x = blocks.front()->stream().enter_blocks(x);
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto block = [&](const at::Tensor& in) { return blocks[i]->forward(in, o.cache ? &o.cache->layers[i] : nullptr, offset, o.mask); };
     x = hooks && !hooks->empty() ? hooks->run(static_cast<int64_t>(i), x, block) : block(x);
   }
+  if (!blocks.empty()) x = blocks.front()->stream().leave_blocks(x);
   if (o.cache) o.cache->length += x.size(1);
   return x;
 }

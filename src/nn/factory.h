@@ -92,6 +92,10 @@ class StreamCut {
   virtual at::Tensor use(const at::Tensor& p) const { return p; }
   // x (this rank's piece of the stream) with dropout p in training (at::dropout's draws, whole).
   virtual at::Tensor dropout(const at::Tensor& x, double p) const;
+  // The stream as the blocks hold it, from and back to the stream as the layers around them hold it
+  // (Megatron-style sequence parallelism: each tensor-parallel rank's tokens inside the blocks).
+  virtual at::Tensor enter_blocks(const at::Tensor& x) const { return x; }
+  virtual at::Tensor leave_blocks(const at::Tensor& x) const { return x; }
 };
 
 // at::dropout's noise for a tensor of `whole` sizes: Bernoulli(1 - p) / (1 - p) from the default
@@ -131,8 +135,13 @@ class LayerFactory {
   virtual std::shared_ptr<Mlp> mlp(const MlpSpec& spec);
   // Which of `heads` heads a split attention computes here (all of them unless tensor-parallel).
   virtual HeadRange local_heads(int64_t heads) const { return {0, heads}; }
-  // How this layout cuts the residual stream's features (stream_cut's StreamCut).
+  // How this layout holds the residual stream where the layer being built sits (inside the blocks or
+  // around them).
   virtual std::shared_ptr<const StreamCut> stream_cut() const;
+  // Whether the layers being built are a transformer block's (add_blocks says): a layout may hold the
+  // stream differently inside the blocks (Megatron-style sequence parallelism splits its tokens there).
+  bool in_blocks() const { return in_blocks_; }
+  void set_in_blocks(bool on) { in_blocks_ = on; }
   // The padding mask of the rows a split attention computes, from the mask of the rows its block's
   // input holds (empty: the same rows; 3D's dense layers move the rows between axes).
   virtual std::function<at::Tensor(const at::Tensor&)> attention_rows() const { return {}; }
@@ -146,6 +155,7 @@ class LayerFactory {
 
  private:
   ParamStorage storage_;
+  bool in_blocks_ = false;
   std::shared_ptr<SequenceAttention> sequence_attention_;
 };
 

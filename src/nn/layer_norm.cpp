@@ -85,11 +85,12 @@ LayerNorm::LayerNorm(int64_t local, double eps, const LayerFactory& f, const Sha
   bias = register_parameter("bias", f.parameter({local}), true, shard);
 }
 
-at::Tensor LayerNorm::forward(const at::Tensor& x) {
+at::Tensor LayerNorm::forward(const at::Tensor& x) { return normalise(x, weight, bias); }
+
+at::Tensor LayerNorm::normalise(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == dim_, "LayerNorm over ", dim_, " features got input ", x.sizes());
-  if (all_cpu_float(x, weight, bias) && fused_layer_norm_chosen(x, weight, bias, eps_))
-    return FusedLayerNorm::apply(x, weight, bias, eps_);   // shapes checked above
-  return aten_layer_norm(x, weight, bias, eps_);
+  if (all_cpu_float(x, w, b) && fused_layer_norm_chosen(x, w, b, eps_)) return FusedLayerNorm::apply(x, w, b, eps_);   // shapes checked above
+  return aten_layer_norm(x, w, b, eps_);
 }
 
 }  // namespace colossal::nn

@@ -20,6 +20,9 @@ class LayerNorm : public Module {
  protected:
   // A tensor-parallel LayerNorm's: `local` of the features here, each parameter a piece as `shard` says.
   LayerNorm(int64_t local, double eps, const LayerFactory& f, const ShardSpec& shard);
+  // x normalised with scale `w` and shift `b` (the parameters as a split layout uses them), on the
+  // kernel the shape chose.
+  at::Tensor normalise(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
   int64_t dim_;
   double eps_;
 };

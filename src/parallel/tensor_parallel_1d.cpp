@@ -6,6 +6,8 @@
 #include "src/core/error.h"
 #include "src/dist/group.h"
 #include "src/nn/linear_forward.h"
+#include "src/parallel/tensor_sequence.h"
+#include "src/parallel/token_comm.h"
 #include "src/parallel/tp_comm.h"
 #include "src/parallel/vocab_cross_entropy.h"
 
@@ -22,38 +24,50 @@ int64_t piece_of(int64_t n, int64_t ranks, const char* what) {
 // Output features split: W [out/P, in] and b [out/P]; y_r = x W_r^T + b_r, the input entering the region.
 class ColumnLinear : public nn::Linear {
  public:
-  ColumnLinear(const nn::LinearSpec& s, const nn::LayerFactory& f, dist::Group& g) : group_(g) {
+  // `tokens`: the input is this rank's tokens (tensor_sequence.h), gathered here.
+  ColumnLinear(const nn::LinearSpec& s, const nn::LayerFactory& f, dist::Group& g, bool tokens) : group_(g), tokens_(tokens) {
     const int64_t ranks = g.size();
     piece_of(s.out, ranks * s.parts, "a column-split layer's output features");
     const nn::ShardSpec rows = nn::ShardSpec::along(0, ranks, g.rank(), s.parts);
     weight_ = register_parameter("weight", f.parameter({s.out / ranks, s.in}), true, rows);
     if (s.bias) bias_ = register_parameter("bias", f.parameter({s.out / ranks}), true, rows);
   }
-  at::Tensor forward(const at::Tensor& x) override { return nn::linear_forward(enter_region(x, group_), weight_, bias_); }
+  at::Tensor forward(const at::Tensor& x) override {
+    return tokens_ ? gathered_linear(x, weight_, bias_, group_) : nn::linear_forward(enter_region(x, group_), weight_, bias_);
+  }
   at::Tensor& weight() override { return weight_; }
 
  private:
   dist::Group& group_;
+  bool tokens_;
   at::Tensor weight_, bias_;
 };
 
 // Input features split: W [out, in/P], b [out] whole; y = sum_r x_r W_r^T + b, the sum leaving the region.
 class RowLinear : public nn::Linear {
  public:
-  RowLinear(const nn::LinearSpec& s, const nn::LayerFactory& f, dist::Group& g) : group_(g) {
+  // `tokens`: the sum is reduce-scattered to each rank's tokens (tensor_sequence.h), the bias added to
+  // them (its gradient summed over the ranks).
+  RowLinear(const nn::LinearSpec& s, const nn::LayerFactory& f, dist::Group& g, bool tokens) : group_(g), tokens_(tokens) {
     const int64_t ranks = g.size();
     piece_of(s.in, ranks, "a row-split layer's input features");
     weight_ = register_parameter("weight", f.parameter({s.out, s.in / ranks}), true, nn::ShardSpec::along(1, ranks, g.rank()));
     if (s.bias) bias_ = register_parameter("bias", f.parameter({s.out}));
   }
   at::Tensor forward(const at::Tensor& x) override {
-    at::Tensor y = leave_region(nn::linear_forward(x, weight_), group_);   // [..., out], summed
+    const at::Tensor partial = nn::linear_forward(x, weight_);
+    if (tokens_) {
+      at::Tensor y = scatter_tokens(partial, group_);   // [B, T/P, out], summed
+      return bias_.defined() ? y + enter_region(bias_, group_) : y;
+    }
+    at::Tensor y = leave_region(partial, group_);   // [..., out], summed
     return bias_.defined() ? y + bias_ : y;
   }
   at::Tensor& weight() override { return weight_; }
 
  private:
   dist::Group& group_;
+  bool tokens_;
   at::Tensor weight_, bias_;
 };
 
@@ -169,8 +183,8 @@ std::shared_ptr<nn::Linear> TensorParallel1d::linear(const nn::LinearSpec& spec)
   if (local_ && split) return std::make_shared<PieceLinear>(spec, *local_, group_);
   if (local_) return local_->linear(spec);
   switch (spec.split) {
-    case nn::Split::Column: return std::make_shared<ColumnLinear>(spec, *this, group_);
-    case nn::Split::Row: return std::make_shared<RowLinear>(spec, *this, group_);
+    case nn::Split::Column: return std::make_shared<ColumnLinear>(spec, *this, group_, tokens_);
+    case nn::Split::Row: return std::make_shared<RowLinear>(spec, *this, group_, tokens_);
     default: return nn::LayerFactory::linear(spec);
   }
 }
@@ -180,6 +194,16 @@ std::shared_ptr<nn::Embedding> TensorParallel1d::embedding(int64_t num, int64_t 
   if (local_) return local_->embedding(num, dim, split);
   if (split == nn::Split::Vocab) return std::make_shared<VocabEmbedding>(num, dim, *this, group_);
   return nn::LayerFactory::embedding(num, dim, split);
+}
+
+std::shared_ptr<nn::LayerNorm> TensorParallel1d::layer_norm(int64_t dim, double eps) {
+  if (tokens_ && in_blocks()) return token_split_layer_norm(dim, eps, *this, group_);
+  return nn::LayerFactory::layer_norm(dim, eps);
+}
+
+std::shared_ptr<const nn::StreamCut> TensorParallel1d::stream_cut() const {
+  if (tokens_ && in_blocks()) return token_split_stream(group_);
+  return nn::LayerFactory::stream_cut();
 }
 
 nn::HeadRange TensorParallel1d::local_heads(int64_t heads) const {

@@ -34,11 +34,17 @@ class TensorParallel1d : public nn::LayerFactory {
   std::shared_ptr<nn::Embedding> embedding(int64_t num, int64_t dim, nn::Split split = nn::Split::Replicated) override;
   nn::HeadRange local_heads(int64_t heads) const override;
   std::shared_ptr<nn::RandomStream> region_random() override { return region_random_; }
+  std::shared_ptr<nn::LayerNorm> layer_norm(int64_t dim, double eps) override;
+  std::shared_ptr<const nn::StreamCut> stream_cut() const override;
 
   dist::Group& group() const { return group_; }
+  // Megatron-style sequence parallelism (tensor_sequence.h): blocks built from now on hold each rank's
+  // tokens between their row- and column-split layers. Training only.
+  void split_block_tokens(bool on) { tokens_ = on; }
 
  private:
   dist::Group& group_;
+  bool tokens_ = false;
   std::shared_ptr<nn::RandomStream> region_random_;
   std::shared_ptr<nn::LayerFactory> local_;   // shared with the attention layers, which outlive the factory
 };
