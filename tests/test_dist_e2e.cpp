@@ -762,17 +762,34 @@ TEST(SequenceParallelTraining, MaskedLmInEachModeEqualsOneProcess) {
   }
 }
 
+TEST(SequenceParallelTraining, VitsPatchesSplitInEachModeEqualOneProcess) {
+  // 16 patches and the class token, padded to 18 (split_gather, all_to_all) or 20 (ring's 4 chunks).
+  TempDir dir;
+  auto vit = [&](const std::string& name, const std::string& layout) {
+    return "train recipes/vit-tiny.toml -q --set train.max_steps=4 --set optim.warmup_steps=1 --set optim.decay_steps=6 --set "
+           "train.batch_size=16 --set train.eval_batches=2 --set train.eval_every=2 --set train.grad_clip=0.05 --set optim.eps=1e-5 "
+           "--set output.dir=" + (dir / name) + colossal::test::pinned_kernels() + layout;
+  };
+  ASSERT_EQ(run_colossal(vit("one", "")).exit_code, 0);
+  for (const std::string mode : {"split_gather", "ring", "all_to_all"}) {
+    auto r = run_colossal(vit(mode, " --nproc-per-node 2 --set parallel.sequence=2 --set parallel.sequence_mode=" + mode));
+    ASSERT_EQ(r.exit_code, 0) << mode << ": " << r.output;
+    EXPECT_LT(max_relative_difference(dir / mode, dir / "one", "key.bias"), 1e-5) << mode;
+    for (const char* metric : {"loss", "eval_loss"}) {
+      const auto a = colossal::test::metric_values(dir / "one/metrics.jsonl", metric);
+      const auto b = colossal::test::metric_values(dir / (mode + "/metrics.jsonl"), metric);
+      ASSERT_EQ(a.size(), b.size()) << mode << " " << metric;
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << mode << " " << metric << " " << i;
+    }
+  }
+}
+
 TEST(SequenceParallelTraining, SplitsTheModelOrBatchCannotTakeAreRefusedNamingTheKey) {
   TempDir dir;
   const std::string recipe = write_recipe(dir, "bad");
   auto r = train(recipe, "--nproc-per-node 2 --set parallel.sequence=2 --set parallel.sequence_mode=ring --set train.seq_len=30");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("train.seq_len = 30 does not cut into 4 equal chunks for sequence = 2 under ring attention"), std::string::npos)
-      << r.output;
-  r = run_colossal("train recipes/vit-tiny.toml -q --nproc-per-node 2 --set parallel.sequence=2 --set output.dir=" + (dir / "vit"));
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("vit trains for image_classification, whose sequence of patches is not split yet (valid here: sequence = 1)"),
-            std::string::npos)
       << r.output;
   r = train(recipe, "--nproc-per-node 2 --set parallel.sequence=2 --set model.dropout=0.1");
   EXPECT_NE(r.exit_code, 0);

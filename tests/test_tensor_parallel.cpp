@@ -629,6 +629,45 @@ void check_sequence_encoder(parallel::SequenceMode mode, int64_t ranks, int64_t 
 
 }  // namespace
 
+namespace {
+
+// ViT's sequence of patches split across `ranks` ranks: every rank embeds the whole image, pads the
+// 5 tokens to whole chunks (masked as keys) and keeps its own; the class token reaches every rank's
+// classifier from rank 0. The ranks' mean loss and gradients equal one process.
+void check_sequence_vit(parallel::SequenceMode mode, int64_t ranks) {
+  const ModelConfig c = tiny("vit");
+  const Reference ref = reference(c);
+  const std::string name = "vit mode " + std::to_string(static_cast<int>(mode)) + " sequence " + std::to_string(ranks);
+  auto errors = test::run_ranks(
+      ranks,
+      [&](int64_t rank, dist::Runtime& rt) {
+        dist::Group& sp = rt.group(dist::Dim::sp);
+        nn::LayerFactory f;
+        f.set_sequence_attention(parallel::make_sequence_attention(mode, sp));
+        auto m = build_model(c, f, /*initialise=*/false);
+        copy_pieces(*m, ref.initial);
+        at::Tensor loss = loss_of(*m);
+        loss.backward();
+        EXPECT_NEAR(loss.item<double>(), ref.losses[0], 1e-5 * ref.losses[0]) << name << " rank " << rank;
+        for (const auto& item : m->named_parameters()) {
+          at::Tensor g = item.value().grad().defined() ? item.value().grad().clone() : at::zeros_like(item.value());
+          sp.all_reduce(g, dist::Reduce::sum, "test gradient");
+          expect_close(g / static_cast<double>(ranks), ref.first_grads.at(item.key()), name + " gradient of " + item.key());
+        }
+      },
+      60, sp_mesh(ranks));
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << name << " rank " << r;
+}
+
+}  // namespace
+
+TEST(SequenceParallel, VitWithItsPatchesPaddedToWholeChunksInEachModeEqualsOneProcess) {
+  check_sequence_vit(parallel::SequenceMode::split_gather, 2);   // 5 tokens padded to 6
+  check_sequence_vit(parallel::SequenceMode::ring, 2);           // to 8: 4 zigzag chunks of 2
+  check_sequence_vit(parallel::SequenceMode::all_to_all, 2);
+  check_sequence_vit(parallel::SequenceMode::ring, 4);           // 8 chunks of 1: three of padding only
+}
+
 TEST(SequenceParallel, BertWithPaddedSequencesInEachModeOnTwoAndFourRanksEqualsOneProcess) {
   for (auto mode : {parallel::SequenceMode::split_gather, parallel::SequenceMode::ring, parallel::SequenceMode::all_to_all}) {
     check_sequence_encoder(mode, 2);

@@ -73,9 +73,7 @@ void check_sequence_split(const Recipe& r) {
   const int64_t sp = r.parallel.sequence;
   const ModelConfig& m = r.model;
   const std::string head = r.where("parallel.sequence") + " = " + std::to_string(sp) + ": ";
-  if (const std::string task = model_task(m); task != "causal_lm" && task != "masked_lm")
-    throw Error(head + "sequence parallelism splits the token sequences of language models (causal and masked), and " + m.family +
-                " trains for " + task + ", whose sequence of patches is not split yet (valid here: sequence = 1)");
+  const bool images = model_task(m) == "image_classification";   // ViT pads its sequence of patches to whole chunks
   // Hidden dropout works on each rank's tokens of the whole sequence's masks; attention's probabilities
   // never exist whole under ring attention, so their dropout is not built.
   if (const double attn = m.attn_dropout < 0 ? m.dropout : m.attn_dropout; attn > 0)
@@ -84,7 +82,7 @@ void check_sequence_split(const Recipe& r) {
                 ", or sequence = 1)");
   const auto mode = parallel::parse_sequence_mode(r.parallel.sequence_mode);
   const int64_t chunks = mode == parallel::SequenceMode::ring ? 2 * sp : sp, t = r.train.seq_len;
-  if (t % chunks != 0)
+  if (!images && t % chunks != 0)
     throw Error(r.where("train.seq_len") + " = " + std::to_string(t) + " does not cut into " + std::to_string(chunks) +
                 " equal chunks for sequence = " + std::to_string(sp) +
                 (mode == parallel::SequenceMode::ring ? " under ring attention (2 zigzag chunks a rank)" : "") + " (use a multiple of " +
@@ -381,7 +379,7 @@ Batch TrainPlan::local_part(const Batch& b) const {
     out.token_types = mine(b.token_types);
     return out;
   }
-  if (!sequence) return b;
+  if (!sequence || b.inputs.dim() != 2) return b;   // images: each rank takes its tokens of the patches (ViT)
   Batch out = b;
   out.inputs = sequence->local(b.inputs, 1);     // [B, T / sequence]
   out.targets = sequence->local(b.targets, 1);

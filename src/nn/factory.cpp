@@ -41,6 +41,8 @@ class DenseEmbedding : public Embedding {
 
 at::Tensor StreamCut::dropout(const at::Tensor& x, double p) const { return at::dropout(x, p, true); }
 
+at::Tensor StreamCut::first_token(const at::Tensor& x) const { return x.select(1, 0); }
+
 at::Tensor dropout_noise(at::IntArrayRef whole, double p, const at::TensorOptions& options) {
   return at::empty(whole, options).bernoulli_(1 - p).div_(1 - p);   // ATen's _dropout, CPU and GPU alike
 }
@@ -52,6 +54,9 @@ class SequenceStreamCut : public StreamCut {
  public:
   explicit SequenceStreamCut(std::shared_ptr<SequenceAttention> s) : sequence_(std::move(s)) {}
   at::Tensor dropout(const at::Tensor& x, double p) const override { return sequence_->dropout(x, p); }
+  int64_t token_chunks() const override { return sequence_->chunks(); }
+  at::Tensor local_tokens(const at::Tensor& x) const override { return sequence_->local_tokens(x); }
+  at::Tensor first_token(const at::Tensor& x) const override { return sequence_->first_token(x); }
 
  private:
   std::shared_ptr<SequenceAttention> sequence_;

@@ -96,6 +96,11 @@ class StreamCut {
   // (Megatron-style sequence parallelism: each tensor-parallel rank's tokens inside the blocks).
   virtual at::Tensor enter_blocks(const at::Tensor& x) const { return x; }
   virtual at::Tensor leave_blocks(const at::Tensor& x) const { return x; }
+  // A sequence split across ranks (nn::SequenceAttention's): how many equal chunks, this rank's tokens
+  // of a whole sequence, and the first token on every rank. Unsplit: 1, x, x[:, 0].
+  virtual int64_t token_chunks() const { return 1; }
+  virtual at::Tensor local_tokens(const at::Tensor& x) const { return x; }
+  virtual at::Tensor first_token(const at::Tensor& x) const;
 };
 
 // at::dropout's noise for a tensor of `whole` sizes: Bernoulli(1 - p) / (1 - p) from the default

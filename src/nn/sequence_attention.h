@@ -20,6 +20,14 @@ class SequenceAttention {
   // x: this rank's tokens of the stream [B, T_local, ...] with dropout p: the whole sequence's mask drawn
   // (nn::dropout_noise) and this rank's tokens of it kept.
   virtual at::Tensor dropout(const at::Tensor& x, double p) = 0;
+  // For a model that builds each sequence whole on every rank (ViT from its patches): the number of
+  // equal chunks a sequence is cut into (pad it to a multiple), and x [B, T, ...] -> this rank's tokens.
+  virtual int64_t chunks() const = 0;
+  virtual at::Tensor local_tokens(const at::Tensor& x) = 0;
+  // x: this rank's tokens [B, T_local, C] -> the sequence's first token [B, C] on every rank (a
+  // classifier's class token), from the rank holding it. Its gradient reaches that rank times the ranks,
+  // so that averaging gradients over the sequence's ranks leaves one copy of the classifier loss's.
+  virtual at::Tensor first_token(const at::Tensor& x) = 0;
 };
 
 }  // namespace colossal::nn

@@ -74,10 +74,37 @@ struct HeadsToSeq : public torch::autograd::Function<HeadsToSeq> {
   static variable_list backward(AutogradContext* ctx, variable_list grad) { return {seq_to_heads_raw(grad[0], *group_of(ctx)), at::Tensor()}; }
 };
 
+// The sequence's first token [B, C] on every rank from the one holding it (rank 0: chunk 0 comes first
+// in every layout); backward: that rank's gradient times the ranks (see nn::SequenceAttention).
+at::Tensor first_token_of(const at::Tensor& x, dist::Group& g) {
+  at::Tensor first = g.rank() == 0 ? x.select(1, 0).contiguous().clone() : at::zeros({x.size(0), x.size(2)}, x.options());
+  g.all_reduce(first, dist::Reduce::sum, "sequence's first token");
+  return first;
+}
+
+struct FirstToken : public torch::autograd::Function<FirstToken> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, dist::Group* g) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
+    ctx->saved_data["shape"] = x.sizes().vec();
+    return first_token_of(x, *g);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    dist::Group* g = group_of(ctx);
+    at::Tensor dx = at::zeros(ctx->saved_data["shape"].toIntVector(), grad[0].options());
+    if (g->rank() == 0) dx.select(1, 0).copy_(grad[0] * static_cast<double>(g->size()));
+    return {dx, at::Tensor()};
+  }
+};
+
 // What the three modes share: the group, this rank's tokens, and dropout on them.
 class SplitSequence : public nn::SequenceAttention {
  public:
   SplitSequence(dist::Group& g, bool zigzag) : group_(g), layout_(g.size(), g.rank(), zigzag) {}
+  int64_t chunks() const override { return layout_.chunks(); }
+  at::Tensor local_tokens(const at::Tensor& x) override { return layout_.local(x, 1); }
+  at::Tensor first_token(const at::Tensor& x) override {
+    return at::GradMode::is_enabled() && x.requires_grad() ? FirstToken::apply(x, &group_) : first_token_of(x, group_);
+  }
   at::Tensor dropout(const at::Tensor& x, double p) override {
     TORCH_CHECK(x.dim() >= 2, "sequence-parallel dropout: expected [B, T, ...], got ", x.sizes());
     std::vector<int64_t> whole = x.sizes().vec();
