@@ -4,7 +4,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -14,6 +16,7 @@ namespace colossal::dist {
 namespace {
 
 constexpr auto kHeartbeat = std::chrono::milliseconds(200);
+constexpr auto kQueryWait = std::chrono::seconds(3);
 std::string progress_key(int64_t rank) { return "colossal/progress/" + std::to_string(rank); }
 
 // "dp=41;world=3" <-> map
@@ -38,9 +41,12 @@ int64_t count_in(const std::string& encoded, const std::string& group) {
 }  // namespace
 
 struct Roster::Impl {
-  c10::intrusive_ptr<c10d::Store> publisher;  // the heartbeat's own connection
-  c10::intrusive_ptr<c10d::Store> query;      // for laggards(): its own connection with a short timeout,
-                                              // so a frozen store host cannot hold an error back
+  c10::intrusive_ptr<c10d::Store> publisher;  // the job's store: the heartbeat's sets are small and rare
+  // For laggards(): its own connection with a short timeout, cloned by a thread of its own on the first
+  // question and waited for at most kQueryWait, so a frozen store host cannot hold an error back. Not
+  // made at joining: a clone's connect cost a test harness that joins many worlds in one process 5 s
+  // each time, and a job asks only when something already went wrong.
+  std::shared_future<c10::intrusive_ptr<c10d::Store>> query;
   std::mutex mu;
   std::condition_variable cv;
   std::map<std::string, int64_t> counts;
@@ -51,14 +57,7 @@ struct Roster::Impl {
 Roster::Roster(const StoreHandle* store, int64_t rank, std::vector<std::string> hosts)
     : impl_(std::make_unique<Impl>()), rank_(rank), hosts_(std::move(hosts)) {
   if (!store) return;
-  try {
-    impl_->publisher = store->store->clone();
-    impl_->query = store->store->clone();
-    impl_->query->setTimeout(std::chrono::seconds(3));
-  } catch (const std::exception&) {
-    impl_->publisher = store->store;   // a store that cannot clone shares its connection
-    impl_->query = store->store;
-  }
+  impl_->publisher = store->store;
   impl_->thread = std::thread([this] { heartbeat(); });
 }
 
@@ -103,15 +102,35 @@ void Roster::heartbeat() {
 std::vector<int64_t> Roster::laggards(const std::string& group, const std::vector<int64_t>& ranks, int64_t n,
                                       std::string* detail) {
   std::vector<int64_t> behind;
-  if (!impl_->query) return behind;
+  if (!impl_->publisher) return behind;
+  std::shared_future<c10::intrusive_ptr<c10d::Store>> pending;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (!impl_->query.valid()) {
+      auto promise = std::make_shared<std::promise<c10::intrusive_ptr<c10d::Store>>>();
+      impl_->query = promise->get_future().share();
+      std::thread([promise, base = impl_->publisher] {
+        try {
+          auto q = base->clone();
+          q->setTimeout(kQueryWait);
+          promise->set_value(q);
+        } catch (const std::exception&) {
+          promise->set_value(base);   // a store that cannot clone shares its connection
+        }
+      }).detach();
+    }
+    pending = impl_->query;
+  }
+  if (pending.wait_for(kQueryWait) != std::future_status::ready) return behind;   // the store host does not answer
+  const c10::intrusive_ptr<c10d::Store> query = pending.get();
   std::string text;
   for (int64_t r : ranks) {
     if (r == rank_) continue;
     int64_t reached = 0;
     try {
       const std::string key = progress_key(r);
-      if (impl_->query->check({key})) {
-        reached = count_in(store_text(impl_->query->get(key)), group);
+      if (query->check({key})) {
+        reached = count_in(store_text(query->get(key)), group);
       }
     } catch (const std::exception&) {
       return {};   // the store is unreachable: nothing can be said about the others
