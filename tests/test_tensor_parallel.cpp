@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "models/registry.h"
 #include "src/dist/runtime.h"
@@ -202,28 +203,43 @@ TEST(TensorParallel1d, FusedQkvRowsAreSplitPerHeadNotAsOneRange) {
   EXPECT_EQ(s.full_shape({6, 1}), (std::vector<int64_t>{12, 1}));
 }
 
+namespace {
+
+// What the tensor-parallel group carried in one forward and backward of the tiny GPT at 2 ranks, each
+// rank's (`tokens`: with the blocks' tokens split, Megatron-style).
+std::vector<dist::CommCounters> step_traffic(bool tokens) {
+  const ModelConfig c = tiny("gpt");
+  const Reference ref = reference(c);
+  std::vector<dist::CommCounters> counted(2);
+  auto errors = test::run_ranks(
+      2,
+      [&](int64_t rank, dist::Runtime& rt) {
+        dist::Group& tp = rt.group(dist::Dim::tp);
+        parallel::TensorParallel1d f(tp);
+        f.split_block_tokens(tokens);
+        auto m = build_model(c, f, /*initialise=*/false);
+        copy_pieces(*m, ref.initial);
+        tp.take_counters();
+        loss_of(*m).backward();
+        counted[static_cast<size_t>(rank)] = tp.take_counters();
+      },
+      60, tp_mesh(2));
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return counted;
+}
+
+}  // namespace
+
 TEST(TensorParallel1d, CommunicationPerStepEqualsTheLayerPlansFormula) {
   // GPT at 2 ranks, one forward and backward: forward all-reduces the embedding's lookup and each
   // sublayer's row-split output ([B, T, C] each: 1 + 2L), the loss's max and sums (N, 2N); backward
   // all-reduces the gradient entering each column split (qkv, fc: 2L) and the head's input (1).
   const ModelConfig c = tiny("gpt");
-  const Reference ref = reference(c);
-  auto errors = test::run_ranks(
-      2,
-      [&](int64_t, dist::Runtime& rt) {
-        dist::Group& tp = rt.group(dist::Dim::tp);
-        parallel::TensorParallel1d f(tp);
-        auto m = build_model(c, f, /*initialise=*/false);
-        copy_pieces(*m, ref.initial);
-        tp.take_counters();
-        loss_of(*m).backward();
-        const dist::CommCounters counted = tp.take_counters();
-        const int64_t l = c.n_layer, n = kBatch * kSeq, activation = n * c.n_embd * 4;
-        EXPECT_EQ(counted.calls, (1 + 2 * l) + 2 + 2 * l + 1);
-        EXPECT_EQ(counted.bytes, (1 + 2 * l) * activation + 4 * n + 4 * 2 * n + (2 * l + 1) * activation);
-      },
-      60, tp_mesh(2));
-  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  const int64_t l = c.n_layer, n = kBatch * kSeq, activation = n * c.n_embd * 4;
+  for (const dist::CommCounters& counted : step_traffic(false)) {
+    EXPECT_EQ(counted.calls, (1 + 2 * l) + 2 + 2 * l + 1);
+    EXPECT_EQ(counted.bytes, (1 + 2 * l) * activation + 4 * n + 4 * 2 * n + (2 * l + 1) * activation);
+  }
 }
 
 TEST(TensorParallel1d, MegatronSequenceSplitTradesEachAllReduceForAGatherAndAReduceScatter) {
@@ -233,23 +249,8 @@ TEST(TensorParallel1d, MegatronSequenceSplitTradesEachAllReduceForAGatherAndARed
   // gathers each column split's input again rather than having stored it (2L), sums the gradients of the
   // parameters used on each rank's tokens alone (two LayerNorms and two row biases a block: 6L), gathers
   // the blocks' input gradient (1) and all-reduces the head's input gradient (1).
-  const ModelConfig c = tiny("gpt");
-  const Reference ref = reference(c);
-  auto errors = test::run_ranks(
-      2,
-      [&](int64_t, dist::Runtime& rt) {
-        dist::Group& tp = rt.group(dist::Dim::tp);
-        parallel::TensorParallel1d f(tp);
-        f.split_block_tokens(true);
-        auto m = build_model(c, f, /*initialise=*/false);
-        copy_pieces(*m, ref.initial);
-        tp.take_counters();
-        loss_of(*m).backward();
-        const int64_t l = c.n_layer;
-        EXPECT_EQ(tp.take_counters().calls, 1 + 4 * l + 1 + 2 + 4 * l + 2 * l + 6 * l + 1 + 1);
-      },
-      60, tp_mesh(2));
-  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  const int64_t l = tiny("gpt").n_layer;
+  for (const dist::CommCounters& counted : step_traffic(true)) EXPECT_EQ(counted.calls, 1 + 4 * l + 1 + 2 + 4 * l + 2 * l + 6 * l + 1 + 1);
 }
 
 TEST(TensorParallel1d, SizesThatDoNotDivideAreRefusedNamingThem) {

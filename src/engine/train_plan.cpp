@@ -105,11 +105,12 @@ void check_tensor_sequence(const Recipe& r) {
                 "\" (use \"1d\")");
   if (r.parallel.sequence > 1)
     throw Error(head + "with sequence = " + std::to_string(r.parallel.sequence) + " is not built yet (use one of them)");
-  const int64_t tokens = tokens_per_sample(r);
-  if (tokens % r.parallel.tensor != 0)
-    throw Error(head + "each sample's " + std::to_string(tokens) + " tokens" + (model_task(r.model) == "image_classification" ? " (patches and the class token)" : "") +
-                " do not split among tensor = " + std::to_string(r.parallel.tensor) + " ranks" +
-                (model_task(r.model) == "image_classification" ? "" : " (use a train.seq_len that is a multiple of " + std::to_string(r.parallel.tensor) + ")"));
+  const int64_t tokens = tokens_per_sample(r), t = r.parallel.tensor;
+  const bool images = model_task(r.model) == "image_classification";
+  if (tokens % t != 0)
+    throw Error(head + "each sample's " + std::to_string(tokens) + " tokens" + (images ? " (patches and the class token)" : "") +
+                " do not split among tensor = " + std::to_string(t) + " ranks" +
+                (images ? "" : " (use a train.seq_len that is a multiple of " + std::to_string(t) + ")"));
 }
 
 // A grid of side q the model and the batch divide (2d: q x q; 2.5d: `depth` of them; 3d: a cube, whose

@@ -4,8 +4,9 @@
 // tensors, not the resident set with glibc's free lists in it.
 //
 // Its users share one counter, since a thread has one such hook: `colossal profile`'s tracer, the
-// trainer's per-step tensor peak (metrics' tensor_peak_mb), and on a CPU the placement's device meter (on a CPU the compute device is host memory, and a device budget is
-// enforced against what ATen holds there).
+// trainer's per-step tensor peak (metrics' tensor_peak_mb), and on a CPU the placement's device meter
+// (on a CPU the compute device is host memory, and a device budget is enforced against what ATen holds
+// there).
 //
 // Allocations made on other threads (the data loader's batches) are not counted, and neither are their
 // frees here; c10 would warn about the latter, so its glog-style warnings are raised to errors while a

@@ -24,7 +24,8 @@ struct GatheredLinearFn : public torch::autograd::Function<GatheredLinearFn> {
     const at::Tensor whole = all_gather_tokens(x, *g, "sequence-split tokens gathered");   // [B, T, in]
     const at::Tensor x2 = whole.view({-1, whole.size(-1)});
     const bool bias = b.numel() > 0;   // none arrives empty (Function::apply records every input's device)
-    const at::Tensor y = nn::gemm_applies(x2, w) ? nn::gemm_linear(x2, w, bias ? b : at::Tensor()) : at::linear(x2, w, bias ? b : at::Tensor());
+    const at::Tensor b2 = bias ? b : at::Tensor();
+    const at::Tensor y = nn::gemm_applies(x2, w) ? nn::gemm_linear(x2, w, b2) : at::linear(x2, w, b2);
     ctx->save_for_backward({x, w});
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
     ctx->saved_data["bias"] = bias;

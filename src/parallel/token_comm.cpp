@@ -24,11 +24,16 @@ std::vector<int64_t> with_tokens(const at::Tensor& x, int64_t num, int64_t den) 
   return s;
 }
 
+// x [B, T, ...]'s tokens per rank of g (T / P), or Error when they do not split evenly.
+int64_t tokens_each(const at::Tensor& x, const dist::Group& g) {
+  if (x.size(1) % g.size() != 0)
+    throw Error("tensor_sequence: " + std::to_string(x.size(1)) + " tokens do not split among " + std::to_string(g.size()) +
+                " tensor-parallel ranks");
+  return x.size(1) / g.size();
+}
+
 at::Tensor own_tokens(const at::Tensor& x, dist::Group& g) {
-  const int64_t p = g.size();
-  if (x.size(1) % p != 0)
-    throw Error("tensor_sequence: " + std::to_string(x.size(1)) + " tokens do not split among " + std::to_string(p) + " tensor-parallel ranks");
-  const int64_t n = x.size(1) / p;
+  const int64_t n = tokens_each(x, g);
   return x.narrow(1, g.rank() * n, n).contiguous();
 }
 
@@ -83,9 +88,7 @@ at::Tensor all_gather_tokens(const at::Tensor& x, dist::Group& g, const char* wh
 
 at::Tensor reduce_scatter_tokens(const at::Tensor& x, dist::Group& g, const char* what) {
   const int64_t p = g.size();
-  if (x.size(1) % p != 0)
-    throw Error("tensor_sequence: " + std::to_string(x.size(1)) + " tokens do not split among " + std::to_string(p) + " tensor-parallel ranks");
-  const at::Tensor whole = x.reshape({x.size(0), p, x.size(1) / p, -1}).permute({1, 0, 2, 3}).contiguous();   // [P, B, Tl, rest]
+  const at::Tensor whole = x.reshape({x.size(0), p, tokens_each(x, g), -1}).permute({1, 0, 2, 3}).contiguous();   // [P, B, Tl, rest]
   at::Tensor mine = at::empty(with_tokens(x, 1, p), x.options());
   g.reduce_scatter(mine.view({-1}), whole.view({-1}), what);
   return mine;
