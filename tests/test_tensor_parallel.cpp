@@ -575,8 +575,8 @@ TEST(TensorParallel2d, BertWithPaddingBertClassifierAndVitOnATwoByTwoGridEqualOn
   for (const char* family : {"bert", "bert-cls", "vit"}) check_family_grid(family, 2);
 }
 
-TEST(TensorParallel3d, GptAndBloomOnATwoCubedCubeEqualOneProcessAfterThreeSteps) {
-  for (const char* family : {"gpt", "bloom"}) check_family_grid(family, 2, 1, /*cube=*/true);   // 8 ranks
+TEST(TensorParallel3d, GptOptAndBloomOnATwoCubedCubeEqualOneProcessAfterThreeSteps) {
+  for (const char* family : {"gpt", "opt", "bloom"}) check_family_grid(family, 2, 1, /*cube=*/true);   // 8 ranks
 }
 
 TEST(TensorParallel3d, BertAndVitOnATwoCubedCubeEqualOneProcessAfterThreeSteps) {

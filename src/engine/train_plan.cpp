@@ -150,6 +150,13 @@ dist::MeshShape check_parallel_recipe(const Recipe& r, int64_t world) {
   else if (r.parallel.tensor > 1) check_tensor_split(r.model, r.parallel.tensor, r.where("parallel.tensor"));
   if (r.parallel.sequence > 1) check_sequence_split(r);
   if (r.parallel.tensor_sequence) check_tensor_sequence(r);
+  // A recomputed block replays the default generator's draws; a split attention's own dropout stream
+  // (nn::RandomStream) would draw new masks in the rerun.
+  if (const double attn = r.model.attn_dropout < 0 ? r.model.dropout : r.model.attn_dropout;
+      r.memory.activation_checkpoint != "none" && r.parallel.tensor > 1 && attn > 0)
+    throw Error(r.where("memory.activation_checkpoint") + " = \"" + r.memory.activation_checkpoint +
+                "\" with tensor parallelism and attention dropout is not built yet (its per-rank dropout streams are not "
+                "replayed; set model.attn_dropout = 0, or activation_checkpoint = \"none\")");
   if (r.parallel.pipeline > 1)
     throw Error(r.where("parallel.pipeline") + " = " + std::to_string(r.parallel.pipeline) + ": pipeline parallelism is not built yet "
                 "(valid today: 1; data parallelism uses every rank with data = \"auto\")");
@@ -293,6 +300,12 @@ void apply_memory(TrainPlan& p) {
   // with its chunks in place (recompute will go between them).
   auto chain = std::make_shared<nn::BlockHooks>();
   if (auto hook = p.strategy->block_hook()) chain->add(hook);
+  if (const std::string& ac = r.memory.activation_checkpoint; ac != "none") {   // blocks whose activations backward recomputes
+    std::vector<bool> recompute(static_cast<size_t>(p.model->blocks().size()));
+    for (size_t i = 0; i < recompute.size(); ++i)
+      recompute[i] = ac == "full" || static_cast<int64_t>(i) % r.memory.checkpoint_every == 0;
+    chain->set_recompute(std::move(recompute));
+  }
   if (p.tracer) {
     p.tracer->attach(p.strategy->store());
     chain->add(p.tracer);

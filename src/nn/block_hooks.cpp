@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "src/nn/recompute.h"
+
 namespace colossal::nn {
 namespace {
 
@@ -44,7 +46,7 @@ at::Tensor BlockHooks::run(int64_t block, const at::Tensor& x, const std::functi
     if (!in.requires_grad()) in = in.detach().requires_grad_(true);
     in = BackwardBoundary::apply(in, this, block, /*starting=*/false);
   }
-  at::Tensor out = forward(in);
+  at::Tensor out = grad && recomputes(block) ? recomputed(forward, in) : forward(in);
   if (grad && out.requires_grad()) out = BackwardBoundary::apply(out, this, block, /*starting=*/true);
   for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) (*it)->after_forward(block);
   return out;

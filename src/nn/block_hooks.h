@@ -27,10 +27,14 @@ class BlockHook {
 class BlockHooks {
  public:
   void add(std::shared_ptr<BlockHook> hook) { hooks_.push_back(std::move(hook)); }
-  bool empty() const { return hooks_.empty(); }
-  // forward(x) as block `block`, with the chain around it. With grad enabled, a block input that does
-  // not require grad (the first block's, when the embeddings are frozen) becomes a leaf that does, so
-  // after_backward still runs for that block.
+  // Blocks whose activations are recomputed in backward (recompute.h): block i when recompute[i].
+  void set_recompute(std::vector<bool> recompute) { recompute_ = std::move(recompute); }
+  bool recomputes(int64_t block) const { return block < static_cast<int64_t>(recompute_.size()) && recompute_[static_cast<size_t>(block)]; }
+  bool empty() const { return hooks_.empty() && recompute_.empty(); }
+  // forward(x) as block `block`, with the chain around it (recomputed in backward when chosen: then
+  // `forward` is kept until backward, so it must capture by value). With grad enabled, a block input
+  // that does not require grad (the first block's, when the embeddings are frozen) becomes a leaf that
+  // does, so after_backward still runs for that block.
   at::Tensor run(int64_t block, const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& forward) const;
 
   // Called by the autograd functions (and tests).
@@ -39,6 +43,7 @@ class BlockHooks {
 
  private:
   std::vector<std::shared_ptr<BlockHook>> hooks_;
+  std::vector<bool> recompute_;
 };
 
 }  // namespace colossal::nn

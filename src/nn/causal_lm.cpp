@@ -52,7 +52,10 @@ at::Tensor run_blocks(const std::vector<std::shared_ptr<TransformerBlock>>& bloc
   const int64_t offset = o.cache ? o.cache->length : 0;
   if (!blocks.empty()) x = blocks.front()->stream().enter_blocks(x);
   for (size_t i = 0; i < blocks.size(); ++i) {
-    auto block = [&](const at::Tensor& in) { return blocks[i]->forward(in, o.cache ? &o.cache->layers[i] : nullptr, offset, o.mask); };
+    // by value: a recomputed block's forward runs again in backward (recompute.h)
+    auto block = [b = blocks[i], kv = o.cache ? &o.cache->layers[i] : nullptr, offset, mask = o.mask](const at::Tensor& in) {
+      return b->forward(in, kv, offset, mask);
+    };
     x = hooks && !hooks->empty() ? hooks->run(static_cast<int64_t>(i), x, block) : block(x);
   }
   if (!blocks.empty()) x = blocks.front()->stream().leave_blocks(x);

@@ -1,0 +1,18 @@
+// Activation checkpointing: a block's forward runs without keeping its activations (only its input), and
+// backward runs it again under grad mode from that input, with the random state the first run started
+// from (so dropout draws the same masks), then backpropagates through the rerun (Chen et al. 2016;
+// Colossal-AI's and Megatron's "full" recompute). Parameters' gradients accumulate into their .grad as a
+// normal backward's do. The block hook chain applies it to the blocks the engine chose (block_hooks.h:
+// gather -> recompute -> profile), so a block gathered by ZeRO-3 is gathered again before its rerun.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+
+namespace colossal::nn {
+
+// forward(x), its activations dropped and recomputed in backward. `forward` must stay valid until that
+// backward (it is kept): capture by value. Without grad mode it is forward(x).
+at::Tensor recomputed(std::function<at::Tensor(const at::Tensor&)> forward, const at::Tensor& x);
+
+}  // namespace colossal::nn
