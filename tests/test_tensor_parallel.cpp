@@ -406,16 +406,13 @@ TEST(SequenceParallel, TheZigzagLayoutPairsAnEarlyChunkWithALateOne) {
 
 namespace {
 
-// A causal LM family with its sequence split across `ranks` ranks (and its layers across `tensor`):
-// the mean of the ranks' losses and of their gradients (each a mean over its own tokens, all of equal
-// count) against one process on the whole batch.
-void check_sequence_family(const std::string& family, parallel::SequenceMode mode, int64_t ranks, int64_t tensor) {
-  const ModelConfig c = tiny(family);
-  const at::Tensor targets = inputs().targets.clamp_min(0);   // every token scored: equal counts on every rank
-  const Reference ref = reference(c, [&](nn::Model& m) { return dynamic_cast<nn::CausalLM&>(m).loss(inputs().ids, targets); });
-  const double ref_loss = ref.losses[0];
-  const std::string name = family + " mode " + std::to_string(static_cast<int>(mode)) + " sequence " + std::to_string(ranks) +
-                           " tensor " + std::to_string(tensor);
+using RankLoss = std::function<at::Tensor(nn::Model&, const parallel::SequenceLayout&)>;
+
+// `c` split across `ranks` sequence-parallel ranks (its layers across `tensor` 1D ranks), each rank's
+// loss from `rank_loss` (its part of the batch, a mean whose average over the ranks is the batch's):
+// the mean of the ranks' losses and of their gradients against one process's first step.
+void expect_sequence_split_equals(const ModelConfig& c, const Reference& ref, parallel::SequenceMode mode, int64_t ranks, int64_t tensor,
+                                  const std::string& name, const RankLoss& rank_loss) {
   auto errors = test::run_ranks(
       ranks * tensor,
       [&](int64_t rank, dist::Runtime& rt) {
@@ -427,21 +424,36 @@ void check_sequence_family(const std::string& family, parallel::SequenceMode mod
         const parallel::SequenceLayout layout = parallel::sequence_layout(mode, sp);
         auto m = build_model(c, *f, /*initialise=*/false);
         copy_pieces(*m, ref.initial);
-        at::Tensor loss = dynamic_cast<nn::CausalLM&>(*m).loss(layout.local(inputs().ids, 1), layout.local(targets, 1),
-                                                                  layout.positions(kSeq));
+        at::Tensor loss = rank_loss(*m, layout);
         loss.backward();
         at::Tensor mean = loss.detach().clone().reshape({1});
         sp.all_reduce(mean, dist::Reduce::sum, "test loss");
-        EXPECT_NEAR(mean.item<double>() / static_cast<double>(ranks), ref_loss, 1e-5 * ref_loss)
-            << name << " rank " << rank;
+        EXPECT_NEAR(mean.item<double>() / static_cast<double>(ranks), ref.losses[0], 1e-5 * ref.losses[0]) << name << " rank " << rank;
         for (const auto& item : m->named_parameters()) {
-          at::Tensor g = item.value().grad().clone();
+          at::Tensor g = item.value().grad().defined() ? item.value().grad().clone() : at::zeros_like(item.value());
           sp.all_reduce(g, dist::Reduce::sum, "test gradient");
           expect_close(g / static_cast<double>(ranks), item.shard().local_of(ref.first_grads.at(item.key())), name + " gradient of " + item.key());
         }
       },
       60, sp_mesh(ranks, tensor));
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << name << " rank " << r;
+}
+
+std::string split_name(const std::string& family, parallel::SequenceMode mode, int64_t ranks, int64_t tensor) {
+  return family + " mode " + std::to_string(static_cast<int>(mode)) + " sequence " + std::to_string(ranks) + " tensor " + std::to_string(tensor);
+}
+
+// A causal LM family with its sequence split (each rank's loss a mean over its own tokens, all of
+// equal count).
+void check_sequence_family(const std::string& family, parallel::SequenceMode mode, int64_t ranks, int64_t tensor) {
+  const ModelConfig c = tiny(family);
+  const at::Tensor targets = inputs().targets.clamp_min(0);   // every token scored: equal counts on every rank
+  const Reference ref = reference(c, [&](nn::Model& m) { return dynamic_cast<nn::CausalLM&>(m).loss(inputs().ids, targets); });
+  expect_sequence_split_equals(c, ref, mode, ranks, tensor, split_name(family, mode, ranks, tensor),
+                               [&](nn::Model& m, const parallel::SequenceLayout& layout) {
+                                 return dynamic_cast<nn::CausalLM&>(m).loss(layout.local(inputs().ids, 1), layout.local(targets, 1),
+                                                                            layout.positions(kSeq));
+                               });
 }
 
 }  // namespace
@@ -589,75 +601,32 @@ TEST(TensorParallel25d, TwoGridsOfTwoByTwoEqualOneProcessAfterThreeSteps) {
 
 namespace {
 
-// BERT with padded sequences split across `ranks` sequence-parallel ranks (and its layers across
-// `tensor`): each rank encodes its tokens at their positions against every rank's real keys, and scores
-// its masked tokens over the whole batch's count; the mean of the ranks' losses and gradients equals
-// one process.
+// BERT with padded sequences split: each rank encodes its tokens at their positions against every
+// rank's real keys (the mask stays whole), and scores its masked tokens over the whole batch's count.
 void check_sequence_encoder(parallel::SequenceMode mode, int64_t ranks, int64_t tensor = 1) {
   const ModelConfig c = tiny("bert");
   const GridBatch all = grid_batch(kBatch);
   const double scored = all.masked.ge(0).sum().item<double>();
   const Reference ref = reference(c, [&](nn::Model& m) { return grid_loss(m, all, 1, scored); });
-  const std::string name = "bert mode " + std::to_string(static_cast<int>(mode)) + " sequence " + std::to_string(ranks) + " tensor " +
-                           std::to_string(tensor);
-  auto errors = test::run_ranks(
-      ranks * tensor,
-      [&](int64_t rank, dist::Runtime& rt) {
-        dist::Group &sp = rt.group(dist::Dim::sp), &tp = rt.group(dist::Dim::tp);
-        std::unique_ptr<nn::LayerFactory> f;
-        if (tensor > 1) f = std::make_unique<parallel::TensorParallel1d>(tp);
-        else f = std::make_unique<nn::LayerFactory>();
-        f->set_sequence_attention(parallel::make_sequence_attention(mode, sp));
-        const parallel::SequenceLayout layout = parallel::sequence_layout(mode, sp);
-        auto m = build_model(c, *f, /*initialise=*/false);
-        copy_pieces(*m, ref.initial);
-        GridBatch mine = all;
-        for (at::Tensor* t : {&mine.ids, &mine.targets, &mine.masked, &mine.types}) *t = layout.local(*t, 1);   // the mask stays whole
-        at::Tensor loss = grid_loss(*m, mine, static_cast<double>(ranks), scored, layout.positions(kSeq));
-        loss.backward();
-        at::Tensor mean = loss.detach().clone().reshape({1});
-        sp.all_reduce(mean, dist::Reduce::sum, "test loss");
-        EXPECT_NEAR(mean.item<double>() / static_cast<double>(ranks), ref.losses[0], 1e-5 * ref.losses[0]) << name << " rank " << rank;
-        for (const auto& item : m->named_parameters()) {
-          at::Tensor g = item.value().grad().clone();
-          sp.all_reduce(g, dist::Reduce::sum, "test gradient");
-          expect_close(g / static_cast<double>(ranks), item.shard().local_of(ref.first_grads.at(item.key())), name + " gradient of " + item.key());
-        }
-      },
-      60, sp_mesh(ranks, tensor));
-  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << name << " rank " << r;
+  expect_sequence_split_equals(c, ref, mode, ranks, tensor, split_name("bert", mode, ranks, tensor),
+                               [&](nn::Model& m, const parallel::SequenceLayout& layout) {
+                                 GridBatch mine = all;
+                                 for (at::Tensor* t : {&mine.ids, &mine.targets, &mine.masked, &mine.types}) *t = layout.local(*t, 1);
+                                 return grid_loss(m, mine, static_cast<double>(ranks), scored, layout.positions(kSeq));
+                               });
 }
 
 }  // namespace
 
 namespace {
 
-// ViT's sequence of patches split across `ranks` ranks: every rank embeds the whole image, pads the
-// 5 tokens to whole chunks (masked as keys) and keeps its own; the class token reaches every rank's
-// classifier from rank 0. The ranks' mean loss and gradients equal one process.
+// ViT's sequence of patches split: every rank embeds the whole image, pads the 5 tokens to whole chunks
+// (masked as keys) and keeps its own; the class token reaches every rank's classifier from rank 0, so
+// every rank's loss is the batch's.
 void check_sequence_vit(parallel::SequenceMode mode, int64_t ranks) {
   const ModelConfig c = tiny("vit");
-  const Reference ref = reference(c);
-  const std::string name = "vit mode " + std::to_string(static_cast<int>(mode)) + " sequence " + std::to_string(ranks);
-  auto errors = test::run_ranks(
-      ranks,
-      [&](int64_t rank, dist::Runtime& rt) {
-        dist::Group& sp = rt.group(dist::Dim::sp);
-        nn::LayerFactory f;
-        f.set_sequence_attention(parallel::make_sequence_attention(mode, sp));
-        auto m = build_model(c, f, /*initialise=*/false);
-        copy_pieces(*m, ref.initial);
-        at::Tensor loss = loss_of(*m);
-        loss.backward();
-        EXPECT_NEAR(loss.item<double>(), ref.losses[0], 1e-5 * ref.losses[0]) << name << " rank " << rank;
-        for (const auto& item : m->named_parameters()) {
-          at::Tensor g = item.value().grad().defined() ? item.value().grad().clone() : at::zeros_like(item.value());
-          sp.all_reduce(g, dist::Reduce::sum, "test gradient");
-          expect_close(g / static_cast<double>(ranks), ref.first_grads.at(item.key()), name + " gradient of " + item.key());
-        }
-      },
-      60, sp_mesh(ranks));
-  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << name << " rank " << r;
+  expect_sequence_split_equals(c, reference(c), mode, ranks, 1, split_name("vit", mode, ranks, 1),
+                               [](nn::Model& m, const parallel::SequenceLayout&) { return loss_of(m); });
 }
 
 }  // namespace
