@@ -112,6 +112,14 @@ double max_relative_difference(const std::string& a_dir, const std::string& b_di
   return worst;
 }
 
+// Run `b`'s metric `metric` step by step within `tolerance` (relative) of run `a`'s, both non-empty.
+void expect_metric_close(const std::string& a_dir, const std::string& b_dir, const std::string& metric, double tolerance = 1e-5) {
+  const auto a = colossal::test::metric_values(a_dir + "/metrics.jsonl", metric), b = colossal::test::metric_values(b_dir + "/metrics.jsonl", metric);
+  ASSERT_EQ(a.size(), b.size()) << b_dir << " " << metric;
+  ASSERT_FALSE(a.empty()) << a_dir << " " << metric;
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], tolerance * std::abs(a[i])) << b_dir << " " << metric << " " << i;
+}
+
 std::string venv_python() { return colossal::test::source_dir() + "/.venv/bin/python"; }
 bool have_transformers() { return std::system(("'" + venv_python() + "' -c 'import transformers' >/dev/null 2>&1").c_str()) == 0; }
 
@@ -293,9 +301,7 @@ TEST(DistributedTraining, MaskedLmAtTwoRanksEqualsOneProcessOnTheGlobalBatch) {
   // added to every key) and stays at its initial zeros plus noise: its relative difference is noise over
   // noise, so it is left out.
   EXPECT_LT(max_relative_difference(dir / "two", dir / "one", "attention.self.key.bias"), 1e-5);
-  const auto a = colossal::test::metric_values(dir / "one/metrics.jsonl", "loss"), b = colossal::test::metric_values(dir / "two/metrics.jsonl", "loss");
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "step " << i + 1;
+  expect_metric_close(dir / "one", dir / "two", "loss");
 }
 
 TEST(DistributedTraining, Bf16UnderZeroTwoFollowsBf16PlainDataParallel) {
@@ -756,9 +762,7 @@ TEST(SequenceParallelTraining, MaskedLmInEachModeEqualsOneProcess) {
     auto r = train(bert(mode, " --nproc-per-node 2 --set parallel.sequence=2 --set parallel.sequence_mode=" + mode), "");
     ASSERT_EQ(r.exit_code, 0) << mode << ": " << r.output;
     EXPECT_LT(max_relative_difference(dir / mode, dir / "one", "key.bias"), 1e-5) << mode;
-    const auto a = colossal::test::metric_values(dir / "one/metrics.jsonl", "loss"), b = colossal::test::metric_values(dir / (mode + "/metrics.jsonl"), "loss");
-    ASSERT_EQ(a.size(), b.size()) << mode;
-    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << mode << " step " << i + 1;
+    expect_metric_close(dir / "one", dir / mode, "loss");
   }
 }
 
@@ -775,12 +779,7 @@ TEST(SequenceParallelTraining, VitsPatchesSplitInEachModeEqualOneProcess) {
     auto r = run_colossal(vit(mode, " --nproc-per-node 2 --set parallel.sequence=2 --set parallel.sequence_mode=" + mode));
     ASSERT_EQ(r.exit_code, 0) << mode << ": " << r.output;
     EXPECT_LT(max_relative_difference(dir / mode, dir / "one", "key.bias"), 1e-5) << mode;
-    for (const char* metric : {"loss", "eval_loss"}) {
-      const auto a = colossal::test::metric_values(dir / "one/metrics.jsonl", metric);
-      const auto b = colossal::test::metric_values(dir / (mode + "/metrics.jsonl"), metric);
-      ASSERT_EQ(a.size(), b.size()) << mode << " " << metric;
-      for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << mode << " " << metric << " " << i;
-    }
+    for (const char* metric : {"loss", "eval_loss"}) expect_metric_close(dir / "one", dir / mode, metric);
   }
 }
 
@@ -861,14 +860,9 @@ TEST(TensorParallel2dTraining, BertOnAGridAndVitOnACubeEqualOneProcessLossesEval
     const std::string a = dir / (name + "-one"), b = dir / (name + (name == "bert" ? "-2d" : "-3d"));
     // the attention key bias: a gradient of zero but for rounding (see MaskedLmAtTwoRanks...)
     EXPECT_LT(max_relative_difference(b, a, "key.bias"), 1e-5) << name;
-    for (const char* metric : {"loss", "eval_loss"}) {
-      const auto x = colossal::test::metric_values(a + "/metrics.jsonl", metric), y = colossal::test::metric_values(b + "/metrics.jsonl", metric);
-      ASSERT_EQ(x.size(), y.size()) << name << " " << metric;
-      ASSERT_FALSE(x.empty()) << name << " " << metric;
-      // masked LM's eval loss is the mean of each part's own mean (as data parallelism reports it)
-      const double tolerance = name == "bert" && std::string(metric) == "eval_loss" ? 2e-2 : 1e-5;
-      for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(y[i], x[i], tolerance * x[i]) << name << " " << metric << " " << i;
-    }
+    expect_metric_close(a, b, "loss");
+    // masked LM's eval loss is the mean of each part's own mean (as data parallelism reports it)
+    expect_metric_close(a, b, "eval_loss", name == "bert" ? 2e-2 : 1e-5);
   }
 }
 
