@@ -20,7 +20,7 @@ BertConfig from_recipe(const ModelConfig& m) {
   c.max_positions = m.block_size, c.vocab_size = m.vocab_size;
   c.type_vocab_size = m.type_vocab_size;
   c.dropout = m.dropout;
-  c.attn_dropout = m.attn_dropout < 0 ? m.dropout : m.attn_dropout;
+  c.attn_dropout = m.attention_dropout();
   c.layer_norm_eps = m.layer_norm_eps, c.init_std = m.init_std;
   c.activation = hf_activation_of_recipe(m.activation, "gelu");
   c.head = m.head == "classifier" ? Head::Classifier : Head::MaskedLM;

@@ -12,7 +12,7 @@ BloomConfig from_recipe(const ModelConfig& m) {
   c.n_layer = m.n_layer, c.n_head = m.n_head, c.n_embd = m.n_embd;
   c.vocab_size = m.vocab_size, c.max_positions = m.block_size;
   c.dropout = m.dropout;
-  c.attn_dropout = m.attn_dropout < 0 ? m.dropout : m.attn_dropout;
+  c.attn_dropout = m.attention_dropout();
   c.layer_norm_eps = m.layer_norm_eps, c.init_std = m.init_std;
   // What BLOOM's architecture fixes: refused by key rather than built as something else.
   if (m.n_inner != 0 && m.n_inner != 4 * m.n_embd)

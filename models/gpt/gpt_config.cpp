@@ -16,8 +16,7 @@ GptConfig from_recipe(const ModelConfig& m) {
   if (!m.pre_norm) throw ModelKeyError("pre_norm", "= false: GPT-2 blocks normalise before each sublayer (valid: true)");
   if (m.embed_dim != 0 && m.embed_dim != m.n_embd)
     throw ModelKeyError("embed_dim", "= " + std::to_string(m.embed_dim) + ": GPT-2 embeds at the model width (valid: 0 or n_embd)");
-  const double attn = m.attn_dropout < 0 ? m.dropout : m.attn_dropout;   // HF's attn_pdrop; -1: the dropout rate
-  return {m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, m.dropout, m.bias, m.layer_norm_eps, m.init_std, attn};
+  return {m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, m.dropout, m.bias, m.layer_norm_eps, m.init_std, m.attention_dropout()};
 }
 
 ModelConfig to_model_config(const GptConfig& c) {

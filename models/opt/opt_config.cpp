@@ -20,7 +20,7 @@ OptConfig from_recipe(const ModelConfig& m) {
   c.embed_dim = m.embed_dim ? m.embed_dim : m.n_embd;
   c.pre_norm = m.pre_norm;
   c.dropout = m.dropout;
-  c.attn_dropout = m.attn_dropout < 0 ? m.dropout : m.attn_dropout;
+  c.attn_dropout = m.attention_dropout();
   c.bias = m.bias, c.init_std = m.init_std;
   c.activation = hf_activation_of_recipe(m.activation, "relu");
   if (m.layer_norm_eps != 1e-5)

@@ -24,7 +24,7 @@ VitConfig from_recipe(const ModelConfig& m) {
   c.image_size = m.image_size, c.patch_size = m.patch_size, c.channels = m.channels;
   c.num_labels = m.num_labels;
   c.dropout = m.dropout;
-  c.attn_dropout = m.attn_dropout < 0 ? m.dropout : m.attn_dropout;
+  c.attn_dropout = m.attention_dropout();
   c.layer_norm_eps = m.layer_norm_eps, c.init_std = m.init_std;
   c.activation = hf_activation_of_recipe(m.activation, c.activation);
   if (auto why = patch_problem(c.image_size, c.patch_size); !why.empty())

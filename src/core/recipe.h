@@ -22,6 +22,8 @@ struct ModelConfig {                 // [model]
   int64_t vocab_size = 50304;        // may exceed the tokenizer's vocabulary (padding for fast matmuls)
   double dropout = 0.0;              // embeddings, attention probabilities, residual branches
   double attn_dropout = -1;          // attention probabilities alone; -1 = dropout
+  // The attention probabilities' rate: attn_dropout, or dropout where it is -1.
+  double attention_dropout() const { return attn_dropout < 0 ? dropout : attn_dropout; }
   bool bias = true;
   double layer_norm_eps = 1e-5;
   double init_std = 0.02;

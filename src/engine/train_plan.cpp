@@ -76,7 +76,7 @@ void check_sequence_split(const Recipe& r) {
   const bool images = model_task(m) == "image_classification";   // ViT pads its sequence of patches to whole chunks
   // Hidden dropout works on each rank's tokens of the whole sequence's masks; attention's probabilities
   // never exist whole under ring attention, so their dropout is not built.
-  if (const double attn = m.attn_dropout < 0 ? m.dropout : m.attn_dropout; attn > 0)
+  if (m.attention_dropout() > 0)
     throw Error(r.where(m.attn_dropout < 0 ? "model.dropout" : "model.attn_dropout") + ": dropout of attention probabilities under "
                 "sequence parallelism is not built yet (set model.attn_dropout = 0 to keep the hidden dropout of " + format_number(m.dropout) +
                 ", or sequence = 1)");
@@ -152,8 +152,7 @@ dist::MeshShape check_parallel_recipe(const Recipe& r, int64_t world) {
   if (r.parallel.tensor_sequence) check_tensor_sequence(r);
   // A recomputed block replays the default generator's draws; a split attention's own dropout stream
   // (nn::RandomStream) would draw new masks in the rerun.
-  if (const double attn = r.model.attn_dropout < 0 ? r.model.dropout : r.model.attn_dropout;
-      r.memory.activation_checkpoint != "none" && r.parallel.tensor > 1 && attn > 0)
+  if (r.memory.activation_checkpoint != "none" && r.parallel.tensor > 1 && r.model.attention_dropout() > 0)
     throw Error(r.where("memory.activation_checkpoint") + " = \"" + r.memory.activation_checkpoint +
                 "\" with tensor parallelism and attention dropout is not built yet (its per-rank dropout streams are not "
                 "replayed; set model.attn_dropout = 0, or activation_checkpoint = \"none\")");
