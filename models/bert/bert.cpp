@@ -52,12 +52,18 @@ at::Tensor BertEncoder::forward(const nn::EncoderInputs& in, const nn::BlockHook
   TORCH_CHECK(t <= cfg_.max_positions, "sequence of ", t, " tokens exceeds BERT's ", cfg_.max_positions, " positions");
   const at::Tensor positions = in.positions.defined() ? in.positions : at::arange(in.ids.size(1), in.ids.options().dtype(at::kLong));
   const at::Tensor types = in.token_types.defined() ? in.token_types : at::zeros_like(in.ids);
-  auto x = word_embeddings->forward(in.ids) + position_embeddings->forward(positions) + token_type_embeddings->forward(types);
-  x = ln_emb->forward(x);                                                   // [B, T, C]
-  if (is_training() && cfg_.dropout > 0) x = cut_->dropout(x, cfg_.dropout);
+  auto embed = [&] {
+    auto x = word_embeddings->forward(in.ids) + position_embeddings->forward(positions) + token_type_embeddings->forward(types);
+    x = ln_emb->forward(x);                                                 // [B, T, C]
+    return is_training() && cfg_.dropout > 0 ? cut_->dropout(x, cfg_.dropout) : x;
+  };
   nn::ForwardOptions o;
   o.mask = nn::padding_mask(in.attention_mask);
-  return nn::run_blocks(blocks_, x, o, hooks);
+  return nn::run_blocks(blocks_, embed, o, hooks);
+}
+
+std::vector<std::string> bert_embedding_modules() {
+  return {"bert.word_embeddings", "bert.position_embeddings", "bert.token_type_embeddings", "bert.ln_emb"};
 }
 
 void bert_padding_row(const BertConfig& c, const std::string& name, const at::Tensor& value) {

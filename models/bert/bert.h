@@ -37,6 +37,9 @@ class BertEncoder : public nn::Module {
   std::vector<std::shared_ptr<nn::TransformerBlock>> blocks_;
 };
 
+// The encoder's embedding modules (both heads' first pipeline stage).
+std::vector<std::string> bert_embedding_modules();
+
 class BertForMaskedLM : public nn::MaskedLM {
  public:
   BertForMaskedLM(const BertConfig& c, nn::LayerFactory& f);
@@ -44,6 +47,8 @@ class BertForMaskedLM : public nn::MaskedLM {
   at::Tensor mlm_logits(const at::Tensor& hidden) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t context_length() const override { return cfg_.max_positions; }
+  std::vector<std::string> embedding_modules() const override { return bert_embedding_modules(); }
+  std::vector<std::string> tied_to_head() const override { return {"bert.word_embeddings"}; }   // the MLM decoder
   void init_parameter(const std::string& name, const at::Tensor& value) const override;
   const nn::HfNameMap& hf_names() const override;
   nlohmann::json hf_config() const override { return to_hf_config(cfg_); }
@@ -63,6 +68,7 @@ class BertForClassification : public nn::SequenceClassifier {
   at::Tensor classify(const nn::EncoderInputs& in) override;
   at::Tensor pooled(const nn::EncoderInputs& in);   // [B, C]: tanh(pooler(h[:, 0]))
   int64_t num_labels() const override { return cfg_.num_labels; }
+  std::vector<std::string> embedding_modules() const override { return bert_embedding_modules(); }
   void init_parameter(const std::string& name, const at::Tensor& value) const override;
   const nn::HfNameMap& hf_names() const override;
   nlohmann::json hf_config() const override { return to_hf_config(cfg_); }

@@ -42,8 +42,8 @@ void Bloom::init_parameter(const std::string& name, const at::Tensor& value) con
 
 at::Tensor Bloom::features(const at::Tensor& ids, const nn::ForwardOptions& o) {
   (void)nn::positions_of(ids, o, cfg_.max_positions);   // refuses a sequence past the context; ALiBi needs no ids
-  auto x = ln_emb->forward(wte->forward(ids));          // [B, T, C]
-  return ln_f->forward(nn::run_blocks(blocks_, x, o, block_hooks()));
+  auto embed = [&] { return ln_emb->forward(wte->forward(ids)); };   // [B, T, C]
+  return ln_f->forward(nn::run_blocks(blocks_, embed, o, block_hooks()));
 }
 
 nn::KvCache Bloom::make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const {

@@ -39,7 +39,8 @@ at::Tensor Gpt::embed(const at::Tensor& ids, const at::Tensor& positions) {
 }
 
 at::Tensor Gpt::features(const at::Tensor& ids, const nn::ForwardOptions& o) {
-  auto x = nn::run_blocks(blocks_, embed(ids, nn::positions_of(ids, o, cfg_.block_size)), o, block_hooks());   // [B, T, C]
+  const at::Tensor positions = nn::positions_of(ids, o, cfg_.block_size);
+  auto x = nn::run_blocks(blocks_, [&] { return embed(ids, positions); }, o, block_hooks());   // [B, T, C]
   return ln_f->forward(x);
 }
 

@@ -19,6 +19,8 @@ class Gpt : public nn::CausalLM {
   at::Tensor features(const at::Tensor& ids, const nn::ForwardOptions& options = {}) override;
   at::Tensor head_weight() override { return wte->weight(); }   // tied LM head
   nn::Embedding* tied_head() override { return wte.get(); }
+  std::vector<std::string> embedding_modules() const override { return {"wte", "wpe"}; }
+  std::vector<std::string> tied_to_head() const override { return {"wte"}; }
   nn::KvCache make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const override;
   int64_t context_length() const override { return cfg_.block_size; }
   int64_t vocab_size() const override { return cfg_.vocab_size; }

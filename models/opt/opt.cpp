@@ -31,7 +31,8 @@ at::Tensor Opt::embed(const at::Tensor& ids, const at::Tensor& positions) {
 }
 
 at::Tensor Opt::features(const at::Tensor& ids, const nn::ForwardOptions& o) {
-  auto x = nn::run_blocks(blocks_, embed(ids, nn::positions_of(ids, o, cfg_.max_positions)), o, block_hooks());   // [B, T, C]
+  const at::Tensor positions = nn::positions_of(ids, o, cfg_.max_positions);
+  auto x = nn::run_blocks(blocks_, [&] { return embed(ids, positions); }, o, block_hooks());   // [B, T, C]
   if (ln_f) x = ln_f->forward(x);
   return project_out ? project_out->forward(x) : x;   // [B, T, embed_dim]
 }

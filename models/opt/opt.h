@@ -20,6 +20,8 @@ class Opt : public nn::CausalLM {
   at::Tensor features(const at::Tensor& ids, const nn::ForwardOptions& options = {}) override;   // [B, T, embed_dim]
   at::Tensor head_weight() override { return embed_tokens->weight(); }   // tied LM head
   nn::Embedding* tied_head() override { return embed_tokens.get(); }
+  std::vector<std::string> embedding_modules() const override { return {"embed_tokens", "embed_positions", "project_in"}; }
+  std::vector<std::string> tied_to_head() const override { return {"embed_tokens"}; }
   nn::KvCache make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const override;
   int64_t context_length() const override { return cfg_.max_positions; }
   int64_t vocab_size() const override { return cfg_.vocab_size; }

@@ -28,21 +28,32 @@ at::Tensor Vit::features(const at::Tensor& images) {
   TORCH_CHECK(images.dim() == 4 && images.size(1) == cfg_.channels && images.size(2) == cfg_.image_size &&
                   images.size(3) == cfg_.image_size,
               "ViT expects images [B, ", cfg_.channels, ", ", cfg_.image_size, ", ", cfg_.image_size, "], got ", images.sizes());
-  auto x = patch->forward(images);                                                    // [B, N, C]
-  x = at::cat({cut_->use(cls_token).expand({x.size(0), 1, x.size(2)}), x}, 1) + cut_->use(position_embeddings);   // [B, N + 1, C]
   const double p = is_training() ? cfg_.dropout : 0.0;
   const int64_t chunks = cut_->token_chunks();
-  if (chunks == 1) return ln_f->forward(nn::run_blocks(blocks_, p > 0 ? cut_->dropout(x, p) : x, {}, block_hooks()));
-  // A sequence split across ranks: every rank built the whole sequence (its dropout drawn whole, as one
-  // process draws it); padded to whole chunks, whose padding no query attends to; this rank's tokens.
-  if (p > 0) x = at::dropout(x, p, true);
-  const int64_t t = x.size(1), padded = (t + chunks - 1) / chunks * chunks;
-  nn::ForwardOptions o;
-  if (padded > t) {
-    x = at::constant_pad_nd(x, {0, 0, 0, padded - t});
-    o.mask = at::arange(padded, at::TensorOptions(at::kLong).device(x.device())).lt(t).view({1, 1, 1, padded});
+  // [B, N + 1, C]: the patches' projections after the class token, with their positions
+  auto tokens = [&] {
+    auto x = patch->forward(images);                                                  // [B, N, C]
+    return at::cat({cut_->use(cls_token).expand({x.size(0), 1, x.size(2)}), x}, 1) + cut_->use(position_embeddings);
+  };
+  if (chunks == 1) {
+    auto embed = [&] {
+      auto x = tokens();
+      return p > 0 ? cut_->dropout(x, p) : x;
+    };
+    return ln_f->forward(nn::run_blocks(blocks_, embed, {}, block_hooks()));
   }
-  return ln_f->forward(nn::run_blocks(blocks_, cut_->local_tokens(x), o, block_hooks()));
+  // A sequence split across ranks: every rank builds the whole sequence (its dropout drawn whole, as one
+  // process draws it); padded to whole chunks, whose padding no query attends to; this rank's tokens.
+  const int64_t t = cfg_.patches() + 1, padded = (t + chunks - 1) / chunks * chunks;
+  nn::ForwardOptions o;
+  if (padded > t) o.mask = at::arange(padded, at::TensorOptions(at::kLong).device(images.device())).lt(t).view({1, 1, 1, padded});
+  auto embed = [&] {
+    auto x = tokens();
+    if (p > 0) x = at::dropout(x, p, true);
+    if (padded > t) x = at::constant_pad_nd(x, {0, 0, 0, padded - t});
+    return cut_->local_tokens(x);
+  };
+  return ln_f->forward(nn::run_blocks(blocks_, embed, o, block_hooks()));
 }
 
 at::Tensor Vit::classify_images(const at::Tensor& images) { return classifier->forward(cut_->first_token(features(images))); }

@@ -24,6 +24,7 @@ class Vit : public nn::ImageClassifier {
   int64_t num_labels() const override { return cfg_.num_labels; }
   int64_t image_size() const override { return cfg_.image_size; }
   int64_t channels() const override { return cfg_.channels; }
+  std::vector<std::string> embedding_modules() const override { return {"patch", "cls_token", "position_embeddings"}; }
   void init_parameter(const std::string& name, const at::Tensor& value) const override;
   const nn::HfNameMap& hf_names() const override;
   nlohmann::json hf_config() const override { return to_hf_config(cfg_); }

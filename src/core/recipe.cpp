@@ -274,6 +274,13 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   pc.tensor_mode = par.string("tensor_mode", pc.tensor_mode, {"1d", "2d", "2.5d", "3d"});
   pc.tensor_depth = par.integer("tensor_depth", pc.tensor_depth, 1, 1 << 20);
   pc.pipeline = par.integer("pipeline", pc.pipeline, 1, 1 << 20);
+  pc.schedule = par.string("schedule", pc.schedule, {"gpipe", "1f1b", "interleaved", "zero_bubble"});
+  pc.virtual_stages = par.integer("virtual_stages", pc.virtual_stages, 1, 1 << 20);
+  pc.micro_batches = par.integer_or_word("micro_batches", pc.micro_batches, 1, 1 << 20, "auto", 0);
+  pc.partition = par.string("partition", pc.partition, {"uniform", "parameters", "profile"});
+  if (pc.virtual_stages > 1 && pc.schedule != "interleaved")
+    par.fail("virtual_stages", "= " + std::to_string(pc.virtual_stages) + " needs schedule = \"interleaved\" (schedule = \"" + pc.schedule +
+                                   "\" runs one chunk of blocks a rank)");
   pc.sequence = par.integer("sequence", pc.sequence, 1, 1 << 20);
   pc.sequence_mode = par.string("sequence_mode", pc.sequence_mode, {"split_gather", "ring", "all_to_all"});
   pc.tensor_sequence = par.boolean("tensor_sequence", pc.tensor_sequence);
@@ -383,7 +390,9 @@ std::string Recipe::to_toml() const {
       {"kernels", toml::table{{"attention", kernels.attention}, {"gelu", kernels.gelu}, {"gemv", kernels.gemv},
                               {"layer_norm", kernels.layer_norm}, {"gemm", kernels.gemm}}},
       {"parallel", toml::table{{"tensor", parallel.tensor}, {"tensor_mode", parallel.tensor_mode}, {"tensor_depth", parallel.tensor_depth},
-                               {"pipeline", parallel.pipeline}, {"sequence", parallel.sequence}, {"sequence_mode", parallel.sequence_mode},
+                               {"pipeline", parallel.pipeline}, {"schedule", parallel.schedule},
+                               {"virtual_stages", parallel.virtual_stages},
+                               {"partition", parallel.partition}, {"sequence", parallel.sequence}, {"sequence_mode", parallel.sequence_mode},
                                {"tensor_sequence", parallel.tensor_sequence},
                                {"timeout_s", parallel.timeout_s}, {"backend", parallel.backend}}},
       {"memory", toml::table{{"zero", memory.zero}, {"offload_optimizer", memory.offload_optimizer},
@@ -400,6 +409,8 @@ std::string Recipe::to_toml() const {
   else root["memory"].as_table()->insert("chunk_size_mb", memory.chunk_size_mb);
   if (parallel.data == 0) root["parallel"].as_table()->insert("data", "auto");
   else root["parallel"].as_table()->insert("data", parallel.data);
+  if (parallel.micro_batches == 0) root["parallel"].as_table()->insert("micro_batches", "auto");
+  else root["parallel"].as_table()->insert("micro_batches", parallel.micro_batches);
   std::ostringstream s;
   s << root << "\n";
   // TOML++ 3.3's formatter weighs an array's reals by static_cast<size_t>(log10(x)), undefined

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -61,6 +62,8 @@ struct Pending::State {
   std::vector<c10::intrusive_ptr<c10d::Work>> works;   // one collective, or a shard exchange's sends and receives
   std::function<void()> finish;                         // after every work completed (a reduce-scatter's sum)
   std::string op, what;
+  std::string channel;       // the roster's count it entered: the group's, or a point-to-point pair's
+  std::vector<int64_t> peers;   // the world ranks it waits on (a pair's other rank), or empty: the group's
   int64_t seq = 0, bytes = 0;
   Clock::time_point launched;
   std::atomic<int64_t> done_ns{0};   // steady-clock time the backend finished, 0 = not yet known
@@ -83,14 +86,16 @@ Group::Group(std::string name, std::vector<int64_t> ranks, int64_t index, std::u
 
 Group::~Group() = default;
 
-Pending Group::launch(const std::string& op, const std::string& what, const at::Tensor& t, const Start& start) {
+Pending Group::launch(const std::string& op, const std::string& what, const at::Tensor& t, const Start& start,
+                      const std::string& channel) {
   Pending p;
   p.state_ = std::make_shared<Pending::State>();
   auto& s = *p.state_;
   s.op = op;
   s.what = what;
   s.bytes = static_cast<int64_t>(t.nbytes());
-  s.seq = roster_ ? roster_->enter(name_) : 0;
+  s.channel = channel.empty() ? name_ : channel;
+  s.seq = roster_ ? roster_->enter(s.channel) : 0;
   s.launched = Clock::now();
   {
     std::lock_guard<std::mutex> lock(counters_mu_);
@@ -123,7 +128,7 @@ Pending Group::launch(const std::string& op, const std::string& what, const at::
   const std::string me = roster_ ? roster_->who(ranks_[static_cast<size_t>(index_)]) : "rank 0";
   const std::string op = s.op + " on group " + name_ + (s.what.empty() ? "" : " (" + s.what + ")");
   std::string detail;
-  auto behind = roster_ ? roster_->laggards(name_, ranks_, s.seq, &detail) : std::vector<int64_t>{};
+  auto behind = roster_ ? roster_->laggards(s.channel, s.peers.empty() ? ranks_ : s.peers, s.seq, &detail) : std::vector<int64_t>{};
   const double waited = since(s.launched);
   if (is_timeout(cause)) {
     const std::string after = format_number(std::round(waited)) + " s";
@@ -153,6 +158,14 @@ void Group::wait(Pending& p) {
   counters_.busy_s += done > 0 ? std::chrono::duration<double>(Clock::duration(done) - s.launched.time_since_epoch()).count()
                                   : since(s.launched);
   p.state_.reset();
+}
+
+bool Group::test(Pending& p) {
+  if (!p.state_) return true;
+  for (auto& w : p.state_->works)
+    if (!w->isCompleted()) return false;
+  wait(p);   // completed: reports a failure, counts the time
+  return true;
 }
 
 Pending Group::all_reduce_async(const at::Tensor& t, const std::string& what) {
@@ -283,6 +296,28 @@ Pending Group::ring_shift_async(const at::Tensor& out, const at::Tensor& in, con
     p.state_->works.push_back(backend_->pg->send(send, next, tag));
     p.state_->works.push_back(backend_->pg->recv(recv, prev, tag));
   });
+}
+
+Pending Group::send_async(const at::Tensor& t, int64_t peer, const std::string& what) { return point_to_point(true, t, peer, what); }
+Pending Group::recv_async(const at::Tensor& t, int64_t peer, const std::string& what) { return point_to_point(false, t, peer, what); }
+
+Pending Group::point_to_point(bool send, const at::Tensor& t, int64_t peer, const std::string& what) {
+  const char* op = send ? "send" : "recv";
+  if (!backend_ || peer < 0 || peer >= size() || peer == index_ || !t.is_contiguous())
+    throw Error(std::string(op) + " on group " + name_ + " (" + what + "): peer " + std::to_string(peer) + " of " + std::to_string(size()) +
+                " ranks from rank " + std::to_string(index_) + (t.is_contiguous() ? "" : ", a non-contiguous tensor") +
+                " (internal: another rank of an active group, contiguous memory)");
+  if (sent_.empty()) sent_.assign(static_cast<size_t>(size()), 0), received_.assign(static_cast<size_t>(size()), 0);
+  // Tags above the shard exchanges' (< 2^30): the k-th transfer each way between a pair has tag k.
+  int64_t& count = (send ? sent_ : received_)[static_cast<size_t>(peer)];
+  const int tag = static_cast<int>((int64_t{1} << 30) + count++ % (int64_t{1} << 30));
+  const int64_t lo = std::min(index_, peer), hi = std::max(index_, peer);
+  const std::string pair = name_ + " pair " + std::to_string(lo) + "-" + std::to_string(hi);
+  Pending p = launch(op, what, t, [&](Pending& pending, std::vector<at::Tensor>& v) {
+    pending.state_->works.push_back(send ? backend_->pg->send(v, static_cast<int>(peer), tag) : backend_->pg->recv(v, static_cast<int>(peer), tag));
+  }, pair);
+  p.state_->peers = {ranks_[static_cast<size_t>(lo)], ranks_[static_cast<size_t>(hi)]};
+  return p;
 }
 
 void Group::all_to_all(const at::Tensor& out, const at::Tensor& in, const std::string& what) {

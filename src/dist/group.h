@@ -85,6 +85,8 @@ class Group {
   // may be undefined): what a checkpoint's writer of a chunk's tensors needs, without a copy per rank.
   void gather(const at::Tensor& whole, const at::Tensor& shard, int64_t root, const std::string& what);
   void wait(Pending& p);
+  // True once `p` has completed (then finished as wait() finishes it); false while it runs.
+  bool test(Pending& p);
 
   // Sequence parallelism's exchanges (contiguous tensors on the communication device):
   //   ring_shift  sends `out` to group rank (rank + 1) % size and receives `in` from (rank - 1) % size
@@ -94,6 +96,15 @@ class Group {
   // A group without a backend copies `out` into `in`, `in` into `out`.
   Pending ring_shift_async(const at::Tensor& out, const at::Tensor& in, const std::string& what);
   void all_to_all(const at::Tensor& out, const at::Tensor& in, const std::string& what);
+
+  // Pipeline parallelism's point-to-point transfers (contiguous tensors on the communication device):
+  // `t` to group rank `peer`, or from it into `t`. The k-th send from one rank to another matches the
+  // k-th receive the other posts from it, so a pair must issue its transfers in the same order on both
+  // sides; any number may be in flight. Each pair keeps its own progress count in the roster, so a
+  // transfer that times out names the peer that stopped or ended. A group without a backend refuses
+  // them (a rank cannot send to itself).
+  Pending send_async(const at::Tensor& t, int64_t peer, const std::string& what);
+  Pending recv_async(const at::Tensor& t, int64_t peer, const std::string& what);
 
   // Frees the receive buffers kept for the next reduce-scatters (before a phase that runs none).
   void free_spares() { scratch_.clear(); }
@@ -105,7 +116,10 @@ class Group {
   // Counts the collective, hands `start` the tensor list to give the backend, and records when the
   // backend finishes it. `t` must live on the communication device.
   using Start = std::function<void(Pending&, std::vector<at::Tensor>&)>;
-  Pending launch(const std::string& op, const std::string& what, const at::Tensor& t, const Start& start);
+  // `channel`: the roster's progress count this collective enters ("" = the group's own).
+  Pending launch(const std::string& op, const std::string& what, const at::Tensor& t, const Start& start,
+                 const std::string& channel = "");
+  Pending point_to_point(bool send, const at::Tensor& t, int64_t peer, const std::string& what);
   // launch + wait, staging `t` through the communication device when it lives elsewhere.
   void blocking(const std::string& op, const std::string& what, at::Tensor& t, const Start& start);
   [[noreturn]] void fail(const Pending& p, const std::string& cause);
@@ -129,6 +143,7 @@ class Group {
   CommCounters counters_;
   bool point_to_point_ = false;   // shards exchanged by sends and receives (Gloo)
   int64_t exchanges_ = 0;         // point-to-point exchanges so far: each one's tag
+  std::vector<int64_t> sent_, received_;   // pipeline transfers to and from each group rank so far
   SpareBuffers scratch_{4};       // reduce-scatter's receive buffers, reused
 };
 

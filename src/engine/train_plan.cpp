@@ -156,9 +156,7 @@ dist::MeshShape check_parallel_recipe(const Recipe& r, int64_t world) {
     throw Error(r.where("memory.activation_checkpoint") + " = \"" + r.memory.activation_checkpoint +
                 "\" with tensor parallelism and attention dropout is not built yet (its per-rank dropout streams are not "
                 "replayed; set model.attn_dropout = 0, or activation_checkpoint = \"none\")");
-  if (r.parallel.pipeline > 1)
-    throw Error(r.where("parallel.pipeline") + " = " + std::to_string(r.parallel.pipeline) + ": pipeline parallelism is not built yet "
-                "(valid today: 1; data parallelism uses every rank with data = \"auto\")");
+  if (r.parallel.pipeline > 1) check_pipeline_recipe(r);
   return shape;
 }
 
@@ -244,6 +242,10 @@ void build_model_shapes(TrainPlan& p) {
   p.model = build_model(r.model, *factory);
   p.task->check_model(*p.model);
   p.model->train();
+  if (p.runtime->group(dist::Dim::pp).size() > 1) {   // this rank's stages: the parameters it does not hold stay deferred
+    p.pipeline = std::make_unique<PipelineRunner>(r, *p.model, *p.runtime);
+    spdlog::info("{}", p.pipeline->describe());
+  }
 }
 
 // The compute dtype the recipe asks for (undefined: the model's own, fp32).
@@ -294,6 +296,10 @@ void apply_memory(TrainPlan& p) {
   zo.offload_params = r.memory.offload_params == "nvme";
   zo.placement = resolve_placement(r, p.device, p.counter);
   zo.tensor_group = &p.runtime->group(dist::Dim::tp);
+  if (p.pipeline) {
+    zo.pipeline_group = &p.runtime->group(dist::Dim::pp);
+    if (p.pipeline->last() && !p.pipeline->first()) zo.pipeline_copies = p.pipeline->tied();   // the first stage counts them
+  }
   p.strategy = std::make_unique<memory::ZeroStrategy>(*p.model, zo, dp, optim::make_optimizer(r.optim));
   // The block-hook chain: ZeRO-3's gather and release, then the profiler's tracer, which sees each block
   // with its chunks in place (recompute will go between them).
@@ -309,6 +315,7 @@ void apply_memory(TrainPlan& p) {
     p.tracer->attach(p.strategy->store());
     chain->add(p.tracer);
   }
+  if (p.pipeline) chain->set_stage(p.pipeline->port());
   if (!chain->empty()) p.model->set_block_hooks(chain);
   if (p.dp_size > 1 || zo.stage > 0 || zo.compute || !zo.offload_dir.empty()) spdlog::info("{}", p.strategy->describe());
   if (zo.placement.mode == memory::PlacementMode::automatic && r.memory.device_memory_limit_gb == 0)
@@ -323,6 +330,7 @@ void apply_memory(TrainPlan& p) {
 void fill_parameters(TrainPlan& p, const std::string& from, bool resuming) {
   memory::ChunkStore& store = p.strategy->store();
   auto take = [&](const std::string& name, const at::Tensor& value) {
+    if (p.pipeline && !p.pipeline->holds(name)) return;   // another stage's (drawn all the same: every rank draws the same stream)
     const auto slot = store.slot_of(name);
     if (!slot) throw Error("parameter \"" + name + "\" is not in the chunk store (frozen parameters are not supported yet)");
     store.write(*slot, value);
@@ -330,6 +338,11 @@ void fill_parameters(TrainPlan& p, const std::string& from, bool resuming) {
   at::manual_seed(static_cast<uint64_t>(p.recipe.train.seed));   // the init draws, then dropout and data
   if (from.empty()) {
     nn::for_each_initial_value(*p.model, take);
+    return;
+  }
+  if (p.pipeline) {
+    read_model_state(*p.model, HfWeights::open(from), take, [&](const std::string& name) { return p.pipeline->holds(name); });
+    if (!resuming) spdlog::info("initialised from {}", from);
     return;
   }
   read_model_state(*p.model, HfWeights::open(from), take);
@@ -441,6 +454,12 @@ EffectiveRecipe effective_recipe(const Recipe& r, const TrainOptions& opt) {
   } else {
     check_model_recipe(r);
   }
+  if (r.parallel.pipeline > 1) {   // the schedule's micro-batches are the step's accumulation
+    if (r.train.grad_accum != 1)
+      throw RecipeError(r.where("train.grad_accum"), "= " + std::to_string(r.train.grad_accum) + " with pipeline parallelism: the schedule's "
+                        "micro-batches accumulate the step (set [parallel] micro_batches = " + std::to_string(r.train.grad_accum) + " instead)");
+    e.recipe.train.grad_accum = pipeline_micro_batches(r.parallel);
+  }
   e.task = model_task(e.recipe.model);
   make_task(e.task, task_data(e, 0, 1))->check_data();
   return e;
@@ -503,6 +522,8 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
   apply_memory(*p);                                               // 4. memory layout, data parallelism, optimizer
   fill_parameters(*p, opt.resume ? resume_from : effective.init_checkpoint, opt.resume);   // 5. weights
   p->peak_rss_after_setup = peak_rss_bytes();
+  if (p->pipeline && p->runtime->group(dist::Dim::pp).rank() > 0)   // each stage's dropout from its own stream
+    at::manual_seed(static_cast<uint64_t>(r.train.seed) + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(p->runtime->group(dist::Dim::pp).rank()));
   if (opt.resume) resume(*p, resume_from);                        // 6. state
   if (p->is_root()) create_output_dir(r.checkpoint.dir, r.where("checkpoint.dir"));   // now, not at the first save
   return p;

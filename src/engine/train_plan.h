@@ -15,6 +15,7 @@
 #include "src/core/recipe.h"
 #include "src/dist/runtime.h"
 #include "src/engine/checkpoint.h"
+#include "src/engine/pipeline_runner.h"
 #include "src/engine/trainer.h"
 #include "models/registry.h"
 #include "src/nn/model.h"
@@ -52,6 +53,8 @@ struct TrainPlan {
   std::pair<int64_t, int64_t> grid_rows{0, 1};
   // ... and the groups those row blocks are cut along inside the tensor group (empty: none).
   std::vector<dist::Group*> row_groups;
+  // Pipeline parallelism: this rank's stages and the schedule that runs a step (null: no pipeline).
+  std::unique_ptr<PipelineRunner> pipeline;
   // This rank's share of a batch: its tokens of every sequence with their positions, or the batch itself.
   Batch local_part(const Batch& b) const;
   // The loss of this rank's part of a batch as the batch's: the mean over the row blocks (the gradient

@@ -60,11 +60,18 @@ EvalResult evaluate(TrainPlan& p) {
   p.model->eval();
   p.strategy->before_forward();
   EvalSums local;
-  for (const auto& b : p.task->eval_set()) local += p.task->eval(*p.model, p.local_part(b.to(p.device)));
+  if (p.pipeline) {   // through the stages: the last one's sums, zero elsewhere
+    std::vector<Batch> parts;
+    for (const auto& b : p.task->eval_set()) parts.push_back(p.local_part(b.to(p.device)));
+    local = p.pipeline->eval(p, parts);
+  } else {
+    for (const auto& b : p.task->eval_set()) local += p.task->eval(*p.model, p.local_part(b.to(p.device)));
+  }
   p.model->train();
   at::Tensor sums = at::tensor({local.loss, local.batches, local.correct, local.scored}, at::kDouble);
   p.runtime->replicas().all_reduce(sums, dist::Reduce::sum, "eval metrics");
   for (dist::Group* g : p.row_groups) g->all_reduce(sums, dist::Reduce::sum, "eval metrics");   // each row block's
+  p.runtime->group(dist::Dim::pp).all_reduce(sums, dist::Reduce::sum, "eval metrics");   // the last stage's
   const auto v = [&](int i) { return sums[i].item<double>(); };
   EvalResult r;
   if (v(1) > 0) r.loss = v(0) / v(1);
@@ -127,13 +134,14 @@ void print_dry_run(const Recipe& r, const c10::Device& device, int64_t launch_wo
 // The agreed end-of-step facts: every rank must take the same branch (stop, save, fail on a
 // non-finite loss), so the decision is reduced across the job rather than read from local state.
 struct StepAgreement {
-  double loss = 0;    // mean over the data-parallel ranks of this step's loss
+  double loss = 0;    // mean over the data-parallel ranks of this step's loss (the last pipeline stage's)
   bool stop = false;  // some rank was interrupted or reached the time limit
 };
 StepAgreement agree(TrainPlan& p, double local_loss, bool local_stop) {
   at::Tensor v = at::tensor({local_loss, local_stop ? 1.0 : 0.0}, at::kDouble);
   p.runtime->world_group().all_reduce(v, dist::Reduce::sum, "step agreement");
-  return {v[0].item<double>() / static_cast<double>(p.runtime->world()), v[1].item<double>() > 0};
+  const int64_t with_loss = p.runtime->world() / p.runtime->group(dist::Dim::pp).size();   // a pipeline's last stage alone has one
+  return {v[0].item<double>() / static_cast<double>(with_loss), v[1].item<double>() > 0};
 }
 
 // Every rank's resident memory in MiB: before the model was built, at its peak once the weights were in
@@ -245,7 +253,12 @@ int run_loop(TrainPlan& p) {
     const int64_t held_before = p.counter ? p.counter->live() : 0;
     if (p.counter) p.counter->take_peak(memory::AllocationCounter::step);
     at::Tensor step_loss;   // summed on the device: one host sync per step, not one per micro-batch
-    for (int64_t micro = 0; micro < r.train.grad_accum; ++micro) {
+    if (p.pipeline) {   // the schedule runs the micro-batches' forwards and backwards across the stages
+      std::vector<Batch> micro;
+      for (int64_t k = 0; k < r.train.grad_accum; ++k) micro.push_back(p.local_part(task.next().to(p.device)));
+      step_loss = p.pipeline->train_step(p, micro);
+    }
+    for (int64_t micro = 0; micro < (p.pipeline ? 0 : r.train.grad_accum); ++micro) {
       const Batch batch = p.local_part(task.next().to(p.device));   // this rank's tokens when the sequence is split
       mark("forward");
       p.strategy->before_forward();
@@ -310,6 +323,12 @@ int run_loop(TrainPlan& p) {
     if (report.device_peak > 0) {   // a device budget (placement): the step's largest window, and what kept it within
       record["device_peak_mb"] = static_cast<double>(report.device_peak) / 1048576.0;
       record["evictions"] = report.evictions;
+    }
+    if (p.pipeline) {   // this rank's bubble: in schedule units (forward 1, backward 2) and receive-blocked wall time
+      const auto& ps = p.pipeline->last_step();
+      record["pipeline_idle"] = ps.idle;
+      record["pipeline_wait_ms"] = ps.wait_s * 1e3;
+      record["pipeline_peak_micro_batches"] = ps.peak_held;
     }
     if (rt.world_group().active()) {
       dist::CommCounters total = dp_comm;

@@ -45,6 +45,9 @@ class TrainStrategy {
   virtual double loss_scale() const = 0;       // 1 without a scaler
   virtual int64_t skipped_steps() const = 0;   // overflowed steps so far
   virtual ChunkStore& store() = 0;
+  // The whole gradient of parameter `name` as autograd accumulated it, before the data-parallel
+  // reduction (pipeline parallelism sums a tied embedding's between its two stages there).
+  virtual at::Tensor full_grad(const std::string& name) = 0;
   // The hook this strategy needs in the model's block-hook chain (null: none), which the engine adds.
   virtual std::shared_ptr<nn::BlockHook> block_hook() const { return nullptr; }
   virtual optim::Optimizer& optimizer() = 0;

@@ -112,6 +112,11 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group
         if (w < 1) held_by_several_.emplace_back(*slot, w);
       }
   }
+  if (o.pipeline_group && o.pipeline_group->size() > 1) {
+    pipeline_group_ = o.pipeline_group;
+    for (const auto& name : o.pipeline_copies)
+      if (auto slot = store_.slot_of(name)) pipeline_copies_.push_back(*slot);
+  }
   if (!store_.offloaded()) pieces_ = store_.pieces(optimizer_->state_names(), o.weight_decay);
   placement_ = o.placement;
   if (placement_.mode != PlacementMode::device && o.stage != 3)
@@ -429,8 +434,16 @@ double ZeroStrategy::clip_grad_norm(double max_norm) {
   sq = sq.cpu().reshape({1}).add_(host_sq);   // one transfer from the chunks' device
   // Tensor parallelism: a piece held by k ranks counts 1/k on each, and the group's sum counts it once.
   if (tensor_group_) sq.sub_(excess_squares(grads));
+  for (int64_t slot : pipeline_copies_) {   // counted by the stage holding the original
+    const auto part = store_.shard_part(slot);
+    const at::Tensor& g = grads[static_cast<size_t>(store_.layout().slots[static_cast<size_t>(slot)].chunk)];
+    if (!part || !g.defined()) continue;
+    const double w = slot_weight_.empty() ? 1.0 : slot_weight_[static_cast<size_t>(slot)];
+    sq.sub_(w * at::linalg_vector_norm(g.narrow(0, part->in_shard, part->numel), 2, c10::nullopt, false, at::kDouble).square().item<double>());
+  }
   if (store_.stage() > 0) group_.all_reduce(sq, dist::Reduce::sum, "gradient norm");   // shards: sum over ranks
   if (tensor_group_) tensor_group_->all_reduce(sq, dist::Reduce::sum, "gradient norm");
+  if (pipeline_group_) pipeline_group_->all_reduce(sq, dist::Reduce::sum, "gradient norm over the stages");
   // The gradients as the update will read them: a clipping scale not yet applied counts.
   const double norm = std::sqrt(sq.item<double>()) * grad_scale_ * std::abs(store_.grad_factor());
   if (max_norm > 0 && norm > max_norm && std::isfinite(norm)) {
@@ -493,6 +506,13 @@ void ZeroStrategy::step(double lr) {
     publishing_[k] = group_.all_gather_async(store_.params()[k], store_.param_shard(c), "parameter chunk " + std::to_string(c));
   }
   if (!gather_hook_) wait_published();   // nothing tells this strategy when blocks run: wait now
+}
+
+at::Tensor ZeroStrategy::full_grad(const std::string& name) {
+  const auto slot = store_.slot_of(name);
+  if (!slot || store_.stage() >= 2) throw Error("zero: no whole gradient of \"" + name + "\" at stage " + std::to_string(store_.stage()) + " (internal)");
+  const auto& s = store_.layout().slots[static_cast<size_t>(*slot)];
+  return store_.full_grads()[static_cast<size_t>(s.chunk)].narrow(0, s.offset, s.numel);
 }
 
 void ZeroStrategy::zero_grad() {

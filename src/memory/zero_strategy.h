@@ -68,6 +68,10 @@ struct ZeroOptions {
   // Norms (clipping's, and layer-wise optimizers' per tensor) sum over it, each piece counted once
   // however many ranks hold it. Null: no tensor parallelism.
   dist::Group* tensor_group = nullptr;
+  // Pipeline parallelism: the ranks holding the other stages (clipping's norm sums over them), and the
+  // tensors of which this stage holds a copy another stage counts (the head's copy of a tied embedding).
+  dist::Group* pipeline_group = nullptr;
+  std::vector<std::string> pipeline_copies;
 };
 
 class ZeroStrategy : public TrainStrategy {
@@ -102,6 +106,9 @@ class ZeroStrategy : public TrainStrategy {
   double clip_grad_norm(double max_norm);
   void step(double lr);
   void zero_grad();
+  // The whole gradient of parameter `name` as autograd accumulated it (stages 0-1: a view of its chunk's
+  // buffer, before the data-parallel reduction), for sums across ranks the strategy does not know of.
+  at::Tensor full_grad(const std::string& name) override;
   optim::Optimizer& optimizer() override { return *optimizer_; }
   std::string describe() const override;
   // Placement under a device budget: the recorded access order (after the first step), the most the
@@ -151,6 +158,8 @@ class ZeroStrategy : public TrainStrategy {
 
   dist::Group& group_;
   dist::Group* tensor_group_ = nullptr;   // with at least two ranks, else null
+  dist::Group* pipeline_group_ = nullptr;   // with at least two stages, else null
+  std::vector<int64_t> pipeline_copies_;    // slots another stage counts in the norm
   // Under tensor parallelism, each tensor's share in sums over the group: 1 / the ranks holding the same
   // piece (nn::ShardSpec::copies), so a sum over the group counts every element once.
   std::vector<double> slot_weight_;

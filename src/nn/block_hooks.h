@@ -13,6 +13,8 @@
 #include <memory>
 #include <vector>
 
+#include "src/nn/stage_port.h"
+
 namespace colossal::nn {
 
 class BlockHook {
@@ -30,7 +32,11 @@ class BlockHooks {
   // Blocks whose activations are recomputed in backward (recompute.h): block i when recompute[i].
   void set_recompute(std::vector<bool> recompute) { recompute_ = std::move(recompute); }
   bool recomputes(int64_t block) const { return block < static_cast<int64_t>(recompute_.size()) && recompute_[static_cast<size_t>(block)]; }
-  bool empty() const { return hooks_.empty() && recompute_.empty(); }
+  // A pipeline stage: run_blocks runs only the port's blocks, from its input, and stops after them
+  // unless the stage is the last (stage_port.h). Null: the whole model.
+  void set_stage(std::shared_ptr<StagePort> stage) { stage_ = std::move(stage); }
+  StagePort* stage() const { return stage_.get(); }
+  bool empty() const { return hooks_.empty() && recompute_.empty() && !stage_; }
   // forward(x) as block `block`, with the chain around it (recomputed in backward when chosen: then
   // `forward` is kept until backward, so it must capture by value). With grad enabled, a block input
   // that does not require grad (the first block's, when the embeddings are frozen) becomes a leaf that
@@ -44,6 +50,7 @@ class BlockHooks {
  private:
   std::vector<std::shared_ptr<BlockHook>> hooks_;
   std::vector<bool> recompute_;
+  std::shared_ptr<StagePort> stage_;
 };
 
 }  // namespace colossal::nn

@@ -47,16 +47,24 @@ at::Tensor positions_of(const at::Tensor& ids, const ForwardOptions& o, int64_t 
   return o.positions.defined() ? o.positions : at::arange(offset, offset + t, ids.options().dtype(at::kLong));
 }
 
-at::Tensor run_blocks(const std::vector<std::shared_ptr<TransformerBlock>>& blocks, at::Tensor x, const ForwardOptions& o,
-                      const BlockHooks* hooks) {
+at::Tensor run_blocks(const std::vector<std::shared_ptr<TransformerBlock>>& blocks, const std::function<at::Tensor()>& embed,
+                      const ForwardOptions& o, const BlockHooks* hooks) {
   const int64_t offset = o.cache ? o.cache->length : 0;
-  if (!blocks.empty()) x = blocks.front()->stream().enter_blocks(x);
-  for (size_t i = 0; i < blocks.size(); ++i) {
+  StagePort* stage = hooks ? hooks->stage() : nullptr;
+  const bool enter = !stage || stage->first, leave = !stage || stage->last;
+  at::Tensor x = enter ? embed() : stage->input;   // a later stage's input is already in the blocks' layout
+  if (enter && !blocks.empty()) x = blocks.front()->stream().enter_blocks(x);
+  const size_t begin = stage ? static_cast<size_t>(stage->begin) : 0, end = stage ? static_cast<size_t>(stage->end) : blocks.size();
+  for (size_t i = begin; i < end; ++i) {
     // by value: a recomputed block's forward runs again in backward (recompute.h)
     auto block = [b = blocks[i], kv = o.cache ? &o.cache->layers[i] : nullptr, offset, mask = o.mask](const at::Tensor& in) {
       return b->forward(in, kv, offset, mask);
     };
     x = hooks && !hooks->empty() ? hooks->run(static_cast<int64_t>(i), x, block) : block(x);
+  }
+  if (!leave) {
+    stage->output = x;
+    throw StageExit{};
   }
   if (!blocks.empty()) x = blocks.front()->stream().leave_blocks(x);
   if (o.cache) o.cache->length += x.size(1);

@@ -5,6 +5,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -38,10 +39,15 @@ KvCache make_kv_cache(int64_t layers, int64_t batch, int64_t heads, int64_t capa
 // a sequence reaching past `context` positions is refused.
 at::Tensor positions_of(const at::Tensor& ids, const ForwardOptions& options, int64_t context);
 // x [B, T, C] through `blocks`, reading and extending options.cache (one layer per block) and applying
-// options.mask.
-// With `hooks` (the model's block_hooks()), each block runs inside the chain.
-at::Tensor run_blocks(const std::vector<std::shared_ptr<TransformerBlock>>& blocks, at::Tensor x,
+// options.mask. With `hooks` (the model's block_hooks()), each block runs inside the chain; with a
+// pipeline stage in the chain, only the stage's blocks run (stage_port.h). `embed` computes x: called
+// only where the blocks start from the embedding (not on a later pipeline stage).
+at::Tensor run_blocks(const std::vector<std::shared_ptr<TransformerBlock>>& blocks, const std::function<at::Tensor()>& embed,
                       const ForwardOptions& options, const BlockHooks* hooks = nullptr);
+inline at::Tensor run_blocks(const std::vector<std::shared_ptr<TransformerBlock>>& blocks, const at::Tensor& x,
+                             const ForwardOptions& options, const BlockHooks* hooks = nullptr) {
+  return run_blocks(blocks, [&x] { return x; }, options, hooks);
+}
 
 class CausalLM : public Model {
  public:

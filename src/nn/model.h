@@ -39,6 +39,14 @@ class Model : public Module {
   void set_block_hooks(std::shared_ptr<const BlockHooks> hooks) { hooks_ = std::move(hooks); }
   const BlockHooks* block_hooks() const { return hooks_.get(); }
 
+  // Pipeline parallelism places the parameters outside the blocks by these: the modules the embedding
+  // reads (module paths, "wte" or "bert.word_embeddings") go to the first stage, every other one outside
+  // the blocks to the last (the final norm, the head); a module both read (a tied embedding, whose
+  // weight is also the head's) is also in tied_to_head, and both stages hold it. Empty: the family
+  // cannot be cut into stages.
+  virtual std::vector<std::string> embedding_modules() const { return {}; }
+  virtual std::vector<std::string> tied_to_head() const { return {}; }
+
  protected:
   std::vector<std::shared_ptr<TransformerBlock>> blocks_;   // families fill it with add_blocks
 
