@@ -111,7 +111,7 @@ Pending Group::launch(const std::string& op, const std::string& what, const at::
   // Completion time from the backend's future, so busy time is the collective's own duration even
   // when the caller waits for it much later (the overlap figure depends on it). Point-to-point
   // exchanges have no future: their busy time is launch to wait.
-  if (s.works.size() != 1) return p;
+  if (s.works.size() != 1 || !channel.empty()) return p;   // point-to-point works have no future (asking throws)
   try {
     std::weak_ptr<Pending::State> weak = p.state_;
     s.works[0]->getFuture()->addCallback([weak](c10::ivalue::Future&) {

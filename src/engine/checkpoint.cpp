@@ -329,7 +329,9 @@ void add_rng_state(std::vector<NamedTensor>& out, const at::Tensor& any_param) {
 std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int64_t keep_last) {
   const std::string name = step_dir_name(s.state.step);
   const std::string final_path = (fs::path(dir) / name).string();
-  const int64_t rank = s.group ? s.group->rank() : 0, ranks = s.group ? s.group->size() : 1;
+  const int64_t dp_rank = s.group ? s.group->rank() : 0, dp_ranks = s.group ? s.group->size() : 1;
+  dist::Group* pp = s.pipeline_group && s.pipeline_group->size() > 1 ? s.pipeline_group : nullptr;
+  const int64_t stage = pp ? pp->rank() : 0, stages = pp ? pp->size() : 1;
   // Tensor parallelism: the group's first rank gathers the split tensors' pieces and writes them whole;
   // the others write nothing. Barriers pass the data-parallel group, then the tensor-parallel one:
   // together every rank of the job.
@@ -338,6 +340,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
   auto barrier = [&](const std::string& what) {
     if (s.group) s.group->barrier(what + " of the checkpoint at step " + std::to_string(s.state.step));
     if (tp) tp->barrier(what + " of the checkpoint at step " + std::to_string(s.state.step));
+    if (pp) pp->barrier(what + " of the checkpoint at step " + std::to_string(s.state.step));
   };
   const auto shards = shard_specs(*s.model);
   // A tensor of slot `name` whole: this rank's piece, or every tensor-parallel rank's gathered onto the
@@ -354,11 +357,16 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
     return shard.assemble(pieces);
   };
   // Sharded when the optimizer states are: every rank writes what it owns. Otherwise rank 0 holds
-  // everything and writes it alone, as one file of each kind.
-  const bool sharded = s.strategy && s.strategy->store().stage() > 0 && ranks > 1;
+  // everything and writes it alone, as one file of each kind. Each pipeline stage writes its own files.
+  const bool zero_sharded = s.strategy && s.strategy->store().stage() > 0 && dp_ranks > 1;
+  const int64_t per_stage = zero_sharded ? dp_ranks : 1, ranks = stages * per_stage;
+  const int64_t rank = stage * per_stage + (zero_sharded ? dp_rank : 0);   // the file this rank writes (if any)
+  const bool sharded = ranks > 1;
+  auto skipped = [&](const std::string& name) { return std::find(s.copies.begin(), s.copies.end(), name) != s.copies.end(); };
   const std::string tag = "step";   // a temporary name every rank can compute
   std::unique_ptr<AtomicDir> out;
-  const bool root = rank == 0 && tp_writer;
+  const bool root = dp_rank == 0 && stage == 0 && tp_writer;
+  const bool stage_root = dp_rank == 0 && tp_writer;   // writes its stage's part of the index
   if (root) out = std::make_unique<AtomicDir>(final_path, tag);
   barrier("directory");
   const fs::path tmp(AtomicDir::temp_path(final_path, tag));
@@ -379,7 +387,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
     auto& store = s.strategy->store();
     const auto& layout = store.layout();
     const auto state_names = s.strategy->optimizer().state_names();
-    const bool writes = (rank == 0 || sharded) && tp_writer;
+    const bool writes = (dp_rank == 0 || zero_sharded) && tp_writer;
     // The files' headers first, from shapes alone (meta tensors through the same HF layout), in the
     // order for_each_owned visits the tensors; then, on rank 0, frozen tensors and the RNG state.
     const auto dtype = store.master_options().dtype().toScalarType();
@@ -395,24 +403,26 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
     for (int64_t i = 0; i < static_cast<int64_t>(layout.slots.size()); ++i) {
       const auto& slot = layout.slots[static_cast<size_t>(i)];
       const auto& hf = hf_of.emplace_back(names.to_hf(slot.name));
-      if (root) {
-        const std::string owner_model = shard_file("model", store.owner(i), ranks), owner_optim = shard_file("optimizer", store.owner(i), ranks);
+      if (skipped(slot.name)) continue;
+      const int64_t owner = stage * per_stage + (zero_sharded ? store.owner(i) : 0);
+      if (stage_root) {
+        const std::string owner_model = shard_file("model", owner, ranks), owner_optim = shard_file("optimizer", owner, ranks);
         for (const auto& n : hf.names) {
           weight_map[n] = owner_model;
           for (const auto& sn : state_names) state_map[n + "." + sn] = owner_optim;
         }
       }
-      if (!writes || store.owner(i) != (sharded ? rank : 0)) continue;
+      if (!writes || owner != rank) continue;
       const auto shape = shards.at(slot.name).full_shape(slot.shape);
       add_entries(model_entries, hf, shape, "");
       for (const auto& sn : state_names) add_entries(state_entries, hf, shape, "." + sn);
     }
     std::vector<NamedTensor> extra_weights, extra_states;   // rank 0's
-    if (root) {
+    if (stage_root) {
       for (auto& item : s.model->named_parameters())   // frozen tensors live outside the store
-        if (!store.slot_of(item.key()))
+        if (!store.slot_of(item.key()) && (!s.holds || s.holds(item.key())))
           for (auto& piece : hf_pieces(names.to_hf(item.key()), item.value().detach())) extra_weights.push_back(std::move(piece));
-      add_rng_state(extra_states, store.params().front());
+      if (root) add_rng_state(extra_states, store.params().front());
       for (const auto& w : extra_weights) model_entries.push_back({w.name, w.tensor.scalar_type(), w.tensor.sizes().vec()});
       for (const auto& w : extra_states) state_entries.push_back({w.name, w.tensor.scalar_type(), w.tensor.sizes().vec()});
       for (const auto& w : extra_weights) weight_map[w.name] = model_file;
@@ -426,6 +436,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
     }
     s.strategy->for_each_owned([&](int64_t i, const at::Tensor& param, const std::vector<at::Tensor>& st) {
       const std::string& name = layout.slots[static_cast<size_t>(i)].name;
+      if (skipped(name)) return;
       const at::Tensor whole = whole_of(name, param);   // collective over the tensor-parallel group
       std::vector<at::Tensor> states;
       for (const auto& t : st) states.push_back(whole_of(name, t));
@@ -445,9 +456,19 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
   } else if (root) {
     save_safetensors((tmp / model_file).string(), export_model_state(*s.model), {{"format", "pt"}});
   }
+  // A later stage's part of the index, for rank 0 to merge (every rank writes into the same directory).
+  const auto part_path = [&](int64_t k) { return tmp / ("index-of-stage-" + std::to_string(k) + ".json"); };
+  if (pp && stage_root && stage > 0)
+    write_text(part_path(stage), nlohmann::json{{"model", weight_map}, {"optimizer", state_map}}.dump() + "\n");
   barrier("every rank's files");
 
   if (root) {
+    for (int64_t k = 1; pp && k < stages; ++k) {
+      const auto part = nlohmann::json::parse(read_text_file(part_path(k).string()));
+      weight_map.update(part.at("model"));
+      state_map.update(part.at("optimizer"));
+      fs::remove(part_path(k));
+    }
     if (sharded) {
       const nlohmann::json meta = {{"format", "pt"}};
       write_text(tmp / "model.safetensors.index.json", nlohmann::json{{"metadata", meta}, {"weight_map", weight_map}}.dump(2) + "\n");

@@ -61,6 +61,12 @@ struct CheckpointSave {
   // token ids) are kept, so a finetuned Hugging Face model saves with the config it came with.
   nlohmann::json base_config;
   dist::Group* tensor_group = nullptr;   // tensor parallelism: the ranks holding the other pieces of split tensors
+  // Pipeline parallelism: the ranks holding the other stages (each stage writes its own files, and the
+  // index names them all), which parameters this rank holds (null: all) and the copies it does not
+  // write (the last stage's copy of a tied embedding, which the first stage writes).
+  dist::Group* pipeline_group = nullptr;
+  std::function<bool(const std::string&)> holds;
+  std::vector<std::string> copies;
 };
 
 // Writes <dir>/step-NNNNNN atomically, updates <dir>/latest, deletes the oldest beyond keep_last.

@@ -155,7 +155,7 @@ void PipelineRunner::forward(TrainPlan& p, const Batch& batch, int64_t micro, in
   if (!port_->first) {
     double sent = 0;
     port_->input = link_.recv_activation(s, shape_key(batch, "train"), at::TensorOptions().device(p.device), &sent,
-                                         "activation of " + what).requires_grad_(true);
+                                         "activation of " + what + " from stage " + std::to_string(s - 1)).requires_grad_(true);
     start = std::max(start, sent);
   }
   p.strategy->before_forward();
@@ -180,8 +180,8 @@ void PipelineRunner::backward(TrainPlan& p, int64_t micro, int64_t chunk, Held& 
     p.strategy->scale_loss(held.output).backward();
   } else {
     double sent = 0;
-    const at::Tensor g = link_.recv_grad(held.output, s, &sent, "gradient of micro-batch " + std::to_string(micro) + " into stage " +
-                                                                     std::to_string(s));
+    const at::Tensor g = link_.recv_grad(held.output, s, &sent, "gradient of micro-batch " + std::to_string(micro) + " from stage " +
+                                                                     std::to_string(s + 1) + " into stage " + std::to_string(s));
     start = std::max(start, sent);
     held.output.backward(g);
   }

@@ -522,9 +522,12 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
   apply_memory(*p);                                               // 4. memory layout, data parallelism, optimizer
   fill_parameters(*p, opt.resume ? resume_from : effective.init_checkpoint, opt.resume);   // 5. weights
   p->peak_rss_after_setup = peak_rss_bytes();
-  if (p->pipeline && p->runtime->group(dist::Dim::pp).rank() > 0)   // each stage's dropout from its own stream
-    at::manual_seed(static_cast<uint64_t>(r.train.seed) + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(p->runtime->group(dist::Dim::pp).rank()));
   if (opt.resume) resume(*p, resume_from);                        // 6. state
+  // Each pipeline stage's dropout from a stream of its own (the default generator otherwise draws the
+  // same masks on every stage); after a resume, which restores rank 0's state everywhere.
+  if (const int64_t stage = p->runtime->group(dist::Dim::pp).rank(); stage > 0)
+    at::manual_seed(static_cast<uint64_t>(r.train.seed) + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(stage) +
+                    static_cast<uint64_t>(p->state.step));
   if (p->is_root()) create_output_dir(r.checkpoint.dir, r.where("checkpoint.dir"));   // now, not at the first save
   return p;
 }

@@ -210,6 +210,11 @@ int run_loop(TrainPlan& p) {
     state.world_size = p.dp_size;
     CheckpointSave s{p.model.get(), p.strategy.get(), &rt.replicas(), task.tokenizer_files(), r.to_toml(), state, p.base_config};
     s.tensor_group = &rt.group(dist::Dim::tp);
+    if (p.pipeline) {   // each stage writes its parameters; the first stage a tied embedding
+      s.pipeline_group = &rt.group(dist::Dim::pp);
+      s.holds = [&p](const std::string& name) { return p.pipeline->holds(name); };
+      if (!p.pipeline->first()) s.copies = p.pipeline->tied();
+    }
     const std::string path = save_checkpoint(r.checkpoint.dir, s, r.checkpoint.keep_last);
     if (root) spdlog::info("saved checkpoint {}", path);
     return path;
