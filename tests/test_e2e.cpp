@@ -451,3 +451,56 @@ TEST_P(FamilyEndToEnd, TinyRecipeTrainsResumesAndGeneratesFromItsHfCheckpoint) {
 INSTANTIATE_TEST_SUITE_P(Families, FamilyEndToEnd,
                          ::testing::Values(FamilyRecipe{"opt", "opt", "OPTForCausalLM"}, FamilyRecipe{"bloom", "bloom", "BloomForCausalLM"}),
                          [](const auto& info) { return std::string(info.param.family); });
+
+TEST(EndToEnd, AutomaticCheckpointingFitsItsTargetRecomputingFewerBlocksAsItGrows) {
+  // GPT at 4 blocks (tiny) and at GPT-2 124M's width and depth, dropout on: each target's choice is
+  // predicted within it, the step's measured tensor peak stays within the target plus what lives outside
+  // the blocks (the no-recompute run's peak less its predicted block activations), losses equal keeping
+  // every activation to the bit, and a target below one block's need is refused naming the least.
+  TempDir dir;
+  struct Shape {
+    std::string name, args;
+    std::vector<double> targets_gb;
+  };
+  // Targets from near the least that fits (all but the last block recomputed) to more than keeping every
+  // block needs (tiny: 30 MiB a block, 120 in all; 124M at T = 64: 9 MiB a block, 108 in all).
+  for (const Shape& shape : {Shape{"tiny", " --set model.n_layer=4", {0.035, 0.06, 0.09, 0.13}},
+                             Shape{"124m", " --set model.n_layer=12 --set model.n_embd=768 --set model.n_head=12 --set train.batch_size=2"
+                                           " --set train.seq_len=64", {0.02, 0.04, 0.07, 0.12}}}) {
+    const std::string common = shape.args + " --set model.dropout=0.1 --set train.max_steps=2 --set optim.warmup_steps=1"
+                               " --set train.eval_every=0 --set checkpoint.every=0 --set checkpoint.at_end=false" + into(dir);
+    auto train_with = [&](const std::string& name, const std::string& how) {
+      const std::string out = dir / (shape.name + "-" + name);
+      auto r = run_colossal("train recipes/gpt-tiny.toml -q" + common + how + " --set output.dir=" + out);
+      EXPECT_EQ(r.exit_code, 0) << name << ": " << r.output;
+      return out;
+    };
+    const std::string none = train_with("none", "");
+    const auto loss_none = colossal::test::metric_values(none + "/metrics.jsonl", "loss");
+    const double peak_none = colossal::test::metric_values(none + "/metrics.jsonl", "tensor_peak_mb").back();
+    double last_count = 1e9, first_count = -1, outside = -1;
+    for (double gb : shape.targets_gb) {
+      const std::string out = train_with(std::to_string(gb), " --set memory.activation_checkpoint=auto --set memory.activation_memory_gb=" +
+                                                                 std::to_string(gb));
+      const double count = colossal::test::metric_values(out + "/metrics.jsonl", "recomputed_blocks").at(0);
+      const double predicted = colossal::test::metric_values(out + "/metrics.jsonl", "predicted_activation_mb").at(0);
+      const double whole = colossal::test::metric_values(out + "/metrics.jsonl", "activation_mb_kept_whole").at(0);
+      if (outside < 0) outside = peak_none - whole;   // what the blocks' activations are not
+      EXPECT_LE(predicted, gb * 1024 * (1 + 1e-9)) << shape.name << " " << gb;
+      EXPECT_LE(colossal::test::metric_values(out + "/metrics.jsonl", "tensor_peak_mb").back(), gb * 1024 + outside + 0.05 * peak_none)
+          << shape.name << " " << gb;
+      EXPECT_EQ(colossal::test::metric_values(out + "/metrics.jsonl", "loss"), loss_none) << shape.name << " " << gb;
+      EXPECT_LE(count, last_count) << shape.name << " " << gb;
+      if (first_count < 0) first_count = count;
+      last_count = count;
+    }
+    EXPECT_LT(last_count, first_count) << shape.name;
+  }
+  auto r = run_colossal("train recipes/gpt-tiny.toml --set memory.activation_checkpoint=auto --set memory.activation_memory_gb=0.0001" + into(dir));
+  expect_one_line_error(r, "activation_memory_gb");
+  EXPECT_NE(r.output.find("the smallest target that works is"), std::string::npos) << r.output;
+  r = run_colossal("train recipes/gpt-tiny.toml --dry-run --set memory.activation_checkpoint=auto --set memory.activation_memory_gb=0.02" + into(dir));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("recompute   auto: recomputing"), std::string::npos) << r.output;
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set memory.activation_checkpoint=auto" + into(dir)), "activation_memory_gb");
+}

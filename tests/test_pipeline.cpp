@@ -36,14 +36,21 @@ struct Case {
   int stages, chunks;
   std::string schedule;
 };
-const std::vector<Case> kCases = {{"gpipe2", 2, 1, "gpipe"},  {"1f1b2", 2, 1, "1f1b"},        {"inter2", 2, 2, "interleaved"},
-                                  {"gpipe4", 4, 1, "gpipe"},  {"1f1b4", 4, 1, "1f1b"},        {"inter4", 4, 2, "interleaved"}};
+const std::vector<Case> kCases = {{"gpipe2", 2, 1, "gpipe"}, {"1f1b2", 2, 1, "1f1b"}, {"inter2", 2, 2, "interleaved"},
+                                  {"zb2", 2, 1, "zero_bubble"}, {"gpipe4", 4, 1, "gpipe"}, {"1f1b4", 4, 1, "1f1b"},
+                                  {"inter4", 4, 2, "interleaved"}, {"zb4", 4, 1, "zero_bubble"}};
 
-// The bubble the run measured (schedule units, stage_link.h) against theory: within 20%.
+// The bubble the run measured (schedule units, stage_link.h) against theory: within 20% (zero-bubble's
+// theory is a bound: at most 20% above it, and below 1F1B's).
 void expect_bubble(const std::string& run, const Case& c) {
   const double p = c.stages, m = 4, v = c.chunks;
-  const double theory = (p - 1) / (v * m + p - 1);
-  for (double idle : metric_values(run + "/metrics.jsonl", "pipeline_idle")) EXPECT_NEAR(idle, theory, 0.2 * theory) << run;
+  const bool zb = c.schedule == "zero_bubble";
+  const double theory = zb ? (p - 1) / (3 * m + p - 1) : (p - 1) / (v * m + p - 1);
+  for (double idle : metric_values(run + "/metrics.jsonl", "pipeline_idle")) {
+    if (zb) EXPECT_LE(idle, 1.2 * theory) << run;
+    else EXPECT_NEAR(idle, theory, 0.2 * theory) << run;
+    if (zb) EXPECT_LT(idle, (p - 1) / (m + p - 1)) << run;
+  }
 }
 
 }  // namespace
@@ -74,7 +81,7 @@ TEST(PipelineTraining, EachScheduleEqualsOneProcessForBertsMaskedLm) {
            (dir / name) + " --set data.dataset=" + (dir / "data.h5") + colossal::test::pinned_kernels() + how;
   };
   ASSERT_EQ(train(bert("one", kOne), "").exit_code, 0);
-  for (const Case& c : {kCases[0], kCases[1], kCases[2], kCases[4]}) {
+  for (const Case& c : {kCases[0], kCases[1], kCases[2], kCases[3], kCases[5]}) {
     auto r = train(bert(c.name, layout(c.stages, c.schedule, c.chunks, c.stages)), "");
     ASSERT_EQ(r.exit_code, 0) << c.name << ": " << r.output;
     // The attention key bias's gradient is zero but for rounding (see test_dist_e2e.cpp): left out.
@@ -82,6 +89,43 @@ TEST(PipelineTraining, EachScheduleEqualsOneProcessForBertsMaskedLm) {
     expect_metric_close(dir / "one", dir / c.name, "loss");
     expect_metric_close(dir / "one", dir / c.name, "eval_loss");
     expect_metric_close(dir / "one", dir / c.name, "eval_accuracy");
+  }
+}
+
+TEST(PipelineTraining, OptBloomAndVitAtTwoStagesEqualOneProcess) {
+  // OPT's embedding with its projections, BLOOM's embedding norm (ALiBi needs no positions on later
+  // stages), ViT's patches, class token and classifier: each family's embedding and head placed.
+  TempDir dir;
+  auto run = [&](const std::string& recipe, const std::string& name, const std::string& how) {
+    return colossal::test::run_colossal("train recipes/" + recipe + ".toml -q --set model.n_layer=4 --set train.max_steps=4"
+                                        " --set optim.warmup_steps=1 --set optim.decay_steps=6 --set train.eval_batches=2"
+                                        " --set train.eval_every=2 --set optim.eps=1e-5 --set output.dir=" + (dir / name) +
+                                        colossal::test::pinned_kernels() + how);
+  };
+  for (const std::string family : {"opt-tiny", "bloom-tiny", "vit-tiny"}) {
+    const std::string extra = family == "vit-tiny" ? "" : " --set train.seq_len=32 --set data.dataset=" + (dir / (family + ".h5"));
+    ASSERT_EQ(run(family, family + "-one", extra + kOne).exit_code, 0) << family;
+    auto r = run(family, family + "-pp", extra + layout(2, "1f1b", 1, 2));
+    ASSERT_EQ(r.exit_code, 0) << family << ": " << r.output;
+    // The attention key bias (OPT's k_proj) has a gradient of zero but for rounding: left out.
+    const std::string key_bias = family == "opt-tiny" ? "k_proj.bias" : "key.bias";
+    EXPECT_LT(max_relative_difference(dir / (family + "-pp"), dir / (family + "-one"), key_bias), 1e-5) << family;
+    for (const char* metric : {"loss", "eval_loss"}) expect_metric_close(dir / (family + "-one"), dir / (family + "-pp"), metric);
+  }
+}
+
+TEST(PipelineTraining, PipelineWithSequenceAndMegatronSplitsEqualsOneProcess) {
+  // Stages exchange the blocks' own layout: a sequence rank's tokens, or Megatron's token split inside a
+  // tensor group; ring attention over the stage's blocks on each pipeline rank.
+  TempDir dir;
+  const std::string blocks = " --set model.n_layer=4 --set checkpoint.every=0";
+  ASSERT_EQ(train(write_recipe(dir, "one"), blocks + kOne).exit_code, 0);
+  for (const auto& [name, how] : {std::pair<std::string, std::string>{"ring", " --set parallel.sequence=2 --set parallel.sequence_mode=ring"},
+                                  {"megatron", " --set parallel.tensor=2 --set parallel.tensor_sequence=true"}}) {
+    auto r = train(write_recipe(dir, name), blocks + layout(2, "1f1b", 1, 4) + how);
+    ASSERT_EQ(r.exit_code, 0) << name << ": " << r.output;
+    EXPECT_LT(max_relative_difference(dir / name, dir / "one"), 1e-5) << name;
+    expect_metric_close(dir / "one", dir / name, "loss");
   }
 }
 
@@ -149,7 +193,7 @@ TEST(PipelineTraining, RecipesThePipelineCannotRunAreRefusedBeforeAnyRankStarts)
                            Refusal{"--set parallel.pipeline=2 --set parallel.virtual_stages=2 --nproc-per-node 2", "needs schedule = \"interleaved\""},
                            Refusal{"--set parallel.pipeline=2 --set train.grad_accum=2 --nproc-per-node 2", "micro_batches = 2 instead"},
                            Refusal{"--set parallel.pipeline=2 --set memory.zero=2 --nproc-per-node 2", "not built yet"},
-                           Refusal{"--set parallel.pipeline=2 --set parallel.schedule=zero_bubble --nproc-per-node 2", "not built yet"}}) {
+                           Refusal{"--set parallel.pipeline=2 --set parallel.partition=profile --nproc-per-node 2", "not built yet"}}) {
     auto r = train(recipe, f.args);
     EXPECT_NE(r.exit_code, 0) << f.args;
     EXPECT_NE(r.output.find(f.says), std::string::npos) << f.args << ": " << r.output;

@@ -316,7 +316,11 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   needs_zero3(r.memory.device_memory_limit_gb > 0, "device_memory_limit_gb", "",
               "below it the device holds every parameter, gradient and state, as the dry run counts them");
   r.memory.host_memory_limit_gb = mem.real("host_memory_limit_gb", r.memory.host_memory_limit_gb, 0, 1 << 20);
-  r.memory.activation_checkpoint = mem.string("activation_checkpoint", r.memory.activation_checkpoint, {"none", "full", "every_n"});
+  r.memory.activation_checkpoint = mem.string("activation_checkpoint", r.memory.activation_checkpoint, {"none", "full", "every_n", "auto"});
+  r.memory.activation_memory_gb = mem.real("activation_memory_gb", r.memory.activation_memory_gb, 0, 1e9);
+  if (r.memory.activation_checkpoint == "auto" && r.memory.activation_memory_gb <= 0)
+    mem.fail("activation_checkpoint", "= \"auto\" needs activation_memory_gb, the most the blocks' activations of a micro-batch may hold "
+                                      "(e.g. activation_memory_gb = 2)");
   r.memory.checkpoint_every = mem.integer("checkpoint_every", r.memory.checkpoint_every, 1, 1 << 20);
   mem.finish();
 
@@ -399,7 +403,8 @@ std::string Recipe::to_toml() const {
                                  {"offload_params", memory.offload_params}, {"nvme_path", memory.nvme_path},
                                  {"placement", memory.placement}, {"device_memory_limit_gb", memory.device_memory_limit_gb},
                                  {"host_memory_limit_gb", memory.host_memory_limit_gb},
-                                 {"activation_checkpoint", memory.activation_checkpoint}, {"checkpoint_every", memory.checkpoint_every}}},
+                                 {"activation_checkpoint", memory.activation_checkpoint}, {"checkpoint_every", memory.checkpoint_every},
+                                 {"activation_memory_gb", memory.activation_memory_gb}}},
       {"precision", toml::table{{"dtype", precision.dtype}, {"initial_scale", precision.initial_scale},
                                 {"growth_factor", precision.growth_factor}, {"backoff_factor", precision.backoff_factor},
                                 {"growth_interval", precision.growth_interval}}},

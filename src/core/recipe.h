@@ -133,9 +133,11 @@ struct MemoryConfig {               // [memory]: where parameters, gradients and
   double device_memory_limit_gb = 0; // ZeRO-3: the most the compute device may hold (0: no budget; a GPU under
                                      // auto: 90% of its memory)
   double host_memory_limit_gb = 0;   // the most the chunks may keep in host memory (0: no limit)
-  std::string activation_checkpoint = "none";   // none | full | every_n: blocks whose activations backward
-                                                // recomputes instead of keeping (every_n: blocks 0, n, 2n, ...)
+  std::string activation_checkpoint = "none";   // none | full | every_n | auto: blocks whose activations backward
+                                                // recomputes instead of keeping (every_n: blocks 0, n, 2n, ...;
+                                                // auto: the cheapest choice within activation_memory_gb)
   int64_t checkpoint_every = 2;      // every_n's n
+  double activation_memory_gb = 0;   // auto: the most one micro-batch's block activations may hold (GiB)
   double device_limit_bytes() const { return device_memory_limit_gb * 1073741824.0; }
   double host_limit_bytes() const { return host_memory_limit_gb * 1073741824.0; }
 };

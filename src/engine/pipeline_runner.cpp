@@ -9,6 +9,7 @@
 #include "src/core/error.h"
 #include "src/engine/train_plan.h"
 #include "src/nn/block.h"
+#include "src/nn/linear_forward.h"
 #include "src/parallel/pipeline_partition.h"
 
 namespace colossal {
@@ -22,9 +23,6 @@ void check_pipeline_recipe(const Recipe& r) {
   const ParallelConfig& c = r.parallel;
   const int64_t p = c.pipeline, v = c.virtual_stages, m = pipeline_micro_batches(c);
   const std::string at = r.where("parallel.pipeline") + " = " + std::to_string(p) + ": ";
-  if (c.schedule == "zero_bubble")
-    throw Error(r.where("parallel.schedule") + " = \"zero_bubble\" is not built yet (its split of backward into input and weight "
-                "passes is not; use \"1f1b\", \"interleaved\" or \"gpipe\")");
   if (c.partition == "profile")
     throw Error(r.where("parallel.partition") + " = \"profile\" is not built yet (use \"uniform\" or \"parameters\")");
   if (r.model.n_layer < p * v)
@@ -33,6 +31,9 @@ void check_pipeline_recipe(const Recipe& r) {
   if (c.schedule == "interleaved" && m % p != 0)
     throw Error(r.where("parallel.micro_batches") + " = " + std::to_string(m) + ": the interleaved schedule runs micro-batches in groups of " +
                 "pipeline = " + std::to_string(p) + " (use a multiple of " + std::to_string(p) + ")");
+  if (r.memory.activation_checkpoint == "auto")
+    throw Error(r.where("memory.activation_checkpoint") + " = \"auto\" with pipeline parallelism is not built yet (its measurement runs the "
+                "whole model; use \"full\" or \"every_n\")");
   if (r.memory.zero >= 2)
     throw Error(r.where("memory.zero") + " = " + std::to_string(r.memory.zero) + " with pipeline parallelism is not built yet (use zero = 0 "
                 "or 1: gradients accumulate over the schedule's micro-batches and are reduced once after them)");
@@ -41,7 +42,7 @@ void check_pipeline_recipe(const Recipe& r) {
 struct PipelineRunner::Held {
   at::Tensor input;    // the received activation (a leaf requiring grad), undefined on stage 0
   at::Tensor output;   // what was sent on, or the loss on the last stage
-  bool live = false;
+  nn::DeferredWeightGrads weights;   // zero_bubble: the weight gradients its backward left for its W pass
 };
 
 namespace {
@@ -169,29 +170,36 @@ void PipelineRunner::forward(TrainPlan& p, const Batch& batch, int64_t micro, in
   }
   clock_ = start + 1;
   held.input = port_->input;
-  held.live = true;
   port_->input = port_->output = at::Tensor();
 }
 
 void PipelineRunner::backward(TrainPlan& p, int64_t micro, int64_t chunk, Held& held) {
   const int64_t s = link_.stage_of(chunk);
   double start = clock_;
-  if (s == link_.stages() - 1) {
-    p.strategy->scale_loss(held.output).backward();
-  } else {
-    double sent = 0;
-    const at::Tensor g = link_.recv_grad(held.output, s, &sent, "gradient of micro-batch " + std::to_string(micro) + " from stage " +
-                                                                     std::to_string(s + 1) + " into stage " + std::to_string(s));
-    start = std::max(start, sent);
-    held.output.backward(g);
+  const bool split = schedule_ == parallel::PipelineSchedule::zero_bubble;   // the weights' products wait for the W pass
+  if (split) nn::defer_weight_grads(&held.weights);
+  try {
+    if (s == link_.stages() - 1) {
+      p.strategy->scale_loss(held.output).backward();
+    } else {
+      double sent = 0;
+      const at::Tensor g = link_.recv_grad(held.output, s, &sent, "gradient of micro-batch " + std::to_string(micro) + " from stage " +
+                                                                       std::to_string(s + 1) + " into stage " + std::to_string(s));
+      start = std::max(start, sent);
+      held.output.backward(g);
+    }
+  } catch (...) {
+    nn::defer_weight_grads(nullptr);
+    throw;
   }
-  clock_ = start + 2;
+  nn::defer_weight_grads(nullptr);
+  clock_ = start + parallel::pass_cost(schedule_, parallel::PipelinePass::backward);
   if (s > 0) {
     const at::Tensor g = held.input.grad();
     link_.send_grad(g.defined() ? g : at::zeros_like(held.input), s, clock_,
                     "gradient of micro-batch " + std::to_string(micro) + " out of stage " + std::to_string(s));
   }
-  held = Held{};
+  held.input = held.output = at::Tensor();
 }
 
 at::Tensor PipelineRunner::train_step(TrainPlan& p, const std::vector<Batch>& micro) {
@@ -206,16 +214,20 @@ at::Tensor PipelineRunner::train_step(TrainPlan& p, const std::vector<Batch>& mi
   p.strategy->before_backward(false);   // gradients accumulate over the passes; reduced once after them
   for (const auto& pass : passes) {
     Held& h = held[static_cast<size_t>(pass.micro * chunks_ + pass.chunk)];
+    const bool split = schedule_ == parallel::PipelineSchedule::zero_bubble;
     if (pass.kind == parallel::PipelinePass::forward) {
       forward(p, micro[static_cast<size_t>(pass.micro)], pass.micro, pass.chunk, h, m);
       if (link_.stage_of(pass.chunk) == link_.stages() - 1) loss_sum = loss_sum + h.output.detach().to(at::kFloat);
       stats_.peak_held = std::max(stats_.peak_held, ++live);
-      busy += 1;
-    } else {
+    } else if (pass.kind == parallel::PipelinePass::backward) {
       backward(p, pass.micro, pass.chunk, h);
+      if (!split) --live;
+    } else {   // zero_bubble's W: the weight gradients its backward queued; nothing waits for them
+      h.weights.run();
+      clock_ += parallel::pass_cost(schedule_, pass.kind);
       --live;
-      busy += 2;
     }
+    busy += parallel::pass_cost(schedule_, pass.kind);
   }
   p.strategy->after_backward();
   link_.finish_sends();

@@ -15,6 +15,7 @@
 #include "src/core/log.h"
 #include "src/core/text.h"
 #include "src/dist/launch_env.h"
+#include "src/engine/activation_plan.h"
 #include "src/engine/tensor_split.h"
 #include "models/registry.h"
 #include "src/io/atomic_dir.h"
@@ -305,18 +306,15 @@ void apply_memory(TrainPlan& p) {
   // with its chunks in place (recompute will go between them).
   auto chain = std::make_shared<nn::BlockHooks>();
   if (auto hook = p.strategy->block_hook()) chain->add(hook);
-  if (const std::string& ac = r.memory.activation_checkpoint; ac != "none") {   // blocks whose activations backward recomputes
-    std::vector<bool> recompute(static_cast<size_t>(p.model->blocks().size()));
-    for (size_t i = 0; i < recompute.size(); ++i)
-      recompute[i] = ac == "full" || static_cast<int64_t>(i) % r.memory.checkpoint_every == 0;
-    chain->set_recompute(std::move(recompute));
-  }
+  // Blocks whose activations backward recomputes ("auto" measures and chooses once the weights are in).
+  chain->set_recompute(fixed_recompute_mask(r.memory, static_cast<int64_t>(p.model->blocks().size())));
   if (p.tracer) {
     p.tracer->attach(p.strategy->store());
     chain->add(p.tracer);
   }
   if (p.pipeline) chain->set_stage(p.pipeline->port());
-  if (!chain->empty()) p.model->set_block_hooks(chain);
+  if (!chain->empty() || r.memory.activation_checkpoint == "auto") p.model->set_block_hooks(chain);
+  p.hooks = chain;
   if (p.dp_size > 1 || zo.stage > 0 || zo.compute || !zo.offload_dir.empty()) spdlog::info("{}", p.strategy->describe());
   if (zo.placement.mode == memory::PlacementMode::automatic && r.memory.device_memory_limit_gb == 0)
     spdlog::info("placement auto: a device budget of {} (90% of {})", human_bytes(static_cast<double>(zo.placement.device_limit)),
@@ -522,6 +520,11 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
   apply_memory(*p);                                               // 4. memory layout, data parallelism, optimizer
   fill_parameters(*p, opt.resume ? resume_from : effective.init_checkpoint, opt.resume);   // 5. weights
   p->peak_rss_after_setup = peak_rss_bytes();
+  if (r.memory.activation_checkpoint == "auto") {                 // the blocks' costs measured, the cheapest fit chosen
+    p->recompute_plan = choose_recompute(r, measure_block_activations(*p), "measured");
+    p->hooks->set_recompute(p->recompute_plan->recompute);
+    spdlog::info("activation checkpointing auto: {}", describe_recompute(r, *p->recompute_plan));
+  }
   if (opt.resume) resume(*p, resume_from);                        // 6. state
   // Each pipeline stage's dropout from a stream of its own (the default generator otherwise draws the
   // same masks on every stage); after a resume, which restores rank 0's state everywhere.

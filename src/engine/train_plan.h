@@ -20,6 +20,7 @@
 #include "models/registry.h"
 #include "src/nn/model.h"
 #include "src/memory/memory_tracer.h"
+#include "src/memory/recompute_plan.h"
 #include "src/memory/train_strategy.h"
 #include "src/parallel/sequence_layout.h"
 #include "src/tasks/task.h"
@@ -42,6 +43,8 @@ struct TrainPlan {
   TrainerState state;             // step 0, or the checkpoint's when resuming
   std::shared_ptr<memory::AllocationCounter> counter;   // ATen's bytes on this thread (profile, a CPU's device budget)
   std::shared_ptr<memory::MemoryTracer> tracer;   // `colossal profile` only: traces the last step
+  std::shared_ptr<nn::BlockHooks> hooks;   // the chain around every block (the model holds it too)
+  std::optional<memory::RecomputePlan> recompute_plan;   // activation_checkpoint = "auto": the measured choice
   // This process's resident memory just before the model was built, and its peak once the weights
   // were in place: what building, initialising or loading the model cost this rank.
   size_t rss_before_model = 0, peak_rss_after_setup = 0;

@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/Utils.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -18,6 +19,7 @@
 #include "src/core/log.h"
 #include "src/core/progress.h"
 #include "src/core/text.h"
+#include "src/engine/activation_plan.h"
 #include "src/engine/checkpoint.h"
 #include "src/engine/metrics.h"
 #include "models/registry.h"
@@ -124,6 +126,15 @@ void print_dry_run(const Recipe& r, const c10::Device& device, int64_t launch_wo
     std::printf("  device      at least %s of the budget of %s (placement %s: %s)\n", human_bytes(least).c_str(), human_bytes(budget).c_str(),
                 r.memory.placement.c_str(), least <= budget ? "fits" : "does not fit: training would stop here");
   }
+  if (r.memory.activation_checkpoint == "auto") {   // the choice from the shape (the run measures each block)
+    const auto plan = choose_recompute(r, estimate_block_activations(r), "estimated from the shape");
+    std::printf("  recompute   auto: %s (estimated from the shape; the run measures each block and may choose otherwise)\n",
+                describe_recompute(r, plan).c_str());
+  } else if (r.memory.activation_checkpoint != "none") {
+    const auto mask = fixed_recompute_mask(r.memory, r.model.n_layer);
+    std::printf("  recompute   %s: %lld of %lld blocks\n", r.memory.activation_checkpoint.c_str(),
+                static_cast<long long>(std::count(mask.begin(), mask.end(), true)), static_cast<long long>(r.model.n_layer));
+  }
   const double have = static_cast<double>(physical_memory_bytes()), need = mem.total() * static_cast<double>(workers);
   const std::string here = workers > 1 ? " for its " + std::to_string(workers) + " ranks (" + human_bytes(need) + ")" : "";
   std::printf("  machine     %s (%s)\n", human_bytes(have).c_str(),
@@ -169,10 +180,16 @@ void write_profile(TrainPlan& p) {
   fs::create_directories(dir);
   const std::string title = p.recipe.path + ": " + p.recipe.model.family + ", " + human_count(static_cast<double>(p.model->parameter_count())) +
                             " parameters, " + p.strategy->describe();
-  const nlohmann::json profile = memory_profile_json(p.strategy->store(), *p.tracer, title);
+  nlohmann::json profile = memory_profile_json(p.strategy->store(), *p.tracer, title);
+  if (p.recompute_plan) {   // activation_checkpoint = "auto": what it measured and chose
+    profile["activation_checkpoint"] = {{"recompute", p.recompute_plan->recompute}, {"predicted_bytes", p.recompute_plan->peak},
+                                        {"target_bytes", p.recipe.memory.activation_memory_gb * 1073741824.0},
+                                        {"rerun_s", p.recompute_plan->seconds}};
+  }
   write_file_atomic((fs::path(dir) / "profile.json").string(), profile.dump(1) + "\n");
   write_file_atomic((fs::path(dir) / "profile.html").string(), memory_profile_html(profile));
   std::printf("%s", memory_profile_table(profile).c_str());
+  if (p.recompute_plan) std::printf("activation checkpointing auto: %s\n", describe_recompute(p.recipe, *p.recompute_plan).c_str());
   std::printf("wrote %s/profile.json and %s/profile.html\n", dir.c_str(), dir.c_str());
   std::fflush(stdout);
 }
@@ -201,6 +218,11 @@ int run_loop(TrainPlan& p) {
                tokens_per_step, rt.world() > 1 ? fmt::format(" | {} ranks", rt.world()) : std::string());
   write_metrics({{"event", opt.resume ? "resume" : "start"}, {"step", state.step}, {"params", params},
                  {"tokens_per_step", tokens_per_step}, {"device", p.device.str()}, {"world_size", rt.world()}});
+  if (p.recompute_plan) {   // activation_checkpoint = "auto": the choice, its prediction, and keeping every block's
+    const auto& plan = *p.recompute_plan;
+    write_metrics({{"step", state.step}, {"recomputed_blocks", plan.count()}, {"predicted_activation_mb", plan.peak / 1048576.0},
+                   {"activation_mb_kept_whole", plan.kept_whole / 1048576.0}});
+  }
 
   // Every rank reaches the save: rank 0 alone writes when it holds all the state (ZeRO 0), every rank
   // its own share under ZeRO 1-3; `latest` moves only once every rank's files are on disk.

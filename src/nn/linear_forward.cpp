@@ -2,6 +2,7 @@
 #include "src/nn/linear_forward.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "kernels/cpu/gemv.h"
@@ -10,6 +11,8 @@
 
 namespace colossal::nn {
 namespace {
+
+thread_local DeferredWeightGrads* t_deferred = nullptr;
 
 bool decoding_shape(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   const bool records_grad =
@@ -49,7 +52,17 @@ struct DenseLinearFunction : public torch::autograd::Function<DenseLinearFunctio
     const at::Tensor dy = grad_out[0].contiguous();
     at::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) dx = gemm_input_grad(dy, weight);
-    if (ctx->needs_input_grad(1)) dw = gemm_weight_grad_for(weight, dy, x);
+    if (ctx->needs_input_grad(1) && t_deferred) {
+      t_deferred->add([weight, dy, x] {   // summed into .grad as autograd would have
+        at::NoGradGuard no_grad;
+        const at::Tensor g = gemm_weight_grad_for(weight, dy, x);
+        if (!g.defined()) return;
+        at::Tensor& held = const_cast<at::Tensor&>(weight).mutable_grad();
+        held = held.defined() ? held.add_(g) : g;
+      });
+    } else if (ctx->needs_input_grad(1)) {
+      dw = gemm_weight_grad_for(weight, dy, x);
+    }
     if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
     return {dx, dw, db};
   }
@@ -64,6 +77,13 @@ bool training_shape(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
 }
 
 }  // namespace
+
+void DeferredWeightGrads::run() {
+  for (auto& w : work_) w();
+  work_.clear();
+}
+
+void defer_weight_grads(DeferredWeightGrads* queue) { t_deferred = queue; }
 
 at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (decoding_shape(x, weight, bias)) {

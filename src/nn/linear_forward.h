@@ -7,11 +7,31 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+#include <vector>
+
 namespace colossal::nn {
 
 inline constexpr int64_t kGemvMaxRows = 8;
 
 // x [..., in], weight [out, in], bias [out] or undefined -> [..., out]
 at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+
+// Zero-bubble pipeline schedules run a backward in two passes: the input's gradient, which the stage
+// before waits for, then the weights' gradients, which nobody waits for and which fill the schedule's
+// idle time. While a queue is set on the thread, the training path's dense layers compute their input's
+// gradient (and bias's) in backward and queue their weight's product dW += dy^T x, keeping dy and x
+// until it runs; the other layers (norms, embeddings, the head's fused loss) compute every gradient at
+// once. Each queued product sums into the weight's .grad as backward would have.
+class DeferredWeightGrads {
+ public:
+  void add(std::function<void()> work) { work_.push_back(std::move(work)); }
+  void run();   // in order, then empty
+  bool empty() const { return work_.empty(); }
+
+ private:
+  std::vector<std::function<void()>> work_;
+};
+void defer_weight_grads(DeferredWeightGrads* queue);   // this thread's queue (null: none)
 
 }  // namespace colossal::nn

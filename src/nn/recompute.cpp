@@ -33,6 +33,8 @@ void set_rng_state(const c10::Device& device, const at::Tensor& state) {
   gen.set_state(state);
 }
 
+thread_local RecomputeObserver t_observer;
+
 struct RecomputeFn : public torch::autograd::Function<RecomputeFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<Rerun> rerun) {
     ctx->saved_data["rng"] = rng_state(x.device());
@@ -42,7 +44,11 @@ struct RecomputeFn : public torch::autograd::Function<RecomputeFn> {
     // two runs must compute the same values to the bit. The graph, and every activation it holds, is
     // dropped as this returns: nothing of the block's interior is kept.
     at::AutoGradMode grad_mode(true);
-    return rerun->forward(x.detach().requires_grad_(x.requires_grad())).detach();
+    if (!t_observer) return rerun->forward(x.detach().requires_grad_(x.requires_grad())).detach();
+    t_observer(nullptr);
+    const at::Tensor y = rerun->forward(x.detach().requires_grad_(x.requires_grad()));
+    t_observer(&y);
+    return y.detach();
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
@@ -63,6 +69,8 @@ struct RecomputeFn : public torch::autograd::Function<RecomputeFn> {
 };
 
 }  // namespace
+
+void set_recompute_observer(RecomputeObserver observer) { t_observer = std::move(observer); }
 
 at::Tensor recomputed(std::function<at::Tensor(const at::Tensor&)> forward, const at::Tensor& x) {
   if (!at::GradMode::is_enabled()) return forward(x);

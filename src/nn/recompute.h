@@ -15,4 +15,11 @@ namespace colossal::nn {
 // backward (it is kept): capture by value. Without grad mode it is forward(x).
 at::Tensor recomputed(std::function<at::Tensor(const at::Tensor&)> forward, const at::Tensor& x);
 
+// What a block's activations cost, for choosing which to recompute (activation_checkpoint = "auto"):
+// called on this thread around each recomputed block's first run, before its forward (null) and after
+// it with the block's graph still alive (its output), so the caller can read the bytes the block would
+// keep and the time it took. One observer a thread; an empty function removes it.
+using RecomputeObserver = std::function<void(const at::Tensor* output)>;
+void set_recompute_observer(RecomputeObserver observer);
+
 }  // namespace colossal::nn
