@@ -71,6 +71,13 @@ TEST(PipelineTraining, EachScheduleAtTwoAndFourStagesEqualsOneProcessForGpt) {
     expect_metric_close(dir / "one", dir / c.name, "eval_loss");
     expect_bubble(dir / c.name, c);
   }
+  // Cut by parameters (the tied embedding weighs on both ends) and by measured time (the head and loss
+  // weigh on the last stage): other cuts, the same training.
+  for (const std::string partition : {"parameters", "profile"}) {
+    auto r = train(write_recipe(dir, partition), blocks + layout(2, "1f1b", 1, 2) + " --set parallel.partition=" + partition);
+    ASSERT_EQ(r.exit_code, 0) << partition << ": " << r.output;
+    EXPECT_LT(max_relative_difference(dir / partition, dir / "one"), 1e-5) << partition;
+  }
 }
 
 TEST(PipelineTraining, EachScheduleEqualsOneProcessForBertsMaskedLm) {
@@ -193,7 +200,8 @@ TEST(PipelineTraining, RecipesThePipelineCannotRunAreRefusedBeforeAnyRankStarts)
                            Refusal{"--set parallel.pipeline=2 --set parallel.virtual_stages=2 --nproc-per-node 2", "needs schedule = \"interleaved\""},
                            Refusal{"--set parallel.pipeline=2 --set train.grad_accum=2 --nproc-per-node 2", "micro_batches = 2 instead"},
                            Refusal{"--set parallel.pipeline=2 --set memory.zero=2 --nproc-per-node 2", "not built yet"},
-                           Refusal{"--set parallel.pipeline=2 --set parallel.partition=profile --nproc-per-node 2", "not built yet"}}) {
+                           Refusal{"--set parallel.pipeline=2 --set memory.activation_checkpoint=auto --set memory.activation_memory_gb=1 "
+                                   "--nproc-per-node 2", "not built yet"}}) {
     auto r = train(recipe, f.args);
     EXPECT_NE(r.exit_code, 0) << f.args;
     EXPECT_NE(r.output.find(f.says), std::string::npos) << f.args << ": " << r.output;

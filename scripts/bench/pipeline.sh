@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # pipeline.sh: pipeline parallelism of `colossal train` at 2 stages against PyTorch's own pipelining
-# (torch.distributed.pipelining: ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B with 2 chunks a rank,
-# under torchrun on Gloo; scripts/bench/pipeline_ref.py) on the same GPT shape, dataset, sequence length, global
+# (torch.distributed.pipelining: ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B with 2 chunks a rank, and
+# for zero_bubble ScheduleInterleavedZeroBubble, torch's zero-bubble schedule, which needs 2 chunks a rank where
+# ours runs one; under torchrun on Gloo; scripts/bench/pipeline_ref.py) on the same GPT shape, dataset, sequence length, global
 # batch and micro-batches, one thread per rank, in alternating rounds. Per schedule it prints medians of tokens/s,
 # the largest rank's peak RSS, colossal's activation peak per step on its first stage (tensor_peak_mb: ATen's
 # bytes above the step's start) and its bubble (idle fraction in pass units, the slowest rank's clock) beside
-# theory ((P - 1) / (v M + P - 1)), and colossal's tokens/s ratio against the PyTorch peer.
+# theory ((P - 1) / (v M + P - 1); zero-bubble's bound (P - 1) / (3 M + P - 1)), and colossal's tokens/s ratio
+# against the PyTorch peer.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 COMMAND="scripts/bench/pipeline.sh"
@@ -52,7 +54,7 @@ colossal_args=(train "$recipe" --quiet --nproc-per-node 2 --set parallel.pipelin
                --set checkpoint.every=0 --set checkpoint.at_end=false --set optim.warmup_steps=1 --set train.grad_clip=1)
 ref_args=(scripts/bench/pipeline_ref.py --n-layer "$layers" --n-head "$n_head" --n-embd "$n_embd" --vocab-size "$vocab"
           --block-size "$block" --seq-len "$T" --batch "$B" --steps "$S" --warmup-steps 3 --micro-batches "$M" --dataset "$dataset")
-schedules=(gpipe 1f1b interleaved)
+schedules=(gpipe 1f1b interleaved zero_bubble)
 for ((r = 1; r <= repeat; r++)); do
   echo "pipeline: round $r/$repeat" >&2
   for s in "${schedules[@]}"; do
@@ -87,7 +89,7 @@ print(f"{'schedule':<12} {'colossal tok/s':>14} {'torch tok/s':>12} {'ratio':>6}
 for s in sys.argv[7:]:
     v = 2 if s == "interleaved" else 1
     c, t = med(f"colossal-{s}", "tokens_per_s"), med(f"torch-{s}", "tokens_per_s")
-    theory = 1 / (v * M + 1)
+    theory = 1 / (3 * M + 1) if s == "zero_bubble" else 1 / (v * M + 1)
     print(f"{s:<12} {c:>14.0f} {t:>12.0f} {c / t:>5.2f}x {med(f'colossal-{s}', 'tensor_peak_mb'):>15.1f} "
           f"{med(f'colossal-{s}', 'peak_rss_mb'):>6.0f}/{med(f'torch-{s}', 'peak_rss_mb'):<6.0f} "
           f"{med(f'colossal-{s}', 'idle'):>7.3f} {theory:>7.3f}")

@@ -109,7 +109,7 @@ struct ParallelConfig {             // [parallel]: how the world's ranks are arr
   std::string schedule = "1f1b";     // gpipe | 1f1b | interleaved | zero_bubble (src/parallel/pipeline_schedule.h)
   int64_t virtual_stages = 1;        // interleaved: chunks of blocks each pipeline rank holds (v)
   int64_t micro_batches = 0;         // micro-batches a step, each of train.batch_size samples; 0 = "auto" (2 x pipeline)
-  std::string partition = "uniform"; // uniform | parameters | profile: how blocks are cut into stages
+  std::string partition = "uniform"; // uniform | parameters | profile (measured time): how blocks are cut into stages
   int64_t sequence = 1;              // sequence-parallel size
   std::string sequence_mode = "split_gather";   // split_gather | ring | all_to_all
   bool tensor_sequence = false;      // Megatron-style: 1d tensor ranks split the blocks' tokens between layers

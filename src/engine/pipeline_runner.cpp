@@ -4,11 +4,17 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <algorithm>
+#include <array>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <chrono>
 #include <map>
+#include <spdlog/spdlog.h>
 
 #include "src/core/error.h"
 #include "src/engine/train_plan.h"
+#include "models/registry.h"
 #include "src/nn/block.h"
+#include "src/nn/factory.h"
 #include "src/nn/linear_forward.h"
 #include "src/parallel/pipeline_partition.h"
 
@@ -23,8 +29,6 @@ void check_pipeline_recipe(const Recipe& r) {
   const ParallelConfig& c = r.parallel;
   const int64_t p = c.pipeline, v = c.virtual_stages, m = pipeline_micro_batches(c);
   const std::string at = r.where("parallel.pipeline") + " = " + std::to_string(p) + ": ";
-  if (c.partition == "profile")
-    throw Error(r.where("parallel.partition") + " = \"profile\" is not built yet (use \"uniform\" or \"parameters\")");
   if (r.model.n_layer < p * v)
     throw Error(at + "with " + std::to_string(v) + " chunk(s) a rank needs at least " + std::to_string(p * v) + " blocks, and the model has " +
                 std::to_string(r.model.n_layer) + " (use fewer stages" + (v > 1 ? " or virtual_stages" : "") + ")");
@@ -51,10 +55,68 @@ bool under(const std::string& name, const std::string& module) {
   return name == module || (name.size() > module.size() && name.compare(0, module.size(), module) == 0 && name[module.size()] == '.');
 }
 
-// The cost of each block and of what the first and last stages hold besides: parameters.
-std::vector<int64_t> stage_bounds(const Recipe& r, nn::Model& model, int64_t stages) {
+using Clock = std::chrono::steady_clock;
+
+// Times block 0's forward and backward, and when they start and end, in a one-block copy of the model.
+struct BlockTimer : nn::BlockHook {
+  Clock::time_point fwd_in, fwd_out, bwd_in, bwd_out;
+  std::function<void()> sync;
+  void before_forward(int64_t) override { sync(), fwd_in = Clock::now(); }
+  void after_forward(int64_t) override { sync(), fwd_out = Clock::now(); }
+  void before_backward(int64_t) override { sync(), bwd_in = Clock::now(); }
+  void after_backward(int64_t) override { sync(), bwd_out = Clock::now(); }
+};
+
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// partition = "profile": a block's forward and backward time, and the embedding's and the head's (with
+// the loss), measured by rank 0 on one micro-batch through a one-block model of the same family and
+// width (every block of a family has the same shape), and given to every rank so all cut alike.
+std::array<double, 3> profiled_costs(const Recipe& r, Task& task, dist::Runtime& runtime, const c10::Device& device) {
+  at::Tensor costs = at::zeros({3}, at::kDouble);
+  if (runtime.is_root()) {
+    ModelConfig one = r.model;
+    one.n_layer = 1;
+    nn::LayerFactory factory;
+    auto model = build_model(one, factory);
+    model->to(device);
+    model->train();
+    auto timer = std::make_shared<BlockTimer>();
+    timer->sync = [&] {
+      if (!device.is_cpu()) c10::impl::getDeviceGuardImpl(device.type())->synchronizeDevice(device.has_index() ? device.index() : 0);
+    };
+    auto chain = std::make_shared<nn::BlockHooks>();
+    chain->add(timer);
+    model->set_block_hooks(chain);
+    task.start(0);   // run_loop starts the loader again where the run is
+    const Batch batch = task.next().to(device);
+    for (int pass = 0; pass < 4; ++pass) {   // the first also times the kernels' first uses; the least of the rest
+      const auto t0 = Clock::now();
+      task.loss(*model, batch).backward();
+      timer->sync();
+      const auto t1 = Clock::now();
+      const double block = seconds(timer->fwd_in, timer->fwd_out) + seconds(timer->bwd_in, timer->bwd_out);
+      const double embed = seconds(t0, timer->fwd_in) + seconds(timer->bwd_out, t1);
+      const double head = seconds(timer->fwd_out, timer->bwd_in);
+      const at::Tensor now = at::tensor({block, embed, head}, at::kDouble);
+      costs = pass == 1 ? now : pass > 1 ? at::minimum(costs, now) : costs;
+    }
+    spdlog::info("partition profile: a block {:.1f} ms, the embedding {:.1f} ms, the head and loss {:.1f} ms (forward and backward)",
+                 costs[0].item<double>() * 1e3, costs[1].item<double>() * 1e3, costs[2].item<double>() * 1e3);
+  }
+  runtime.world_group().broadcast(costs, 0, "pipeline partition profile");
+  return {costs[0].item<double>(), costs[1].item<double>(), costs[2].item<double>()};
+}
+
+// The cost of each block and of what the first and last stages hold besides: parameters, or time.
+std::vector<int64_t> stage_bounds(const Recipe& r, nn::Model& model, int64_t stages, Task& task, dist::Runtime& runtime,
+                                  const c10::Device& device) {
   const auto& blocks = model.blocks();
   if (r.parallel.partition == "uniform") return parallel::uniform_partition(static_cast<int64_t>(blocks.size()), stages);
+  if (r.parallel.partition == "profile") {
+    const auto [block, embed, head] = profiled_costs(r, task, runtime, device);
+    return parallel::balanced_partition(std::vector<double>(blocks.size(), block), embed, head, stages);
+  }
   std::vector<double> cost;
   std::set<const void*> in_blocks;
   for (const auto& b : blocks) {
@@ -78,7 +140,7 @@ std::vector<int64_t> stage_bounds(const Recipe& r, nn::Model& model, int64_t sta
 
 }  // namespace
 
-PipelineRunner::PipelineRunner(const Recipe& r, nn::Model& model, dist::Runtime& runtime)
+PipelineRunner::PipelineRunner(const Recipe& r, nn::Model& model, dist::Runtime& runtime, Task& task, const c10::Device& device)
     : pipeline_(runtime.group(dist::Dim::pp)),
       chunks_(r.parallel.virtual_stages),
       schedule_(parallel::parse_pipeline_schedule(r.parallel.schedule)),
@@ -87,7 +149,7 @@ PipelineRunner::PipelineRunner(const Recipe& r, nn::Model& model, dist::Runtime&
   if (embedding.empty())
     throw Error(r.where("parallel.pipeline") + ": the " + model.model_type() + " family does not say where its embedding is, so it cannot "
                 "be cut into stages (set pipeline = 1)");
-  bounds_ = stage_bounds(r, model, link_.stages());
+  bounds_ = stage_bounds(r, model, link_.stages(), task, runtime, device);
   // Which blocks' parameters this rank holds, and the embedding and head where it runs their stages.
   std::map<const void*, int64_t> block_of;
   for (size_t b = 0; b < model.blocks().size(); ++b)

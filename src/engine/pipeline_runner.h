@@ -43,7 +43,8 @@ class PipelineRunner {
  public:
   // After the model is built (shapes only) and before the chunk store takes its parameters: marks the
   // parameters this rank does not hold.
-  PipelineRunner(const Recipe& recipe, nn::Model& model, dist::Runtime& runtime);
+  // `task` and `device`: partition = "profile" times a micro-batch through a one-block model first.
+  PipelineRunner(const Recipe& recipe, nn::Model& model, dist::Runtime& runtime, Task& task, const c10::Device& device);
 
   std::shared_ptr<nn::StagePort> port() const { return port_; }   // for the model's block-hook chain
   bool holds(const std::string& parameter) const { return held_.count(parameter) > 0; }

@@ -244,7 +244,7 @@ void build_model_shapes(TrainPlan& p) {
   p.task->check_model(*p.model);
   p.model->train();
   if (p.runtime->group(dist::Dim::pp).size() > 1) {   // this rank's stages: the parameters it does not hold stay deferred
-    p.pipeline = std::make_unique<PipelineRunner>(r, *p.model, *p.runtime);
+    p.pipeline = std::make_unique<PipelineRunner>(r, *p.model, *p.runtime, *p.task, p.device);
     spdlog::info("{}", p.pipeline->describe());
   }
 }
