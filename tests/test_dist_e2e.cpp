@@ -479,6 +479,19 @@ TEST(DistributedFaults, AStoppedPipelineStageEndsTheJobNamingThatStage) {
   expect_workers_gone(job, "outlived the job");
 }
 
+TEST(DistributedFaults, AKilledPipelineStageEndsTheJobNamingIt) {
+  TempDir dir;
+  const BackgroundJob job = start_job(dir, "killed-stage", "--set parallel.timeout_s=20 --set parallel.pipeline=2");
+  ASSERT_EQ(job.workers.size(), 2u);
+  kill(worker_pid(job.launcher, 1), SIGKILL);
+  const Ended end = wait_for_end(job, 30);
+  EXPECT_NE(end.code, 0) << end.out;
+  EXPECT_NE(end.code, -1) << "launcher did not end: " << end.out;
+  EXPECT_NE(end.out.find("error: rank 1 (node "), std::string::npos) << end.out;
+  EXPECT_NE(end.out.find("was killed by SIGKILL"), std::string::npos) << end.out;
+  expect_workers_gone(job, "outlived the job");
+}
+
 TEST(DistributedFaults, KillingTheLauncherTakesItsWorkersWithIt) {
   TempDir dir;
   const BackgroundJob job = start_job(dir, "orphan", "");

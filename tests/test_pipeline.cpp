@@ -83,12 +83,12 @@ TEST(PipelineTraining, EachScheduleAtTwoAndFourStagesEqualsOneProcessForGpt) {
 TEST(PipelineTraining, EachScheduleEqualsOneProcessForBertsMaskedLm) {
   TempDir dir;
   auto bert = [&](const std::string& name, const std::string& how) {
-    return "recipes/bert-tiny.toml --set model.n_layer=4 --set train.max_steps=4 --set optim.warmup_steps=1 --set optim.decay_steps=6"
+    return "recipes/bert-tiny.toml --set model.n_layer=8 --set train.max_steps=3 --set optim.warmup_steps=1 --set optim.decay_steps=6"
            " --set train.seq_len=32 --set train.eval_batches=2 --set train.eval_every=2 --set optim.eps=1e-5 --set output.dir=" +
            (dir / name) + " --set data.dataset=" + (dir / "data.h5") + colossal::test::pinned_kernels() + how;
   };
   ASSERT_EQ(train(bert("one", kOne), "").exit_code, 0);
-  for (const Case& c : {kCases[0], kCases[1], kCases[2], kCases[3], kCases[5]}) {
+  for (const Case& c : kCases) {
     auto r = train(bert(c.name, layout(c.stages, c.schedule, c.chunks, c.stages)), "");
     ASSERT_EQ(r.exit_code, 0) << c.name << ": " << r.output;
     // The attention key bias's gradient is zero but for rounding (see test_dist_e2e.cpp): left out.

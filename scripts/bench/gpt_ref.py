@@ -18,6 +18,7 @@ import h5py
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 import torch.nn.functional as F
 
 
@@ -80,9 +81,10 @@ class Block(nn.Module):
 
 
 class Gpt(nn.Module):
-    def __init__(self, n_layer, n_head, n_embd, vocab_size, block_size, dropout, attn):
+    def __init__(self, n_layer, n_head, n_embd, vocab_size, block_size, dropout, attn, checkpoint="none"):
         super().__init__()
         self.block_size = block_size
+        self.checkpoint = checkpoint   # torch.utils.checkpoint on every block ("full") or every other ("every2")
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)
@@ -104,8 +106,11 @@ class Gpt(nn.Module):
         B, T = idx.shape
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))          # [B, T, C]
-        for block in self.h:
-            x = block(x)
+        for i, block in enumerate(self.h):
+            if self.training and (self.checkpoint == "full" or (self.checkpoint == "every2" and i % 2 == 0)):
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         logits = self.lm_head(self.ln_f(x))                   # [B, T, V]
         return F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))
 
@@ -165,6 +170,8 @@ def parse_args():
     ap.add_argument("--attn", choices=["naive", "sdpa"], default="sdpa")
     ap.add_argument("--compile", action="store_true", help="wrap the model in torch.compile (default backend)")
     ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--checkpoint", choices=["none", "full", "every2"], default="none",
+                    help="torch.utils.checkpoint (non-reentrant) on every block or every other block")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--deepspeed", type=int, default=None, metavar="STAGE",
@@ -208,7 +215,7 @@ def main():
     if a.device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda but torch sees no GPU")
     dev = torch.device(a.device)
-    model = Gpt(a.n_layer, a.n_head, a.n_embd, a.vocab_size, a.block_size, a.dropout, a.attn).to(dev)
+    model = Gpt(a.n_layer, a.n_head, a.n_embd, a.vocab_size, a.block_size, a.dropout, a.attn, a.checkpoint).to(dev)
     model.train()
     params = list(model.parameters())                         # the tied weight appears once
     n_params = sum(p.numel() for p in params)

@@ -22,7 +22,7 @@ namespace colossal {
 
 int64_t pipeline_micro_batches(const ParallelConfig& c) {
   if (c.micro_batches > 0) return c.micro_batches;
-  return 2 * c.pipeline * (c.schedule == "interleaved" ? 1 : 1);   // "auto": twice the stages (a bubble of a third at most)
+  return 2 * c.pipeline;   // "auto": twice the stages (1F1B's bubble a third at most; interleaved's groups of P)
 }
 
 void check_pipeline_recipe(const Recipe& r) {
@@ -51,8 +51,11 @@ struct PipelineRunner::Held {
 
 namespace {
 
-bool under(const std::string& name, const std::string& module) {
-  return name == module || (name.size() > module.size() && name.compare(0, module.size(), module) == 0 && name[module.size()] == '.');
+// Parameter `name` belongs to one of `modules` (module paths: "wte" holds "wte.weight").
+bool in_any(const std::string& name, const std::vector<std::string>& modules) {
+  return std::any_of(modules.begin(), modules.end(), [&](const std::string& m) {
+    return name == m || (name.size() > m.size() && name.compare(0, m.size(), m) == 0 && name[m.size()] == '.');
+  });
 }
 
 using Clock = std::chrono::steady_clock;
@@ -129,11 +132,8 @@ std::vector<int64_t> stage_bounds(const Recipe& r, nn::Model& model, int64_t sta
   for (const auto& item : model.named_parameters()) {
     if (in_blocks.count(item.value().unsafeGetTensorImpl())) continue;
     const auto n = static_cast<double>(item.value().numel());
-    auto any = [&](const std::vector<std::string>& modules) {
-      return std::any_of(modules.begin(), modules.end(), [&](const std::string& m) { return under(item.key(), m); });
-    };
-    if (any(embedding)) first += n;
-    if (!any(embedding) || any(tied)) last += n;
+    if (in_any(item.key(), embedding)) first += n;
+    if (!in_any(item.key(), embedding) || in_any(item.key(), tied)) last += n;
   }
   return parallel::balanced_partition(cost, first, last, stages);
 }
@@ -164,10 +164,7 @@ PipelineRunner::PipelineRunner(const Recipe& r, nn::Model& model, dist::Runtime&
   const auto tied_modules = model.tied_to_head();
   for (auto& item : model.named_parameters()) {
     const auto it = block_of.find(item.value().unsafeGetTensorImpl());
-    auto any = [&](const std::vector<std::string>& modules) {
-      return std::any_of(modules.begin(), modules.end(), [&](const std::string& m) { return under(item.key(), m); });
-    };
-    const bool in_embedding = any(embedding), tied = any(tied_modules);
+    const bool in_embedding = in_any(item.key(), embedding), tied = in_any(item.key(), tied_modules);
     const bool holds = it != block_of.end() ? mine(it->second) : ((in_embedding && first()) || ((!in_embedding || tied) && last()));
     if (holds && item.value().requires_grad()) {
       held_.insert(item.key());

@@ -34,6 +34,14 @@ void StageLink::recv(const at::Tensor& t, int64_t peer, const std::string& what)
   wait_s_ += since(t0);
 }
 
+at::Tensor StageLink::lend(const std::vector<int64_t>& shape, const at::TensorOptions& options) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  at::Tensor flat = spares_.take(numel, options);
+  lent_.push_back(flat);
+  return flat.view(shape);
+}
+
 void StageLink::send_activation(const at::Tensor& x, int64_t stage, const std::string& key, double clock, const std::string& what) {
   const at::Tensor data = x.detach().contiguous();
   const int64_t peer = rank_of(stage + 1);
@@ -60,7 +68,7 @@ at::Tensor StageLink::recv_activation(int64_t stage, const std::string& key, con
   const int64_t peer = rank_of(stage - 1);
   auto it = agreed_.find({stage - 1, key});
   const bool agreed = it != agreed_.end();
-  at::Tensor meta = at::empty({agreed ? 1 : 3 + kMaxDims}, device.dtype(at::kDouble));
+  at::Tensor meta = lend({agreed ? 1 : 3 + kMaxDims}, device.dtype(at::kDouble));
   recv(meta, peer, what + " (its clock and shape)");
   const at::Tensor m = meta.cpu();
   const double* v = m.const_data_ptr<double>();
@@ -70,7 +78,7 @@ at::Tensor StageLink::recv_activation(int64_t stage, const std::string& key, con
     for (int64_t d = 0; d < static_cast<int64_t>(v[2]); ++d) shape.push_back(static_cast<int64_t>(v[3 + d]));
     it = agreed_.emplace(std::make_pair(stage - 1, key), std::make_pair(shape, static_cast<at::ScalarType>(static_cast<int>(v[1])))).first;
   }
-  at::Tensor x = at::empty(it->second.first, device.dtype(it->second.second));
+  at::Tensor x = lend(it->second.first, device.dtype(it->second.second));
   recv(x, peer, what);
   return x;
 }
@@ -83,10 +91,10 @@ void StageLink::send_grad(const at::Tensor& g, int64_t stage, double clock, cons
 
 at::Tensor StageLink::recv_grad(const at::Tensor& like, int64_t stage, double* clock, const std::string& what) {
   const int64_t peer = rank_of(stage + 1);
-  at::Tensor meta = at::empty({1}, like.options().dtype(at::kDouble));
+  at::Tensor meta = lend({1}, like.options().dtype(at::kDouble));
   recv(meta, peer, what + " (its clock)");
   *clock = meta.item<double>();
-  at::Tensor g = at::empty(like.sizes(), like.options());
+  at::Tensor g = lend(like.sizes().vec(), like.options());
   recv(g, peer, what);
   return g;
 }
@@ -94,6 +102,14 @@ at::Tensor StageLink::recv_grad(const at::Tensor& like, int64_t stage, double* c
 void StageLink::finish_sends() {
   for (auto& [pending, tensor] : sending_) group_.wait(pending);
   sending_.clear();
+  // A buffer whose memory nothing else holds (its storage's only owner is the flat tensor kept here) is
+  // free for the next step's receives; the rest are checked again at the next step's end.
+  std::vector<at::Tensor> still;
+  for (auto& t : lent_) {
+    if (t.storage().use_count() == 1) spares_.give(std::move(t));
+    else still.push_back(std::move(t));
+  }
+  lent_ = std::move(still);
 }
 
 double StageLink::take_wait_s() { return std::exchange(wait_s_, 0.0); }

@@ -7,6 +7,9 @@
 //    A gradient has the shape of the activation it belongs to, which the receiver holds.
 //  - Sends are asynchronous (the tensor is kept until the transfer completes); receives block, and the
 //    time they block is counted (the wall-clock bubble).
+//  - Receive buffers are reused from step to step: each is lent out, and taken back at the step's end
+//    once nothing else refers to its memory (a received activation lives until its backward, and a
+//    gradient passed through a residual sum may be the very tensor sent on as the input's gradient).
 //  - Every transfer carries the sender's logical clock: passes cost fixed units (a forward 1, a backward
 //    2) and a pass starts at the later of the rank's clock and its input's, so a step's idle fraction in
 //    those units measures the order the ranks really ran, independent of the machine's noise.
@@ -18,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/core/spare_buffers.h"
 #include "src/dist/group.h"
 
 namespace colossal::parallel {
@@ -36,17 +40,20 @@ class StageLink {
   void send_grad(const at::Tensor& g, int64_t stage, double clock, const std::string& what);
   // Into a buffer shaped and typed like `like` (the activation this stage sent).
   at::Tensor recv_grad(const at::Tensor& like, int64_t stage, double* clock, const std::string& what);
-  void finish_sends();   // waits for every send in flight (the step's end)
+  void finish_sends();   // waits for every send in flight (the step's end) and takes back the free receive buffers
   double take_wait_s();  // seconds receives blocked since the last take
 
  private:
   int64_t rank_of(int64_t stage) const { return stage % ranks(); }
   void send(const at::Tensor& t, int64_t peer, const std::string& what);
   void recv(const at::Tensor& t, int64_t peer, const std::string& what);
+  at::Tensor lend(const std::vector<int64_t>& shape, const at::TensorOptions& options);   // a receive buffer
   dist::Group& group_;
   int64_t chunks_;
   std::map<std::pair<int64_t, std::string>, std::pair<std::vector<int64_t>, at::ScalarType>> agreed_;   // (stage, key) -> shape, dtype
   std::vector<std::pair<dist::Pending, at::Tensor>> sending_;
+  SpareBuffers spares_{64};
+  std::vector<at::Tensor> lent_;   // receive buffers out this step (flat)
   double wait_s_ = 0;
 };
 
