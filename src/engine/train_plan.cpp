@@ -338,12 +338,9 @@ void fill_parameters(TrainPlan& p, const std::string& from, bool resuming) {
     nn::for_each_initial_value(*p.model, take);
     return;
   }
-  if (p.pipeline) {
-    read_model_state(*p.model, HfWeights::open(from), take, [&](const std::string& name) { return p.pipeline->holds(name); });
-    if (!resuming) spdlog::info("initialised from {}", from);
-    return;
-  }
-  read_model_state(*p.model, HfWeights::open(from), take);
+  std::function<bool(const std::string&)> only;   // a pipeline stage reads its own parameters
+  if (p.pipeline) only = [&](const std::string& name) { return p.pipeline->holds(name); };
+  read_model_state(*p.model, HfWeights::open(from), take, only);
   if (!resuming) spdlog::info("initialised from {}", from);
 }
 

@@ -284,18 +284,19 @@ int run_loop(TrainPlan& p) {
       std::vector<Batch> micro;
       for (int64_t k = 0; k < r.train.grad_accum; ++k) micro.push_back(p.local_part(task.next().to(p.device)));
       step_loss = p.pipeline->train_step(p, micro);
-    }
-    for (int64_t micro = 0; micro < (p.pipeline ? 0 : r.train.grad_accum); ++micro) {
-      const Batch batch = p.local_part(task.next().to(p.device));   // this rank's tokens when the sequence is split
-      mark("forward");
-      p.strategy->before_forward();
-      p.strategy->before_backward(micro == r.train.grad_accum - 1);   // the step's gradients are complete after the last
-      auto loss = p.batch_loss(task.loss(*p.model, batch));
-      if (r.train.grad_accum > 1) loss = loss / static_cast<double>(r.train.grad_accum);
-      mark("backward");
-      p.strategy->scale_loss(loss).backward();   // fp16: scaled so small gradients survive its range
-      p.strategy->after_backward();
-      step_loss = micro == 0 ? loss.detach() : step_loss + loss.detach();
+    } else {
+      for (int64_t micro = 0; micro < r.train.grad_accum; ++micro) {
+        const Batch batch = p.local_part(task.next().to(p.device));   // this rank's tokens when the sequence is split
+        mark("forward");
+        p.strategy->before_forward();
+        p.strategy->before_backward(micro == r.train.grad_accum - 1);   // the step's gradients are complete after the last
+        auto loss = p.batch_loss(task.loss(*p.model, batch));
+        if (r.train.grad_accum > 1) loss = loss / static_cast<double>(r.train.grad_accum);
+        mark("backward");
+        p.strategy->scale_loss(loss).backward();   // fp16: scaled so small gradients survive its range
+        p.strategy->after_backward();
+        step_loss = micro == 0 ? loss.detach() : step_loss + loss.detach();
+      }
     }
     mark("update");
     // Every rank now holds the average gradient (or, sharded, its part of it).
