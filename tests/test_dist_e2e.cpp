@@ -476,9 +476,9 @@ TEST(DistributedFaults, AStoppedPipelineStageEndsTheJobNamingThatStage) {
   EXPECT_NE(end.code, -1) << "launcher did not end: " << end.out;
   EXPECT_NE(end.out.find("rank 1 (node "), std::string::npos) << end.out;
   EXPECT_NE(end.out.find("stopped responding"), std::string::npos) << end.out;
-  // Caught in a transfer (most of a step), the message names the stage it waited for; caught at the
-  // step's agreement, the rank.
-  if (end.out.find("on group pp") != std::string::npos) EXPECT_NE(end.out.find("from stage 1"), std::string::npos) << end.out;
+  // Caught in a transfer (most of a step), the message names the stage it waited for; caught at a
+  // collective (the step's agreement, the pipeline's clock), the rank.
+  if (end.out.find("during recv on group pp") != std::string::npos) EXPECT_NE(end.out.find("from stage 1"), std::string::npos) << end.out;
   expect_workers_gone(job, "outlived the job");
 }
 
