@@ -305,11 +305,12 @@ void PipelineRunner::sum_tied_gradients(TrainPlan& p) {
   // The first and the last stage each hold a copy of a tied embedding: each adds the other's gradient,
   // so both updates are the one-process update and the copies stay equal.
   const int64_t peer = first() ? link_.ranks() - 1 : 0;
+  const std::string other = "stage " + std::to_string(first() ? link_.stages() - 1 : 0);
   for (const auto& name : tied_) {
     at::Tensor g = p.strategy->full_grad(name);
     const at::Tensor theirs = at::empty_like(g);
-    dist::Pending out = pipeline_.send_async(g.contiguous(), peer, "gradient of the tied " + name);
-    dist::Pending in = pipeline_.recv_async(theirs, peer, "gradient of the tied " + name);
+    dist::Pending out = pipeline_.send_async(g.contiguous(), peer, "gradient of the tied " + name + " to " + other);
+    dist::Pending in = pipeline_.recv_async(theirs, peer, "gradient of the tied " + name + " from " + other);
     pipeline_.wait(in);
     pipeline_.wait(out);
     g.add_(theirs);
