@@ -122,14 +122,16 @@ TEST(PipelineTraining, OptBloomAndVitAtTwoStagesEqualOneProcess) {
 }
 
 TEST(PipelineTraining, PipelineWithSequenceAndMegatronSplitsEqualsOneProcess) {
-  // Stages exchange the blocks' own layout: a sequence rank's tokens, or Megatron's token split inside a
-  // tensor group; ring attention over the stage's blocks on each pipeline rank.
+  // Stages exchange the blocks' own layout: a sequence rank's tokens, Megatron's token split inside a
+  // tensor group, or a 2D grid's block of rows and features; ring attention over the stage's blocks.
   TempDir dir;
   const std::string blocks = " --set model.n_layer=4 --set checkpoint.every=0";
   ASSERT_EQ(train(write_recipe(dir, "one"), blocks + kOne).exit_code, 0);
   for (const auto& [name, how] : {std::pair<std::string, std::string>{"ring", " --set parallel.sequence=2 --set parallel.sequence_mode=ring"},
-                                  {"megatron", " --set parallel.tensor=2 --set parallel.tensor_sequence=true"}}) {
-    auto r = train(write_recipe(dir, name), blocks + layout(2, "1f1b", 1, 4) + how);
+                                  {"megatron", " --set parallel.tensor=2 --set parallel.tensor_sequence=true"},
+                                  {"grid", " --set parallel.tensor=4 --set parallel.tensor_mode=2d"}}) {
+    const int ranks = name == "grid" ? 8 : 4;   // a 2 x 2 grid a stage
+    auto r = train(write_recipe(dir, name), blocks + layout(2, "1f1b", 1, ranks) + how);
     ASSERT_EQ(r.exit_code, 0) << name << ": " << r.output;
     EXPECT_LT(max_relative_difference(dir / name, dir / "one"), 1e-5) << name;
     expect_metric_close(dir / "one", dir / name, "loss");
