@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/Context.h>
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/cuda.h>
 
 #include "src/core/error.h"
@@ -119,6 +120,10 @@ size_t device_peak_allocated_bytes(const c10::Device& device) { return static_ca
 
 void reset_device_peak(const c10::Device& device) {
   if (!device.is_cpu()) c10::getDeviceAllocator(device.type())->resetPeakStats(device.index() < 0 ? 0 : device.index());
+}
+
+void synchronize_device(const c10::Device& device) {
+  if (!device.is_cpu()) c10::impl::getDeviceGuardImpl(device.type())->synchronizeDevice(device.has_index() ? device.index() : 0);
 }
 
 size_t device_total_bytes(const c10::Device& device) {

@@ -33,6 +33,8 @@ void require_host_memory(double bytes, const std::string& what);
 size_t device_allocated_bytes(const c10::Device& device);
 size_t device_peak_allocated_bytes(const c10::Device& device);
 void reset_device_peak(const c10::Device& device);   // the peak restarts from what is allocated now
+// Waits for the work queued on an accelerator (timing a region there); nothing on the CPU.
+void synchronize_device(const c10::Device& device);
 // An accelerator's total memory (the CPU's: the machine's physical memory).
 size_t device_total_bytes(const c10::Device& device);
 

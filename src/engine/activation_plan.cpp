@@ -2,12 +2,9 @@
 #include "src/engine/activation_plan.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Context.h>
 #include <ATen/core/grad_mode.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <cmath>
 #include <chrono>
-#include <mutex>
 
 #include "src/core/device.h"
 #include "src/core/error.h"
@@ -27,31 +24,18 @@ std::vector<bool> fixed_recompute_mask(const MemoryConfig& m, int64_t blocks) {
 
 namespace {
 
-// The default generators' states (the host's and the device's): the measuring forward draws dropout
-// masks the run must draw again.
-struct GeneratorStates {
-  explicit GeneratorStates(const c10::Device& d) : device(d) {
-    for (const auto& dev : devices()) states.push_back(state_of(dev));
+// The default generators' states (the host's and the compute device's), set back when it goes: the
+// measuring forward draws dropout masks the run must draw again.
+struct KeepGenerators {
+  explicit KeepGenerators(const c10::Device& device) {
+    devices.emplace_back(c10::kCPU);
+    if (!device.is_cpu()) devices.push_back(device);
+    for (const auto& d : devices) states.push_back(nn::generator_state(d));
   }
-  ~GeneratorStates() {
-    const auto devs = devices();
-    for (size_t i = 0; i < devs.size(); ++i) {
-      auto gen = at::globalContext().defaultGenerator(devs[i]);
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(states[i]);
-    }
+  ~KeepGenerators() {
+    for (size_t i = 0; i < devices.size(); ++i) nn::set_generator_state(devices[i], states[i]);
   }
-  std::vector<c10::Device> devices() const {
-    std::vector<c10::Device> v{c10::Device(c10::kCPU)};
-    if (!device.is_cpu()) v.push_back(device);
-    return v;
-  }
-  static at::Tensor state_of(const c10::Device& dev) {
-    auto gen = at::globalContext().defaultGenerator(dev);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    return gen.get_state();
-  }
-  c10::Device device;
+  std::vector<c10::Device> devices;
   std::vector<at::Tensor> states;
 };
 
@@ -61,21 +45,18 @@ std::vector<memory::BlockActivation> measure_block_activations(TrainPlan& p) {
   auto* hooks = const_cast<nn::BlockHooks*>(p.model->block_hooks());
   if (!hooks) throw Error("activation_checkpoint = \"auto\": the model has no block-hook chain (internal)");
   const int64_t blocks = static_cast<int64_t>(p.model->blocks().size());
-  const GeneratorStates keep(p.device);
+  const KeepGenerators keep(p.device);
   hooks->set_recompute(std::vector<bool>(static_cast<size_t>(blocks), true));
   p.task->start(0);   // run_loop starts the loader again where the run is
   const Batch batch = p.local_part(p.task->next().to(p.device));
   auto live = [&]() -> double {
     return p.device.is_cpu() ? static_cast<double>(p.counter ? p.counter->live() : 0) : static_cast<double>(device_allocated_bytes(p.device));
   };
-  auto sync = [&] {
-    if (!p.device.is_cpu()) c10::impl::getDeviceGuardImpl(p.device.type())->synchronizeDevice(p.device.has_index() ? p.device.index() : 0);
-  };
   std::vector<memory::BlockActivation> out;
   double before = 0;
   std::chrono::steady_clock::time_point t0;
   nn::set_recompute_observer([&](const at::Tensor* y) {
-    sync();
+    synchronize_device(p.device);
     if (!y) {
       before = live();
       t0 = std::chrono::steady_clock::now();

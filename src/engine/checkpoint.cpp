@@ -417,7 +417,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
       add_entries(model_entries, hf, shape, "");
       for (const auto& sn : state_names) add_entries(state_entries, hf, shape, "." + sn);
     }
-    std::vector<NamedTensor> extra_weights, extra_states;   // rank 0's
+    std::vector<NamedTensor> extra_weights, extra_states;   // each stage's first rank's (the RNG state: rank 0's)
     if (stage_root) {
       for (auto& item : s.model->named_parameters())   // frozen tensors live outside the store
         if (!store.slot_of(item.key()) && (!s.holds || s.holds(item.key())))

@@ -5,11 +5,11 @@
 #include <ATen/core/grad_mode.h>
 #include <algorithm>
 #include <array>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <chrono>
 #include <map>
 #include <spdlog/spdlog.h>
 
+#include "src/core/device.h"
 #include "src/core/error.h"
 #include "src/engine/train_plan.h"
 #include "models/registry.h"
@@ -62,12 +62,14 @@ using Clock = std::chrono::steady_clock;
 
 // Times block 0's forward and backward, and when they start and end, in a one-block copy of the model.
 struct BlockTimer : nn::BlockHook {
+  explicit BlockTimer(const c10::Device& d) : device(d) {}
+  c10::Device device;
   Clock::time_point fwd_in, fwd_out, bwd_in, bwd_out;
-  std::function<void()> sync;
-  void before_forward(int64_t) override { sync(), fwd_in = Clock::now(); }
-  void after_forward(int64_t) override { sync(), fwd_out = Clock::now(); }
-  void before_backward(int64_t) override { sync(), bwd_in = Clock::now(); }
-  void after_backward(int64_t) override { sync(), bwd_out = Clock::now(); }
+  Clock::time_point now() const { return synchronize_device(device), Clock::now(); }
+  void before_forward(int64_t) override { fwd_in = now(); }
+  void after_forward(int64_t) override { fwd_out = now(); }
+  void before_backward(int64_t) override { bwd_in = now(); }
+  void after_backward(int64_t) override { bwd_out = now(); }
 };
 
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -84,20 +86,16 @@ std::array<double, 3> profiled_costs(const Recipe& r, Task& task, dist::Runtime&
     auto model = build_model(one, factory);
     model->to(device);
     model->train();
-    auto timer = std::make_shared<BlockTimer>();
-    timer->sync = [&] {
-      if (!device.is_cpu()) c10::impl::getDeviceGuardImpl(device.type())->synchronizeDevice(device.has_index() ? device.index() : 0);
-    };
+    auto timer = std::make_shared<BlockTimer>(device);
     auto chain = std::make_shared<nn::BlockHooks>();
     chain->add(timer);
     model->set_block_hooks(chain);
     task.start(0);   // run_loop starts the loader again where the run is
     const Batch batch = task.next().to(device);
     for (int pass = 0; pass < 4; ++pass) {   // the first also times the kernels' first uses; the least of the rest
-      const auto t0 = Clock::now();
+      const auto t0 = timer->now();
       task.loss(*model, batch).backward();
-      timer->sync();
-      const auto t1 = Clock::now();
+      const auto t1 = timer->now();
       const double block = seconds(timer->fwd_in, timer->fwd_out) + seconds(timer->bwd_in, timer->bwd_out);
       const double embed = seconds(t0, timer->fwd_in) + seconds(timer->bwd_out, t1);
       const double head = seconds(timer->fwd_out, timer->bwd_in);
@@ -144,6 +142,7 @@ PipelineRunner::PipelineRunner(const Recipe& r, nn::Model& model, dist::Runtime&
     : pipeline_(runtime.group(dist::Dim::pp)),
       chunks_(r.parallel.virtual_stages),
       schedule_(parallel::parse_pipeline_schedule(r.parallel.schedule)),
+      split_(schedule_ == parallel::PipelineSchedule::zero_bubble),
       link_(runtime.group(dist::Dim::pp), r.parallel.virtual_stages) {
   const auto embedding = model.embedding_modules();
   if (embedding.empty())
@@ -235,8 +234,7 @@ void PipelineRunner::forward(TrainPlan& p, const Batch& batch, int64_t micro, in
 void PipelineRunner::backward(TrainPlan& p, int64_t micro, int64_t chunk, Held& held) {
   const int64_t s = link_.stage_of(chunk);
   double start = clock_;
-  const bool split = schedule_ == parallel::PipelineSchedule::zero_bubble;   // the weights' products wait for the W pass
-  if (split) nn::defer_weight_grads(&held.weights);
+  if (split_) nn::defer_weight_grads(&held.weights);   // the weights' products wait for the W pass
   try {
     if (s == link_.stages() - 1) {
       p.strategy->scale_loss(held.output).backward();
@@ -263,7 +261,11 @@ void PipelineRunner::backward(TrainPlan& p, int64_t micro, int64_t chunk, Held& 
 
 at::Tensor PipelineRunner::train_step(TrainPlan& p, const std::vector<Batch>& micro) {
   const auto m = static_cast<int64_t>(micro.size());
-  const auto passes = parallel::pipeline_passes(schedule_, link_.ranks(), link_.rank(), m, chunks_);
+  if (passes_micros_ != m) {   // the same every step (zero-bubble's order is searched): computed once
+    passes_ = parallel::pipeline_passes(schedule_, link_.ranks(), link_.rank(), m, chunks_);
+    passes_micros_ = m;
+  }
+  const auto& passes = passes_;
   std::vector<Held> held(static_cast<size_t>(m * chunks_));
   clock_ = 0;
   stats_ = {};
@@ -273,14 +275,13 @@ at::Tensor PipelineRunner::train_step(TrainPlan& p, const std::vector<Batch>& mi
   p.strategy->before_backward(false);   // gradients accumulate over the passes; reduced once after them
   for (const auto& pass : passes) {
     Held& h = held[static_cast<size_t>(pass.micro * chunks_ + pass.chunk)];
-    const bool split = schedule_ == parallel::PipelineSchedule::zero_bubble;
     if (pass.kind == parallel::PipelinePass::forward) {
       forward(p, micro[static_cast<size_t>(pass.micro)], pass.micro, pass.chunk, h, m);
       if (link_.stage_of(pass.chunk) == link_.stages() - 1) loss_sum = loss_sum + h.output.detach().to(at::kFloat);
       stats_.peak_held = std::max(stats_.peak_held, ++live);
     } else if (pass.kind == parallel::PipelinePass::backward) {
       backward(p, pass.micro, pass.chunk, h);
-      if (!split) --live;
+      if (!split_) --live;
     } else {   // zero_bubble's W: the weight gradients its backward queued; nothing waits for them
       h.weights.run();
       clock_ += parallel::pass_cost(schedule_, pass.kind);

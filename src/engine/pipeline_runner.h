@@ -80,6 +80,9 @@ class PipelineRunner {
   dist::Group& pipeline_;
   int64_t chunks_ = 1;
   parallel::PipelineSchedule schedule_;
+  bool split_ = false;   // zero_bubble: backward in two passes, a micro-batch held until its W
+  std::vector<parallel::PipelinePass> passes_;   // this rank's order of passes for passes_micros_ micro-batches
+  int64_t passes_micros_ = 0;
   std::vector<int64_t> bounds_;   // virtual stage s runs blocks [bounds_[s], bounds_[s + 1])
   std::set<std::string> held_;
   std::vector<std::string> tied_;

@@ -20,24 +20,11 @@ struct Rerun : public torch::CustomClassHolder {
   std::function<at::Tensor(const at::Tensor&)> forward;
 };
 
-// The default generator of the device the block computes on (dropout's draws come from it).
-at::Tensor rng_state(const c10::Device& device) {
-  auto gen = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void set_rng_state(const c10::Device& device, const at::Tensor& state) {
-  auto gen = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
-
 thread_local RecomputeObserver t_observer;
 
 struct RecomputeFn : public torch::autograd::Function<RecomputeFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<Rerun> rerun) {
-    ctx->saved_data["rng"] = rng_state(x.device());
+    ctx->saved_data["rng"] = generator_state(x.device());
     ctx->saved_data["rerun"] = c10::IValue::make_capsule(rerun);
     ctx->save_for_backward({x});
     // Under grad mode, as the rerun will be: kernels are chosen by whether a gradient is recorded, and the
@@ -54,21 +41,33 @@ struct RecomputeFn : public torch::autograd::Function<RecomputeFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const at::Tensor input = ctx->get_saved_variables()[0];
     auto rerun = c10::static_intrusive_pointer_cast<Rerun>(ctx->saved_data["rerun"].toCapsule());
-    const at::Tensor now = rng_state(input.device());
-    set_rng_state(input.device(), ctx->saved_data["rng"].toTensor());   // the first run's masks
+    const at::Tensor now = generator_state(input.device());
+    set_generator_state(input.device(), ctx->saved_data["rng"].toTensor());   // the first run's masks
     at::Tensor x = input.detach().requires_grad_(input.requires_grad());
     at::Tensor y;
     {
       at::AutoGradMode grad_mode(true);
       y = rerun->forward(x);
     }
-    set_rng_state(input.device(), now);   // the rest of backward, and the next step, continue where they were
+    set_generator_state(input.device(), now);   // the rest of backward, and the next step, continue where they were
     torch::autograd::backward({y}, {grad[0]});   // parameters' gradients accumulate as usual
     return {x.grad(), at::Tensor()};
   }
 };
 
 }  // namespace
+
+at::Tensor generator_state(const c10::Device& device) {
+  auto gen = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_generator_state(const c10::Device& device, const at::Tensor& state) {
+  auto gen = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
 
 void set_recompute_observer(RecomputeObserver observer) { t_observer = std::move(observer); }
 

@@ -6,6 +6,7 @@
 // gather -> recompute -> profile), so a block gathered by ZeRO-3 is gathered again before its rerun.
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <functional>
 
@@ -19,6 +20,10 @@ at::Tensor recomputed(std::function<at::Tensor(const at::Tensor&)> forward, cons
 // called on this thread around each recomputed block's first run, before its forward (null) and after
 // it with the block's graph still alive (its output), so the caller can read the bytes the block would
 // keep and the time it took. One observer a thread; an empty function removes it.
+// The default generator's state on `device` (dropout's draws come from it), and setting it back.
+at::Tensor generator_state(const c10::Device& device);
+void set_generator_state(const c10::Device& device, const at::Tensor& state);
+
 using RecomputeObserver = std::function<void(const at::Tensor* output)>;
 void set_recompute_observer(RecomputeObserver observer);
 

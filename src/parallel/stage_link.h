@@ -10,8 +10,8 @@
 //  - Receive buffers are reused from step to step: each is lent out, and taken back at the step's end
 //    once nothing else refers to its memory (a received activation lives until its backward, and a
 //    gradient passed through a residual sum may be the very tensor sent on as the input's gradient).
-//  - Every transfer carries the sender's logical clock: passes cost fixed units (a forward 1, a backward
-//    2) and a pass starts at the later of the rank's clock and its input's, so a step's idle fraction in
+//  - Every transfer carries the sender's logical clock: passes cost fixed units (pass_cost: a forward 1,
+//    a backward 2, or 1 and 1 split in zero-bubble's B and W) and a pass starts at the later of the rank's clock and its input's, so a step's idle fraction in
 //    those units measures the order the ranks really ran, independent of the machine's noise.
 #pragma once
 #include <ATen/core/Tensor.h>
