@@ -25,6 +25,13 @@
 #include "src/memory/zero_strategy.h"
 #include "src/io/safetensors.h"
 #include "tests/support/test_support.h"
+#include "kernels/cpu/adamw.h"
+#include "kernels/cuda/built.h"
+#if COLOSSAL_CUDA_KERNELS
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/cuda/adamw.h"
+#endif
 
 using namespace colossal;
 using colossal::test::TempDir;
@@ -98,6 +105,60 @@ TEST(Cuda, FusedLossMatchesTheCpuKernelWithIgnoredTargetsAndUpstreamScale) {
   EXPECT_EQ(xz.grad().abs().max().item<double>(), 0.0);
 }
 
+#if COLOSSAL_CUDA_KERNELS
+TEST(Cuda, TheAdamWKernelGivesTheCpuKernelsBitsOverManyPiecesWithClippingFoldedIn) {
+  SKIP_WITHOUT_GPU();
+  // 70 pieces (more than one launch's table holds) of 1 to 300,001 elements at odd offsets in one
+  // buffer, three untouched elements between neighbours; a clipping scale and weight decay; five steps
+  // against the CPU kernel (the same rounding, so the same bits) and AdamW's published rule in double.
+  std::vector<std::pair<int64_t, int64_t>> spans;   // offset, length
+  int64_t end = 1;
+  for (int i = 0; i < 70; ++i) {
+    const int64_t n = i == 40 ? 300001 : (i % 7 == 0 ? 1 + i : (i * 1543) % 20011 + 1);
+    spans.push_back({end, n});
+    end += n + 3;
+  }
+  at::manual_seed(11);
+  const at::Tensor p0 = at::randn({end}), m0 = at::randn({end}).mul_(0.01), v0 = at::rand({end}).mul_(1e-4);
+  at::Tensor pc = p0.clone(), mc = m0.clone(), vc = v0.clone();
+  at::Tensor pg = p0.to(kGpu), mg = m0.to(kGpu), vg = v0.to(kGpu);
+  at::Tensor pd = p0.to(at::kDouble), md = m0.to(at::kDouble), vd = v0.to(at::kDouble);
+  const double b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, scale = 0.37;
+  for (int64_t step = 1; step <= 5; ++step) {
+    const at::Tensor g = at::randn({end}).mul_(3), gg = g.to(kGpu);
+    const double lr = 1e-3 * static_cast<double>(1 + step % 3);
+    const kernels::AdamWHyper h{lr, b1, b2, eps, wd, step, scale};
+    std::vector<kernels::AdamWDevicePiece> pieces;
+    for (const auto& [off, n] : spans) {
+      kernels::adamw_step(pc.data_ptr<float>() + off, g.data_ptr<float>() + off, mc.data_ptr<float>() + off, vc.data_ptr<float>() + off, n, h);
+      pieces.push_back({pg.data_ptr<float>() + off, gg.data_ptr<float>() + off, mg.data_ptr<float>() + off, vg.data_ptr<float>() + off, n});
+    }
+    kernels::adamw_step_cuda(pieces.data(), static_cast<int64_t>(pieces.size()), h, c10::cuda::getCurrentCUDAStream().stream());
+    // The rule in double: decoupled decay, then the bias-corrected step.
+    const at::Tensor gd = g.to(at::kDouble).mul_(scale);
+    for (const auto& [off, n] : spans) {
+      at::Tensor p = pd.narrow(0, off, n), m = md.narrow(0, off, n), v = vd.narrow(0, off, n), gs = gd.narrow(0, off, n);
+      p.mul_(1 - lr * wd);
+      m.mul_(b1).add_(gs, 1 - b1);
+      v.mul_(b2).addcmul_(gs, gs, 1 - b2);
+      const at::Tensor denom = (v / (1 - std::pow(b2, static_cast<double>(step)))).sqrt_().add_(eps);
+      p.addcdiv_(m, denom, -lr / (1 - std::pow(b1, static_cast<double>(step))));
+    }
+  }
+  EXPECT_TRUE(at::equal(pg.cpu(), pc)) << "parameters differ from the CPU kernel by up to " << max_abs_diff(pg, pc);
+  EXPECT_TRUE(at::equal(mg.cpu(), mc)) << "exp_avg differs by up to " << max_abs_diff(mg, mc);
+  EXPECT_TRUE(at::equal(vg.cpu(), vc)) << "exp_avg_sq differs by up to " << max_abs_diff(vg, vc);
+  EXPECT_LT(max_abs_diff(pg, pd), 2e-6);
+  EXPECT_LT(max_abs_diff(vg, vd), 1e-9);
+  // Between the pieces nothing moved.
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const int64_t gap = spans[i].first + spans[i].second;
+    EXPECT_TRUE(at::equal(pg.cpu().narrow(0, gap, 3), p0.narrow(0, gap, 3))) << "after piece " << i;
+  }
+  EXPECT_TRUE(at::equal(pg.cpu().narrow(0, 0, 1), p0.narrow(0, 0, 1)));
+}
+#endif
+
 TEST(Cuda, FusedAdamWFollowsTheCpuKernelOverTwentySteps) {
   SKIP_WITHOUT_GPU();
   auto cpu = make_gpt(1), gpu = make_gpt(1);
@@ -120,6 +181,10 @@ TEST(Cuda, FusedAdamWFollowsTheCpuKernelOverTwentySteps) {
     zc->step(lr);
     zg->step(lr);
     for (int64_t c = 0; c < chunks; ++c) {
+      if (COLOSSAL_CUDA_KERNELS) {   // kernels/cuda's AdamW rounds as the CPU's does
+        EXPECT_TRUE(at::equal(zg->store().params()[c].cpu(), zc->store().params()[c])) << "chunk " << c << " step " << step;
+        EXPECT_TRUE(at::equal(zg->store().state("exp_avg")[c].cpu(), zc->store().state("exp_avg")[c])) << "chunk " << c;
+      }
       EXPECT_LT(max_abs_diff(zg->store().params()[c], zc->store().params()[c]), 1e-6) << "chunk " << c << " step " << step;
       EXPECT_LT(max_abs_diff(zg->store().state("exp_avg_sq")[c], zc->store().state("exp_avg_sq")[c]), 1e-6)
           << "chunk " << c << " step " << step;

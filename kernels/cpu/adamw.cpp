@@ -10,10 +10,8 @@
 #include "kernels/cpu/isa_kernels.h"
 
 namespace colossal::kernels {
-namespace {
-
 template <typename T>
-AdamWConsts<T> consts(const AdamWHyper& h) {
+AdamWConsts<T> adamw_consts(const AdamWHyper& h) {
   const double bias_correction1 = 1 - std::pow(h.beta1, static_cast<double>(h.step));
   const double bias_correction2 = 1 - std::pow(h.beta2, static_cast<double>(h.step));
   return {static_cast<T>(h.beta1),          static_cast<T>(h.beta2),
@@ -21,12 +19,12 @@ AdamWConsts<T> consts(const AdamWHyper& h) {
           static_cast<T>(1 - h.lr * h.weight_decay), static_cast<T>(h.lr / bias_correction1),
           static_cast<T>(1 / std::sqrt(bias_correction2)), static_cast<T>(h.eps), static_cast<T>(h.grad_scale)};
 }
-
-}  // namespace
+template AdamWConsts<float> adamw_consts<float>(const AdamWHyper&);
+template AdamWConsts<double> adamw_consts<double>(const AdamWHyper&);
 
 template <typename T>
 void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n, const AdamWHyper& h) {
-  const AdamWConsts<T> c = consts<T>(h);
+  const AdamWConsts<T> c = adamw_consts<T>(h);
   const auto chunk = [] {
     if constexpr (std::is_same_v<T, float>) return active_kernels().adamw_f32;
     else return active_kernels().adamw_f64;

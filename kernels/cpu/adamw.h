@@ -17,6 +17,15 @@ struct AdamWHyper {
   double grad_scale = 1;   // gradients are read times this (gradient clipping folded into the pass)
 };
 
+// The update's constants in the element type, computed once per call: the CPU loops and the CUDA
+// kernel (kernels/cuda/adamw.h) read the same floats, so both devices round alike.
+template <typename T>
+struct AdamWConsts {
+  T beta1, beta2, one_minus_beta1, one_minus_beta2, decay, step_size, inv_sqrt_bc2, eps, grad_scale;
+};
+template <typename T>
+AdamWConsts<T> adamw_consts(const AdamWHyper& h);
+
 // Updates n elements in place. T = float or double. Parallel over OpenMP threads, vectorised inside.
 template <typename T>
 void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n, const AdamWHyper& h);

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/cpu/adamw.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
 
@@ -28,10 +29,6 @@ constexpr int64_t kAttentionRows = 48;  // queries per backward block: a multipl
 // ld: a head's sequence length rounded up to kAttentionPad (static: each set's copy keeps its own).
 static constexpr int64_t attention_ld(int64_t seq) { return (seq + kAttentionPad - 1) / kAttentionPad * kAttentionPad; }
 
-template <typename T>
-struct AdamWConsts {
-  T beta1, beta2, one_minus_beta1, one_minus_beta2, decay, step_size, inv_sqrt_bc2, eps, grad_scale;
-};
 
 struct IsaKernels {
   int lanes;   // floats per vector register

@@ -93,6 +93,9 @@ if ((bench)); then
   step "benchmark (GPU)"
   bash scripts/bench/train_vs_torch.sh --device cuda --python "$python" --colossal "$build/colossal" \
     --shape 124m-1k --repeat 3 2>&1 | tee "$out/bench.txt"
+  step "benchmark: AdamW on the GPU (kernels/cuda against torch's fused and foreach)"
+  bash scripts/bench/host_adam.sh --device cuda --python "$python" --colossal "$build/colossal" --repeat 3 2>&1 |
+    tee "$out/bench-adamw.txt"
 fi
 step "done (ctest exit $rc_test)"
 exit "$rc_test"

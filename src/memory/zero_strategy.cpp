@@ -12,6 +12,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "kernels/cpu/adamw.h"
+#include "src/core/device.h"
 #include "src/core/error.h"
 #include "src/core/text.h"
 #include "src/nn/block.h"
@@ -386,6 +387,9 @@ TrainStrategy::StepReport ZeroStrategy::optimizer_step(double lr, double max_nor
   // is reduced across shards), so every rank skips the same step.
   r.skipped = scaler_ && scaler_->update(!std::isfinite(r.grad_norm));
   if (!r.skipped) step(lr);
+  // On a GPU the update is queued, not done: wait for it, so update_ms is the update's time. The norm
+  // has waited for the GPU already; this wait costs only the next batch's preparation overlapping the update.
+  synchronize_device(store_.device());
   r.update_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Since the last report: the update's transfers and, with the parameters on NVMe, the reads of the
   // step's forward and backward.

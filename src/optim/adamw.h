@@ -1,5 +1,6 @@
 // AdamW (decoupled weight decay, Loshchilov & Hutter) over parameter pieces. On CPU each piece is one
-// call of the fused kernel in kernels/cpu; on CUDA of ATen's fused kernel; elsewhere the same update as tensor ops.
+// call of the fused kernel in kernels/cpu; on CUDA every fp32 piece goes to kernels/cuda's multi-piece
+// kernel (ATen's fused AdamW where that was not built); elsewhere the same update as tensor ops.
 #pragma once
 #include "src/optim/optimizer.h"
 
@@ -19,6 +20,7 @@ class AdamW : public Optimizer {
   bool folds_grad_scale() const override { return true; }
 
  private:
+  void update_on_gpu(const std::vector<ParamPiece*>& pieces, const StepContext& ctx);
   AdamWOptions opt_;
   at::Tensor device_step_;   // parameters on a GPU: the step count ATen's fused kernel reads
 };
