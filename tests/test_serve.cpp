@@ -72,6 +72,39 @@ TEST(PagedAttention, TokensOfSeveralSequencesInScatteredBlocksMatchDenseCausalAt
   }
 }
 
+TEST(PagedAttention, AKeysScoreHasTheSameBitsWhateverBlockSizeHoldsIt) {
+  // One sequence of 37 cached positions attended by its last token, in pools of block size 3, 8, 16 and 37:
+  // keys fall in groups of eight or alone in a block's tail differently in each, and the outputs must not
+  // move by a bit (a request's tokens must not depend on how the server cut its cache).
+  at::manual_seed(33);
+  const int64_t h = 2, d = 64, n = 37;
+  const auto keys = at::randn({n, h, d}), values = at::randn({n, h, d}), query = at::randn({h, d});
+  for (auto isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    at::Tensor first;
+    for (int64_t bs : {3, 8, 16, 37}) {
+      const int64_t blocks = (n + bs - 1) / bs;
+      std::vector<int32_t> table(static_cast<size_t>(blocks));
+      for (int64_t b = 0; b < blocks; ++b) table[static_cast<size_t>(b)] = static_cast<int32_t>(blocks - 1 - b);   // scattered
+      auto k_pool = at::zeros({blocks, h, bs, d}), v_pool = at::zeros({blocks, h, bs, d});
+      for (int64_t p = 0; p + 1 < n; ++p) {
+        k_pool.select(0, table[static_cast<size_t>(p / bs)]).select(1, p % bs).copy_(keys[p]);
+        v_pool.select(0, table[static_cast<size_t>(p / bs)]).select(1, p % bs).copy_(values[p]);
+      }
+      const auto qkv = at::stack({query, keys[n - 1], values[n - 1]}).unsqueeze(0).contiguous();   // [1, 3, H, D]
+      auto out = at::empty({1, h, d});
+      const int64_t position = n - 1;
+      const int32_t* tables[] = {table.data()};
+      const kernels::PagedAttentionDims dims{1, h, d, bs, 0.125f};
+      kernels::paged_attention(qkv.const_data_ptr<float>(), k_pool.mutable_data_ptr<float>(), v_pool.mutable_data_ptr<float>(),
+                               &position, tables, nullptr, out.mutable_data_ptr<float>(), dims);
+      if (!first.defined()) first = out;
+      EXPECT_TRUE(at::equal(out, first)) << kernels::isa_name(isa) << " block size " << bs << " differs by "
+                                         << (out - first).abs().max().item<double>();
+    }
+  }
+}
+
 namespace {
 
 ModelConfig tiny(const std::string& family) {

@@ -1,5 +1,5 @@
 // Decoding attention, one instruction set's copy of the per-head loop: see decode_attention.h. The
-// scores take four keys per pass over q (one horizontal sum each at the end); the weighted sum of
+// scores take eight keys per pass over q, their horizontal sums done together; the weighted sum of
 // values keeps its output columns in registers, at most 8 vectors at a time, across all positions.
 #include <cmath>
 #include <type_traits>
@@ -11,25 +11,53 @@
 namespace colossal::kernels::COLOSSAL_ISA {
 namespace {
 
+// One key's products q * k summed into a vector, chunk by chunk in order (d a multiple of kLanes).
+COLOSSAL_INLINE vf key_lanes(const float* __restrict q, const float* __restrict k, int64_t d) {
+  vf a{};
+  for (int64_t c = 0; c < d; c += kLanes) a += load_u(q + c) * load_u(k + c);
+  return a;
+}
+
+#if defined(__AVX2__)
+// Eight keys' lane vectors summed at once into one vector of eight sums, each by hsum's tree (halves
+// added, then their halves...), so a key's score has the same bits here as alone in the tail below and
+// does not depend on where a block or a group of eight starts. Eight separate horizontal sums cost
+// about four times the shuffles and adds, and the scores were half of a decoding step's attention.
+COLOSSAL_INLINE __m256 sum_eight(const vf (&a)[8]) {
+  __m256 b[8];
+  for (int i = 0; i < 8; ++i) {
+#if defined(__AVX512F__)
+    const __m512 z = (__m512)a[i];
+    b[i] = _mm256_add_ps(_mm512_extractf32x8_ps(z, 0), _mm512_extractf32x8_ps(z, 1));   // lanes e + (e + 8)
+#else
+    b[i] = (__m256)a[i];
+#endif
+  }
+  __m256 c[4];   // keys i and i + 4: each key's 128-bit halves added, e + (e + 4)
+  for (int i = 0; i < 4; ++i)
+    c[i] = _mm256_add_ps(_mm256_permute2f128_ps(b[i], b[i + 4], 0x20), _mm256_permute2f128_ps(b[i], b[i + 4], 0x31));
+  // e + (e + 2) within each key's four lanes: keys 0 1 | 4 5 and 2 3 | 6 7
+  const __m256 d0 = _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x44), _mm256_shuffle_ps(c[0], c[1], 0xEE));
+  const __m256 d1 = _mm256_add_ps(_mm256_shuffle_ps(c[2], c[3], 0x44), _mm256_shuffle_ps(c[2], c[3], 0xEE));
+  // e + (e + 1): keys 0 1 2 3 | 4 5 6 7
+  return _mm256_add_ps(_mm256_shuffle_ps(d0, d1, 0x88), _mm256_shuffle_ps(d0, d1, 0xDD));
+}
+#endif
+
 // s[j] = scale * q . k_j for j < n, keys d apart.
 void scores(const float* __restrict q, const float* __restrict k, int64_t n, int64_t d, float scale, float* __restrict s) {
   int64_t j = 0;
   if (d % kLanes == 0) {
-    for (; j + 4 <= n; j += 4) {
-      const float* k0 = k + j * d;
-      vf a0{}, a1{}, a2{}, a3{};
-      for (int64_t c = 0; c < d; c += kLanes) {
-        const vf qv = load_u(q + c);
-        a0 += qv * load_u(k0 + c);
-        a1 += qv * load_u(k0 + d + c);
-        a2 += qv * load_u(k0 + 2 * d + c);
-        a3 += qv * load_u(k0 + 3 * d + c);
-      }
-      s[j] = hsum(a0) * scale;
-      s[j + 1] = hsum(a1) * scale;
-      s[j + 2] = hsum(a2) * scale;
-      s[j + 3] = hsum(a3) * scale;
+#if defined(__AVX2__)
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (; j + 8 <= n; j += 8) {
+      vf a[8];
+      for (int i = 0; i < 8; ++i) a[i] = key_lanes(q, k + (j + i) * d, d);
+      _mm256_storeu_ps(s + j, _mm256_mul_ps(sum_eight(a), vscale));
     }
+#endif
+    for (; j < n; ++j) s[j] = hsum(key_lanes(q, k + j * d, d)) * scale;
+    return;
   }
   for (; j < n; ++j) {
     float acc = 0.0f;
