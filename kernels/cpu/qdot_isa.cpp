@@ -20,6 +20,9 @@ constexpr int64_t kPrefetchBytes = 4096;
 
 #if defined(__AVX2__)
 constexpr int kRows = 4;     // x rows per pass over a weight row
+// Weight rows per pass for several x rows: 2 where 32 vector registers hold the 2 x 4 tiles' accumulators
+// and totals (AVX-512); AVX2's 16 would spill them.
+constexpr int kOutputs = kRegs >= 32 ? 2 : 1;
 typedef Vec<8>::type f8;
 
 // The 32 weights of one block as bytes: int8's signed values, or int4's stored nibbles (value + 8).
@@ -38,57 +41,66 @@ COLOSSAL_INLINE __m256i block_weights(const void* qrow, int64_t i) {
   }
 }
 
-// The block's products as 8 int32 lanes (each the sum of 4 neighbouring ones): x * w for int8, x * n
-// for int4's nibbles (n <= 15 keeps a pair far below int16's limit).
+// The block's products as 8 int32 lanes (each the sum of 4 neighbouring ones): x * w for int8 (as |x|
+// times w with x's signs, ax = |x|), x * n for int4's nibbles (n <= 15 keeps a pair far below int16's limit).
 template <bool Int4>
-COLOSSAL_INLINE __m256i block_dot(__m256i w, const int8_t* xq, const uint8_t* xa) {
-  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-  __m256i pairs;
-  if constexpr (Int4) {
-    pairs = _mm256_maddubs_epi16(w, x);
-  } else {
-    const __m256i ax = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xa));
-    pairs = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, x));   // |x| * (w * sign x)
-  }
+COLOSSAL_INLINE __m256i block_dot(__m256i w, __m256i x, __m256i ax) {
+  const __m256i pairs = Int4 ? _mm256_maddubs_epi16(w, x) : _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, x));
   return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
-template <int R, bool Int4>
+// R x rows against O weight rows (outputs o, o + 1, ...; row_bytes apart): each x block is loaded once
+// for the O weight rows and each weight block once for the R x rows. Every output's operations are the
+// same whatever R and O, so the tiling never changes a bit.
+template <int R, int O, bool Int4>
 COLOSSAL_INLINE void row(const int8_t* __restrict xq, const uint8_t* __restrict xa, const float* __restrict xs,
-                         const float* __restrict xc, int64_t in, const void* __restrict qrow, const float* __restrict scale,
-                         int64_t group, float bias, float* __restrict y, int64_t ldy) {
-  const int64_t blocks = in / kBlock;
-  f8 total[R] = {};
-  float offset[R] = {};   // int4: the nibbles' +8, scaled, summed over the groups
+                         const float* __restrict xc, int64_t in, const void* __restrict qrow, int64_t row_bytes,
+                         const float* __restrict scale, int64_t group, const float* __restrict bias, float* __restrict y,
+                         int64_t ldy) {
+  const int64_t blocks = in / kBlock, groups = in / group;
+  f8 total[O][R] = {};
+  float offset[O][R] = {};   // int4: the nibbles' +8, scaled, summed over the groups
   for (int64_t g0 = 0, gi = 0; g0 < in; g0 += group, ++gi) {
-    f8 acc[R] = {};
+    f8 acc[O][R] = {};
     float corr[R] = {};
     for (int64_t i = g0; i < g0 + group; i += kBlock) {
-      const __m256i w = block_weights<Int4>(qrow, i);
+      __m256i w[O];
+      for (int o = 0; o < O; ++o) w[o] = block_weights<Int4>(static_cast<const uint8_t*>(qrow) + o * row_bytes, i);
       const int64_t b = i / kBlock;
       for (int r = 0; r < R; ++r) {
-        const f8 d = (f8)_mm256_cvtepi32_ps(block_dot<Int4>(w, xq + r * in + i, xa + r * in + i));
-        acc[r] = fmadd<8>(d, xs[r * blocks + b] - f8{}, acc[r]);
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * in + i));
+        const __m256i ax = Int4 ? x : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xa + r * in + i));
+        const f8 xsr = xs[r * blocks + b] - f8{};
+        for (int o = 0; o < O; ++o) {
+          const f8 d = (f8)_mm256_cvtepi32_ps(block_dot<Int4>(w[o], x, ax));
+          acc[o][r] = fmadd<8>(d, xsr, acc[o][r]);
+        }
         if constexpr (Int4) corr[r] += xc[r * blocks + b];
       }
     }
-    const f8 s = scale[gi] - f8{};
-    for (int r = 0; r < R; ++r) {
-      total[r] = fmadd<8>(s, acc[r], total[r]);
-      if constexpr (Int4) offset[r] = fmadd(scale[gi], corr[r], offset[r]);
+    for (int o = 0; o < O; ++o) {
+      const float so = scale[o * groups + gi];
+      const f8 s = so - f8{};
+      for (int r = 0; r < R; ++r) {
+        total[o][r] = fmadd<8>(s, acc[o][r], total[o][r]);
+        if constexpr (Int4) offset[o][r] = fmadd(so, corr[r], offset[o][r]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) y[r * ldy] = (hsum<8>(total[r]) - offset[r]) + bias;
+  for (int o = 0; o < O; ++o)
+    for (int r = 0; r < R; ++r) y[r * ldy + o] = (hsum<8>(total[o][r]) - offset[o][r]) + (bias ? bias[o] : 0.0f);
 }
 
 #else   // baseline: the same sums, one lane of 4 products at a time (integer sums are exact either way)
 constexpr int kRows = 1;
 typedef Vec<8>::type f8;
 
-template <int R, bool Int4>
-void row(const int8_t* xq, const uint8_t*, const float* xs, const float* xc, int64_t in, const void* qrow, const float* scale,
-         int64_t group, float bias, float* y, int64_t) {
-  static_assert(R == 1);
+constexpr int kOutputs = 1;
+
+template <int R, int O, bool Int4>
+void row(const int8_t* xq, const uint8_t*, const float* xs, const float* xc, int64_t in, const void* qrow, int64_t, const float* scale,
+         int64_t group, const float* bias, float* y, int64_t) {
+  static_assert(R == 1 && O == 1);
   f8 total = {};
   float offset = 0;
   for (int64_t g0 = 0, gi = 0; g0 < in; g0 += group, ++gi) {
@@ -116,34 +128,43 @@ void row(const int8_t* xq, const uint8_t*, const float* xs, const float* xc, int
     total = fmadd<8>(scale[gi] - f8{}, acc, total);
     if constexpr (Int4) offset = fmadd(scale[gi], corr, offset);
   }
-  y[0] = (hsum<8>(total) - offset) + bias;
+  y[0] = (hsum<8>(total) - offset) + (bias ? bias[0] : 0.0f);
 }
 #endif
+
+template <int O, bool Int4>
+void rows_q8_outputs(const int8_t* xq, const uint8_t* xa, const float* xs, const float* xc, int64_t rows, int64_t in, const void* q,
+                     const float* scales, int64_t group, const float* bias, float* y, int64_t ldy, int64_t o) {
+  const int64_t row_bytes = Int4 ? in / 2 : in, groups = in / group, blocks = in / kBlock;
+  const void* qo = static_cast<const uint8_t*>(q) + o * row_bytes;
+  const float* so = scales + o * groups;
+  const float* bo = bias ? bias + o : nullptr;
+  for (int64_t r = 0; r < rows; r += kRows) {
+    const int8_t* xqr = xq + r * in;
+    const uint8_t* xar = xa + r * in;
+    const float* xsr = xs + r * blocks;
+    const float* xcr = xc + r * blocks;
+    float* yr = y + r * ldy + o;
+    switch (rows - r < kRows ? rows - r : kRows) {
+      case 1: row<1, O, Int4>(xqr, xar, xsr, xcr, in, qo, row_bytes, so, group, bo, yr, ldy); break;
+#if defined(__AVX2__)
+      case 2: row<2, O, Int4>(xqr, xar, xsr, xcr, in, qo, row_bytes, so, group, bo, yr, ldy); break;
+      case 3: row<3, O, Int4>(xqr, xar, xsr, xcr, in, qo, row_bytes, so, group, bo, yr, ldy); break;
+      default: row<4, O, Int4>(xqr, xar, xsr, xcr, in, qo, row_bytes, so, group, bo, yr, ldy); break;
+#endif
+    }
+  }
+}
 
 template <bool Int4>
 void rows_q8(const int8_t* xq, const uint8_t* xa, const float* xs, const float* xc, int64_t rows, int64_t in, const void* q, const float* scales,
              int64_t group, const float* bias, float* y, int64_t ldy, int64_t o_begin, int64_t o_end) {
-  const int64_t row_bytes = Int4 ? in / 2 : in, groups = in / group, blocks = in / kBlock;
-  for (int64_t o = o_begin; o < o_end; ++o) {
-    const void* qo = static_cast<const uint8_t*>(q) + o * row_bytes;
-    const float* so = scales + o * groups;
-    const float b = bias ? bias[o] : 0.0f;
-    for (int64_t r = 0; r < rows; r += kRows) {
-      const int8_t* xqr = xq + r * in;
-      const uint8_t* xar = xa + r * in;
-      const float* xsr = xs + r * blocks;
-      const float* xcr = xc + r * blocks;
-      float* yr = y + r * ldy + o;
-      switch (rows - r < kRows ? rows - r : kRows) {
-        case 1: row<1, Int4>(xqr, xar, xsr, xcr, in, qo, so, group, b, yr, ldy); break;
-#if defined(__AVX2__)
-        case 2: row<2, Int4>(xqr, xar, xsr, xcr, in, qo, so, group, b, yr, ldy); break;
-        case 3: row<3, Int4>(xqr, xar, xsr, xcr, in, qo, so, group, b, yr, ldy); break;
-        default: row<4, Int4>(xqr, xar, xsr, xcr, in, qo, so, group, b, yr, ldy); break;
-#endif
-      }
-    }
-  }
+  int64_t o = o_begin;
+  // Several sequences: two weight rows a pass where the registers hold both tiles (one sequence is
+  // bound by reading the weights, and one row a pass streams them best).
+  if (kOutputs > 1 && rows > 1)
+    for (; o + kOutputs <= o_end; o += kOutputs) rows_q8_outputs<kOutputs, Int4>(xq, xa, xs, xc, rows, in, q, scales, group, bias, y, ldy, o);
+  for (; o < o_end; ++o) rows_q8_outputs<1, Int4>(xq, xa, xs, xc, rows, in, q, scales, group, bias, y, ldy, o);
 }
 
 }  // namespace
