@@ -134,6 +134,24 @@ struct ThreeTensors : colossal::nn::Module {
 
 }  // namespace
 
+TEST(ChunkAccessTrace, TheAutoPlanMovesTheChunksWhoseDataCrossesTheBusMostPerByteFirst) {
+  // Blocks 0 and 1 share chunk 1 (four gathers a step) and have chunks 2 and 3 of their own, block 2 has
+  // chunk 4 (half the size); chunk 0 is held whole (no gathers), chunk 5 has nothing on the host.
+  const auto t = step_trace(3, [](int64_t b) { return b < 2 ? std::vector<int64_t>{1, 2 + b} : std::vector<int64_t>{4}; }, 6);
+  const std::vector<int64_t> gathers{0, 4, 2, 2, 2, 0};
+  for (int64_t c = 0; c < 6; ++c) EXPECT_EQ(t.gathers_per_step(c), gathers[static_cast<size_t>(c)]) << "chunk " << c;
+  // As the plan counts them: parameters P cross at every gather, the optimizer side (3P on the host)
+  // takes the gradient out and the shard back (2P) once a step.
+  std::vector<int64_t> saved, moved;
+  for (int64_t c = 0; c < 6; ++c) {
+    const int64_t p = c == 4 ? 500 : 1000, host = c == 5 ? 0 : 4 * p;
+    moved.push_back(host);
+    saved.push_back(host == 0 ? 0 : t.gathers_per_step(c) * p + 2 * p);
+  }
+  // Per byte: chunk 1 1.5; chunks 2, 3 and 4 1.0 (ties by index); chunk 0 0.5; chunk 5 nothing to move.
+  EXPECT_EQ(colossal::memory::placement_order(saved, moved), (std::vector<int64_t>{1, 2, 3, 4, 0, 5}));
+}
+
 TEST(ChunkStoreResidence, HostResidentDataIsCountedAsHostAndMovesWithoutChangingAValue) {
   using colossal::memory::ChunkStore;
   using colossal::memory::Residence;

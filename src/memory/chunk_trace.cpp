@@ -50,4 +50,21 @@ std::vector<int64_t> ChunkAccessTrace::eviction_order(std::vector<int64_t> candi
   return candidates;
 }
 
+int64_t ChunkAccessTrace::gathers_per_step(int64_t chunk) const {
+  return chunk >= 0 && static_cast<size_t>(chunk) < uses_.size() ? static_cast<int64_t>(uses_[static_cast<size_t>(chunk)].size()) : 0;
+}
+
+std::vector<int64_t> placement_order(const std::vector<int64_t>& saved, const std::vector<int64_t>& moved) {
+  std::vector<int64_t> order(saved.size());
+  for (size_t c = 0; c < order.size(); ++c) order[c] = static_cast<int64_t>(c);
+  // saved[a] / moved[a] > saved[b] / moved[b], cross-multiplied (bytes times bytes can pass 2^63)
+  const auto denser = [&](int64_t a, int64_t b) {
+    const auto sa = static_cast<size_t>(a), sb = static_cast<size_t>(b);
+    if ((moved[sa] == 0) != (moved[sb] == 0)) return moved[sb] == 0;
+    return static_cast<__int128>(saved[sa]) * moved[sb] > static_cast<__int128>(saved[sb]) * moved[sa];
+  };
+  std::stable_sort(order.begin(), order.end(), denser);
+  return order;
+}
+
 }  // namespace colossal::memory

@@ -40,11 +40,19 @@ class ChunkAccessTrace {
   int64_t distance_to_next_use(int64_t chunk, size_t now) const;
   // `candidates` in the order to evict them at visit `now`: furthest next use first, ties by chunk index.
   std::vector<int64_t> eviction_order(std::vector<int64_t> candidates, size_t now) const;
+  // The visits of one step that gather chunk c (0 for a chunk no block visit gathers: one held whole).
+  int64_t gathers_per_step(int64_t chunk) const;
 
  private:
   std::vector<Visit> visits_;
   std::vector<std::vector<size_t>> uses_;   // by chunk: the visits that use it, ascending
   bool closed_ = false;
 };
+
+// Gemini's auto plan moves chunks' data to the device in this order: the most host-device traffic a
+// step saves per byte of device memory first (ties by index). `saved[c]` is what chunk c's data
+// crosses the bus per step while it lives on the host, `moved[c]` what it takes on the device; a chunk
+// with nothing to move comes last.
+std::vector<int64_t> placement_order(const std::vector<int64_t>& saved, const std::vector<int64_t>& moved);
 
 }  // namespace colossal::memory

@@ -10,10 +10,11 @@
 // (activations, gradient chunks in flight, workspace) is recorded with the order of the visits.
 //
 // Planning (auto). The first step's peak beside the budget is what is spare; chunks move their data to
-// the device in index order while it fits (a chunk there is gathered without a transfer and updated by
-// the device's optimizer). Whatever is left caches gathered chunks: they are no longer released after
-// use, and before each visit the cached chunks the visit does not need are evicted, furthest next use
-// first, until the visit's chunks, the next visit's (prefetched) and the window's measured extra fit.
+// the device while it fits, those whose data crosses the bus most per byte first (a chunk there is
+// gathered without a transfer and updated by the device's optimizer). Whatever is left caches gathered
+// chunks: they are no longer released after use, and before each visit the cached chunks the visit does
+// not need are evicted, furthest next use first, until the visit's chunks, the next visit's (prefetched)
+// and the window's measured extra fit.
 //
 // Enforcing. Every window's peak is checked against the budget at every placement; the first step
 // runs with the fewest chunks the model can run with, so a budget it exceeds is too small for the
@@ -167,12 +168,23 @@ void ZeroStrategy::plan_placement() {
     for (int64_t c : visit_chunks(v)) visiting += whole_bytes(c);
     spare = std::min(spare, plan_limit_ - window_extra_[v] - base - visiting);
   }
-  for (int64_t c = 0; c < store_.layout().chunks(); ++c) {
+  // Per chunk, what moving its host data takes on the device and what it saves the bus each step:
+  // parameters on the host cross at every visit that gathers them; an optimizer side on the host takes
+  // the reduced gradient out and sends the updated shard back. The most saved per byte moves first.
+  const int64_t chunks = store_.layout().chunks();
+  std::vector<int64_t> saved(static_cast<size_t>(chunks)), moved(static_cast<size_t>(chunks));
+  for (int64_t c = 0; c < chunks; ++c) {
+    const auto k = static_cast<size_t>(c);
     const int64_t param_bytes = store_.host_param_bytes(c), state_bytes = store_.chunk_bytes(c).host - param_bytes;
-    const int64_t moved = (params ? param_bytes : 0) + (states ? state_bytes : 0);
-    if (moved == 0 || moved > spare) continue;
+    const int64_t shard_bytes = store_.shard_numel(c) * static_cast<int64_t>(store_.params()[k].element_size());
+    moved[k] = (params ? param_bytes : 0) + (states ? state_bytes : 0);
+    saved[k] = (params ? trace_.gathers_per_step(c) * param_bytes : 0) + (states && state_bytes > 0 ? 2 * shard_bytes : 0);
+  }
+  for (int64_t c : placement_order(saved, moved)) {
+    const auto k = static_cast<size_t>(c);
+    if (moved[k] == 0 || moved[k] > spare) continue;
     store_.set_homes(c, {params ? Residence::device : store_.param_home(c), states ? Residence::device : store_.state_home(c)});
-    spare -= moved;
+    spare -= moved[k];
   }
   if (!store_.offloaded()) pieces_ = store_.pieces(optimizer_->state_names(), weight_decay_);   // the moved tensors' views
   caching_ = true;
