@@ -536,10 +536,15 @@ TEST(LinearForward, DecodingRowsTakeTheGemvAndABatchDecodesLikeEachSequenceAlone
   at::NoGradGuard no_grad;
   at::manual_seed(19);
   auto w = at::randn({300, 96}), b = at::randn({300});
-  auto x = at::randn({4, 1, 96});   // one new token for each of 4 sequences
+  // One new token for each of as many sequences as the GEMV takes (a server's step of decodes).
+  auto x = at::randn({nn::kGemvMaxRows, 1, 96});
   auto y = nn::linear_forward(x, w, b);
   EXPECT_LT(max_abs_diff(y, at::linear(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble))), 1e-4);
-  for (int64_t i = 0; i < 4; ++i) EXPECT_TRUE(at::equal(nn::linear_forward(x.narrow(0, i, 1), w, b), y.narrow(0, i, 1)));
+  for (int64_t i = 0; i < nn::kGemvMaxRows; ++i)
+    EXPECT_TRUE(at::equal(nn::linear_forward(x.narrow(0, i, 1), w, b), y.narrow(0, i, 1))) << "sequence " << i;
+  // One more sequence takes ATen's GEMM.
+  auto more = at::randn({nn::kGemvMaxRows + 1, 1, 96});
+  EXPECT_TRUE(at::equal(nn::linear_forward(more, w, b), at::linear(more, w, b)));
   // A non-contiguous view of the last position (the LM head's input) gives the same bits.
   auto seq = at::randn({4, 5, 96});
   auto last = seq.narrow(1, 4, 1);
