@@ -553,3 +553,32 @@ TEST(LinearForward, DecodingRowsTakeTheGemvAndABatchDecodesLikeEachSequenceAlone
   nn::set_kernel_policy({nn::KernelPath::Auto, nn::KernelPath::Auto, nn::KernelPath::Aten});
   EXPECT_TRUE(at::equal(nn::linear_forward(x, w, b), at::linear(x, w, b)));
 }
+
+TEST(LinearForward, PrefillRowsTakeOurGemmOnlyWhereTheInferencePolicyAllowsIt) {
+  PolicyGuard guard;
+  at::NoGradGuard no_grad;
+  at::manual_seed(23);
+  auto w = at::randn({320, 96}), b = at::randn({320});   // widths the GEMM takes whole
+  auto x = at::randn({3, 7, 96});                         // a prefill of 3 prompts
+  auto ours = at::empty({21, 320});
+  kernels::gemm({.rows = 21, .cols = 320, .depth = 96, .a = x.const_data_ptr<float>(), .a_row = 96, .a_depth = 1,
+                 .b = w.const_data_ptr<float>(), .b_depth = 1, .b_col = 96, .c = ours.mutable_data_ptr<float>(), .ldc = 320,
+                 .bias = b.const_data_ptr<float>()});
+  // The default (one-shot infer): ATen's, untimed.
+  nn::set_kernel_policy({});
+  EXPECT_TRUE(at::equal(nn::linear_forward(x, w, b), at::linear(x, w, b)));
+  EXPECT_TRUE(nn::kernel_choices().empty());
+  // A server's (Auto): timed once per power of two of rows, then either side's bits.
+  nn::KernelPolicy serving;
+  serving.inference_gemm = nn::KernelPath::Auto;
+  nn::set_kernel_policy(serving);
+  auto y = nn::linear_forward(x, w, b);
+  ASSERT_EQ(nn::kernel_choices().count("gemm fwd rows=32 in=96 out=320"), 1u);
+  EXPECT_TRUE(at::equal(y.view({21, 320}), ours) || at::equal(y, at::linear(x, w, b)));
+  nn::linear_forward(at::randn({5, 5, 96}), w, b);
+  EXPECT_EQ(nn::kernel_choices().size(), 1u) << "25 rows share the choice of 21";
+  // Forced: ours.
+  serving.inference_gemm = nn::KernelPath::Ours;
+  nn::set_kernel_policy(serving);
+  EXPECT_TRUE(at::equal(nn::linear_forward(x, w, b).view({21, 320}), ours));
+}

@@ -158,7 +158,8 @@ void run(InferArgs& a) {
   }
 
   const nn::KernelPath kernels = nn::parse_kernel_path(a.kernels);
-  nn::set_kernel_policy({kernels, kernels, kernels, kernels, kernels});
+  // A forced side covers the prefill's GEMM too; auto leaves it on ATen's (see KernelPolicy::inference_gemm).
+  nn::set_kernel_policy({kernels, kernels, kernels, kernels, kernels, kernels == nn::KernelPath::Auto ? nn::KernelPath::Aten : kernels});
   Generator generator(model, tokenizer, device);
   const bool stream = prompts.size() == 1 && !a.jsonl && speak;
   bool echoed = false;   // the prompt is echoed with the first piece, after the prompts were validated

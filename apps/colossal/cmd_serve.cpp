@@ -18,6 +18,7 @@
 #include "src/dist/launch_env.h"
 #include "src/engine/generation_checkpoint.h"
 #include "src/engine/generation_job.h"
+#include "src/nn/kernel_choice.h"
 #include "src/quant/quant_config.h"
 #include "src/serve/step_plan.h"
 #include "src/serve/http_server.h"
@@ -97,6 +98,10 @@ void run(ServeArgs& a) {
       if (m) m->stop();
     }
   } stop_others{mirror};
+  // A server runs for long: timing our GEMM against ATen's for its prompt-chunk steps pays off.
+  nn::KernelPolicy policy = nn::kernel_policy();
+  policy.inference_gemm = nn::KernelPath::Auto;
+  nn::set_kernel_policy(policy);
   serve::BatchEngine engine(model, opened.tokenizer, a.engine);
   engine.set_mirror(mirror);
   serve::CompletionServer server(engine, opened.tokenizer, a.server);

@@ -26,6 +26,12 @@ void ours_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, 
                  .b_col = i, .c = out(y), .ldc = o, .bias = b.defined() ? in(b) : nullptr});
 }
 
+at::Tensor ours_linear_new(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  auto y = at::empty({x.size(0), w.size(0)}, x.options());
+  ours_linear(x, w, b, y);
+  return y;
+}
+
 void ours_input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& dx) {
   const int64_t rows = dy.size(0), i = w.size(1), o = w.size(0);
   kernels::gemm({.rows = rows, .cols = i, .depth = o, .a = in(dy), .a_row = o, .a_depth = 1, .b = in(w), .b_depth = i,
@@ -58,12 +64,17 @@ bool gemm_applies(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 at::Tensor gemm_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  auto ours = [&] {
-    auto y = at::empty({x.size(0), weight.size(0)}, x.options());
-    ours_linear(x, weight, bias, y);
-    return y;
-  };
+  const auto ours = [&] { return ours_linear_new(x, weight, bias); };
   if (choose(shape_of("fwd", x.size(0), weight), ours, [&] { at::linear(x, weight, bias); })) return ours();
+  return at::linear(x, weight, bias);
+}
+
+at::Tensor gemm_linear_inference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  int64_t rows_class = 1;
+  while (rows_class < x.size(0)) rows_class *= 2;
+  const auto ours = [&] { return ours_linear_new(x, weight, bias); };
+  if (use_ours("gemm", kernel_policy().inference_gemm, shape_of("fwd", rows_class, weight), ours, [&] { at::linear(x, weight, bias); }))
+    return ours();
   return at::linear(x, weight, bias);
 }
 

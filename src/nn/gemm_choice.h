@@ -13,6 +13,10 @@ namespace colossal::nn {
 bool gemm_applies(const at::Tensor& x, const at::Tensor& weight);
 
 at::Tensor gemm_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+// The same without a gradient to record, under the policy's inference_gemm; its row counts vary from call
+// to call, so the choice is kept per power of two of rows ("rows=64" stands for 33 to 64): a server times
+// each weight a few times, not once per count.
+at::Tensor gemm_linear_inference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 at::Tensor gemm_input_grad(const at::Tensor& dy, const at::Tensor& weight);
 // into [out, in] = dy^T x, or += when accumulate (into is then a gradient buffer holding earlier sums).
 void gemm_weight_grad(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& into, bool accumulate);

@@ -22,6 +22,11 @@ struct KernelPolicy {
   KernelPath gemv = KernelPath::Auto;
   KernelPath layer_norm = KernelPath::Auto;
   KernelPath gemm = KernelPath::Auto;
+  // Dense layers with no gradient to record and more rows than the decoding GEMV takes (a prefill, a
+  // server's step with prompt chunks). Auto times our GEMM against ATen's per weight and power of two of
+  // rows, which pays off in a long-running server (`serve` sets it); a one-shot `infer` prefills once,
+  // so by default it keeps ATen's rather than time every shape of its single prefill.
+  KernelPath inference_gemm = KernelPath::Aten;
 };
 
 // "auto" | "fused" | "aten" (the recipe's and the flag's spelling); throws std::invalid_argument.

@@ -14,10 +14,12 @@ namespace {
 
 thread_local DeferredWeightGrads* t_deferred = nullptr;
 
+bool records_grad(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  return at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()));
+}
+
 bool decoding_shape(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  const bool records_grad =
-      at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()));
-  return !records_grad && x.is_cpu() && w.is_cpu() && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
+  return !records_grad(x, w, b) && x.is_cpu() && w.is_cpu() && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
          (!b.defined() || (b.scalar_type() == at::kFloat && b.is_contiguous())) && x.dim() >= 2 && x.size(-2) == 1 &&
          x.size(-1) == w.size(1) && x.numel() / x.size(-1) <= kGemvMaxRows && w.is_contiguous();
 }
@@ -68,12 +70,10 @@ struct DenseLinearFunction : public torch::autograd::Function<DenseLinearFunctio
   }
 };
 
-bool training_shape(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  const bool records_grad =
-      at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()));
-  return records_grad && kernel_policy().gemm != KernelPath::Aten && gemm_applies(x, w) && x.dim() >= 2 &&
-         x.size(-1) == w.size(1) && x.numel() > 0 &&
-         (!b.defined() || (b.is_cpu() && b.scalar_type() == at::kFloat && b.is_contiguous()));
+// Operands kernels/cpu/gemm takes (gemm_choice.h times it against ATen per shape), where the policy lets it.
+bool gemm_operands(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, KernelPath policy) {
+  return policy != KernelPath::Aten && gemm_applies(x, w) && x.dim() >= 2 && x.size(-1) == w.size(1) &&
+         x.numel() > 0 && (!b.defined() || (b.is_cpu() && b.scalar_type() == at::kFloat && b.is_contiguous()));
 }
 
 }  // namespace
@@ -92,15 +92,16 @@ at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& weight, const a
                  [&] { at::linear(x, weight, bias); }))
       return gemv(x, weight, bias);
   }
-  if (training_shape(x, weight, bias)) {
-    auto sizes = x.sizes().vec();
-    sizes.back() = weight.size(0);
-    auto x2 = x.reshape({-1, x.size(-1)}).contiguous();
-    // Function::apply records every input's device, so an absent bias travels as an empty tensor.
-    const at::Tensor b = bias.defined() ? bias : at::empty({0}, weight.options());
-    return DenseLinearFunction::apply(x2, weight, b).view(sizes);
-  }
-  return at::linear(x, weight, bias);
+  const bool inference = !records_grad(x, weight, bias);   // a prefill, or a server's step of many tokens
+  if (!gemm_operands(x, weight, bias, inference ? kernel_policy().inference_gemm : kernel_policy().gemm))
+    return at::linear(x, weight, bias);
+  auto sizes = x.sizes().vec();
+  sizes.back() = weight.size(0);
+  auto x2 = x.reshape({-1, x.size(-1)}).contiguous();
+  if (inference) return gemm_linear_inference(x2, weight, bias).view(sizes);
+  // Function::apply records every input's device, so an absent bias travels as an empty tensor.
+  const at::Tensor b = bias.defined() ? bias : at::empty({0}, weight.options());
+  return DenseLinearFunction::apply(x2, weight, b).view(sizes);
 }
 
 }  // namespace colossal::nn
