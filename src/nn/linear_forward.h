@@ -3,7 +3,8 @@
 // decoding on CPU, x [B, 1, in] (one new token for each of at most kGemvMaxRows sequences) with no gradient to
 // record goes through kernels/cpu/gemv, which reads W once for all rows on every core, when it wins
 // at that shape (kernel_choice.h decides per [in, out], whatever B is, so a batch decodes like each
-// of its sequences alone).
+// of its sequences alone). Other rows without a gradient (a prefill, a server's step with prompt chunks)
+// take our GEMM or ATen's as KernelPolicy::inference_gemm says.
 //
 // kGemvMaxRows = 32: a server's step of 16 decoding sequences went through ATen's GEMM, where MKL packs
 // the whole weight matrix on every call (a third of a loaded server's samples were that copy); the
