@@ -38,11 +38,13 @@ done
 [[ "$repeat" =~ ^[1-9][0-9]*$ ]] || { echo "host_adam: error: --repeat '$repeat' is not a positive integer" >&2; exit 2; }
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "host_adam: error: --steps '$steps' is not a positive integer" >&2; exit 2; }
 [[ "$device" =~ ^(cpu|cuda)$ ]] || { echo "host_adam: error: --device '$device' is not cpu or cuda" >&2; exit 2; }
-[ "$device" = cpu ] || DS_PY=none   # DeepSpeed's CPUAdam is a host optimizer
 [ -x "$COLOSSAL" ] || { echo "host_adam: error: $COLOSSAL not found; build it with scripts/build.sh" >&2; exit 1; }
-[ -n "$DS_PY" ] || { "$PY" -c 'import deepspeed' 2>/dev/null && DS_PY="$PY"; } || true
-[ -n "$DS_PY" ] || echo "host_adam: no Python with deepspeed (see --ds-python): its CPUAdam is left out" >&2
-[ "$DS_PY" != none ] || DS_PY=
+if [ "$device" = cpu ]; then
+  [ -n "$DS_PY" ] || { "$PY" -c 'import deepspeed' 2>/dev/null && DS_PY="$PY"; } || true
+  [ -n "$DS_PY" ] || echo "host_adam: no Python with deepspeed (see --ds-python): its CPUAdam is left out" >&2
+else
+  DS_PY=   # DeepSpeed's CPUAdam is a host optimizer
+fi
 
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/host_adam.XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT
