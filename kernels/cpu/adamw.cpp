@@ -10,6 +10,7 @@
 #include "kernels/cpu/isa_kernels.h"
 
 namespace colossal::kernels {
+
 template <typename T>
 AdamWConsts<T> adamw_consts(const AdamWHyper& h) {
   const double bias_correction1 = 1 - std::pow(h.beta1, static_cast<double>(h.step));

@@ -2,6 +2,7 @@
 #include "src/memory/chunk_trace.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "src/core/error.h"
 
@@ -56,7 +57,7 @@ int64_t ChunkAccessTrace::gathers_per_step(int64_t chunk) const {
 
 std::vector<int64_t> placement_order(const std::vector<int64_t>& saved, const std::vector<int64_t>& moved) {
   std::vector<int64_t> order(saved.size());
-  for (size_t c = 0; c < order.size(); ++c) order[c] = static_cast<int64_t>(c);
+  std::iota(order.begin(), order.end(), int64_t{0});
   // saved[a] / moved[a] > saved[b] / moved[b], cross-multiplied (bytes times bytes can pass 2^63)
   const auto denser = [&](int64_t a, int64_t b) {
     const auto sa = static_cast<size_t>(a), sb = static_cast<size_t>(b);
