@@ -145,7 +145,7 @@ TEST(Cuda, TheAdamWKernelGivesTheCpuKernelsBitsOverManyPiecesWithClippingFoldedI
   EXPECT_TRUE(at::equal(mg.cpu(), mc)) << "exp_avg differs by up to " << max_abs_diff(mg, mc);
   EXPECT_TRUE(at::equal(vg.cpu(), vc)) << "exp_avg_sq differs by up to " << max_abs_diff(vg, vc);
   EXPECT_LT(max_abs_diff(pg, pd), 2e-6);
-  EXPECT_LT(max_abs_diff(vg, vd), 1e-9);
+  EXPECT_LT(max_abs_diff(vg, vd), 1e-6);   // exp_avg_sq reaches about 1 here: fp32 keeps ~1e-7 of it
   // Between the pieces nothing moved.
   const at::Tensor after = pg.cpu();
   for (size_t i = 0; i < spans.size(); ++i) {
