@@ -139,6 +139,32 @@ TEST(QuantKernels, AQuantizedRowGetsTheSameBitsAloneInABatchOrOnAnyThreadCount) 
   }
 }
 
+TEST(QuantKernels, TheVnniDotProductsGiveTheAvx512CopysBits) {
+  if (kernels::machine_isa() < Isa::avx512vnni) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  at::manual_seed(23);
+  const int64_t in = 768, out = 131;
+  auto w = at::randn({out, in}), b = at::randn({out});
+  // int8 per channel and per group, int4 per group; 1 to 9 rows cover every tile shape and the tails.
+  for (const quant::QuantConfig c : {quant::QuantConfig{quant::Scheme::int8_weight, 0}, quant::QuantConfig{quant::Scheme::int8_weight, 64},
+                                     quant::QuantConfig{quant::Scheme::int4_weight, 128}}) {
+    const auto q = quant::quantize_weight(w, c);
+    for (int64_t rows : {1, 2, 3, 4, 5, 8, 9}) {
+      auto x = at::randn({rows, in}) * 4;
+      at::Tensor plain, vnni;
+      {
+        kernels::ScopedIsa cap(Isa::avx512);
+        plain = run_qgemv(x, q, c, in, b);
+      }
+      {
+        kernels::ScopedIsa cap(Isa::avx512vnni);
+        vnni = run_qgemv(x, q, c, in, b);
+      }
+      EXPECT_TRUE(at::equal(vnni, plain)) << quant::scheme_name(c.scheme) << " group " << c.group << " rows " << rows
+                                          << ": max difference " << (vnni - plain).abs().max().item<float>();
+    }
+  }
+}
+
 TEST(QuantizeWeight, Int4PacksInputJAndJPlus16OfEachBlockIntoByteJ) {
   // One row of 32 inputs with the values -7..7 spread so that scale = 1 (absmax 7).
   auto w = at::empty({1, 32});

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 
@@ -13,6 +14,7 @@ namespace colossal::kernels {
 namespace {
 
 constexpr int kNoOverride = -1;
+constexpr Isa kAll[] = {Isa::baseline, Isa::avx2, Isa::avx512, Isa::avx512vnni};   // narrowest first
 std::atomic<int> g_override{kNoOverride};
 
 Isa detect() {
@@ -21,7 +23,7 @@ Isa detect() {
   // The AVX-512 copies are compiled with F, VL, BW and DQ (every AVX-512 CPU since Skylake-SP has all four).
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq"))
-    return Isa::avx512;
+    return __builtin_cpu_supports("avx512vnni") ? Isa::avx512vnni : Isa::avx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
 #endif
   return Isa::baseline;
@@ -30,7 +32,7 @@ Isa detect() {
 // The sets a machine whose widest is `machine` can run, narrowest first.
 std::vector<Isa> isas_up_to(Isa machine) {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512})
+  for (Isa isa : kAll)
     if (isa <= machine) out.push_back(isa);
   return out;
 }
@@ -44,6 +46,7 @@ Isa env_capped() {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
+    case Isa::avx512vnni: return "avx512vnni";
     case Isa::avx512: return "avx512";
     case Isa::avx2: return "avx2";
     case Isa::baseline: return "baseline";
@@ -52,7 +55,7 @@ const char* isa_name(Isa isa) {
 }
 
 std::optional<Isa> parse_isa(std::string_view name) {
-  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512})
+  for (Isa isa : kAll)
     if (name == isa_name(isa)) return isa;
   return std::nullopt;
 }
@@ -65,9 +68,11 @@ Isa machine_isa() {
 Isa isa_cap_from(const char* value, Isa machine) {
   if (!value || !*value) return machine;
   const auto isa = parse_isa(value);
-  if (!isa)
-    throw std::invalid_argument(std::string("COLOSSAL_CPU_ISA=\"") + value +
-                                "\" is not an instruction set (valid: avx512, avx2, baseline)");
+  if (!isa) {
+    std::string valid;
+    for (auto i = std::size(kAll); i-- > 0;) valid += std::string(valid.empty() ? "" : ", ") + isa_name(kAll[i]);
+    throw std::invalid_argument(std::string("COLOSSAL_CPU_ISA=\"") + value + "\" is not an instruction set (valid: " + valid + ")");
+  }
   if (*isa > machine) {
     std::string valid;
     for (Isa i : isas_up_to(machine)) valid += (valid.empty() ? "" : ", ") + std::string(isa_name(i));
@@ -95,6 +100,7 @@ ScopedIsa::~ScopedIsa() { g_override.store(previous_); }
 const IsaKernels& isa_kernels(Isa isa) {
 #if defined(COLOSSAL_KERNELS_X86)
   switch (isa) {
+    case Isa::avx512vnni: return avx512vnni::table();
     case Isa::avx512: return avx512::table();
     case Isa::avx2: return avx2::table();
     case Isa::baseline: break;

@@ -4,6 +4,9 @@
 // registers of 8 floats on AVX2, 32 of 16 on AVX-512). At run time the widest set the CPU supports is
 // used, capped by COLOSSAL_CPU_ISA=avx512|avx2|baseline (read once), so the AVX2 and baseline paths
 // can be run, tested and benchmarked on an AVX-512 machine. Tests cap it in-process with ScopedIsa.
+// avx512vnni is AVX-512 plus its byte dot product (Cascade Lake, Ice Lake, Sapphire Rapids, Zen 4 and
+// later): every kernel is the avx512 copy except the quantized decoding GEMV's integer dot products,
+// which take one vpdpbusd where AVX-512 without VNNI needs two multiplies (same sums, same bits).
 #pragma once
 #include <optional>
 #include <string_view>
@@ -11,7 +14,7 @@
 
 namespace colossal::kernels {
 
-enum class Isa : int { baseline = 0, avx2 = 1, avx512 = 2 };
+enum class Isa : int { baseline = 0, avx2 = 1, avx512 = 2, avx512vnni = 3 };
 
 const char* isa_name(Isa isa);
 std::optional<Isa> parse_isa(std::string_view name);

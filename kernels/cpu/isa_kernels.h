@@ -98,6 +98,7 @@ inline const IsaKernels& active_kernels() { return isa_kernels(active_isa()); }
 COLOSSAL_DECLARE_ISA_TABLE(baseline)
 COLOSSAL_DECLARE_ISA_TABLE(avx2)
 COLOSSAL_DECLARE_ISA_TABLE(avx512)
+COLOSSAL_DECLARE_ISA_TABLE(avx512vnni)
 #undef COLOSSAL_DECLARE_ISA_TABLE
 
 }  // namespace colossal::kernels

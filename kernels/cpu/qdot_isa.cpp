@@ -9,6 +9,10 @@
 // Per block each x row then takes one conversion to float and one multiply-add by the block's x scale;
 // per group one multiply-add by the weight's scale. Integer sums are exact, so the fixed float order
 // after them makes a row's bits independent of the batch and the thread split.
+// The avx512vnni copy (this file compiled again with -mavx512vnni: kernels/CMakeLists.txt) forms a
+// block's sums with one vpdpbusd (unsigned bytes times signed bytes, four to an int32 lane) instead of
+// two multiplies: the same exact sums, so the avx512 copy's bits. With several sequences a pass is
+// bound by the multiply ports, and this frees one of every block's two.
 #include "kernels/cpu/isa_entry.h"
 #include "kernels/cpu/simd.h"
 
@@ -45,8 +49,13 @@ COLOSSAL_INLINE __m256i block_weights(const void* qrow, int64_t i) {
 // times w with x's signs, ax = |x|), x * n for int4's nibbles (n <= 15 keeps a pair far below int16's limit).
 template <bool Int4>
 COLOSSAL_INLINE __m256i block_dot(__m256i w, __m256i x, __m256i ax) {
+#if defined(__AVX512VNNI__)
+  const __m256i zero = _mm256_setzero_si256();
+  return Int4 ? _mm256_dpbusd_epi32(zero, w, x) : _mm256_dpbusd_epi32(zero, ax, _mm256_sign_epi8(w, x));
+#else
   const __m256i pairs = Int4 ? _mm256_maddubs_epi16(w, x) : _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, x));
   return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+#endif
 }
 
 // R x rows against O weight rows (outputs o, o + 1, ...; row_bytes apart): each x block is loaded once

@@ -8,6 +8,7 @@ flags="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)"
 widest=baseline
 [[ " $flags " == *" avx2 "* && " $flags " == *" fma "* ]] && widest=avx2
 [[ " $flags " == *" avx512f "* ]] && widest=avx512
+[[ " $flags " == *" avx512f "* && " $flags " == *" avx512_vnni "* ]] && widest=avx512vnni
 caps=""
 for v in COLOSSAL_CPU_ISA ATEN_CPU_CAPABILITY MKL_ENABLE_INSTRUCTIONS ONEDNN_MAX_CPU_ISA; do
   [ -z "${!v:-}" ] || caps+=" $v=${!v}"

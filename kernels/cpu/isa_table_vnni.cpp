@@ -1,0 +1,18 @@
+// The avx512vnni table: AVX-512's kernels, with the quantized decoding GEMV's integer dot products
+// from qdot_isa.cpp compiled with VNNI (see isa.h). Only that file is compiled a fourth time.
+#include "kernels/cpu/isa_entry.h"
+
+namespace colossal::kernels::COLOSSAL_ISA {
+
+const IsaKernels& table() {
+  static const IsaKernels t = [] {
+    IsaKernels k = avx512::table();
+    k.quantize_rows_q8 = &quantize_rows_q8;
+    k.qgemv_q8x_int8 = &qgemv_q8x_int8;
+    k.qgemv_q8x_int4 = &qgemv_q8x_int4;
+    return k;
+  }();
+  return t;
+}
+
+}  // namespace colossal::kernels::COLOSSAL_ISA
