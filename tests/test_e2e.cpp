@@ -129,6 +129,39 @@ TEST(EndToEnd, TinyRecipeLearnsAndInferIsDeterministicForASeed) {
   expect_one_line_error(run_colossal("infer " + ckpt + " -p hi -q"), "too short for a safetensors header");
 }
 
+// The kernel choices one infer timed are the next one's (src/engine/kernel_cache.h): it times nothing
+// and generates the same text.
+TEST(EndToEnd, ASecondInferStartsWithTheKernelChoicesTheFirstTimed) {
+  TempDir dir;
+  auto train = run_colossal("train recipes/gpt-tiny.toml --set train.max_steps=2 --set optim.warmup_steps=1 --set train.eval_every=0 -q" + into(dir));
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  const std::string cache = dir / "cache/kernel-choices.json";
+  setenv("COLOSSAL_KERNEL_CACHE", cache.c_str(), 1);
+  const std::string infer = "infer " + (dir / "run") + " -p 'And God said' -n 6 --greedy --jsonl";
+  auto first = run_colossal(infer);
+  auto second = run_colossal(infer);
+  setenv("COLOSSAL_KERNEL_CACHE", "off", 1);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  // The first timed its shapes (the prefill's GEMM among them, which only a cached run times) and saved them.
+  EXPECT_NE(first.output.find(" ms, ATen "), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find("kernels: gemm [fwd rows="), std::string::npos) << first.output;
+  ASSERT_TRUE(std::filesystem::exists(cache));
+  const auto saved = nlohmann::json::parse(read_file(cache))["entries"];
+  ASSERT_EQ(saved.size(), 1u) << saved.dump();
+  const size_t n = saved.begin().value()["choices"].size();
+  EXPECT_GE(n, 3u) << saved.dump();
+  EXPECT_EQ(second.output.find(" ms, ATen "), std::string::npos) << second.output;
+  EXPECT_NE(second.output.find("kernels: " + std::to_string(n) + " choices timed by an earlier run on this machine, from " + cache),
+            std::string::npos) << second.output;
+  auto record = [](const std::string& out) {   // the --jsonl line among the log's
+    const size_t at = out.find("{\"");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  EXPECT_NE(record(first.output).find("\"completion\""), std::string::npos) << first.output;
+  EXPECT_EQ(record(second.output), record(first.output));
+}
+
 TEST(EndToEnd, DryRunPrintsResolvedRecipeParametersAndMemory) {
   auto r = run_colossal("train recipes/gpt2-124m.toml --dry-run --set train.batch_size=2");
   ASSERT_EQ(r.exit_code, 0) << r.output;

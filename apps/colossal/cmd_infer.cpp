@@ -18,6 +18,7 @@
 #include "src/engine/generation_checkpoint.h"
 #include "src/engine/generation_job.h"
 #include "src/engine/generator.h"
+#include "src/engine/kernel_cache.h"
 #include "src/engine/streamed_weights.h"
 #include "models/registry.h"
 #include "src/nn/kernel_choice.h"
@@ -158,8 +159,12 @@ void run(InferArgs& a) {
   }
 
   const nn::KernelPath kernels = nn::parse_kernel_path(a.kernels);
-  // A forced side covers the prefill's GEMM too; auto leaves it on ATen's (see KernelPolicy::inference_gemm).
-  nn::set_kernel_policy({kernels, kernels, kernels, kernels, kernels, kernels == nn::KernelPath::Auto ? nn::KernelPath::Aten : kernels});
+  // A forced side covers the prefill's GEMM too. Auto times it where the choices are kept for later runs
+  // (engine/kernel_cache.h), and otherwise leaves it on ATen's (see KernelPolicy::inference_gemm).
+  const bool cached = kernel_cache_path().has_value();
+  nn::set_kernel_policy({kernels, kernels, kernels, kernels, kernels,
+                         kernels == nn::KernelPath::Auto && !cached ? nn::KernelPath::Aten : kernels});
+  KernelCacheSession kernel_cache;   // loads this machine's earlier choices; saves at the end
   Generator generator(model, tokenizer, device);
   const bool stream = prompts.size() == 1 && !a.jsonl && speak;
   bool echoed = false;   // the prompt is echoed with the first piece, after the prompts were validated

@@ -18,6 +18,7 @@
 #include "src/dist/launch_env.h"
 #include "src/engine/generation_checkpoint.h"
 #include "src/engine/generation_job.h"
+#include "src/engine/kernel_cache.h"
 #include "src/nn/kernel_choice.h"
 #include "src/quant/quant_config.h"
 #include "src/serve/step_plan.h"
@@ -102,6 +103,7 @@ void run(ServeArgs& a) {
   nn::KernelPolicy policy = nn::kernel_policy();
   policy.inference_gemm = nn::KernelPath::Auto;
   nn::set_kernel_policy(policy);
+  KernelCacheSession kernel_cache;   // a restarted server starts with the choices it timed before; saved on stopping
   serve::BatchEngine engine(model, opened.tokenizer, a.engine);
   engine.set_mirror(mirror);
   serve::CompletionServer server(engine, opened.tokenizer, a.server);

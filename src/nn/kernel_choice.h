@@ -24,8 +24,9 @@ struct KernelPolicy {
   KernelPath gemm = KernelPath::Auto;
   // Dense layers with no gradient to record and more rows than the decoding GEMV takes (a prefill, a
   // server's step with prompt chunks). Auto times our GEMM against ATen's per weight and power of two of
-  // rows, which pays off in a long-running server (`serve` sets it); a one-shot `infer` prefills once,
-  // so by default it keeps ATen's rather than time every shape of its single prefill.
+  // rows, which pays off in a long-running server (`serve` sets it) or where the choices are kept for
+  // later runs (engine/kernel_cache.h: `infer` sets it then); a one-shot `infer` without that cache
+  // prefills once, so it keeps ATen's rather than time every shape of its single prefill.
   KernelPath inference_gemm = KernelPath::Aten;
 };
 
