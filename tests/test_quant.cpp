@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/qgemv.h"
 #include "models/registry.h"
 #include "src/core/error.h"
@@ -41,6 +42,21 @@ at::Tensor run_qgemv(const at::Tensor& x, const quant::QuantizedWeight& q, const
                         c.group_for(in), b, y.mutable_data_ptr<float>(), out);
   else
     kernels::qgemv_int8(x.const_data_ptr<float>(), rows, in, q.q.const_data_ptr<int8_t>(), q.scales.const_data_ptr<float>(),
+                        c.group_for(in), b, y.mutable_data_ptr<float>(), out);
+  return y;
+}
+
+// The same through the prompt GEMM (qgemm.h), where this CPU has it.
+at::Tensor run_qgemm(const at::Tensor& x, const quant::QuantizedWeight& q, const quant::QuantConfig& c, int64_t in,
+                     const at::Tensor& bias) {
+  const int64_t rows = x.size(0), out = q.q.size(0);
+  auto y = at::empty({rows, out});
+  const float* b = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
+  if (c.scheme == quant::Scheme::int4_weight)
+    kernels::qgemm_int4(x.const_data_ptr<float>(), rows, in, q.q.const_data_ptr<uint8_t>(), q.scales.const_data_ptr<float>(),
+                        c.group_for(in), b, y.mutable_data_ptr<float>(), out);
+  else
+    kernels::qgemm_int8(x.const_data_ptr<float>(), rows, in, q.q.const_data_ptr<int8_t>(), q.scales.const_data_ptr<float>(),
                         c.group_for(in), b, y.mutable_data_ptr<float>(), out);
   return y;
 }
@@ -165,6 +181,52 @@ TEST(QuantKernels, TheVnniDotProductsGiveTheAvx512CopysBits) {
   }
 }
 
+TEST(QuantKernels, ThePromptGemmMatchesDoublePrecisionOverTheRoundedXAndTheDequantizedWeight) {
+  if (!kernels::qgemm_available(32, 32)) GTEST_SKIP() << "this CPU has no AVX-512 VNNI: prompts take the dequantizing GEMM";
+  at::manual_seed(28);
+  struct Case {
+    quant::Scheme scheme;
+    int64_t in, group;
+  };
+  // int8 per channel and in groups, int4 in groups; widths of one block and many, groups of one block and several.
+  const Case cases[] = {{quant::Scheme::int8_weight, 32, 0},  {quant::Scheme::int8_weight, 96, 0},   {quant::Scheme::int8_weight, 768, 0},
+                        {quant::Scheme::int8_weight, 96, 32}, {quant::Scheme::int8_weight, 768, 64}, {quant::Scheme::int4_weight, 96, 32},
+                        {quant::Scheme::int4_weight, 256, 128}, {quant::Scheme::int4_weight, 768, 64}};
+  for (const auto& k : cases)
+    for (int64_t rows : {1, 7, 8, 9, 17, 40})     // the 8-row tile, its remainders
+      for (int64_t out : {1, 5, 16, 33, 300})    // whole 16-column tiles and masked ones
+        for (bool bias : {false, true}) {
+          const quant::QuantConfig c{k.scheme, k.group};
+          auto w = at::randn({out, k.in}), x = at::randn({rows, k.in}) * 3;
+          auto b = bias ? at::randn({out}) : at::Tensor();
+          const auto q = quant::quantize_weight(w, c);
+          auto ref = at::mm(x_as_computed(x, k.in, c).to(at::kDouble), quant::dequantize_weight(q.q, q.scales, c, k.in).to(at::kDouble).t());
+          if (bias) ref += b.to(at::kDouble);
+          EXPECT_LT(max_abs_diff(run_qgemm(x, q, c, k.in, b), ref), 3e-6 * k.in + 1e-5)
+              << quant::scheme_name(k.scheme) << " in=" << k.in << " group=" << k.group << " rows=" << rows << " out=" << out << " bias=" << bias;
+        }
+}
+
+TEST(QuantKernels, APromptRowGetsTheSameBitsAloneInABatchOrOnAnyThreadCount) {
+  if (!kernels::qgemm_available(32, 32)) GTEST_SKIP() << "this CPU has no AVX-512 VNNI: prompts take the dequantizing GEMM";
+  at::manual_seed(29);
+  const int64_t in = 320, out = 1003;   // an output count that splits unevenly into tiles and threads
+  auto x = at::randn({19, in}), w = at::randn({out, in}), b = at::randn({out});
+  for (const quant::QuantConfig c : {quant::QuantConfig{quant::Scheme::int8_weight, 0}, quant::QuantConfig{quant::Scheme::int8_weight, 64},
+                                     quant::QuantConfig{quant::Scheme::int4_weight, 32}}) {
+    const auto q = quant::quantize_weight(w, c);
+    auto together = run_qgemm(x, q, c, in, b);
+    for (int64_t r : {0, 7, 8, 18})
+      EXPECT_TRUE(at::equal(run_qgemm(x.narrow(0, r, 1).contiguous(), q, c, in, b), together.narrow(0, r, 1)))
+          << quant::scheme_name(c.scheme) << " row " << r;
+    const int threads = at::get_num_threads();
+    at::set_num_threads(1);
+    auto single_thread = run_qgemm(x, q, c, in, b);
+    at::set_num_threads(threads);
+    EXPECT_TRUE(at::equal(single_thread, together)) << quant::scheme_name(c.scheme);
+  }
+}
+
 TEST(QuantizeWeight, Int4PacksInputJAndJPlus16OfEachBlockIntoByteJ) {
   // One row of 32 inputs with the values -7..7 spread so that scale = 1 (absmax 7).
   auto w = at::empty({1, 32});
@@ -257,8 +319,10 @@ TEST(QuantizedModel, EachFamilysLogitsStayNearFp32AndTheDequantizedModelsInPrefi
   // of 32 (measured: int8 0.03-1.0%, int4 0.4-15%, OPT the largest).
   const Tolerance cases[] = {{{quant::Scheme::int8_weight, 0}, 0.02}, {{quant::Scheme::int8_weight, 32}, 0.02},
                              {{quant::Scheme::int4_weight, 32}, 0.25}, {{quant::Scheme::int8_smoothquant, 0}, 0.03}};
+  for (Isa isa : kernels::runnable_isas())
   for (const std::string family : {"gpt", "opt", "bloom"})
     for (const auto& t : cases) {
+      kernels::ScopedIsa cap(isa);
       const auto m = quantized_pair(family, t.config);
       at::NoGradGuard no_grad;
       const auto ids = at::randint(0, 96, {2, 12}, at::kLong);
@@ -270,12 +334,17 @@ TEST(QuantizedModel, EachFamilysLogitsStayNearFp32AndTheDequantizedModelsInPrefi
       std::vector<at::Tensor> steps{m.quantized->forward(ids.narrow(1, 0, 8), o)};
       for (int64_t s = 8; s < 12; ++s) steps.push_back(m.quantized->forward(ids.narrow(1, s, 1), o));
       const auto got = at::cat(steps, 1);   // [2, 12, V]
-      const std::string what = family + " " + quant::scheme_name(t.config.scheme) + " g=" + std::to_string(t.config.group);
+      const std::string what = std::string(kernels::isa_name(isa)) + " " + family + " " + quant::scheme_name(t.config.scheme) +
+                               " g=" + std::to_string(t.config.group);
       // The prefill computes exactly with the dequantized weights (SmoothQuant: with x rounded to int8 per
-      // token as well, RMS within 1.5% of the logits' spread; measured 0.03-0.9%); the decoding steps' integer
-      // path with x rounded to int8 per block of 32 (RMS within 1%).
+      // token as well, RMS within 1.5% of the logits' spread; measured 0.03-0.9%), or where the CPU has VNNI
+      // takes the integer GEMM with x rounded as decoding rounds it; the decoding steps' integer path with x
+      // rounded to int8 per block of 32 (RMS within 1%).
       const double prefill_rel = (got.narrow(1, 0, 8) - deq.narrow(1, 0, 8)).pow(2).mean().sqrt().item<double>() / deq.std().item<double>();
-      if (t.config.scheme == quant::Scheme::int8_smoothquant) {
+      if (t.config.scheme != quant::Scheme::int8_smoothquant && kernels::qgemm_available(64, t.config.group_for(64))) {
+        EXPECT_LT(prefill_rel, 0.01) << what;
+        EXPECT_GT(prefill_rel, 0.0) << what << ": the integer GEMM computed with float activations";
+      } else if (t.config.scheme == quant::Scheme::int8_smoothquant) {
         EXPECT_LT(prefill_rel, 0.015) << what;
         EXPECT_GT(prefill_rel, 0.0) << what << ": the W8A8 GEMM computed with float activations";
       } else {
@@ -375,13 +444,20 @@ TEST(QuantizedMatmul, APrefillWhoseRowsTheGemmCannotTakeWholeSplitsOffTheTailAnd
   // prefill of 40 rows: the first 48 through the dequantizing GEMM, the last 2 dequantized.
   at::manual_seed(27);
   at::NoGradGuard no_grad;
-  for (const quant::QuantConfig c : {quant::QuantConfig{quant::Scheme::int8_weight, 0}, quant::QuantConfig{quant::Scheme::int4_weight, 32}}) {
-    const int64_t in = 64, out = 50;
-    auto x = at::randn({40, in}), w = at::randn({out, in}), b = at::randn({out});
-    const auto q = quant::quantize_weight(w, c);
-    const auto y = quant::quantized_matmul(x, q.q, q.scales, c, in, b);
-    const auto ref = at::mm(x.to(at::kDouble), quant::dequantize_weight(q.q, q.scales, c, in).to(at::kDouble).t()) + b.to(at::kDouble);
-    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{40, out}));
-    EXPECT_LT(max_abs_diff(y, ref), 2e-6 * in + 1e-5) << quant::scheme_name(c.scheme);
+  // Where the CPU has VNNI the integer GEMM takes the prompt instead (x rounded as decoding rounds it,
+  // its columns masked rather than split); the sets below it take the path this test is about.
+  for (Isa isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    for (const quant::QuantConfig c : {quant::QuantConfig{quant::Scheme::int8_weight, 0}, quant::QuantConfig{quant::Scheme::int4_weight, 32}}) {
+      const int64_t in = 64, out = 50;
+      auto x = at::randn({40, in}), w = at::randn({out, in}), b = at::randn({out});
+      const auto q = quant::quantize_weight(w, c);
+      const auto y = quant::quantized_matmul(x, q.q, q.scales, c, in, b);
+      const bool integer = kernels::qgemm_available(in, c.group_for(in));
+      const auto ref = at::mm((integer ? x_as_computed(x, in, c) : x).to(at::kDouble), quant::dequantize_weight(q.q, q.scales, c, in).to(at::kDouble).t()) +
+                       b.to(at::kDouble);
+      ASSERT_EQ(y.sizes(), (std::vector<int64_t>{40, out}));
+      EXPECT_LT(max_abs_diff(y, ref), 2e-6 * in + 1e-5) << kernels::isa_name(isa) << " " << quant::scheme_name(c.scheme);
+    }
   }
 }

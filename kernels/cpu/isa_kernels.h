@@ -8,6 +8,7 @@
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/qgemm.h"
 
 namespace colossal::kernels {
 
@@ -84,6 +85,9 @@ struct IsaKernels {
   // The sum of x[i]^2 in double (the gradient norm's pass).
   double (*sum_squares_f32)(const float* x, int64_t n);
   double (*sum_squares_f64)(const double* x, int64_t n);
+  // Columns [n_begin, n_end) of a quantized GEMM (qgemm.h); null in sets without VNNI, whose prompts
+  // take the fp32 GEMM with the weights dequantized as it packs them.
+  void (*qgemm_columns)(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* scratch) = nullptr;
 };
 
 // The table of `isa` (which the caller has checked the machine can run).

@@ -1,5 +1,6 @@
 // The avx512vnni table: AVX-512's kernels, with the quantized decoding GEMV's integer dot products
-// from qdot_isa.cpp compiled with VNNI (see isa.h). Only that file is compiled a fourth time.
+// from qdot_isa.cpp compiled with VNNI (see isa.h), and the quantized GEMM only this set has
+// (qgemm_isa.cpp). Only those two files are compiled a fourth time.
 #include "kernels/cpu/isa_entry.h"
 
 namespace colossal::kernels::COLOSSAL_ISA {
@@ -10,6 +11,7 @@ const IsaKernels& table() {
     k.quantize_rows_q8 = &quantize_rows_q8;
     k.qgemv_q8x_int8 = &qgemv_q8x_int8;
     k.qgemv_q8x_int4 = &qgemv_q8x_int4;
+    k.qgemm_columns = &qgemm_columns;
     return k;
   }();
   return t;

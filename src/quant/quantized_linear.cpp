@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/qgemv.h"
 #include "src/nn/linear_forward.h"
 #include "src/quant/quantized_weight.h"
@@ -32,7 +33,25 @@ QuantizedLinear::QuantizedLinear(const nn::LinearSpec& spec, const QuantConfig& 
 
 namespace {
 
-// The prefill: our GEMM with the weight dequantized as its blocks are packed (gemm.h's GemmQuantizedB).
+// A prompt's rows where the CPU has VNNI: integer products with x rounded as decoding rounds it (qgemm.h).
+at::Tensor integer_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const QuantConfig& c, int64_t in,
+                        const at::Tensor& bias) {
+  const auto x2 = x.reshape({-1, in}).contiguous();                                     // [M, in]
+  const int64_t out = q.size(0), group = c.group_for(in);
+  auto y = at::empty({x2.size(0), out}, x.options());
+  const float* b = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
+  if (c.scheme == Scheme::int4_weight)
+    kernels::qgemm_int4(x2.const_data_ptr<float>(), x2.size(0), in, q.const_data_ptr<uint8_t>(), scales.const_data_ptr<float>(), group, b,
+                        y.mutable_data_ptr<float>(), out);
+  else
+    kernels::qgemm_int8(x2.const_data_ptr<float>(), x2.size(0), in, q.const_data_ptr<int8_t>(), scales.const_data_ptr<float>(), group, b,
+                        y.mutable_data_ptr<float>(), out);
+  auto sizes = x.sizes().vec();
+  sizes.back() = out;
+  return y.view(sizes);
+}
+
+// The prefill elsewhere: our GEMM with the weight dequantized as its blocks are packed (gemm.h's GemmQuantizedB).
 at::Tensor dequantizing_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const QuantConfig& c, int64_t in,
                              const at::Tensor& bias) {
   const auto x2 = x.reshape({-1, in}).contiguous();                                     // [M, in]
@@ -56,6 +75,7 @@ at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& q, const at::
   const int64_t out = q.size(0);
   const bool cpu_float = x.is_cpu() && q.is_cpu() && x.scalar_type() == at::kFloat && !at::GradMode::is_enabled();
   const bool decoding = cpu_float && decoding_rows(x, in);
+  if (!decoding && cpu_float && x.numel() > 0 && kernels::qgemm_available(in, c.group_for(in))) return integer_gemm(x, q, scales, c, in, bias);
   const int64_t gemm_rows = out / kernels::kGemmColumnMultiple * kernels::kGemmColumnMultiple;
   if (!decoding && cpu_float && gemm_rows == out && x.numel() > 0) return dequantizing_gemm(x, q, scales, c, in, bias);
   if (!decoding && cpu_float && gemm_rows > 0 && x.numel() > 0) {
