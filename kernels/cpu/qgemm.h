@@ -7,8 +7,8 @@
 // Layout of the work (the GEMM's own, not the GEMV's): each thread takes whole tiles of 16 output
 // columns; a tile's weights are packed once per call into a panel of 64-byte rows, each holding 4
 // consecutive inputs of the 16 columns as unsigned bytes (int8 + 128, or int4's stored nibble, which
-// is value + 8), with the tile's scales per group beside it. Then rows of x, 8 at a time, meet the
-// panel: each 64-byte panel row is loaded once for the 8, each x row's 4 bytes are broadcast, and one
+// is value + 8), with the tile's scales per group beside it. Then rows of x, 6 at a time, meet the
+// panel: each 64-byte panel row is loaded once for the 6, each x row's 4 bytes are broadcast, and one
 // vpdpbusd adds 4 products to each of 16 int32 lanes. After each block of 32 inputs an x row's sums
 // lose the offset times the block's x sum (exact, in int32), turn to float and take the block's x
 // scale; after each group, the weights' scale. Every output's operations are the same whatever the
