@@ -31,34 +31,25 @@ using colossal::test::error_of;
 
 namespace {
 
-// y = x Wq^T + b through the kernel of `c`'s scheme.
-at::Tensor run_qgemv(const at::Tensor& x, const quant::QuantizedWeight& q, const quant::QuantConfig& c, int64_t in,
-                     const at::Tensor& bias) {
+// y = x Wq^T + b through the decoding GEMV of `c`'s scheme, or the prompt GEMM (qgemm.h) where this CPU has it.
+at::Tensor run_quantized(const at::Tensor& x, const quant::QuantizedWeight& q, const quant::QuantConfig& c, int64_t in,
+                         const at::Tensor& bias, bool prompt_gemm) {
   const int64_t rows = x.size(0), out = q.q.size(0);
   auto y = at::empty({rows, out});
   const float* b = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
   if (c.scheme == quant::Scheme::int4_weight)
-    kernels::qgemv_int4(x.const_data_ptr<float>(), rows, in, q.q.const_data_ptr<uint8_t>(), q.scales.const_data_ptr<float>(),
-                        c.group_for(in), b, y.mutable_data_ptr<float>(), out);
+    (prompt_gemm ? kernels::qgemm_int4 : kernels::qgemv_int4)(x.const_data_ptr<float>(), rows, in, q.q.const_data_ptr<uint8_t>(),
+                                                              q.scales.const_data_ptr<float>(), c.group_for(in), b, y.mutable_data_ptr<float>(), out);
   else
-    kernels::qgemv_int8(x.const_data_ptr<float>(), rows, in, q.q.const_data_ptr<int8_t>(), q.scales.const_data_ptr<float>(),
-                        c.group_for(in), b, y.mutable_data_ptr<float>(), out);
+    (prompt_gemm ? kernels::qgemm_int8 : kernels::qgemv_int8)(x.const_data_ptr<float>(), rows, in, q.q.const_data_ptr<int8_t>(),
+                                                              q.scales.const_data_ptr<float>(), c.group_for(in), b, y.mutable_data_ptr<float>(), out);
   return y;
 }
-
-// The same through the prompt GEMM (qgemm.h), where this CPU has it.
-at::Tensor run_qgemm(const at::Tensor& x, const quant::QuantizedWeight& q, const quant::QuantConfig& c, int64_t in,
-                     const at::Tensor& bias) {
-  const int64_t rows = x.size(0), out = q.q.size(0);
-  auto y = at::empty({rows, out});
-  const float* b = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
-  if (c.scheme == quant::Scheme::int4_weight)
-    kernels::qgemm_int4(x.const_data_ptr<float>(), rows, in, q.q.const_data_ptr<uint8_t>(), q.scales.const_data_ptr<float>(),
-                        c.group_for(in), b, y.mutable_data_ptr<float>(), out);
-  else
-    kernels::qgemm_int8(x.const_data_ptr<float>(), rows, in, q.q.const_data_ptr<int8_t>(), q.scales.const_data_ptr<float>(),
-                        c.group_for(in), b, y.mutable_data_ptr<float>(), out);
-  return y;
+at::Tensor run_qgemv(const at::Tensor& x, const quant::QuantizedWeight& q, const quant::QuantConfig& c, int64_t in, const at::Tensor& bias) {
+  return run_quantized(x, q, c, in, bias, false);
+}
+at::Tensor run_qgemm(const at::Tensor& x, const quant::QuantizedWeight& q, const quant::QuantConfig& c, int64_t in, const at::Tensor& bias) {
+  return run_quantized(x, q, c, in, bias, true);
 }
 
 double max_abs_diff(const at::Tensor& a, const at::Tensor& b) { return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>(); }
