@@ -54,9 +54,9 @@ struct IsaKernels {
   void (*qgemv_int4)(const float* x, int64_t rows, int64_t in, const uint8_t* q, const float* scales, int64_t group,
                      const float* bias, float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
   // x rows quantized for the integer path: each block of 32 floats to int8 (absmax / 127 scale), its
-  // absolute values beside it and each block's 8 * sum * scale (int4's offset); and the quantized GEMVs
-  // over such rows (qdot_isa.cpp).
-  void (*quantize_rows_q8)(const float* x, int64_t n_blocks, int8_t* xq, uint8_t* xa, float* xs, float* xc);
+  // absolute values beside it, each block's 8 * sum * scale (int4's offset) and its integer sum (the
+  // prompt GEMM's offsets); and the quantized GEMVs over such rows (qdot_isa.cpp).
+  void (*quantize_rows_q8)(const float* x, int64_t n_blocks, int8_t* xq, uint8_t* xa, float* xs, float* xc, int32_t* xsum);
   void (*qgemv_q8x_int8)(const int8_t* xq, const uint8_t* xa, const float* xs, const float* xc, int64_t rows, int64_t in, const int8_t* q,
                          const float* scales, int64_t group, const float* bias, float* y, int64_t ldy, int64_t o_begin,
                          int64_t o_end);

@@ -206,7 +206,7 @@ void qgemv_q8x_int4(const int8_t* xq, const uint8_t* xa, const float* xs, const 
 
 namespace colossal::kernels::COLOSSAL_ISA {
 
-void quantize_rows_q8(const float* x, int64_t n_blocks, int8_t* xq, uint8_t* xa, float* xs, float* xc) {
+void quantize_rows_q8(const float* x, int64_t n_blocks, int8_t* xq, uint8_t* xa, float* xs, float* xc, int32_t* xsum) {
   for (int64_t b = 0; b < n_blocks; ++b, x += kBlock, xq += kBlock, xa += kBlock) {
 #if defined(__AVX2__)
     // |x|'s largest in vectors (a scalar compare chain cost more than the rest of the block); max is exact.
@@ -249,6 +249,7 @@ void quantize_rows_q8(const float* x, int64_t n_blocks, int8_t* xq, uint8_t* xa,
     for (int k = 0; k < kBlock; ++k) sum += xq[k];
 #endif
     xc[b] = static_cast<float>(8 * sum) * xs[b];
+    xsum[b] = sum;
   }
 }
 

@@ -5,10 +5,11 @@
 
 #include <algorithm>
 #include <omp.h>
-#include <vector>
 
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/qgemv.h"
+#include "kernels/cpu/quantized_rows.h"
+#include "kernels/cpu/thread_scratch.h"
 
 namespace colossal::kernels {
 namespace {
@@ -16,21 +17,8 @@ namespace {
 void run(const float* x, int64_t rows, int64_t in, const void* q, bool int4, const float* scales, int64_t group,
          const float* bias, float* y, int64_t out) {
   const IsaKernels& k = active_kernels();
-  // x quantized as the GEMV quantizes it, in buffers this thread keeps, with each block's integer sum.
-  thread_local std::vector<int8_t> xq;
-  thread_local std::vector<uint8_t> xa;
-  thread_local std::vector<float> xs, xc;
-  thread_local std::vector<int32_t> xsum;
-  const auto n = static_cast<size_t>(rows * in), blocks = n / kQ8Block;
-  if (xq.size() < n) xq.resize(n), xa.resize(n);
-  if (xs.size() < blocks) xs.resize(blocks), xc.resize(blocks), xsum.resize(blocks);
-  k.quantize_rows_q8(x, static_cast<int64_t>(blocks), xq.data(), xa.data(), xs.data(), xc.data());
-  for (size_t b = 0; b < blocks; ++b) {
-    int32_t s = 0;
-    for (int64_t i = 0; i < kQ8Block; ++i) s += xq[b * kQ8Block + i];
-    xsum[b] = s;
-  }
-  const QgemmProblem p{xq.data(), xs.data(), xsum.data(), rows, in, q, int4, scales, group, bias, y, out};
+  const QuantizedRows& xr = quantize_rows(k, x, rows, in);   // as the GEMV quantizes them
+  const QgemmProblem p{xr.q.data(), xr.s.data(), xr.sum.data(), rows, in, q, int4, scales, group, bias, y, out};
   const int64_t tiles = (out + kQgemmColumns - 1) / kQgemmColumns;
 #pragma omp parallel if (tiles > 1)
   {
@@ -38,10 +26,8 @@ void run(const float* x, int64_t rows, int64_t in, const void* q, bool int4, con
     const int64_t per = (tiles + threads - 1) / threads;
     const int64_t begin = std::min(t * per, tiles) * kQgemmColumns, end = std::min((t + 1) * per * kQgemmColumns, out);
     if (begin < end) {
-      thread_local std::vector<uint8_t> scratch;
-      const auto need = static_cast<size_t>(qgemm_scratch_bytes(in, group));
-      if (scratch.size() < need) scratch.resize(need);
-      k.qgemm_columns(p, begin, end, scratch.data());
+      const auto floats = static_cast<size_t>((qgemm_scratch_bytes(in, group) + 3) / 4);
+      k.qgemm_columns(p, begin, end, reinterpret_cast<uint8_t*>(thread_scratch(floats)));
     }
   }
 }

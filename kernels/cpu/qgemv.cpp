@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cpu/isa_kernels.h"
+#include "kernels/cpu/quantized_rows.h"
 
 namespace colossal::kernels {
 namespace {
@@ -23,28 +24,23 @@ void split_rows(int64_t out, int64_t bytes, const F& run) {
   }
 }
 
-// x rows quantized for the integer path (qdot_isa.cpp), in buffers each calling thread keeps.
-struct QuantizedRows {
-  std::vector<int8_t> q;
-  std::vector<uint8_t> a;
-  std::vector<float> s, c;
-};
+}  // namespace
+
 const QuantizedRows& quantize_rows(const IsaKernels& k, const float* x, int64_t rows, int64_t in) {
   thread_local QuantizedRows r;
   const auto n = static_cast<size_t>(rows * in);
-  if (r.q.size() < n) r.q.resize(n), r.a.resize(n), r.s.resize(n / kQ8Block), r.c.resize(n / kQ8Block);
-  k.quantize_rows_q8(x, rows * in / kQ8Block, r.q.data(), r.a.data(), r.s.data(), r.c.data());
+  if (r.q.size() < n) r.q.resize(n), r.a.resize(n), r.s.resize(n / kQ8Block), r.c.resize(n / kQ8Block), r.sum.resize(n / kQ8Block);
+  k.quantize_rows_q8(x, rows * in / kQ8Block, r.q.data(), r.a.data(), r.s.data(), r.c.data(), r.sum.data());
   return r;
 }
-
-}  // namespace
 
 bool qgemv_integer_path(int64_t in, int64_t group) { return in % kQ8Block == 0 && group % kQ8Block == 0; }
 
 void quantize_rows_q8(const float* x, int64_t rows, int64_t in, int8_t* xq, float* xs) {
   std::vector<uint8_t> abs(static_cast<size_t>(rows * in));
   std::vector<float> offsets(static_cast<size_t>(rows * in / kQ8Block));
-  active_kernels().quantize_rows_q8(x, rows * in / kQ8Block, xq, abs.data(), xs, offsets.data());
+  std::vector<int32_t> sums(offsets.size());
+  active_kernels().quantize_rows_q8(x, rows * in / kQ8Block, xq, abs.data(), xs, offsets.data(), sums.data());
 }
 
 void qgemv_int8(const float* x, int64_t rows, int64_t in, const int8_t* q, const float* scales, int64_t group,

@@ -1,0 +1,23 @@
+// x rows quantized for the quantized kernels' integer paths (qgemv.h, qgemm.h): int8 per block of 32
+// inputs at absmax / 127, with what each kernel needs beside them. Shared by the decoding GEMV and the
+// prompt GEMM, so both round x alike.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/isa_kernels.h"
+
+namespace colossal::kernels {
+
+struct QuantizedRows {
+  std::vector<int8_t> q;     // [rows, in]
+  std::vector<uint8_t> a;    // |q|, the int8 GEMV's unsigned operand
+  std::vector<float> s, c;   // per block: the scale, and int4's offset 8 * sum * scale
+  std::vector<int32_t> sum;  // per block: the integer sum (the prompt GEMM's offsets)
+};
+
+// Quantizes x [rows, in] (in a multiple of 32) with `k`'s kernel into buffers the calling thread keeps
+// until its next call.
+const QuantizedRows& quantize_rows(const IsaKernels& k, const float* x, int64_t rows, int64_t in);
+
+}  // namespace colossal::kernels
