@@ -37,6 +37,13 @@ std::vector<Isa> isas_up_to(Isa machine) {
   return out;
 }
 
+// "a, b, c": the sets' names in the given order, for error messages.
+std::string names(const std::vector<Isa>& isas) {
+  std::string out;
+  for (Isa isa : isas) out += (out.empty() ? "" : ", ") + std::string(isa_name(isa));
+  return out;
+}
+
 Isa env_capped() {
   static const Isa isa = isa_cap_from(std::getenv("COLOSSAL_CPU_ISA"), machine_isa());
   return isa;
@@ -69,15 +76,12 @@ Isa isa_cap_from(const char* value, Isa machine) {
   if (!value || !*value) return machine;
   const auto isa = parse_isa(value);
   if (!isa) {
-    std::string valid;
-    for (auto i = std::size(kAll); i-- > 0;) valid += std::string(valid.empty() ? "" : ", ") + isa_name(kAll[i]);
-    throw std::invalid_argument(std::string("COLOSSAL_CPU_ISA=\"") + value + "\" is not an instruction set (valid: " + valid + ")");
+    const std::vector<Isa> widest_first(std::rbegin(kAll), std::rend(kAll));
+    throw std::invalid_argument(std::string("COLOSSAL_CPU_ISA=\"") + value + "\" is not an instruction set (valid: " + names(widest_first) + ")");
   }
   if (*isa > machine) {
-    std::string valid;
-    for (Isa i : isas_up_to(machine)) valid += (valid.empty() ? "" : ", ") + std::string(isa_name(i));
     throw std::invalid_argument(std::string("COLOSSAL_CPU_ISA=") + value + ": this CPU cannot run " + value +
-                                " code (its widest is " + isa_name(machine) + "; valid here: " + valid + ")");
+                                " code (its widest is " + isa_name(machine) + "; valid here: " + names(isas_up_to(machine)) + ")");
   }
   return *isa;
 }

@@ -17,6 +17,9 @@ constexpr int kBlock = 32;            // inputs per x scale
 constexpr int kRows = 6;
 constexpr int64_t kPanelRow = 64;     // bytes of a panel row: 4 inputs of 16 columns
 
+// The tile's first `valid` columns, as a lane mask.
+__mmask16 live_columns(int64_t valid) { return valid >= kQgemmColumns ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1); }
+
 // The tile's weights as panel rows of unsigned bytes (int8 + 128, int4's stored nibble) and its
 // scales [group][16]. Columns past `valid` are zero weights (the offset itself) with zero scales.
 void pack_tile(const QgemmProblem& p, int64_t n0, int64_t valid, uint8_t* panel, float* scales) {
@@ -25,7 +28,7 @@ void pack_tile(const QgemmProblem& p, int64_t n0, int64_t valid, uint8_t* panel,
   int32_t offsets[kQgemmColumns];
   for (int c = 0; c < kQgemmColumns; ++c) offsets[c] = static_cast<int32_t>((c < valid ? c : valid - 1) * row_bytes);
   const __m512i rows = _mm512_loadu_si512(offsets);
-  const __mmask16 live = valid >= kQgemmColumns ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
+  const __mmask16 live = live_columns(valid);
   const uint8_t* base = static_cast<const uint8_t*>(p.q) + n0 * row_bytes;
   if (p.int4) {
     // A block of 32 inputs is 16 bytes: byte j holds input j (low nibble) and j + 16 (high). Four bytes
@@ -83,7 +86,7 @@ void tile_rows(const QgemmProblem& p, int64_t m0, const uint8_t* panel, const fl
     const __m512 s = _mm512_loadu_ps(scales + g * kQgemmColumns);
     for (int r = 0; r < R; ++r) total[r] = _mm512_fmadd_ps(s, acc[r], total[r]);
   }
-  const __mmask16 live = valid >= kQgemmColumns ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
+  const __mmask16 live = live_columns(valid);
   const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(live, p.bias + n0) : _mm512_setzero_ps();
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(p.y + (m0 + r) * p.out + n0, live, _mm512_add_ps(total[r], bias));
 }

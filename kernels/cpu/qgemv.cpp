@@ -37,10 +37,9 @@ const QuantizedRows& quantize_rows(const IsaKernels& k, const float* x, int64_t 
 bool qgemv_integer_path(int64_t in, int64_t group) { return in % kQ8Block == 0 && group % kQ8Block == 0; }
 
 void quantize_rows_q8(const float* x, int64_t rows, int64_t in, int8_t* xq, float* xs) {
-  std::vector<uint8_t> abs(static_cast<size_t>(rows * in));
-  std::vector<float> offsets(static_cast<size_t>(rows * in / kQ8Block));
-  std::vector<int32_t> sums(offsets.size());
-  active_kernels().quantize_rows_q8(x, rows * in / kQ8Block, xq, abs.data(), xs, offsets.data(), sums.data());
+  const QuantizedRows& r = quantize_rows(active_kernels(), x, rows, in);
+  std::copy_n(r.q.data(), rows * in, xq);
+  std::copy_n(r.s.data(), rows * in / kQ8Block, xs);
 }
 
 void qgemv_int8(const float* x, int64_t rows, int64_t in, const int8_t* q, const float* scales, int64_t group,

@@ -33,19 +33,21 @@ QuantizedLinear::QuantizedLinear(const nn::LinearSpec& spec, const QuantConfig& 
 
 namespace {
 
-// A prompt's rows where the CPU has VNNI: integer products with x rounded as decoding rounds it (qgemm.h).
-at::Tensor integer_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const QuantConfig& c, int64_t in,
-                        const at::Tensor& bias) {
+// The integer kernels, which multiply by the stored integers directly: the decoding GEMV (qgemv.h) for
+// a decoding step's rows, or where the CPU has VNNI the prompt GEMM (qgemm.h) for a prompt's; both
+// round x alike. Their signatures are the same, so one call serves both.
+at::Tensor integer_kernel(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const QuantConfig& c, int64_t in,
+                          const at::Tensor& bias, bool prompt) {
   const auto x2 = x.reshape({-1, in}).contiguous();                                     // [M, in]
   const int64_t out = q.size(0), group = c.group_for(in);
   auto y = at::empty({x2.size(0), out}, x.options());
   const float* b = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
   if (c.scheme == Scheme::int4_weight)
-    kernels::qgemm_int4(x2.const_data_ptr<float>(), x2.size(0), in, q.const_data_ptr<uint8_t>(), scales.const_data_ptr<float>(), group, b,
-                        y.mutable_data_ptr<float>(), out);
+    (prompt ? kernels::qgemm_int4 : kernels::qgemv_int4)(x2.const_data_ptr<float>(), x2.size(0), in, q.const_data_ptr<uint8_t>(),
+                                                         scales.const_data_ptr<float>(), group, b, y.mutable_data_ptr<float>(), out);
   else
-    kernels::qgemm_int8(x2.const_data_ptr<float>(), x2.size(0), in, q.const_data_ptr<int8_t>(), scales.const_data_ptr<float>(), group, b,
-                        y.mutable_data_ptr<float>(), out);
+    (prompt ? kernels::qgemm_int8 : kernels::qgemv_int8)(x2.const_data_ptr<float>(), x2.size(0), in, q.const_data_ptr<int8_t>(),
+                                                         scales.const_data_ptr<float>(), group, b, y.mutable_data_ptr<float>(), out);
   auto sizes = x.sizes().vec();
   sizes.back() = out;
   return y.view(sizes);
@@ -74,11 +76,11 @@ at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& q, const at::
                             const at::Tensor& bias) {
   const int64_t out = q.size(0);
   const bool cpu_float = x.is_cpu() && q.is_cpu() && x.scalar_type() == at::kFloat && !at::GradMode::is_enabled();
-  const bool decoding = cpu_float && decoding_rows(x, in);
-  if (!decoding && cpu_float && x.numel() > 0 && kernels::qgemm_available(in, c.group_for(in))) return integer_gemm(x, q, scales, c, in, bias);
+  if (cpu_float && decoding_rows(x, in)) return integer_kernel(x, q, scales, c, in, bias, /*prompt=*/false);
+  if (cpu_float && x.numel() > 0 && kernels::qgemm_available(in, c.group_for(in))) return integer_kernel(x, q, scales, c, in, bias, /*prompt=*/true);
   const int64_t gemm_rows = out / kernels::kGemmColumnMultiple * kernels::kGemmColumnMultiple;
-  if (!decoding && cpu_float && gemm_rows == out && x.numel() > 0) return dequantizing_gemm(x, q, scales, c, in, bias);
-  if (!decoding && cpu_float && gemm_rows > 0 && x.numel() > 0) {
+  if (cpu_float && gemm_rows == out && x.numel() > 0) return dequantizing_gemm(x, q, scales, c, in, bias);
+  if (cpu_float && gemm_rows > 0 && x.numel() > 0) {
     // A row count the GEMM's columns cannot take whole (a vocabulary of 50257): the GEMM for all but the
     // last < 16 rows, those few dequantized, rather than the whole weight dequantized for every call.
     auto part = [&](const at::Tensor& t, int64_t from, int64_t n) { return t.defined() ? t.narrow(0, from, n) : t; };
@@ -88,22 +90,9 @@ at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& q, const at::
                                                part(bias, gemm_rows, rest));
     return at::cat({head, tail}, -1);
   }
-  if (!decoding)   // other devices
-    return nn::linear_forward(x, dequantize_weight(q, scales, c, in).to(x.device(), x.scalar_type()),
-                              bias.defined() ? bias.to(x.device(), x.scalar_type()) : at::Tensor());
-  auto xc = x.contiguous();
-  auto sizes = x.sizes().vec();
-  sizes.back() = out;
-  auto y = at::empty(sizes, x.options());
-  const int64_t rows = xc.numel() / in, group = c.group_for(in);
-  const float* b = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
-  if (c.scheme == Scheme::int4_weight)
-    kernels::qgemv_int4(xc.const_data_ptr<float>(), rows, in, q.const_data_ptr<uint8_t>(), scales.const_data_ptr<float>(), group, b,
-                        y.mutable_data_ptr<float>(), out);
-  else
-    kernels::qgemv_int8(xc.const_data_ptr<float>(), rows, in, q.const_data_ptr<int8_t>(), scales.const_data_ptr<float>(), group, b,
-                        y.mutable_data_ptr<float>(), out);
-  return y;
+  // other devices, an empty x, or a gradient to record
+  return nn::linear_forward(x, dequantize_weight(q, scales, c, in).to(x.device(), x.scalar_type()),
+                            bias.defined() ? bias.to(x.device(), x.scalar_type()) : at::Tensor());
 }
 
 // W8A8: x / s quantized to int8 per token (absmax / 127), an int8 GEMM summing in int32 (ATen's _int_mm:
