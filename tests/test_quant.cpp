@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <map>
+#include <numeric>
 #include <ATen/core/grad_mode.h>
 
 #include "kernels/cpu/gemm.h"
@@ -17,6 +18,7 @@
 #include "models/registry.h"
 #include "src/core/error.h"
 #include "src/nn/causal_lm.h"
+#include "src/nn/kernel_choice.h"
 #include "src/engine/checkpoint.h"
 #include "src/engine/generation_checkpoint.h"
 #include "src/quant/calibration.h"
@@ -218,6 +220,74 @@ TEST(QuantKernels, APromptRowGetsTheSameBitsAloneInABatchOrOnAnyThreadCount) {
   }
 }
 
+// The weight-only configs the packed GEMM takes: int8 per channel and in groups, int4 in groups of one block and several.
+const quant::QuantConfig kPackedConfigs[] = {{quant::Scheme::int8_weight, 0}, {quant::Scheme::int8_weight, 64},
+                                             {quant::Scheme::int4_weight, 32}, {quant::Scheme::int4_weight, 128}};
+
+at::Tensor run_packed(const at::Tensor& x, const quant::QuantizedWeight& packed, const quant::QuantConfig& c, int64_t in, int64_t out,
+                      const at::Tensor& bias) {
+  auto y = at::empty({x.size(0), out});
+  kernels::qgemm_packed(x.const_data_ptr<float>(), x.size(0), in, packed.q.const_data_ptr<uint8_t>(), packed.scales.const_data_ptr<float>(),
+                        c.scheme == quant::Scheme::int4_weight, c.group_for(in), bias.defined() ? bias.const_data_ptr<float>() : nullptr,
+                        y.mutable_data_ptr<float>(), out);
+  return y;
+}
+
+TEST(QuantKernels, PackingForTheGemmAndBackIsExactAndTheLastTilesSpareColumnsAreZeroWeights) {
+  at::manual_seed(30);
+  for (const quant::QuantConfig& c : kPackedConfigs)
+    for (int64_t out : {1, 16, 21, 50})
+      for (int64_t in : {128, 256}) {
+        const auto q = quant::quantize_weight(at::randn({out, in}), c);
+        const auto packed = quant::pack_for_qgemm(q, c, in);
+        const int64_t tiles = (out + 15) / 16;
+        const std::string what = std::string(quant::scheme_name(c.scheme)) + " g=" + std::to_string(c.group) + " out=" + std::to_string(out);
+        ASSERT_EQ(packed.q.sizes(), (std::vector<int64_t>{tiles, in * 16 / (c.bits() == 4 ? 2 : 1)})) << what;
+        ASSERT_EQ(packed.scales.sizes(), (std::vector<int64_t>{tiles, in / c.group_for(in) * 16})) << what;
+        const auto back = quant::unpack_from_qgemm(packed, c, in, out);
+        EXPECT_TRUE(at::equal(back.q, q.q)) << what;
+        EXPECT_TRUE(at::equal(back.scales, q.scales)) << what;
+        // Every output row, the spare ones included, read back from the panels as the dequantized weight (exactly).
+        std::vector<int64_t> ids(static_cast<size_t>(tiles * 16));
+        std::iota(ids.begin(), ids.end(), 0);
+        auto rows = at::empty({tiles * 16, in});
+        kernels::qgemm_packed_rows(packed.q.const_data_ptr<uint8_t>(), packed.scales.const_data_ptr<float>(), c.bits() == 4, c.group_for(in), in,
+                                   ids.data(), tiles * 16, rows.mutable_data_ptr<float>());
+        EXPECT_TRUE(at::equal(rows.narrow(0, 0, out), quant::dequantize_weight(q.q, q.scales, c, in))) << what;
+        EXPECT_TRUE(at::equal(rows.narrow(0, out, tiles * 16 - out), at::zeros({tiles * 16 - out, in}))) << what;
+        EXPECT_TRUE(at::equal(packed.scales.view({tiles, -1, 16}).select(0, tiles - 1).narrow(1, (out - 1) % 16 + 1, 15 - (out - 1) % 16),
+                              at::zeros({in / c.group_for(in), 15 - (out - 1) % 16})))
+            << what;
+      }
+}
+
+TEST(QuantKernels, ThePackedGemmGivesTheScalarLoopsBitsOnEverySetAndThePerCallPackingsWithVnni) {
+  at::manual_seed(31);
+  const int64_t in = 256;
+  for (const quant::QuantConfig& c : kPackedConfigs)
+    for (int64_t rows : {1, 2, 3, 6, 8, 13, 16})   // one and two rows (two chains), the 6-row tile and its remainders
+      for (int64_t out : {5, 16, 40}) {
+        auto x = at::randn({rows, in}) * 2, b = at::randn({out});
+        const auto q = quant::quantize_weight(at::randn({out, in}), c);
+        const auto packed = quant::pack_for_qgemm(q, c, in);
+        const std::string what = std::string(quant::scheme_name(c.scheme)) + " g=" + std::to_string(c.group) + " rows=" +
+                                 std::to_string(rows) + " out=" + std::to_string(out);
+        at::Tensor first;
+        for (Isa isa : kernels::runnable_isas()) {   // without VNNI, the scalar loop
+          kernels::ScopedIsa cap(isa);
+          const auto y = run_packed(x, packed, c, in, out, b);
+          if (!first.defined()) {
+            first = y;
+            auto ref = at::mm(x_as_computed(x, in, c).to(at::kDouble), quant::dequantize_weight(q.q, q.scales, c, in).to(at::kDouble).t());
+            EXPECT_LT(max_abs_diff(y, ref + b.to(at::kDouble)), 3e-6 * in + 1e-5) << what;
+          }
+          EXPECT_TRUE(at::equal(y, first)) << what << " on " << kernels::isa_name(isa);
+          if (kernels::qgemm_available(in, c.group_for(in)))
+            EXPECT_TRUE(at::equal(y, run_qgemm(x, q, c, in, b))) << what << ": packed once against packed per call";
+        }
+      }
+}
+
 TEST(QuantizeWeight, Int4PacksInputJAndJPlus16OfEachBlockIntoByteJ) {
   // One row of 32 inputs with the values -7..7 spread so that scale = 1 (absmax 7).
   auto w = at::empty({1, 32});
@@ -393,13 +463,67 @@ TEST(QuantizedModel, EachFamilyAndSchemeSavesAndLoadsBackBitForBit) {
       const auto opened = open_generation_checkpoint(dir / "q", "the test");
       ASSERT_TRUE(opened.quantized) << family;
       EXPECT_EQ(opened.quantized->scheme, c.scheme);
-      const auto loaded = load_generation_model(opened, "the test");
+      const auto loaded = load_generation_model(opened, "the test", nullptr, /*pack_for_cpu=*/false);   // the checkpoint's layout
       std::map<std::string, at::Tensor> back;
       for (const auto& p : loaded->named_parameters()) back.emplace(p.key(), p.value());
       for (const auto& p : m.quantized->named_parameters()) {
         ASSERT_TRUE(back.count(p.key())) << p.key();
         EXPECT_TRUE(at::equal(back.at(p.key()), p.value())) << family << " " << quant::scheme_name(c.scheme) << " " << p.key();
       }
+    }
+}
+
+// Logits of a prefill of ids' first 8 positions, then one position at a time through the cache: [B, T, V].
+at::Tensor prefill_then_decode(nn::CausalLM& model, const at::Tensor& ids) {
+  auto cache = model.make_cache(ids.size(0), ids.size(1), c10::Device(c10::kCPU));
+  nn::ForwardOptions o;
+  o.cache = &cache;
+  std::vector<at::Tensor> steps{model.forward(ids.narrow(1, 0, 8), o)};
+  for (int64_t s = 8; s < ids.size(1); ++s) steps.push_back(model.forward(ids.narrow(1, s, 1), o));
+  return at::cat(steps, 1);
+}
+
+TEST(QuantizedModel, PackedForTheCpuEachFamilyKeepsThePromptGemmsBitsAndEachSequenceGetsItsOwnBitsInAnyBatch) {
+  if (!kernels::qgemm_available(32, 32)) GTEST_SKIP() << "this CPU has no AVX-512 VNNI: quantized layers are not packed";
+  for (const std::string family : {"gpt", "opt", "bloom"})
+    for (const quant::QuantConfig c : {quant::QuantConfig{quant::Scheme::int8_weight, 0}, quant::QuantConfig{quant::Scheme::int4_weight, 32}}) {
+      const auto m = quantized_pair(family, c);
+      test::TempDir dir;
+      const TokenizerFiles tokenizer{{"tokenizer.model", test::read_file(test::small_corpus().tokenizer)}};
+      save_model_dir(dir / "q", *m.quantized, tokenizer, nlohmann::json::object(), {{"quantization_config", quant::to_json(c)}});
+      const auto opened = open_generation_checkpoint(dir / "q", "the test");
+      const auto packed = load_generation_model(opened, "the test");
+      const auto plain = load_generation_model(opened, "the test", nullptr, /*pack_for_cpu=*/false);
+      const std::string what = family + " " + quant::scheme_name(c.scheme);
+      int64_t panels = 0;   // every linear layer and the tied head hold panels: uint8 [tiles, bytes a tile]
+      for (const auto& p : packed->named_parameters())
+        if (p.key().ends_with("qweight")) {
+          EXPECT_EQ(p.value().scalar_type(), at::kByte) << what << " " << p.key();
+          ++panels;
+        }
+      EXPECT_GT(panels, 0) << what;
+      at::NoGradGuard no_grad;
+      const auto ids = at::randint(0, 96, {3, 12}, at::kLong);
+      // A prompt takes the same kernel either way (packed per call or once): the same bits.
+      EXPECT_TRUE(at::equal(packed->forward(ids), plain->forward(ids))) << what;
+      // Decoding: each sequence alone gets the bits it gets in the batch (with the other kernels fixed, not
+      // timed per shape); the unpacked GEMV rounds x alike and sums the same integers, its floats in
+      // another order.
+      const nn::KernelPath ours = nn::KernelPath::Ours;
+      nn::set_kernel_policy({ours, ours, ours, ours, ours, ours});
+      struct Reset {
+        ~Reset() { nn::set_kernel_policy({}); }
+      } reset;
+      const auto together = prefill_then_decode(*packed, ids);
+      for (int64_t b = 0; b < 3; ++b)
+        EXPECT_TRUE(at::equal(prefill_then_decode(*packed, ids.narrow(0, b, 1)), together.narrow(0, b, 1))) << what << " sequence " << b;
+      const auto gemv = prefill_then_decode(*plain, ids);
+      EXPECT_LT(max_abs_diff(together, gemv), 1e-4 * gemv.abs().max().item<double>()) << what;
+      // Where the kernel does not apply (a gradient to record), the panels are read back into the
+      // checkpoint's layout: the float path over the dequantized weights.
+      at::AutoGradMode grad(true);
+      const auto deq = m.dequantized->forward(ids);
+      EXPECT_LT(max_abs_diff(packed->forward(ids), deq), 1e-4 * deq.abs().max().item<double>() + 1e-6) << what;
     }
 }
 

@@ -129,7 +129,7 @@ void run(InferArgs& a) {
     nn::LayerFactory deferred(nn::ParamStorage::deferred);
     model = nn::model_as<nn::CausalLM>(build_model(info.model, deferred, /*initialise=*/false), user);
   } else {
-    model = load_generation_model(opened, user, tensor_group);
+    model = load_generation_model(opened, user, tensor_group, /*pack_for_cpu=*/device.is_cpu());
   }
   std::shared_ptr<StreamedWeights> streamed;
   // The reading thread uses the model, so any read in flight ends before the model goes, however this

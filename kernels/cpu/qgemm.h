@@ -5,14 +5,23 @@
 // prefill no longer expands every weight to floats as the fp32 GEMM's packing did.
 //
 // Layout of the work (the GEMM's own, not the GEMV's): each thread takes whole tiles of 16 output
-// columns; a tile's weights are packed once per call into a panel of 64-byte rows, each holding 4
-// consecutive inputs of the 16 columns as unsigned bytes (int8 + 128, or int4's stored nibble, which
-// is value + 8), with the tile's scales per group beside it. Then rows of x, 6 at a time, meet the
-// panel: each 64-byte panel row is loaded once for the 6, each x row's 4 bytes are broadcast, and one
-// vpdpbusd adds 4 products to each of 16 int32 lanes. After each block of 32 inputs an x row's sums
-// lose the offset times the block's x sum (exact, in int32), turn to float and take the block's x
-// scale; after each group, the weights' scale. Every output's operations are the same whatever the
-// row count, the tile of rows and the thread split, so a row's bits do not depend on its batch.
+// columns. A tile's weights are a panel of 64-byte rows as unsigned bytes: for int8, each row holds 4
+// consecutive inputs of the 16 columns (int8 + 128; column c's 4 bytes at 4c); for int4, each row holds
+// 4 stored bytes of each column (int4's nibbles, value + 8), whose low nibbles are inputs j..j+3 of a
+// block and high nibbles inputs j+16..j+19 (qgemv.h's layout), so one row is two rows of products
+// after a mask and a shift. The tile's scales per group sit beside it as [group][16]. Rows of x, 6 at
+// a time, meet the panel: each panel row is loaded once for the 6, each x row's 4 bytes are
+// broadcast, and one vpdpbusd adds 4 products to each of 16 int32 lanes. After each block of 32
+// inputs an x row's sums lose the offset times the block's x sum (exact, in int32), turn to float and
+// take the block's x scale; after each group, the weights' scale. Every output's operations are the
+// same whatever the row count, the tile of rows and the thread split, so a row's bits do not depend
+// on its batch; and since every lane is one output, a scalar loop doing the same operations
+// (qgemm_reference_columns) gives the same bits.
+//
+// The panels are either built per call, one tile at a time (qgemm_int8/int4: weights in qgemv.h's
+// row layout, as checkpoints hold them), or once at load (qgemm_pack), which an inference process
+// does on machines with the GEMM: then the per-call packing is gone and the same kernel serves a
+// decoding step's few rows, where packing each call would cost more than it saves.
 #pragma once
 #include <cstdint>
 
@@ -28,9 +37,26 @@ void qgemm_int8(const float* x, int64_t rows, int64_t in, const int8_t* q, const
 void qgemm_int4(const float* x, int64_t rows, int64_t in, const uint8_t* q, const float* scales, int64_t group,
                 const float* bias, float* y, int64_t out);
 
+// Weights packed once (qgemm.h's panels, every tile whole: columns past `out` are zero weights with
+// zero scales). Sizes of the two arrays, the packing from qgemv.h's row layout and back (exact), and
+// the GEMM over them, which any kernel set runs (without VNNI through the scalar loop, slowly: a
+// process packs only where qgemm_available).
+int64_t qgemm_packed_bytes(int64_t in, int64_t out, bool int4);
+int64_t qgemm_packed_scales(int64_t in, int64_t out, int64_t group);
+void qgemm_pack(const void* q, const float* scales, bool int4, int64_t group, int64_t in, int64_t out, uint8_t* panels,
+                float* panel_scales);
+void qgemm_unpack(const uint8_t* panels, const float* panel_scales, bool int4, int64_t group, int64_t in, int64_t out, void* q,
+                  float* scales);
+// Rows `ids` [n] of the packed weight, dequantized into rows [n, in] (an embedding's lookup).
+void qgemm_packed_rows(const uint8_t* panels, const float* panel_scales, bool int4, int64_t group, int64_t in, const int64_t* ids,
+                       int64_t n, float* rows);
+void qgemm_packed(const float* x, int64_t rows, int64_t in, const uint8_t* panels, const float* panel_scales, bool int4, int64_t group,
+                  const float* bias, float* y, int64_t out);
+
 // What a kernel set's copy computes: columns [n_begin, n_end) (multiples of 16, or `out` at the end)
 // of y for all rows, from quantized x rows xq [rows, in] with per block scales xs and integer sums
-// xsum [rows, in / 32]. scratch: qgemm_scratch_bytes(in, group) bytes of the calling thread's own.
+// xsum [rows, in / 32]. With `panels` null, the tiles are packed per call from `q` into `scratch`
+// (qgemm_scratch_bytes(in, group) bytes of the calling thread's own); otherwise they are read there.
 struct QgemmProblem {
   const int8_t* xq;
   const float* xs;
@@ -43,8 +69,13 @@ struct QgemmProblem {
   const float* bias;
   float* y;
   int64_t out;
+  const uint8_t* panels = nullptr;        // packed once (qgemm_pack), or null
+  const float* panel_scales = nullptr;
 };
 constexpr int64_t kQgemmColumns = 16;   // output columns a tile (one 512-bit vector of int32 sums)
+constexpr int64_t kQgemmPanelRow = 64;  // bytes of a panel row
 inline int64_t qgemm_scratch_bytes(int64_t in, int64_t group) { return in * kQgemmColumns + in / group * kQgemmColumns * 4 + 64; }
+// The same operations as a kernel set's copy, one lane at a time: the same bits, on any machine.
+void qgemm_reference_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end);
 
 }  // namespace colossal::kernels

@@ -33,17 +33,20 @@ void check_generation_split(const std::string& path, int64_t tensor) {
                 "ranks it would compute something else (run it as one process; int8-weight and int4-weight split)");
 }
 
-std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& c, const std::string& command, dist::Group* tensor_group) {
-  std::unique_ptr<nn::LayerFactory> factory;
+std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& c, const std::string& command, dist::Group* tensor_group,
+                                                    bool pack_for_cpu) {
+  std::shared_ptr<nn::LayerFactory> factory;
+  std::shared_ptr<quant::QuantizedLayerFactory> quantized;
+  if (c.quantized) quantized = std::make_shared<quant::QuantizedLayerFactory>(*c.quantized);
   const bool split = tensor_group && tensor_group->size() > 1;
   if (split && c.quantized)   // (SmoothQuant was refused by check_generation_split)   // each rank's pieces are quantized layers of the same scheme
-    factory = std::make_unique<parallel::TensorParallel1d>(*tensor_group, nn::ParamStorage::allocated, 0,
-                                                           std::make_shared<quant::QuantizedLayerFactory>(*c.quantized));
-  else if (split) factory = std::make_unique<parallel::TensorParallel1d>(*tensor_group);
-  else if (c.quantized) factory = std::make_unique<quant::QuantizedLayerFactory>(*c.quantized);
-  else factory = std::make_unique<nn::LayerFactory>();
+    factory = std::make_shared<parallel::TensorParallel1d>(*tensor_group, nn::ParamStorage::allocated, 0, quantized);
+  else if (split) factory = std::make_shared<parallel::TensorParallel1d>(*tensor_group);
+  else if (quantized) factory = quantized;
+  else factory = std::make_shared<nn::LayerFactory>();
   auto model = nn::model_as<nn::CausalLM>(build_model(c.info.model, *factory, /*initialise=*/false), command);
   load_model_state(*model, HfWeights::open(c.dir));
+  if (quantized && pack_for_cpu) quantized->pack_for_cpu();
   model->eval();
   return model;
 }

@@ -34,8 +34,10 @@ void check_generation_split(const std::string& path, int64_t tensor);
 // The model built with quantized linear layers when the checkpoint is quantized, every weight read from
 // it (none drawn at random first), in eval mode on the CPU. With a tensor-parallel group of several
 // ranks, this rank's pieces only (parallel/tensor_parallel_1d.h): each whole tensor is read in turn and
-// cut, so no rank holds more than its pieces and one tensor.
+// cut, so no rank holds more than its pieces and one tensor. `pack_for_cpu`: quantized layers are
+// repacked for the CPU's integer GEMM where it applies (quant::QuantizedLinear::pack_for_cpu), for a
+// model that stays on the CPU.
 std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& c, const std::string& command,
-                                                    dist::Group* tensor_group = nullptr);
+                                                    dist::Group* tensor_group = nullptr, bool pack_for_cpu = true);
 
 }  // namespace colossal

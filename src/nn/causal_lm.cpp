@@ -27,7 +27,7 @@ at::Tensor CausalLM::loss(const at::Tensor& ids, const at::Tensor& targets, cons
   auto x = features(ids, {.positions = positions});                  // [B, T, C]
   const at::Tensor w = head_weight();
   if (!at::isFloatingType(w.scalar_type()))   // a quantized head (inference only): its logits, then ATen's loss
-    return at::cross_entropy_loss(head_logits(x).reshape({-1, w.size(0)}).to(at::kFloat), targets.reshape({-1}), {}, at::Reduction::Mean, -100);
+    return at::cross_entropy_loss(head_logits(x).flatten(0, -2).to(at::kFloat), targets.reshape({-1}), {}, at::Reduction::Mean, -100);
   if (auto* e = tied_head()) return e->head_cross_entropy(x.reshape({-1, x.size(-1)}), targets.reshape({-1}));
   return lm_head_cross_entropy(x.reshape({-1, x.size(-1)}), w, targets.reshape({-1}));
 }

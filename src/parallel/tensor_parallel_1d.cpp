@@ -149,14 +149,14 @@ class PieceLinear : public nn::Linear {
 class PieceEmbedding : public nn::Embedding {
  public:
   PieceEmbedding(int64_t num, int64_t dim, nn::LayerFactory& local, dist::Group& g) : group_(g) {
-    const int64_t rows = piece_of(num, g.size(), "the vocabulary");
-    first_ = g.rank() * rows;
-    piece_ = local.embedding(rows, dim, nn::Split::Vocab);
+    rows_ = piece_of(num, g.size(), "the vocabulary");
+    first_ = g.rank() * rows_;
+    piece_ = local.embedding(rows_, dim, nn::Split::Vocab);
     for (const auto& item : piece_->named_parameters())
       register_parameter(item.key(), item.value(), item.value().requires_grad(), nn::ShardSpec::along(0, g.size(), g.rank()));
   }
   at::Tensor forward(const at::Tensor& ids) override {
-    const at::Tensor elsewhere = ids.lt(first_).logical_or(ids.ge(first_ + piece_->weight().size(0)));
+    const at::Tensor elsewhere = ids.lt(first_).logical_or(ids.ge(first_ + rows_));
     const at::Tensor found = piece_->forward((ids - first_).masked_fill(elsewhere, 0));
     return leave_region(found.masked_fill(elsewhere.unsqueeze(-1), 0), group_);
   }
@@ -166,7 +166,7 @@ class PieceEmbedding : public nn::Embedding {
 
  private:
   dist::Group& group_;
-  int64_t first_ = 0;
+  int64_t first_ = 0, rows_ = 0;   // (the piece's weight need not be [rows, dim]: a packed one is not)
   std::shared_ptr<nn::Embedding> piece_;
 };
 

@@ -7,6 +7,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/qgemv.h"
+#include "src/core/error.h"
 #include "src/nn/linear_forward.h"
 #include "src/quant/quantized_weight.h"
 
@@ -22,7 +23,8 @@ bool decoding_rows(const at::Tensor& x, int64_t in) {
 
 }  // namespace
 
-QuantizedLinear::QuantizedLinear(const nn::LinearSpec& spec, const QuantConfig& config) : config_(config), in_(spec.in) {
+QuantizedLinear::QuantizedLinear(const nn::LinearSpec& spec, const QuantConfig& config)
+    : config_(config), in_(spec.in), out_(spec.out) {
   check_layer(config, spec.in, "a linear layer of " + std::to_string(spec.in) + " x " + std::to_string(spec.out));
   const auto dtype = config.scheme == Scheme::int4_weight ? at::kByte : at::kChar;
   qweight_ = register_parameter("qweight", at::zeros(q_shape(config, spec.out, spec.in), dtype), /*requires_grad=*/false);
@@ -33,41 +35,47 @@ QuantizedLinear::QuantizedLinear(const nn::LinearSpec& spec, const QuantConfig& 
 
 namespace {
 
-// The integer kernels, which multiply by the stored integers directly: the decoding GEMV (qgemv.h) for
-// a decoding step's rows, or where the CPU has VNNI the prompt GEMM (qgemm.h) for a prompt's; both
-// round x alike. Their signatures are the same, so one call serves both.
-at::Tensor integer_kernel(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const QuantConfig& c, int64_t in,
-                          const at::Tensor& bias, bool prompt) {
-  const auto x2 = x.reshape({-1, in}).contiguous();                                     // [M, in]
-  const int64_t out = q.size(0), group = c.group_for(in);
+// y [..., out] from f(x rows [M, in], M, y rows [M, out]) over x [..., in] as contiguous fp32 rows.
+template <class F>
+at::Tensor over_rows(const at::Tensor& x, int64_t in, int64_t out, const F& f) {
+  const auto x2 = x.reshape({-1, in}).contiguous();
   auto y = at::empty({x2.size(0), out}, x.options());
-  const float* b = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
-  if (c.scheme == Scheme::int4_weight)
-    (prompt ? kernels::qgemm_int4 : kernels::qgemv_int4)(x2.const_data_ptr<float>(), x2.size(0), in, q.const_data_ptr<uint8_t>(),
-                                                         scales.const_data_ptr<float>(), group, b, y.mutable_data_ptr<float>(), out);
-  else
-    (prompt ? kernels::qgemm_int8 : kernels::qgemv_int8)(x2.const_data_ptr<float>(), x2.size(0), in, q.const_data_ptr<int8_t>(),
-                                                         scales.const_data_ptr<float>(), group, b, y.mutable_data_ptr<float>(), out);
+  f(x2.const_data_ptr<float>(), x2.size(0), y.mutable_data_ptr<float>());
   auto sizes = x.sizes().vec();
   sizes.back() = out;
   return y.view(sizes);
 }
 
+// The integer kernels, which multiply by the stored integers directly: the decoding GEMV (qgemv.h) for
+// a decoding step's rows, or where the CPU has VNNI the prompt GEMM (qgemm.h) for a prompt's; both
+// round x alike. Their signatures are the same, so one call serves both.
+at::Tensor integer_kernel(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const QuantConfig& c, int64_t in,
+                          const at::Tensor& bias, bool prompt) {
+  const int64_t out = q.size(0), group = c.group_for(in);
+  const float* b = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
+  return over_rows(x, in, out, [&](const float* x2, int64_t rows, float* y) {
+    if (c.scheme == Scheme::int4_weight)
+      (prompt ? kernels::qgemm_int4 : kernels::qgemv_int4)(x2, rows, in, q.const_data_ptr<uint8_t>(), scales.const_data_ptr<float>(), group, b, y, out);
+    else
+      (prompt ? kernels::qgemm_int8 : kernels::qgemv_int8)(x2, rows, in, q.const_data_ptr<int8_t>(), scales.const_data_ptr<float>(), group, b, y, out);
+  });
+}
+
 // The prefill elsewhere: our GEMM with the weight dequantized as its blocks are packed (gemm.h's GemmQuantizedB).
 at::Tensor dequantizing_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const QuantConfig& c, int64_t in,
                              const at::Tensor& bias) {
-  const auto x2 = x.reshape({-1, in}).contiguous();                                     // [M, in]
   const int64_t out = q.size(0);
-  auto y = at::empty({x2.size(0), out}, x.options());
   const kernels::GemmQuantizedB qb{q.const_data_ptr(), scales.const_data_ptr<float>(), c.group_for(in), c.scheme == Scheme::int4_weight};
-  kernels::GemmProblem p{.rows = x2.size(0), .cols = out, .depth = in, .a = x2.const_data_ptr<float>(), .a_row = in, .a_depth = 1,
-                         .b = nullptr, .b_depth = 1, .b_col = in, .c = y.mutable_data_ptr<float>(), .ldc = out,
-                         .bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr};
-  p.quantized_b = &qb;
-  kernels::gemm(p);
-  auto sizes = x.sizes().vec();
-  sizes.back() = out;
-  return y.view(sizes);
+  return over_rows(x, in, out, [&](const float* x2, int64_t rows, float* y) {
+    kernels::GemmProblem p{.rows = rows, .cols = out, .depth = in, .a = x2, .a_row = in, .a_depth = 1, .b = nullptr, .b_depth = 1,
+                           .b_col = in, .c = y, .ldc = out, .bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr};
+    p.quantized_b = &qb;
+    kernels::gemm(p);
+  });
+}
+
+bool cpu_inference(const at::Tensor& x, const at::Tensor& weight) {
+  return x.is_cpu() && weight.is_cpu() && x.scalar_type() == at::kFloat && !at::GradMode::is_enabled();
 }
 
 }  // namespace
@@ -75,7 +83,7 @@ at::Tensor dequantizing_gemm(const at::Tensor& x, const at::Tensor& q, const at:
 at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const QuantConfig& c, int64_t in,
                             const at::Tensor& bias) {
   const int64_t out = q.size(0);
-  const bool cpu_float = x.is_cpu() && q.is_cpu() && x.scalar_type() == at::kFloat && !at::GradMode::is_enabled();
+  const bool cpu_float = cpu_inference(x, q);
   if (cpu_float && decoding_rows(x, in)) return integer_kernel(x, q, scales, c, in, bias, /*prompt=*/false);
   if (cpu_float && x.numel() > 0 && kernels::qgemm_available(in, c.group_for(in))) return integer_kernel(x, q, scales, c, in, bias, /*prompt=*/true);
   const int64_t gemm_rows = out / kernels::kGemmColumnMultiple * kernels::kGemmColumnMultiple;
@@ -95,6 +103,26 @@ at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& q, const at::
                             bias.defined() ? bias.to(x.device(), x.scalar_type()) : at::Tensor());
 }
 
+at::Tensor packed_matmul(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& panel_scales, const QuantConfig& c, int64_t in,
+                         int64_t out, const at::Tensor& bias) {
+  if (cpu_inference(x, panels) && x.numel() > 0)
+    return over_rows(x, in, out, [&](const float* x2, int64_t rows, float* y) {
+      kernels::qgemm_packed(x2, rows, in, panels.const_data_ptr<uint8_t>(), panel_scales.const_data_ptr<float>(),
+                            c.scheme == Scheme::int4_weight, c.group_for(in), bias.defined() ? bias.const_data_ptr<float>() : nullptr, y, out);
+    });
+  // another device, a gradient to record or an empty x: the checkpoint's layout again, for the paths above
+  const QuantizedWeight w = unpack_from_qgemm({panels, panel_scales}, c, in, out);
+  return quantized_matmul(x, w.q, w.scales, c, in, bias);
+}
+
+bool QuantizedLinear::pack_for_cpu() {
+  if (packed_ || smooth_.defined() || !qweight_.is_cpu() || !kernels::qgemm_available(in_, config_.group_for(in_))) return false;
+  const QuantizedWeight p = pack_for_qgemm({qweight_, scales_}, config_, in_);
+  qweight_.set_data(p.q);   // in place: the module's parameters are these same tensors
+  scales_.set_data(p.scales);
+  return packed_ = true;
+}
+
 // W8A8: x / s quantized to int8 per token (absmax / 127), an int8 GEMM summing in int32 (ATen's _int_mm:
 // oneDNN's VNNI kernels on CPU), then both scales and the bias.
 at::Tensor QuantizedLinear::smoothquant_gemm(const at::Tensor& xs) const {
@@ -109,36 +137,80 @@ at::Tensor QuantizedLinear::smoothquant_gemm(const at::Tensor& xs) const {
 }
 
 at::Tensor QuantizedLinear::forward(const at::Tensor& x_in) {
+  if (packed_) return packed_matmul(x_in, qweight_, scales_, config_, in_, out_, bias_);
   if (!smooth_.defined()) return quantized_matmul(x_in, qweight_, scales_, config_, in_, bias_);
   const at::Tensor x = x_in / smooth_.to(x_in.device(), x_in.scalar_type());   // SmoothQuant's x / s
   if (!decoding_rows(x, in_) && x.is_cpu() && !at::GradMode::is_enabled()) return smoothquant_gemm(x);
   return quantized_matmul(x, qweight_, scales_, config_, in_, bias_);
 }
 
-QuantizedEmbedding::QuantizedEmbedding(int64_t num, int64_t dim) {
+QuantizedEmbedding::QuantizedEmbedding(int64_t num, int64_t dim) : num_(num), dim_(dim) {
   qweight_ = register_parameter("qweight", at::zeros({num, dim}, at::kChar), /*requires_grad=*/false);
   scales_ = register_parameter("scales", at::zeros({num, 1}), /*requires_grad=*/false);
 }
 
 at::Tensor QuantizedEmbedding::forward(const at::Tensor& ids) {
   const auto flat = ids.reshape({-1});
+  if (packed_ && flat.is_cpu()) {
+    const auto i64 = flat.to(at::kLong).contiguous();
+    const int64_t* id = i64.const_data_ptr<int64_t>();
+    for (int64_t i = 0; i < i64.numel(); ++i)
+      if (id[i] < 0 || id[i] >= num_)
+        throw Error("token id " + std::to_string(id[i]) + " is outside the vocabulary of " + std::to_string(num_) + " rows");
+    auto rows = at::empty({i64.numel(), dim_});
+    kernels::qgemm_packed_rows(qweight_.const_data_ptr<uint8_t>(), scales_.const_data_ptr<float>(), false, dim_, dim_, id, i64.numel(),
+                               rows.mutable_data_ptr<float>());
+    auto sizes = ids.sizes().vec();
+    sizes.push_back(dim_);
+    return rows.view(sizes);
+  }
+  if (packed_) {   // moved off the CPU after packing: the rows' layout again
+    const QuantizedWeight w = unpack_from_qgemm({qweight_, scales_}, config(), dim_, num_);
+    auto rows = w.q.index_select(0, flat).to(at::kFloat).mul_(w.scales.index_select(0, flat));
+    auto sizes = ids.sizes().vec();
+    sizes.push_back(dim_);
+    return rows.view(sizes);
+  }
   auto rows = qweight_.index_select(0, flat).to(at::kFloat).mul_(scales_.index_select(0, flat));   // [N, dim]
   auto sizes = ids.sizes().vec();
   sizes.push_back(qweight_.size(1));
   return rows.view(sizes);
 }
 
-at::Tensor QuantizedEmbedding::project(const at::Tensor& x) { return quantized_matmul(x, qweight_, scales_, config(), qweight_.size(1), {}); }
+at::Tensor QuantizedEmbedding::project(const at::Tensor& x) {
+  return packed_ ? packed_matmul(x, qweight_, scales_, config(), dim_, num_, {}) : quantized_matmul(x, qweight_, scales_, config(), dim_, {});
+}
+
+bool QuantizedEmbedding::pack_for_cpu() {
+  if (packed_ || !qweight_.is_cpu() || !kernels::qgemm_available(dim_, config().group_for(dim_))) return false;
+  const QuantizedWeight p = pack_for_qgemm({qweight_, scales_}, config(), dim_);
+  qweight_.set_data(p.q);
+  scales_.set_data(p.scales);
+  return packed_ = true;
+}
 
 std::shared_ptr<nn::Linear> QuantizedLayerFactory::linear(const nn::LinearSpec& spec) {
   ++layers_;
-  return std::make_shared<QuantizedLinear>(spec, config_);
+  auto layer = std::make_shared<QuantizedLinear>(spec, config_);
+  built_layers_.push_back(layer);
+  return layer;
 }
 
 std::shared_ptr<nn::Embedding> QuantizedLayerFactory::embedding(int64_t num, int64_t dim, nn::Split split) {
   if (split != nn::Split::Vocab || !config_.embedding) return LayerFactory::embedding(num, dim, split);   // positions: small
   ++embeddings_;
-  return std::make_shared<QuantizedEmbedding>(num, dim);
+  auto e = std::make_shared<QuantizedEmbedding>(num, dim);
+  built_embeddings_.push_back(e);
+  return e;
+}
+
+int64_t QuantizedLayerFactory::pack_for_cpu() {
+  int64_t packed = 0;
+  for (const auto& w : built_layers_)
+    if (auto l = w.lock()) packed += l->pack_for_cpu();
+  for (const auto& w : built_embeddings_)
+    if (auto e = w.lock()) packed += e->pack_for_cpu();
+  return packed;
 }
 
 }  // namespace colossal::quant

@@ -2,14 +2,17 @@
 // Parameters: "qweight" (int8 [out, in] or packed int4 uint8 [out, in / 2]), "scales" (fp32
 // [out, in / group]), "bias", and for int8-smoothquant "smooth" (fp32 [in], x is divided by it); none
 // records a gradient. Decoding rows (x [B, 1, in], B <= 16) go through kernels/cpu/qgemv's integer dot
-// products; longer inputs (the prefill) go through kernels/cpu/gemm with the weight dequantized block by
+// products; longer inputs (the prefill) go through the integer GEMM where the CPU has VNNI
+// (kernels/cpu/qgemm.h), elsewhere through kernels/cpu/gemm with the weight dequantized block by
 // block as the GEMM packs it (never a whole fp32 copy), or under SmoothQuant through an int8 GEMM with x
-// quantized per token.
+// quantized per token. A process that only runs inference on such a CPU repacks the weights once into
+// the integer GEMM's panels (pack_for_cpu), and then every call, a decoding step's too, takes it.
 //
 // QuantizedLayerFactory builds models whose every linear layer is one of these, so `colossal infer`
 // and `serve` load a quantized checkpoint into the same model classes as an fp32 one.
 #pragma once
 #include <memory>
+#include <vector>
 
 #include "src/nn/factory.h"
 #include "src/quant/quant_config.h"
@@ -21,12 +24,19 @@ class QuantizedLinear : public nn::Linear {
   // Error when `in` cannot take the config's groups (check_layer).
   QuantizedLinear(const nn::LinearSpec& spec, const QuantConfig& config);
   at::Tensor forward(const at::Tensor& x) override;   // [..., in] -> [..., out]
-  at::Tensor& weight() override { return qweight_; }  // the integers
+  at::Tensor& weight() override { return qweight_; }  // the integers (packed: the panels)
+  // Where this CPU has the integer GEMM and the layer suits it (weight-only, whole blocks of 32):
+  // "qweight" and "scales" become qgemm.h's panels ([tiles, bytes a tile], [tiles, groups x 16]), in
+  // place, and the GEMM serves every CPU call without packing. For a process that runs inference
+  // only: a checkpoint saved afterwards would hold the panels. Returns whether it packed.
+  bool pack_for_cpu();
+  bool packed() const { return packed_; }
 
  private:
   at::Tensor smoothquant_gemm(const at::Tensor& x_smoothed) const;
   QuantConfig config_;
-  int64_t in_ = 0;
+  int64_t in_ = 0, out_ = 0;
+  bool packed_ = false;
   at::Tensor qweight_, scales_, bias_;
   at::Tensor smooth_;   // int8-smoothquant: x is divided by it (s per input channel)
 };
@@ -43,15 +53,22 @@ class QuantizedEmbedding : public nn::Embedding {
   at::Tensor project(const at::Tensor& x) override;     // [..., dim] -> [..., num]
   c10::ScalarType output_dtype() override { return at::kFloat; }
   static QuantConfig config() { return {Scheme::int8_weight, 0}; }
+  bool pack_for_cpu();   // as QuantizedLinear's; lookups then read the panels
+  bool packed() const { return packed_; }
 
  private:
   at::Tensor qweight_, scales_;
+  int64_t num_ = 0, dim_ = 0;
+  bool packed_ = false;
 };
 
 // y = x dequant(W)^T + bias for a weight-only layout (int8, int4): the decoding GEMV for up to 16 rows
 // of one token, the GEMM dequantizing as it packs for more, ATen over the dequantized weight elsewhere.
 at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const QuantConfig& c, int64_t in,
                             const at::Tensor& bias);
+// The same with the weight in qgemm.h's panels (pack_for_qgemm) of a layer `out` x `in`.
+at::Tensor packed_matmul(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& panel_scales, const QuantConfig& c, int64_t in,
+                         int64_t out, const at::Tensor& bias);
 
 class QuantizedLayerFactory : public nn::LayerFactory {
  public:
@@ -61,10 +78,15 @@ class QuantizedLayerFactory : public nn::LayerFactory {
   std::shared_ptr<nn::Embedding> embedding(int64_t num, int64_t dim, nn::Split split) override;
   int64_t layers() const { return layers_; }           // linear layers built so far
   int64_t embeddings() const { return embeddings_; }   // quantized (vocabulary) embeddings built so far
+  // pack_for_cpu on every layer and embedding built so far that is still alive (after their weights
+  // were loaded); returns how many packed.
+  int64_t pack_for_cpu();
 
  private:
   QuantConfig config_;
   int64_t layers_ = 0, embeddings_ = 0;
+  std::vector<std::weak_ptr<QuantizedLinear>> built_layers_;
+  std::vector<std::weak_ptr<QuantizedEmbedding>> built_embeddings_;
 };
 
 }  // namespace colossal::quant

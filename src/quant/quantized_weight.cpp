@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/qgemv.h"
 
 namespace colossal::quant {
@@ -38,6 +39,28 @@ at::Tensor dequantize_weight(const at::Tensor& q, const at::Tensor& scales, cons
     values = at::stack({lo, hi}, 2).to(at::kFloat).sub_(8).view({out, in});   // [out, blocks, 2, 16] -> [out, in]
   }
   return (values.view({out, in / g, g}) * scales.unsqueeze(-1)).view({out, in});
+}
+
+QuantizedWeight pack_for_qgemm(const QuantizedWeight& w, const QuantConfig& c, int64_t in) {
+  const bool int4 = c.scheme == Scheme::int4_weight;
+  const int64_t out = w.q.size(0), group = c.group_for(in), tiles = (out + kernels::kQgemmColumns - 1) / kernels::kQgemmColumns;
+  const auto q = w.q.contiguous();
+  const auto scales = w.scales.contiguous();
+  QuantizedWeight p{at::empty({tiles, kernels::qgemm_packed_bytes(in, out, int4) / tiles}, at::kByte),
+                    at::empty({tiles, kernels::qgemm_packed_scales(in, out, group) / tiles}, at::kFloat)};
+  kernels::qgemm_pack(q.const_data_ptr(), scales.const_data_ptr<float>(), int4, group, in, out, p.q.mutable_data_ptr<uint8_t>(),
+                      p.scales.mutable_data_ptr<float>());
+  return p;
+}
+
+QuantizedWeight unpack_from_qgemm(const QuantizedWeight& packed, const QuantConfig& c, int64_t in, int64_t out) {
+  const bool int4 = c.scheme == Scheme::int4_weight;
+  QuantizedWeight w{at::empty(q_shape(c, out, in), int4 ? at::kByte : at::kChar), at::empty(scales_shape(c, out, in), at::kFloat)};
+  const auto panels = packed.q.cpu().contiguous();
+  const auto scales = packed.scales.cpu().contiguous();
+  kernels::qgemm_unpack(panels.const_data_ptr<uint8_t>(), scales.const_data_ptr<float>(), int4, c.group_for(in), in, out,
+                        w.q.mutable_data_ptr(), w.scales.mutable_data_ptr<float>());
+  return {w.q.to(packed.q.device()), w.scales.to(packed.q.device())};
 }
 
 }  // namespace colossal::quant

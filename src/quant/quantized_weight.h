@@ -23,4 +23,10 @@ at::Tensor dequantize_weight(const at::Tensor& q, const at::Tensor& scales, cons
 std::vector<int64_t> q_shape(const QuantConfig& c, int64_t out, int64_t in);
 std::vector<int64_t> scales_shape(const QuantConfig& c, int64_t out, int64_t in);
 
+// A weight-only layer's integers and scales repacked into the CPU quantized GEMM's panels
+// (kernels/cpu/qgemm.h): q uint8 [tiles, bytes a tile], scales fp32 [tiles, groups x 16], tiles of 16
+// output rows, the last padded with zero weights. And back to the layout above, exactly.
+QuantizedWeight pack_for_qgemm(const QuantizedWeight& w, const QuantConfig& c, int64_t in);
+QuantizedWeight unpack_from_qgemm(const QuantizedWeight& packed, const QuantConfig& c, int64_t in, int64_t out);
+
 }  // namespace colossal::quant
