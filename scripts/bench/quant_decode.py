@@ -126,11 +126,10 @@ def main():
             cells.append(f"{name} {tps:.1f} tok/s {med((peer, b), 1) / 1e9:.2f} GB (int8 {med(('int8', b), 0) / tps:.2f}x)")
         print(f"{label} B={b} n={a.tokens} " + " | ".join(cells))
     import torch
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    isa = "avx512" if "avx512f" in open("/proc/cpuinfo").read() else "avx2"
+    cpu = subprocess.run(["bash", "scripts/bench/cpu_line.sh"], capture_output=True, text=True).stdout.strip()   # model, kernel set, caps
     print(f"weights read a step: fp32 {wbytes['fp32'] / 1e6:.0f} MB, int8 {wbytes['int8'] / 1e6:.0f} MB, int4 {wbytes['int4'] / 1e6:.0f} MB "
           f"(all stored tensors, the tied embedding included); bound = {bw:.1f} GB/s over weights + KV cache")
-    print(f"machine: {cpu} ({isa}), {a.threads} threads, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}, {a.command}, "
+    print(f"machine: {cpu}, {a.threads} threads, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}, {a.command}, "
           f"median of {a.repeat} alternating rounds")
 
 

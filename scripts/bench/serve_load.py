@@ -160,7 +160,7 @@ def main():
             f"p50 {1e3 * med(side, 'itl50'):.0f} ms p90 {1e3 * med(side, 'itl90'):.0f} ms p99 {1e3 * med(side, 'itl99'):.0f} ms"
         print(f"{side:16s} {med(side, 'tok_s'):7.1f} tok/s{ratio} | TTFT p50 {med(side, 'ttft50'):.2f} s p90 {med(side, 'ttft90'):.2f} s"
               f" | inter-token {gaps} | {med(side, 'tokens'):.0f} tokens in {med(side, 'wall'):.1f} s")
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    cpu = subprocess.run(["bash", "scripts/bench/cpu_line.sh"], capture_output=True, text=True).stdout.strip()   # model, kernel set, caps
     print(f"load: {a.requests} streamed requests, {a.concurrency} at a time, prompts alternating "
           f"{len(SHORT.split())} and {len(LONG.split())} words, max_tokens {a.max_tokens}, greedy")
     print(f"machine: {cpu}, {a.threads} threads, {time.strftime('%Y-%m-%d')}, {a.command}, median of {a.repeat} rounds")
