@@ -265,7 +265,7 @@ TEST(QuantKernels, ThePackedGemmGivesTheScalarLoopsBitsOnEverySetAndThePerCallPa
   at::manual_seed(31);
   const int64_t in = 256;
   for (const quant::QuantConfig& c : kPackedConfigs)
-    for (int64_t rows : {1, 2, 3, 6, 8, 13, 16})   // one and two rows (two chains), the 6-row tile and its remainders
+    for (int64_t rows : {1, 2, 3, 6, 8, 13, 16})   // a decoding step's few rows, the 6-row tile and its remainders
       for (int64_t out : {5, 16, 40}) {
         auto x = at::randn({rows, in}) * 2, b = at::randn({out});
         const auto q = quant::quantize_weight(at::randn({out, in}), c);

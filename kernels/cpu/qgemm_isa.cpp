@@ -51,12 +51,11 @@ inline __attribute__((always_inline)) __m512i broadcast4(const int8_t* at) {
   return _mm512_set1_epi32(four);
 }
 
-// R rows from m0 against one tile's panel: y[m0 + r][n0, n0 + valid). With one or two rows a block's
-// 8 products a lane would be one chain of dependent vpdpbusd; two chains (summed exactly) keep the
-// unit busy while the weights stream in.
+// R rows from m0 against one tile's panel: y[m0 + r][n0, n0 + valid). (With one or two rows the 8
+// vpdpbusd of a block are one dependent chain; two chains measured the same: the weights' stream
+// paces those rows.)
 template <int R, bool Int4>
 void tile_rows(const QgemmProblem& p, int64_t m0, const uint8_t* panel, const float* scales, int64_t n0, int64_t valid) {
-  constexpr int C = R <= 2 ? 2 : 1;
   const int64_t in = p.in, blocks = in / kBlock, per_group = p.group / kBlock, groups = in / p.group;
   constexpr int32_t offset = Int4 ? 8 : 128;   // what the panel's bytes add to each weight
   constexpr int64_t block_bytes = (Int4 ? kBlock / 2 : kBlock) * kQgemmColumns;
@@ -68,9 +67,8 @@ void tile_rows(const QgemmProblem& p, int64_t m0, const uint8_t* panel, const fl
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
-      __m512i sums[C][R];
-      for (int c = 0; c < C; ++c)
-        for (int r = 0; r < R; ++r) sums[c][r] = _mm512_setzero_si512();
+      __m512i sums[R];
+      for (int r = 0; r < R; ++r) sums[r] = _mm512_setzero_si512();
       const uint8_t* rows = panel + b * block_bytes;
       if constexpr (Int4) {
         const __m512i low = _mm512_set1_epi8(0x0F);
@@ -79,21 +77,20 @@ void tile_rows(const QgemmProblem& p, int64_t m0, const uint8_t* panel, const fl
           const __m512i v = _mm512_loadu_si512(rows + j * kQgemmPanelRow);
           const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
           for (int r = 0; r < R; ++r) {
-            sums[0][r] = _mm512_dpbusd_epi32(sums[0][r], lo, broadcast4(x[r] + b * kBlock + 4 * j));
-            sums[C - 1][r] = _mm512_dpbusd_epi32(sums[C - 1][r], hi, broadcast4(x[r] + b * kBlock + 16 + 4 * j));
+            sums[r] = _mm512_dpbusd_epi32(sums[r], lo, broadcast4(x[r] + b * kBlock + 4 * j));
+            sums[r] = _mm512_dpbusd_epi32(sums[r], hi, broadcast4(x[r] + b * kBlock + 16 + 4 * j));
           }
         }
       } else {
         for (int j = 0; j < kBlock / 4; ++j) {
           _mm_prefetch(reinterpret_cast<const char*>(rows + j * kQgemmPanelRow + kPrefetchBytes), _MM_HINT_T0);
           const __m512i w = _mm512_loadu_si512(rows + j * kQgemmPanelRow);
-          for (int r = 0; r < R; ++r) sums[j % C][r] = _mm512_dpbusd_epi32(sums[j % C][r], w, broadcast4(x[r] + b * kBlock + 4 * j));
+          for (int r = 0; r < R; ++r) sums[r] = _mm512_dpbusd_epi32(sums[r], w, broadcast4(x[r] + b * kBlock + 4 * j));
         }
       }
       for (int r = 0; r < R; ++r) {
         const int64_t row = (m0 + r) * blocks + b;
-        const __m512i sum = C == 2 ? _mm512_add_epi32(sums[0][r], sums[C - 1][r]) : sums[0][r];
-        const __m512i exact = _mm512_sub_epi32(sum, _mm512_set1_epi32(offset * p.xsum[row]));
+        const __m512i exact = _mm512_sub_epi32(sums[r], _mm512_set1_epi32(offset * p.xsum[row]));
         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_set1_ps(p.xs[row]), acc[r]);
       }
     }
