@@ -105,12 +105,17 @@ at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& q, const at::
 
 at::Tensor packed_matmul(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& panel_scales, const QuantConfig& c, int64_t in,
                          int64_t out, const at::Tensor& bias) {
-  if (cpu_inference(x, panels) && x.numel() > 0)
+  if (x.numel() == 0) {
+    auto sizes = x.sizes().vec();
+    sizes.back() = out;
+    return at::empty(sizes, x.options());
+  }
+  if (cpu_inference(x, panels))
     return over_rows(x, in, out, [&](const float* x2, int64_t rows, float* y) {
       kernels::qgemm_packed(x2, rows, in, panels.const_data_ptr<uint8_t>(), panel_scales.const_data_ptr<float>(),
                             c.scheme == Scheme::int4_weight, c.group_for(in), bias.defined() ? bias.const_data_ptr<float>() : nullptr, y, out);
     });
-  // another device, a gradient to record or an empty x: the checkpoint's layout again, for the paths above
+  // another device or a gradient to record: the checkpoint's layout again, for the paths above
   const QuantizedWeight w = unpack_from_qgemm({panels, panel_scales}, c, in, out);
   return quantized_matmul(x, w.q, w.scales, c, in, bias);
 }

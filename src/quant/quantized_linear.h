@@ -62,8 +62,9 @@ class QuantizedEmbedding : public nn::Embedding {
   bool packed_ = false;
 };
 
-// y = x dequant(W)^T + bias for a weight-only layout (int8, int4): the decoding GEMV for up to 16 rows
-// of one token, the GEMM dequantizing as it packs for more, ATen over the dequantized weight elsewhere.
+// y = x dequant(W)^T + bias for a weight-only layout (int8, int4) on the CPU: the decoding GEMV for up
+// to 16 rows of one token; for more, the integer GEMM where the CPU has VNNI, else the fp32 GEMM
+// dequantizing as it packs; ATen over the dequantized weight elsewhere.
 at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const QuantConfig& c, int64_t in,
                             const at::Tensor& bias);
 // The same with the weight in qgemm.h's panels (pack_for_qgemm) of a layer `out` x `in`.
