@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Prints what a benchmark's machine line says about the CPU: its model, its widest vector extension
-# (from /proc/cpuinfo) and the instruction-set caps in force for colossal and for LibTorch, e.g.
-#   AMD EPYC 9B14 (avx512), COLOSSAL_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
+# Prints what a benchmark's machine line says about the CPU: its model, its family and model numbers
+# (cloud VMs often name only "AMD EPYC", and the numbers still tell Zen 4, family 25, from Zen 5, family
+# 26), its widest vector extension (from /proc/cpuinfo) and the instruction-set caps in force for
+# colossal and for LibTorch, e.g.
+#   AMD EPYC 9B14 [family 25 model 17] (avx512), COLOSSAL_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
 set -euo pipefail
 model="$(grep -m1 '^model name' /proc/cpuinfo 2>/dev/null | sed 's/^[^:]*: *//' || true)"
 flags="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)"
+family="$(grep -m1 '^cpu family' /proc/cpuinfo 2>/dev/null | sed 's/^[^:]*: *//' || true)"
+number="$(grep -m1 '^model[[:space:]]*:' /proc/cpuinfo 2>/dev/null | sed 's/^[^:]*: *//' || true)"
 widest=baseline
 [[ " $flags " == *" avx2 "* && " $flags " == *" fma "* ]] && widest=avx2
 [[ " $flags " == *" avx512f "* ]] && widest=avx512
@@ -13,4 +17,4 @@ caps=""
 for v in COLOSSAL_CPU_ISA ATEN_CPU_CAPABILITY MKL_ENABLE_INSTRUCTIONS ONEDNN_MAX_CPU_ISA; do
   [ -z "${!v:-}" ] || caps+=" $v=${!v}"
 done
-echo "${model:-unknown CPU} ($widest),${caps:- no ISA cap}"
+echo "${model:-unknown CPU}${family:+ [family $family model $number]} ($widest),${caps:- no ISA cap}"
