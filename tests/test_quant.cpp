@@ -242,6 +242,11 @@ TEST(QuantKernels, PackingForTheGemmAndBackIsExactAndTheLastTilesSpareColumnsAre
         const auto packed = quant::pack_for_qgemm(q, c, in);
         const int64_t tiles = (out + 15) / 16;
         const std::string what = std::string(quant::scheme_name(c.scheme)) + " g=" + std::to_string(c.group) + " out=" + std::to_string(out);
+        for (Isa isa : kernels::runnable_isas()) {   // the scalar loop, and the VNNI set's gathers where it runs
+          kernels::ScopedIsa cap(isa);
+          const auto again = quant::pack_for_qgemm(q, c, in);
+          EXPECT_TRUE(at::equal(again.q, packed.q) && at::equal(again.scales, packed.scales)) << what << " on " << kernels::isa_name(isa);
+        }
         ASSERT_EQ(packed.q.sizes(), (std::vector<int64_t>{tiles, in * 16 / (c.bits() == 4 ? 2 : 1)})) << what;
         ASSERT_EQ(packed.scales.sizes(), (std::vector<int64_t>{tiles, in / c.group_for(in) * 16})) << what;
         const auto back = quant::unpack_from_qgemm(packed, c, in, out);

@@ -88,6 +88,9 @@ struct IsaKernels {
   // Columns [n_begin, n_end) of a quantized GEMM (qgemm.h); null in sets without VNNI, whose prompts
   // take the fp32 GEMM with the weights dequantized as it packs them.
   void (*qgemm_columns)(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* scratch) = nullptr;
+  // Packs p.q's columns [n_begin, n_end) (whole tiles, the last may be partial) into qgemm.h's panels
+  // at p.panels / p.panel_scales' tile offsets; null where qgemm_columns is (qgemm_pack's scalar loop).
+  void (*qgemm_pack_columns)(const QgemmProblem& p, int64_t n_begin, int64_t n_end) = nullptr;
 };
 
 // The table of `isa` (which the caller has checked the machine can run).

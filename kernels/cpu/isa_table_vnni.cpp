@@ -12,6 +12,7 @@ const IsaKernels& table() {
     k.qgemv_q8x_int8 = &qgemv_q8x_int8;
     k.qgemv_q8x_int4 = &qgemv_q8x_int4;
     k.qgemm_columns = &qgemm_columns;
+    k.qgemm_pack_columns = &qgemm_pack_columns;
     return k;
   }();
   return t;

@@ -134,4 +134,12 @@ void qgemm_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_
   }
 }
 
+void qgemm_pack_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end) {
+  const int64_t tile_bytes = p.in * kQgemmColumns / (p.int4 ? 2 : 1), groups = p.in / p.group;
+  for (int64_t n0 = n_begin; n0 < n_end; n0 += kQgemmColumns) {
+    const int64_t t = n0 / kQgemmColumns, valid = n_end - n0 < kQgemmColumns ? n_end - n0 : kQgemmColumns;
+    pack_tile(p, n0, valid, const_cast<uint8_t*>(p.panels) + t * tile_bytes, const_cast<float*>(p.panel_scales) + t * groups * kQgemmColumns);
+  }
+}
+
 }  // namespace colossal::kernels::COLOSSAL_ISA
