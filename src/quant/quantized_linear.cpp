@@ -120,12 +120,23 @@ at::Tensor packed_matmul(const at::Tensor& x, const at::Tensor& panels, const at
   return quantized_matmul(x, w.q, w.scales, c, in, bias);
 }
 
+namespace {
+
+// A layer's integers and scales replaced in place by the integer GEMM's panels, where the CPU has it
+// and the layer suits it (the module's parameters are these same tensors). Returns whether it packed.
+bool pack_in_place(at::Tensor& q, at::Tensor& scales, const QuantConfig& c, int64_t in) {
+  if (!q.is_cpu() || !kernels::qgemm_available(in, c.group_for(in))) return false;
+  const QuantizedWeight p = pack_for_qgemm({q, scales}, c, in);
+  q.set_data(p.q);
+  scales.set_data(p.scales);
+  return true;
+}
+
+}  // namespace
+
 bool QuantizedLinear::pack_for_cpu() {
-  if (packed_ || smooth_.defined() || !qweight_.is_cpu() || !kernels::qgemm_available(in_, config_.group_for(in_))) return false;
-  const QuantizedWeight p = pack_for_qgemm({qweight_, scales_}, config_, in_);
-  qweight_.set_data(p.q);   // in place: the module's parameters are these same tensors
-  scales_.set_data(p.scales);
-  return packed_ = true;
+  if (packed_ || smooth_.defined()) return false;   // SmoothQuant's prompts need the rows (ATen's _int_mm)
+  return packed_ = pack_in_place(qweight_, scales_, config_, in_);
 }
 
 // W8A8: x / s quantized to int8 per token (absmax / 127), an int8 GEMM summing in int32 (ATen's _int_mm:
@@ -156,29 +167,22 @@ QuantizedEmbedding::QuantizedEmbedding(int64_t num, int64_t dim) : num_(num), di
 
 at::Tensor QuantizedEmbedding::forward(const at::Tensor& ids) {
   const auto flat = ids.reshape({-1});
-  if (packed_ && flat.is_cpu()) {
+  at::Tensor rows;   // [N, dim]
+  if (packed_ && flat.is_cpu()) {   // read from the panels
     const auto i64 = flat.to(at::kLong).contiguous();
     const int64_t* id = i64.const_data_ptr<int64_t>();
     for (int64_t i = 0; i < i64.numel(); ++i)
       if (id[i] < 0 || id[i] >= num_)
         throw Error("token id " + std::to_string(id[i]) + " is outside the vocabulary of " + std::to_string(num_) + " rows");
-    auto rows = at::empty({i64.numel(), dim_});
+    rows = at::empty({i64.numel(), dim_});
     kernels::qgemm_packed_rows(qweight_.const_data_ptr<uint8_t>(), scales_.const_data_ptr<float>(), false, dim_, dim_, id, i64.numel(),
                                rows.mutable_data_ptr<float>());
-    auto sizes = ids.sizes().vec();
-    sizes.push_back(dim_);
-    return rows.view(sizes);
+  } else {   // the rows' layout (moved off the CPU after packing: read back first)
+    const QuantizedWeight w = packed_ ? unpack_from_qgemm({qweight_, scales_}, config(), dim_, num_) : QuantizedWeight{qweight_, scales_};
+    rows = w.q.index_select(0, flat).to(at::kFloat).mul_(w.scales.index_select(0, flat));
   }
-  if (packed_) {   // moved off the CPU after packing: the rows' layout again
-    const QuantizedWeight w = unpack_from_qgemm({qweight_, scales_}, config(), dim_, num_);
-    auto rows = w.q.index_select(0, flat).to(at::kFloat).mul_(w.scales.index_select(0, flat));
-    auto sizes = ids.sizes().vec();
-    sizes.push_back(dim_);
-    return rows.view(sizes);
-  }
-  auto rows = qweight_.index_select(0, flat).to(at::kFloat).mul_(scales_.index_select(0, flat));   // [N, dim]
   auto sizes = ids.sizes().vec();
-  sizes.push_back(qweight_.size(1));
+  sizes.push_back(dim_);
   return rows.view(sizes);
 }
 
@@ -186,13 +190,7 @@ at::Tensor QuantizedEmbedding::project(const at::Tensor& x) {
   return packed_ ? packed_matmul(x, qweight_, scales_, config(), dim_, num_, {}) : quantized_matmul(x, qweight_, scales_, config(), dim_, {});
 }
 
-bool QuantizedEmbedding::pack_for_cpu() {
-  if (packed_ || !qweight_.is_cpu() || !kernels::qgemm_available(dim_, config().group_for(dim_))) return false;
-  const QuantizedWeight p = pack_for_qgemm({qweight_, scales_}, config(), dim_);
-  qweight_.set_data(p.q);
-  scales_.set_data(p.scales);
-  return packed_ = true;
-}
+bool QuantizedEmbedding::pack_for_cpu() { return !packed_ && (packed_ = pack_in_place(qweight_, scales_, config(), dim_)); }
 
 std::shared_ptr<nn::Linear> QuantizedLayerFactory::linear(const nn::LinearSpec& spec) {
   ++layers_;

@@ -46,8 +46,9 @@ QuantizedWeight pack_for_qgemm(const QuantizedWeight& w, const QuantConfig& c, i
   const int64_t out = w.q.size(0), group = c.group_for(in), tiles = (out + kernels::kQgemmColumns - 1) / kernels::kQgemmColumns;
   const auto q = w.q.contiguous();
   const auto scales = w.scales.contiguous();
-  QuantizedWeight p{at::empty({tiles, kernels::qgemm_packed_bytes(in, out, int4) / tiles}, at::kByte),
-                    at::empty({tiles, kernels::qgemm_packed_scales(in, out, group) / tiles}, at::kFloat)};
+  const int64_t tile = kernels::kQgemmColumns;   // one tile's sizes
+  QuantizedWeight p{at::empty({tiles, kernels::qgemm_packed_bytes(in, tile, int4)}, at::kByte),
+                    at::empty({tiles, kernels::qgemm_packed_scales(in, tile, group)}, at::kFloat)};
   kernels::qgemm_pack(q.const_data_ptr(), scales.const_data_ptr<float>(), int4, group, in, out, p.q.mutable_data_ptr<uint8_t>(),
                       p.scales.mutable_data_ptr<float>());
   return p;
