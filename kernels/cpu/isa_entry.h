@@ -32,7 +32,7 @@ void qgemv_q8x_int8(const int8_t* xq, const uint8_t* xa, const float* xs, const 
 void qgemv_q8x_int4(const int8_t* xq, const uint8_t* xa, const float* xs, const float* xc, int64_t rows, int64_t in, const uint8_t* q,
                     const float* scales, int64_t group, const float* bias, float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
 void qgemm_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* scratch);   // avx512vnni only
-void qgemm_pack_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end);                   // avx512vnni only
+void qgemm_pack_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* panels, float* panel_scales);   // avx512vnni only
 void attention_decode_head(const float* q, const float* k, const float* v, int64_t n, int64_t d, float scale,
                            const uint8_t* valid, float* s, float* out);
 void attention_paged_head(const float* q, const float* k_base, const float* v_base, const int32_t* table, int64_t n,

@@ -89,8 +89,9 @@ struct IsaKernels {
   // take the fp32 GEMM with the weights dequantized as it packs them.
   void (*qgemm_columns)(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* scratch) = nullptr;
   // Packs p.q's columns [n_begin, n_end) (whole tiles, the last may be partial) into qgemm.h's panels
-  // at p.panels / p.panel_scales' tile offsets; null where qgemm_columns is (qgemm_pack's scalar loop).
-  void (*qgemm_pack_columns)(const QgemmProblem& p, int64_t n_begin, int64_t n_end) = nullptr;
+  // at their tiles' offsets in `panels` and `panel_scales`; null where qgemm_columns is (qgemm_pack's
+  // scalar loop).
+  void (*qgemm_pack_columns)(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* panels, float* panel_scales) = nullptr;
 };
 
 // The table of `isa` (which the caller has checked the machine can run).

@@ -134,11 +134,11 @@ void qgemm_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_
   }
 }
 
-void qgemm_pack_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end) {
+void qgemm_pack_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* panels, float* panel_scales) {
   const int64_t tile_bytes = p.in * kQgemmColumns / (p.int4 ? 2 : 1), groups = p.in / p.group;
   for (int64_t n0 = n_begin; n0 < n_end; n0 += kQgemmColumns) {
     const int64_t t = n0 / kQgemmColumns, valid = n_end - n0 < kQgemmColumns ? n_end - n0 : kQgemmColumns;
-    pack_tile(p, n0, valid, const_cast<uint8_t*>(p.panels) + t * tile_bytes, const_cast<float*>(p.panel_scales) + t * groups * kQgemmColumns);
+    pack_tile(p, n0, valid, panels + t * tile_bytes, panel_scales + t * groups * kQgemmColumns);
   }
 }
 
