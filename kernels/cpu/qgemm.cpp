@@ -148,12 +148,24 @@ void qgemm_unpack(const uint8_t* panels, const float* panel_scales, bool int4, i
 
 void qgemm_packed_rows(const uint8_t* panels, const float* panel_scales, bool int4, int64_t group, int64_t in, const int64_t* ids,
                        int64_t n, float* rows) {
-  QgemmProblem p{};
-  p.in = in, p.int4 = int4, p.group = group, p.panels = panels, p.panel_scales = panel_scales;
-  const int32_t offset = int4 ? 8 : 128;
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t k = 0; k < in; ++k)
-      rows[i * in + k] = static_cast<float>(unsigned_weight(p, ids[i], k) - offset) * weight_scale(p, ids[i], k / group);
+  const int64_t groups = in / group;
+  for (int64_t i = 0; i < n; ++i) {   // a row is one lane of its tile: 4 bytes of each 64-byte panel row
+    const int64_t c = ids[i] % kQgemmColumns;
+    const uint8_t* tile = panels + ids[i] / kQgemmColumns * tile_bytes(in, int4) + c * 4;
+    const float* scale = panel_scales + ids[i] / kQgemmColumns * groups * kQgemmColumns + c;
+    float* row = rows + i * in;
+    if (int4) {
+      for (int64_t k = 0; k < in; k += kBlock)
+        for (int64_t j = 0; j < 16; ++j) {   // stored byte j of the block: inputs j (low nibble) and j + 16
+          const uint8_t b = tile[(k / kBlock * 4 + j / 4) * kQgemmPanelRow + j % 4];
+          row[k + j] = static_cast<float>((b & 15) - 8) * scale[(k + j) / group * kQgemmColumns];
+          row[k + j + 16] = static_cast<float>((b >> 4) - 8) * scale[(k + j + 16) / group * kQgemmColumns];
+        }
+    } else {
+      for (int64_t k = 0; k < in; ++k)
+        row[k] = static_cast<float>(tile[k / 4 * kQgemmPanelRow + k % 4] - 128) * scale[k / group * kQgemmColumns];
+    }
+  }
 }
 
 void qgemm_reference_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end) {
