@@ -32,14 +32,16 @@ PanelSpot panel_spot(int64_t k, int64_t c, bool int4) {
   return {(k / kBlock * 4 + j / 4) * kQgemmPanelRow + c * 4 + j % 4, e >= 16};
 }
 
-// Weight (n, k) as the panel's unsigned byte (int8 + 128, or the stored nibble): from the panels or
-// from qgemv.h's row layout.
+// Input k of column c in a tile's panel, as its unsigned value (int8 + 128, or the stored nibble).
+int32_t panel_value(const uint8_t* tile, int64_t k, int64_t c, bool int4) {
+  const PanelSpot s = panel_spot(k, c, int4);
+  const uint8_t b = tile[s.byte];
+  return int4 ? (s.high ? b >> 4 : b & 15) : b;
+}
+
+// Weight (n, k) as the panel's unsigned value: from the panels or from qgemv.h's row layout.
 int32_t unsigned_weight(const QgemmProblem& p, int64_t n, int64_t k) {
-  if (p.panels) {
-    const PanelSpot s = panel_spot(k, n % kQgemmColumns, p.int4);
-    const uint8_t b = p.panels[n / kQgemmColumns * tile_bytes(p.in, p.int4) + s.byte];
-    return p.int4 ? (s.high ? b >> 4 : b & 15) : b;
-  }
+  if (p.panels) return panel_value(p.panels + n / kQgemmColumns * tile_bytes(p.in, p.int4), k, n % kQgemmColumns, p.int4);
   if (!p.int4) return static_cast<int32_t>(static_cast<const int8_t*>(p.q)[n * p.in + k]) + 128;
   const uint8_t b = static_cast<const uint8_t*>(p.q)[n * p.in / 2 + k / kBlock * 16 + k % 16];
   return k % kBlock >= 16 ? b >> 4 : b & 15;
@@ -148,23 +150,13 @@ void qgemm_unpack(const uint8_t* panels, const float* panel_scales, bool int4, i
 
 void qgemm_packed_rows(const uint8_t* panels, const float* panel_scales, bool int4, int64_t group, int64_t in, const int64_t* ids,
                        int64_t n, float* rows) {
-  const int64_t groups = in / group;
-  for (int64_t i = 0; i < n; ++i) {   // a row is one lane of its tile: 4 bytes of each 64-byte panel row
+  const int64_t groups = in / group, offset = int4 ? 8 : 128;
+  for (int64_t i = 0; i < n; ++i) {   // a row is one lane of its tile
     const int64_t c = ids[i] % kQgemmColumns;
-    const uint8_t* tile = panels + ids[i] / kQgemmColumns * tile_bytes(in, int4) + c * 4;
+    const uint8_t* tile = panels + ids[i] / kQgemmColumns * tile_bytes(in, int4);
     const float* scale = panel_scales + ids[i] / kQgemmColumns * groups * kQgemmColumns + c;
-    float* row = rows + i * in;
-    if (int4) {
-      for (int64_t k = 0; k < in; k += kBlock)
-        for (int64_t j = 0; j < 16; ++j) {   // stored byte j of the block: inputs j (low nibble) and j + 16
-          const uint8_t b = tile[(k / kBlock * 4 + j / 4) * kQgemmPanelRow + j % 4];
-          row[k + j] = static_cast<float>((b & 15) - 8) * scale[(k + j) / group * kQgemmColumns];
-          row[k + j + 16] = static_cast<float>((b >> 4) - 8) * scale[(k + j + 16) / group * kQgemmColumns];
-        }
-    } else {
-      for (int64_t k = 0; k < in; ++k)
-        row[k] = static_cast<float>(tile[k / 4 * kQgemmPanelRow + k % 4] - 128) * scale[k / group * kQgemmColumns];
-    }
+    for (int64_t k = 0; k < in; ++k)
+      rows[i * in + k] = static_cast<float>(panel_value(tile, k, c, int4) - offset) * scale[k / group * kQgemmColumns];
   }
 }
 

@@ -23,14 +23,24 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 constexpr int kFormat = 1;
 
+// The CPU's model name with its family and model numbers: cloud VMs often name only "AMD EPYC", and the
+// numbers still tell a Zen 4 (family 25) from a Zen 5 (26), whose timings differ (a shared home
+// directory across a cluster's mixed nodes would otherwise share one entry).
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      return colon == std::string::npos ? line : line.substr(line.find_first_not_of(' ', colon + 1));
-    }
-  return "unknown CPU";
+  std::string name, family, model;
+  auto value = [](const std::string& line) {
+    const auto colon = line.find(':');
+    const auto start = colon == std::string::npos ? std::string::npos : line.find_first_not_of(' ', colon + 1);
+    return start == std::string::npos ? std::string() : line.substr(start);
+  };
+  for (std::string line; std::getline(in, line) && line.find_first_not_of(" \t") != std::string::npos;) {   // the first CPU
+    if (line.rfind("model name", 0) == 0) name = value(line);
+    else if (line.rfind("cpu family", 0) == 0) family = value(line);
+    else if (line.rfind("model", 0) == 0 && line.find_first_of(" \t:") == 5) model = value(line);
+  }
+  if (name.empty()) name = "unknown CPU";
+  return family.empty() ? name : name + " [family " + family + " model " + model + "]";
 }
 
 // This binary, by size and modification time: a rebuild changes the kernels the choices compared.

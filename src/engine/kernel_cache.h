@@ -5,9 +5,9 @@
 // run on a machine times and records its choices, and later runs start with them: no timing, and the
 // faster side from the first prefill on.
 //
-// The file is JSON, one entry per key: the CPU model, the kernel set in use, the thread count, the
-// LibTorch version and this binary (its size and modification time, so a rebuilt binary times
-// afresh). Only this process's key is read; other keys are kept when it is written. A missing or
+// The file is JSON, one entry per key: the CPU model (its name, family and model numbers), the kernel
+// set in use, the thread count, the LibTorch version and this binary (its size and modification time,
+// so a rebuilt binary times afresh). Only this process's key is read; other keys are kept when it is written. A missing or
 // unreadable file is no choices (a warning says why); writes go through a temporary file and a
 // rename, so a crash or a second process writing at once leaves one whole version. Where:
 //   $COLOSSAL_KERNEL_CACHE      that file ("off": no cache; tests run with it off)
