@@ -7,9 +7,16 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/qgemv.h"
+#include "kernels/cuda/built.h"
 #include "src/core/error.h"
 #include "src/nn/linear_forward.h"
 #include "src/quant/quantized_weight.h"
+#if COLOSSAL_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/cuda/qgemv.h"
+#endif
 
 namespace colossal::quant {
 namespace {
@@ -78,11 +85,48 @@ bool cpu_inference(const at::Tensor& x, const at::Tensor& weight) {
   return x.is_cpu() && weight.is_cpu() && x.scalar_type() == at::kFloat && !at::GradMode::is_enabled();
 }
 
+// A decoding step's rows on a GPU, where nvcc built kernels/cuda/qgemv.cu and the layer is whole blocks
+// of 32 inputs: the dp4a GEMV over the stored integers (any float x, computed in fp32).
+bool cuda_decoding([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& q,
+                   [[maybe_unused]] const at::Tensor& scales, [[maybe_unused]] const QuantConfig& c, [[maybe_unused]] int64_t in) {
+#if COLOSSAL_CUDA_KERNELS
+  const auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0; };
+  return x.is_cuda() && q.device() == x.device() && scales.device() == x.device() && at::isFloatingType(x.scalar_type()) &&
+         !at::GradMode::is_enabled() && decoding_rows(x, in) && kernels::qgemv_cuda_takes(in, c.group_for(in)) && q.is_contiguous() &&
+         scales.is_contiguous() && scales.scalar_type() == at::kFloat && aligned(q);
+#else
+  return false;
+#endif
+}
+
+at::Tensor cuda_gemv([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& q, [[maybe_unused]] const at::Tensor& scales,
+                     [[maybe_unused]] const QuantConfig& c, [[maybe_unused]] int64_t in, [[maybe_unused]] const at::Tensor& bias) {
+#if COLOSSAL_CUDA_KERNELS
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t out = q.size(0);
+  const auto x2 = x.reshape({-1, in}).to(at::kFloat).clone(at::MemoryFormat::Contiguous);   // a fresh, aligned block
+  const int64_t rows = x2.size(0);
+  const auto xq = at::empty({rows, in}, x2.options().dtype(at::kChar));
+  const auto xs = at::empty({rows, in / kernels::kQ8Block}, x2.options());
+  auto y = at::empty({rows, out}, x2.options());
+  const auto b = bias.defined() ? bias.to(x2.options()).contiguous() : at::Tensor();
+  kernels::qgemv_cuda(x2.const_data_ptr<float>(), rows, in, q.const_data_ptr(), c.scheme == Scheme::int4_weight, scales.const_data_ptr<float>(),
+                      c.group_for(in), b.defined() ? b.const_data_ptr<float>() : nullptr, y.mutable_data_ptr<float>(), out,
+                      xq.mutable_data_ptr<int8_t>(), xs.mutable_data_ptr<float>(), c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
+  auto sizes = x.sizes().vec();
+  sizes.back() = out;
+  return y.view(sizes).to(x.scalar_type());
+#else
+  throw Error("the quantized GEMV for CUDA was not built (no nvcc)");
+#endif
+}
+
 }  // namespace
 
 at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const QuantConfig& c, int64_t in,
                             const at::Tensor& bias) {
   const int64_t out = q.size(0);
+  if (cuda_decoding(x, q, scales, c, in)) return cuda_gemv(x, q, scales, c, in, bias);
   const bool cpu_float = cpu_inference(x, q);
   if (cpu_float && decoding_rows(x, in)) return integer_kernel(x, q, scales, c, in, bias, /*prompt=*/false);
   if (cpu_float && x.numel() > 0 && kernels::qgemm_available(in, c.group_for(in))) return integer_kernel(x, q, scales, c, in, bias, /*prompt=*/true);
@@ -139,8 +183,14 @@ bool QuantizedLinear::pack_for_cpu() {
   return packed_ = pack_in_place(qweight_, scales_, config_, in_);
 }
 
+// Whether ATen's int8 GEMM (_int_mm: cuBLASLt's int8 matmul with int32 sums on CUDA) takes x [..., in] on a
+// GPU against this layer: more than 16 rows, in and out multiples of 8 (cuBLASLt's int8 layouts).
+bool QuantizedLinear::int8_gemm_on_gpu(const at::Tensor& x) const {
+  return x.is_cuda() && qweight_.device() == x.device() && x.numel() / in_ > 16 && in_ % 8 == 0 && out_ % 8 == 0;
+}
+
 // W8A8: x / s quantized to int8 per token (absmax / 127), an int8 GEMM summing in int32 (ATen's _int_mm:
-// oneDNN's VNNI kernels on CPU), then both scales and the bias.
+// oneDNN's VNNI kernels on CPU, cuBLASLt on CUDA), then both scales and the bias.
 at::Tensor QuantizedLinear::smoothquant_gemm(const at::Tensor& xs) const {
   auto x2 = xs.reshape({-1, in_}).to(at::kFloat);                                        // [M, in]
   const auto sx = x2.abs().amax(1, /*keepdim=*/true) / 127.0f;                           // [M, 1]
@@ -156,7 +206,7 @@ at::Tensor QuantizedLinear::forward(const at::Tensor& x_in) {
   if (packed_) return packed_matmul(x_in, qweight_, scales_, config_, in_, out_, bias_);
   if (!smooth_.defined()) return quantized_matmul(x_in, qweight_, scales_, config_, in_, bias_);
   const at::Tensor x = x_in / smooth_.to(x_in.device(), x_in.scalar_type());   // SmoothQuant's x / s
-  if (!decoding_rows(x, in_) && x.is_cpu() && !at::GradMode::is_enabled()) return smoothquant_gemm(x);
+  if (!decoding_rows(x, in_) && !at::GradMode::is_enabled() && (x.is_cpu() || int8_gemm_on_gpu(x))) return smoothquant_gemm(x);
   return quantized_matmul(x, qweight_, scales_, config_, in_, bias_);
 }
 

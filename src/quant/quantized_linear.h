@@ -7,6 +7,9 @@
 // block as the GEMM packs it (never a whole fp32 copy), or under SmoothQuant through an int8 GEMM with x
 // quantized per token. A process that only runs inference on such a CPU repacks the weights once into
 // the integer GEMM's panels (pack_for_cpu), and then every call, a decoding step's too, takes it.
+// On a GPU (where nvcc built kernels/cuda), decoding rows take kernels/cuda/qgemv.h's dp4a GEMV, the CPU
+// integer path's arithmetic; SmoothQuant's prompts take ATen's int8 GEMM (cuBLASLt); other prompts
+// multiply by the weight dequantized for the call.
 //
 // QuantizedLayerFactory builds models whose every linear layer is one of these, so `colossal infer`
 // and `serve` load a quantized checkpoint into the same model classes as an fp32 one.
@@ -34,6 +37,7 @@ class QuantizedLinear : public nn::Linear {
 
  private:
   at::Tensor smoothquant_gemm(const at::Tensor& x_smoothed) const;
+  bool int8_gemm_on_gpu(const at::Tensor& x) const;
   QuantConfig config_;
   int64_t in_ = 0, out_ = 0;
   bool packed_ = false;
