@@ -9,7 +9,8 @@ its special tokens, as tokenizer(prompt) and colossal infer add them), left-padd
 colossal pads (with the end-of-text id). Exactly --tokens new tokens per prompt: min_new_tokens = max_new_tokens, so EOS never ends
 a row early. Prints one JSON object: generate()'s wall time split, as colossal infer's timing line splits it, into
 the prefill (to its logits) and the decode (the n - 1 one-token forwards that follow, with token selection), model
-loading excluded; the new-token count of each row; and the new token ids and text of each row.
+loading excluded; the new-token count of each row; and the new token ids and text of each row. --device cuda puts
+the model and the inputs on the GPU and synchronizes it at the span's ends (the prefill's logits too).
 """
 import argparse
 import json
@@ -42,12 +43,17 @@ def main():
     ap.add_argument("--prompts", required=True, help="file with one prompt per line; all of them run as one batch")
     ap.add_argument("--tokens", type=int, required=True, help="new tokens per prompt, exactly")
     ap.add_argument("--threads", type=int, required=True, help="torch.set_num_threads")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model and the inputs live")
     ap.add_argument("--offload-folder", help="accelerate's disk offload: every block's weights in this folder, "
                     "loaded as the block runs (the peer of colossal infer --stream-weights)")
     args = ap.parse_args()
+    if args.offload_folder and args.device != "cpu":
+        fail("--offload-folder keeps the model on the CPU; it does not combine with --device cuda")
 
     import torch
     torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        fail(f"--device cuda but torch {torch.__version__} sees no GPU")
     import sentencepiece as spm
     import transformers
     from transformers import GPT2LMHeadModel, LogitsProcessor, LogitsProcessorList
@@ -55,7 +61,7 @@ def main():
     ckpt = Path(args.checkpoint)
     prompts = read_prompts(args.prompts)
     if not (ckpt / "tokenizer.model").is_file():
-        return generate_hf_directory(ckpt, prompts, args.tokens, transformers, LogitsProcessor, LogitsProcessorList)
+        return generate_hf_directory(ckpt, prompts, args.tokens, args.device, transformers, LogitsProcessor, LogitsProcessorList)
     for name in ("model.safetensors", "config.json", "tokenizer.model"):
         if not (ckpt / name).is_file():
             fail(f"checkpoint {ckpt}: no {name}")
@@ -79,12 +85,14 @@ def main():
     if model.lm_head.weight.data_ptr() != model.transformer.wte.weight.data_ptr():
         fail(f"checkpoint {ckpt}: transformers did not tie lm_head to wte (colossal's head is tied)")
     model.eval()
+    if args.device == "cuda":   # not otherwise: a model dispatched with an offload folder must not be moved
+        model.to("cuda")
 
     report(model, encoded, args.tokens, model.config.n_positions, EOS, lambda row: sp.decode(row), transformers,
-           LogitsProcessor, LogitsProcessorList)
+           LogitsProcessor, LogitsProcessorList, args.device)
 
 
-def generate_hf_directory(ckpt, prompts, n, transformers, LogitsProcessor, LogitsProcessorList):
+def generate_hf_directory(ckpt, prompts, n, device, transformers, LogitsProcessor, LogitsProcessorList):
     """A Hugging Face directory: AutoTokenizer with special tokens, AutoModelForCausalLM, padding with EOS."""
     import torch
     tok = transformers.AutoTokenizer.from_pretrained(str(ckpt))
@@ -96,13 +104,14 @@ def generate_hf_directory(ckpt, prompts, n, transformers, LogitsProcessor, Logit
     cfg = model.config
     context = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or \
         getattr(cfg, "seq_length", None) or 2048
-    report(model.eval(), encoded, n, context, eos, lambda row: tok.decode(row, skip_special_tokens=True), transformers,
-           LogitsProcessor, LogitsProcessorList)
+    report(model.eval().to(device), encoded, n, context, eos, lambda row: tok.decode(row, skip_special_tokens=True), transformers,
+           LogitsProcessor, LogitsProcessorList, device)
 
 
-def report(model, encoded, n, context, EOS, decode, transformers, LogitsProcessor, LogitsProcessorList):
-    """Generates exactly n new tokens per prompt, left-padded with EOS, and prints the timing JSON."""
+def report(model, encoded, n, context, EOS, decode, transformers, LogitsProcessor, LogitsProcessorList, device):
+    """Generates exactly n new tokens per prompt, left-padded with EOS, on `device` (where the model is), and prints the timing JSON."""
     import torch
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)   # the GPU's queue drained at the span's ends
     b, longest = len(encoded), max(len(ids) for ids in encoded)
     if longest + n > context:
         fail(f"the longest prompt has {longest} tokens; with --tokens {n} that passes the context of {context} "
@@ -112,6 +121,8 @@ def report(model, encoded, n, context, EOS, decode, transformers, LogitsProcesso
     for i, ids in enumerate(encoded):
         input_ids[i, longest - len(ids):] = torch.tensor(ids, dtype=torch.long)
         attention_mask[i, longest - len(ids):] = 1
+    if device == "cuda":
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
 
     class Stamp(LogitsProcessor):
         """Records when the prefill's logits arrive: generate() calls it once after each forward."""
@@ -120,15 +131,18 @@ def report(model, encoded, n, context, EOS, decode, transformers, LogitsProcesso
 
         def __call__(self, ids, scores):
             if self.first is None:
+                sync()
                 self.first = time.perf_counter()
             return scores
 
     stamp = Stamp()
     with torch.inference_mode():
+        sync()
         t0 = time.perf_counter()
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False, num_beams=1,
                              max_new_tokens=n, min_new_tokens=n, pad_token_id=EOS, eos_token_id=EOS,
                              bos_token_id=1, use_cache=True, logits_processor=LogitsProcessorList([stamp]))
+        sync()
         t1 = time.perf_counter()
     rows = [row[longest:].tolist() for row in out]
     counts = [row.index(EOS) if EOS in row else len(row) for row in rows]   # EOS suppressed: every row should be n
@@ -143,6 +157,7 @@ def report(model, encoded, n, context, EOS, decode, transformers, LogitsProcesso
         "ids": rows,
         "texts": [decode(row[:c]) for row, c in zip(rows, counts)],
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        "device": device,
         "threads": torch.get_num_threads(),
         "transformers": transformers.__version__,
     }))

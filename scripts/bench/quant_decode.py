@@ -2,6 +2,7 @@
 """quant_decode.py: the driver of scripts/bench/quant_decode.sh (see there for what it measures)."""
 import argparse
 import json
+import os
 import re
 import statistics
 import struct
@@ -36,10 +37,13 @@ def weight_bytes(d):
                if k != "__metadata__" and not k.endswith((".attn.bias", ".attn.masked_bias")) and k != "lm_head.weight")
 
 
-def timed(cmd, threads, timeout):
-    """Runs cmd under /usr/bin/time; returns (stdout, stderr, peak RSS bytes)."""
+def timed(cmd, threads, timeout, device):
+    """Runs cmd under /usr/bin/time; returns (stdout, stderr, peak RSS bytes). On cuda the environment is kept
+    (the GPU's driver libraries may be found through it)."""
     with tempfile.NamedTemporaryFile() as rss:
         env = {"OMP_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin"}
+        if device == "cuda":
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         p = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss.name, *cmd], capture_output=True, text=True,
                            timeout=timeout, env=env)
         if p.returncode != 0:
@@ -48,10 +52,16 @@ def timed(cmd, threads, timeout):
         return p.stdout, p.stderr, int(Path(rss.name).read_text().split()[-1]) * 1024
 
 
-def bandwidth(py, threads):
-    code = ("import time, torch\ntorch.set_num_threads(%d)\nx = torch.ones(1 << 28)\nx.sum()\nbest = 1e9\n"
-            "for _ in range(8):\n    t = time.perf_counter(); x.sum(); best = min(best, time.perf_counter() - t)\n"
-            "print(x.numel() * 4 / best / 1e9)\n" % threads)
+def bandwidth(py, threads, device):
+    """Read bandwidth in GB/s: the best of 8 sums of a 1 GiB float tensor, in host memory or on the GPU."""
+    if device == "cuda":
+        code = ("import time, torch\nx = torch.ones(1 << 28, device='cuda')\nx.sum()\ntorch.cuda.synchronize()\nbest = 1e9\n"
+                "for _ in range(8):\n    t = time.perf_counter(); x.sum(); torch.cuda.synchronize(); best = min(best, time.perf_counter() - t)\n"
+                "print(x.numel() * 4 / best / 1e9)\n")
+    else:
+        code = ("import time, torch\ntorch.set_num_threads(%d)\nx = torch.ones(1 << 28)\nx.sum()\nbest = 1e9\n"
+                "for _ in range(8):\n    t = time.perf_counter(); x.sum(); best = min(best, time.perf_counter() - t)\n"
+                "print(x.numel() * 4 / best / 1e9)\n" % threads)
     return float(subprocess.run([py, "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
@@ -60,8 +70,9 @@ def main():
     ap.add_argument("--colossal", required=True)
     ap.add_argument("--python", required=True)
     ap.add_argument("--fp32", required=True)
-    ap.add_argument("--int8", required=True)
-    ap.add_argument("--int4", required=True)
+    ap.add_argument("--int8", help="the int8-weight directory (each quantized scheme given is measured)")
+    ap.add_argument("--int4", help="the int4-weight directory")
+    ap.add_argument("--int8-smoothquant", help="the int8-smoothquant directory")
     ap.add_argument("--ct2-cache", required=True)
     ap.add_argument("--batches", required=True)
     ap.add_argument("--tokens", type=int, required=True)
@@ -69,9 +80,11 @@ def main():
     ap.add_argument("--repeat", type=int, required=True)
     ap.add_argument("--timeout", type=int, required=True)
     ap.add_argument("--peers", required=True, help="comma-separated: transformers, ctranslate2 (or none)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--command", required=True)
     a = ap.parse_args()
-    dirs = {"fp32": Path(a.fp32), "int8": Path(a.int8), "int4": Path(a.int4)}
+    dirs = {"fp32": Path(a.fp32)}
+    dirs.update({k: Path(v) for k, v in (("int8", a.int8), ("int4", a.int4), ("int8-smoothquant", a.int8_smoothquant)) if v})
     peers = [p for p in a.peers.split(",") if p and p != "none"]
     cfg = json.loads((dirs["fp32"] / "config.json").read_text())
     layers, width = cfg["n_layer"], cfg["n_embd"]
@@ -85,13 +98,13 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(1, a.repeat + 1):
             print(f"quant_decode: {label} round {r}/{a.repeat}", file=sys.stderr)
-            bw = max(bw, bandwidth(a.python, a.threads))
+            bw = max(bw, bandwidth(a.python, a.threads, a.device))
             for b in (int(x) for x in a.batches.split(",")):
                 prompts = Path(tmp) / f"prompts-{b}.txt"
                 prompts.write_text("\n".join(PROMPTS[:b]) + "\n")
                 for scheme, d in dirs.items():
                     _, err, rss = timed([a.colossal, "infer", str(d), "--prompts", str(prompts), "--greedy", "-n", str(a.tokens),
-                                         "--jsonl", "--device", "cpu"], a.threads, a.timeout)
+                                         "--jsonl", "--device", a.device], a.threads, a.timeout, a.device)
                     m = SPLIT.search(err)
                     if not m:
                         fail(f"colossal infer on {d} printed no timing line")
@@ -102,11 +115,11 @@ def main():
                 for peer in peers:
                     if peer == "transformers":
                         cmd = [a.python, "scripts/bench/hf_generate.py", "--checkpoint", str(dirs["fp32"]), "--prompts", str(prompts),
-                               "--tokens", str(a.tokens), "--threads", str(a.threads)]
+                               "--tokens", str(a.tokens), "--threads", str(a.threads), "--device", a.device]
                     else:
                         cmd = [a.python, "scripts/bench/ct2_generate.py", "--checkpoint", str(dirs["fp32"]), "--prompts", str(prompts),
                                "--tokens", str(a.tokens), "--threads", str(a.threads), "--cache", a.ct2_cache]
-                    out, _, rss = timed(cmd, a.threads, a.timeout)
+                    out, _, rss = timed(cmd, a.threads, a.timeout, a.device)
                     j = json.loads(out.strip().splitlines()[-1])
                     results.setdefault((peer, b), []).append((j["decode_steps"] * j["batch"] / j["decode_s"], rss))
     med = lambda k, i: statistics.median(v[i] for v in results[k])
@@ -123,14 +136,18 @@ def main():
         for peer in peers:
             name = "transformers fp32" if peer == "transformers" else "ctranslate2 int8"
             tps = med((peer, b), 0)
-            cells.append(f"{name} {tps:.1f} tok/s {med((peer, b), 1) / 1e9:.2f} GB (int8 {med(('int8', b), 0) / tps:.2f}x)")
+            mine = "int8" if "int8" in dirs else "fp32"   # colossal's side to compare with
+            cells.append(f"{name} {tps:.1f} tok/s {med((peer, b), 1) / 1e9:.2f} GB ({mine} {med((mine, b), 0) / tps:.2f}x)")
         print(f"{label} B={b} n={a.tokens} " + " | ".join(cells))
     import torch
     cpu = subprocess.run(["bash", "scripts/bench/cpu_line.sh"], capture_output=True, text=True).stdout.strip()   # model, kernel set, caps
-    print(f"weights read a step: fp32 {wbytes['fp32'] / 1e6:.0f} MB, int8 {wbytes['int8'] / 1e6:.0f} MB, int4 {wbytes['int4'] / 1e6:.0f} MB "
-          f"(all stored tensors, the tied embedding included); bound = {bw:.1f} GB/s over weights + KV cache")
-    print(f"machine: {cpu}, {a.threads} threads, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}, {a.command}, "
-          f"median of {a.repeat} alternating rounds")
+    read = ", ".join(f"{k} {v / 1e6:.0f} MB" for k, v in wbytes.items())
+    gpu = f"GPU {torch.cuda.get_device_name(0)}, " if a.device == "cuda" else ""
+    whose = " (the GPU's)" if gpu else ""
+    print(f"weights read a step: {read} (all stored tensors, the tied embedding included); "
+          f"bound = {bw:.1f} GB/s{whose} over weights + KV cache")
+    print(f"machine: {cpu}, {gpu}{a.threads} threads, torch {torch.__version__}, "
+          f"{time.strftime('%Y-%m-%d')}, {a.command}, median of {a.repeat} alternating rounds")
 
 
 if __name__ == "__main__":

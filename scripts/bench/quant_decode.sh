@@ -10,13 +10,19 @@
 # of a scheme is this machine's read bandwidth (the best 1 GiB sum of the rounds) over what a step reads: every
 # stored weight byte once (integers, scales and the fp32 embedding, which the tied head reads) and each sequence's
 # KV cache at its mean length. Memory is the whole process's peak RSS.
+# --device cuda decodes on the GPU (colossal infer --device cuda, transformers with the model and inputs there;
+# CTranslate2 is not a peer there), the bound's bandwidth is the GPU's (a 1 GiB sum on it), memory is still the host
+# process's RSS, and the checkpoints are still trained and quantized on the CPU. --layers L --width W: another GPT
+# shape (default_checkpoint.sh), trained once. --schemes picks the colossal sides; int8-smoothquant (W8A8, its
+# smoothing vectors counted among the weights read) is a fourth, quantized like the others.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/bench/default_checkpoint.sh
 COMMAND="scripts/bench/quant_decode.sh"
 (($# == 0)) || COMMAND+="$(printf ' %q' "$@")"
 
-batches=1,8 tokens=128 threads="$(nproc)" repeat=3 checkpoint="" group=128 peers=transformers,ctranslate2 timeout_s=900
+batches=1,8 tokens=128 threads="$(nproc)" repeat=3 checkpoint="" group=128 peers="" timeout_s=900
+device=cpu layers="" width="" schemes=fp32,int8,int4
 COLOSSAL=build/colossal PY=.venv/bin/python
 while (($#)); do
   case "$1" in
@@ -27,11 +33,17 @@ while (($#)); do
     --checkpoint) checkpoint="${2:?}"; shift 2 ;;
     --group-size) group="${2:?}"; shift 2 ;;
     --peers) peers="${2:?}"; shift 2 ;;
+    --device) device="${2:?}"; shift 2 ;;
+    --layers) layers="${2:?}"; shift 2 ;;
+    --width) width="${2:?}"; shift 2 ;;
+    --schemes) schemes="${2:?}"; shift 2 ;;
     --colossal) COLOSSAL="${2:?}"; shift 2 ;;
     --python) PY="${2:?}"; shift 2 ;;
     -h|--help)
       echo "usage: scripts/bench/quant_decode.sh [--batches 1,8] [--tokens 128] [--threads N] [--repeat 3] [--checkpoint DIR]"
       echo "                                     [--group-size 128] [--peers transformers,ctranslate2|none] [--colossal BIN] [--python PY]"
+      echo "                                     [--device cpu|cuda] [--layers L --width W] [--schemes fp32,int8,int4[,int8-smoothquant]]"
+      echo "  --peers defaults to transformers,ctranslate2 on cpu and transformers on cuda"
       exit 0 ;;
     *) echo "quant_decode: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -41,7 +53,29 @@ for v in tokens threads repeat group; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "quant_decode: error: --${v/group/group-size} '${!v}' is not a positive integer" >&2; exit 2; }
 done
 ((tokens >= 2)) || { echo "quant_decode: error: --tokens must be at least 2 (one decode step)" >&2; exit 2; }
+case "$device" in
+  cpu) peers="${peers:-transformers,ctranslate2}" ;;
+  cuda) peers="${peers:-transformers}"
+        [[ "$peers" != *ctranslate2* ]] || { echo "quant_decode: error: --peers ctranslate2 runs on the CPU only; with --device cuda use --peers transformers or none" >&2; exit 2; } ;;
+  *) echo "quant_decode: error: --device '$device' is not cpu or cuda" >&2; exit 2 ;;
+esac
+[[ "$peers" =~ ^(none|(transformers|ctranslate2)(,(transformers|ctranslate2))*)$ ]] ||
+  { echo "quant_decode: error: --peers '$peers' must list transformers and/or ctranslate2, or be none" >&2; exit 2; }
+IFS=, read -r -a scheme_list <<<"$schemes"
+for s in "${scheme_list[@]}"; do
+  case "$s" in fp32|int8|int4|int8-smoothquant) ;;
+    *) echo "quant_decode: error: --schemes '$schemes': '$s' is not fp32, int8, int4 or int8-smoothquant" >&2; exit 2 ;; esac
+done
+[[ ",$schemes," == *,fp32,* ]] || { echo "quant_decode: error: --schemes '$schemes' must include fp32 (the reference of the ratios)" >&2; exit 2; }
+if [ -n "$layers$width" ]; then
+  [ -n "$layers" ] && [ -n "$width" ] || { echo "quant_decode: error: --layers and --width go together (e.g. --layers 24 --width 1024)" >&2; exit 2; }
+  [ -z "$checkpoint" ] || { echo "quant_decode: error: --layers/--width make their own checkpoint; drop them or --checkpoint" >&2; exit 2; }
+  [[ "$layers" =~ ^[1-9][0-9]*$ ]] || { echo "quant_decode: error: --layers '$layers' is not a positive integer" >&2; exit 2; }
+  [[ "$width" =~ ^[1-9][0-9]*$ ]] && ((width % 64 == 0)) ||
+    { echo "quant_decode: error: --width '$width' is not a positive multiple of 64 (heads of 64)" >&2; exit 2; }
+fi
 [ -x "$COLOSSAL" ] || { echo "quant_decode: error: $COLOSSAL not found; build it with scripts/build.sh" >&2; exit 1; }
+PY="$(command -v "$PY")" || { echo "quant_decode: error: --python: no such program" >&2; exit 1; }   # a path: the runs get a bare PATH
 [ -x /usr/bin/time ] || { echo "quant_decode: error: /usr/bin/time not found (apt-get install time)" >&2; exit 1; }
 need=(sentencepiece)
 [[ "$peers" == *transformers* ]] && need+=(transformers)
@@ -52,21 +86,26 @@ for pkg in "${need[@]}"; do
   "$PY" -m pip install --quiet --disable-pip-version-check "$pkg" >&2 || { echo "quant_decode: error: pip install $pkg failed" >&2; exit 1; }
 done
 
-if [ -z "$checkpoint" ]; then ckpt="$(default_checkpoint quant_decode "$COLOSSAL")" || exit 1
+if [ -z "$checkpoint" ]; then ckpt="$(default_checkpoint quant_decode "$COLOSSAL" ${layers:+"$layers" "$width"})" || exit 1
 else ckpt="$(resolve "$checkpoint")" || { echo "quant_decode: error: --checkpoint $checkpoint: no checkpoint there" >&2; exit 1; }
 fi
 [ -f "$ckpt/tokenizer.model" ] || { echo "quant_decode: error: $ckpt has no tokenizer.model (a colossal GPT-2 checkpoint is needed)" >&2; exit 1; }
 base="runs/bench/quant/$(echo "$ckpt" | tr '/' '_')"
 mkdir -p "$base"
-for scheme in int8 int4; do
-  out="$base/$scheme" flags=(--scheme "$scheme-weight")
-  [ "$scheme" = int4 ] && { out+="-g$group"; flags+=(--group-size "$group"); }
+quantized=()
+for scheme in int8 int4 int8-smoothquant; do
+  [[ ",$schemes," == *",$scheme,"* ]] || continue
+  case "$scheme" in
+    int8) out="$base/int8" flags=(--scheme int8-weight) ;;
+    int4) out="$base/int4-g$group" flags=(--scheme int4-weight --group-size "$group") ;;
+    int8-smoothquant) out="$base/int8-smoothquant" flags=(--scheme int8-smoothquant) ;;   # calibrated on kjv.txt's start
+  esac
   if [ ! -f "$out/model.safetensors" ] || [ "$ckpt/model.safetensors" -nt "$out/model.safetensors" ]; then
     echo "quant_decode: quantizing $ckpt to $out" >&2
     "$COLOSSAL" quantize "$ckpt" --out "$out" "${flags[@]}" --eval-tokens 0 -q >&2
   fi
-  declare "dir_$scheme=$out"
+  quantized+=("--$scheme" "$out")
 done
-exec "$PY" scripts/bench/quant_decode.py --colossal "$COLOSSAL" --python "$PY" --fp32 "$ckpt" --int8 "$dir_int8" --int4 "$dir_int4" \
+exec "$PY" scripts/bench/quant_decode.py --colossal "$COLOSSAL" --python "$PY" --fp32 "$ckpt" "${quantized[@]}" \
   --ct2-cache "$base/ct2-int8" --batches "$batches" --tokens "$tokens" --threads "$threads" --repeat "$repeat" \
-  --timeout "$timeout_s" --peers "$peers" --command "$COMMAND"
+  --timeout "$timeout_s" --peers "$peers" --device "$device" --command "$COMMAND"

@@ -7,7 +7,9 @@
 # Beforehand, on a machine with Debian 12's registry, from the repository root:
 #   bash scripts/dev/gpu_check.sh --download      # Debian packages into .debs/ (ignored by git)
 # Then on the GPU machine, from the repository root, with .debs/ and runs/data/ carried along:
-#   bash scripts/dev/gpu_check.sh [--bench | --build-only] [OUT_DIR]
+#   bash scripts/dev/gpu_check.sh [--bench [LIST] | --build-only] [OUT_DIR]
+# LIST: comma-separated from train, adamw, quant, gemini (default train,adamw). The GPU's own tests run
+# first, then the checks and benchmarks, and the rest of the suite (CPU tests) last, since a lease is short.
 # Logs go to OUT_DIR (default $OUT, else /tmp/gpu_check).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,7 +21,7 @@ DEV_PACKAGES=(libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libtomlplusplus-dev
 # libhdf5 needs libcurl; these are linked in only where the GPU machine lacks them (see below).
 RUNTIME_PACKAGES=(libcurl4 libbrotli1 libcom-err2 libgssapi-krb5-2 libk5crypto3 libkrb5-3 libkrb5support0 libldap-2.5-0
                   libnghttp2-14 libpsl5 librtmp1 libsasl2-2 libsasl2-modules-db libssh2-1 libgnutls30 libnettle8
-                  libhogweed6 libgmp10 libidn2-0 libunistring2 libp11-kit0 libtasn1-6 libffi8 libkeyutils1)
+                  libhogweed6 libgmp10 libidn2-0 libunistring2 libp11-kit0 libtasn1-6 libffi8 libkeyutils1 time)
 
 if [ "${1:-}" = --download ]; then
   set -e
@@ -29,8 +31,20 @@ if [ "${1:-}" = --download ]; then
   echo "gpu_check: $(ls .debs/*.deb .debs/runtime/*.deb | wc -l) packages in .debs/"
   exit 0
 fi
-bench=0 build_only=0
-if [ "${1:-}" = --bench ]; then bench=1; shift; fi
+bench="" build_only=0
+if [ "${1:-}" = --bench ]; then
+  shift
+  if [[ "${1:-}" =~ ^[a-z]+(,[a-z]+)*$ ]]; then bench="$1"; shift; else bench=train,adamw; fi
+  for b in ${bench//,/ }; do
+    case "$b" in train|adamw|quant|gemini) ;; *) echo "gpu_check: error: unknown benchmark '$b' (valid: train, adamw, quant, gemini)" >&2; exit 2 ;; esac
+  done
+fi
+benched() { [[ ",$bench," == *",$1,"* ]]; }
+# $GPU_CHECK_SECONDS: a deadline for the whole check (a lease's command limit); each benchmark and the
+# rest of the suite get what is left, and are skipped with under 30 s.
+deadline=$(($(date +%s) + ${GPU_CHECK_SECONDS:-86400}))
+left() { echo $((deadline - $(date +%s))); }
+in_time() { (($(left) >= 30)) || { echo "gpu_check: skipped, $(left) s left before the deadline: $*"; return 1; }; }
 if [ "${1:-}" = --build-only ]; then build_only=1; shift; fi
 out="${1:-${OUT:-/tmp/gpu_check}}"
 mkdir -p "$out"
@@ -60,15 +74,20 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCOLOSSAL_PYTHON="$p
   -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$libs -Wl,-rpath,$libs" >"$out/configure.log" 2>&1 ||
   { tail -n 40 "$out/configure.log"; exit 1; }
 grep -E "^-- colossal:|CXX compiler identification" "$out/configure.log"
+# The binary and the test binaries that hold the GPU's suites first; the other tests' binaries only
+# before the rest of the suite, so a short lease spends its time on the GPU.
 step "build"
-cmake --build "$build" -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -n 30; exit 1; }
+first=(--target colossal reference_tests dist_tests)
+((build_only == 0)) || first=()
+cmake --build "$build" -j "$(nproc)" "${first[@]}" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -n 30; exit 1; }
 ((build_only == 0)) || exit 0
 echo "first DT_NEEDED of colossal: $(readelf -d "$build/colossal" | grep -m1 NEEDED | sed 's/.*\[//; s/\]//')"
 
-step "ctest"
-OMP_NUM_THREADS=4 ctest --test-dir "$build" -j 4 --output-on-failure >"$out/ctest.log" 2>&1
+gpu_suites='^(Cuda|CudaQuant|WorldOfOneOnGpu)$'
+step "ctest: the GPU's suites"
+OMP_NUM_THREADS=4 ctest --test-dir "$build" -R "$gpu_suites" -j 3 --output-on-failure >"$out/ctest-gpu.log" 2>&1
 rc_test=$?
-grep -E "tests passed|tests failed|Skipped|Failed|\*\*\*" "$out/ctest.log" | head -n 30
+grep -E "tests passed|tests failed|Skipped|Failed|\*\*\*|Test +#" "$out/ctest-gpu.log" | head -n 30
 
 # The tiny recipe on the GPU and on the CPU: both learn, to about the same loss.
 for dev in cuda cpu; do
@@ -78,24 +97,55 @@ for dev in cuda cpu; do
   tail -n 2 "$out/train-$dev.log"
   cp "/tmp/gpu_check-$dev/summary.json" "$out/summary-$dev.json" 2>/dev/null
 done
-# The trainer with NCCL named explicitly: a world of one still runs real NCCL collectives (gradient
-# buckets, the step agreement, barriers), and must land on the loss of the plain GPU run above.
-step "train gpt-tiny on cuda with parallel.backend = nccl (world of one)"
-"$build/colossal" train recipes/gpt-tiny.toml --set train.device=cuda --set 'parallel.backend="nccl"' \
-  --set output.dir=/tmp/gpu_check-nccl --quiet >"$out/train-nccl.log" 2>&1
-tail -n 2 "$out/train-nccl.log"
-cp /tmp/gpu_check-nccl/summary.json "$out/summary-nccl.json" 2>/dev/null
 step "infer on cuda"
 "$build/colossal" infer /tmp/gpu_check-cuda -p "And God said" -n 40 --seed 5 --top-k 20 --device cuda -q 2>&1 | tee "$out/infer-cuda.txt"
 echo
+# Each quantization of the CPU-trained model decodes greedily on the GPU (its dp4a GEMV, SmoothQuant's
+# cuBLASLt GEMM for the prompt) and on the CPU: the same text expected, as the sums are the same integers.
+for scheme in int8-weight int4-weight int8-smoothquant; do
+  step "quantize $scheme; greedy on cuda and cpu"
+  group=(); [ "$scheme" = int4-weight ] && group=(--group-size 32)
+  "$build/colossal" quantize /tmp/gpu_check-cpu --out "/tmp/gpu_check-$scheme" --scheme "$scheme" "${group[@]}" -q >"$out/quantize-$scheme.log" 2>&1 ||
+    { echo "quantize $scheme failed: $(tail -n 1 "$out/quantize-$scheme.log")"; continue; }
+  tail -n 2 "$out/quantize-$scheme.log"
+  for dev in cuda cpu; do
+    "$build/colossal" infer "/tmp/gpu_check-$scheme" -p "And God said unto Moses" -p "In the beginning" -n 40 --greedy --device "$dev" -q \
+      >"/tmp/gpu_check-$scheme-$dev.txt" 2>&1 || echo "infer $scheme on $dev failed: $(tail -n 1 "/tmp/gpu_check-$scheme-$dev.txt")"
+  done
+  cmp -s "/tmp/gpu_check-$scheme-cuda.txt" "/tmp/gpu_check-$scheme-cpu.txt" && echo "$scheme: the GPU's greedy text equals the CPU's" ||
+    { echo "$scheme: texts differ"; diff "/tmp/gpu_check-$scheme-cuda.txt" "/tmp/gpu_check-$scheme-cpu.txt" | head -n 8; }
+done
 
-if ((bench)); then
-  step "benchmark (GPU)"
-  bash scripts/bench/train_vs_torch.sh --device cuda --python "$python" --colossal "$build/colossal" \
-    --shape 124m-1k --repeat 3 2>&1 | tee "$out/bench.txt"
+if benched adamw && in_time "AdamW benchmark"; then
   step "benchmark: AdamW on the GPU (kernels/cuda against torch's fused and foreach)"
-  bash scripts/bench/host_adam.sh --device cuda --python "$python" --colossal "$build/colossal" --repeat 3 2>&1 |
+  timeout "$(left)" bash scripts/bench/host_adam.sh --device cuda --python "$python" --colossal "$build/colossal" --repeat 3 2>&1 |
     tee "$out/bench-adamw.txt"
+fi
+if benched gemini && in_time "Gemini benchmark"; then
+  step "benchmark: Gemini on the GPU within a device budget"
+  # a 3.0B GPT in bf16 with everything on the GPU (51 GiB planned) against placement auto within 8 GB
+  timeout "$(left)" bash scripts/bench/gemini_placement.sh --device cuda --colossal "$build/colossal" --shape 3b --dtype bf16 \
+    --modes device,auto --budget-gb 8 --repeat 1 --steps 5 2>&1 | tee "$out/bench-gemini.txt"
+fi
+if benched quant && in_time "quantized decoding benchmark"; then
+  step "benchmark: quantized decoding on the GPU"
+  # its peak-memory column reads /usr/bin/time, which a bare machine may lack: Debian's, unpacked above
+  [ -x /usr/bin/time ] || ln -sf "$prefix/usr/bin/time" /usr/bin/time
+  timeout "$(left)" bash scripts/bench/quant_decode.sh --device cuda --python "$python" --colossal "$build/colossal" --batches 1,8 \
+    --tokens 64 --repeat 1 --schemes fp32,int8,int4,int8-smoothquant --layers 24 --width 1536 2>&1 | tee "$out/bench-quant.txt"
+fi
+if benched train && in_time "training benchmark"; then
+  step "benchmark (GPU)"
+  timeout "$(left)" bash scripts/bench/train_vs_torch.sh --device cuda --python "$python" --colossal "$build/colossal" \
+    --shape 124m-1k --repeat 3 2>&1 | tee "$out/bench.txt"
+fi
+if in_time "the rest of the suite"; then
+  step "ctest: the rest of the suite"
+  timeout "$(left)" cmake --build "$build" -j "$(nproc)" >>"$out/build.log" 2>&1 || echo "gpu_check: building the other tests failed or ran out of time"
+  OMP_NUM_THREADS=2 timeout "$(left)" ctest --test-dir "$build" -E "$gpu_suites" -j 8 --output-on-failure >"$out/ctest.log" 2>&1
+  rc_rest=$?
+  grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/ctest.log" | head -n 30
+  ((rc_test == 0)) && rc_test=$rc_rest
 fi
 step "done (ctest exit $rc_test)"
 exit "$rc_test"
