@@ -29,9 +29,13 @@ function(colossal_gtest_suites binary list_file label processors workdir environ
         string(APPEND script "add_test([==[${suite}]==] [==[${binary}]==] [==[--gtest_filter=${suite}.*]==])\n")
         string(APPEND script "set_tests_properties([==[${suite}]==] PROPERTIES LABELS ${label} PROCESSORS ${processors}"
                              " SKIP_RETURN_CODE 77 WORKING_DIRECTORY [==[${workdir}]==]")
-        if(environment)
-          string(APPEND script " ENVIRONMENT [==[${environment}]==]")
+        # Suites named for the GPU (Cuda*, *OnGpu) see it; every other suite checks the CPU's behaviour
+        # and exactness, so on a GPU machine it runs as on a CPU one: "auto" devices resolve to the CPU.
+        set(suite_environment "${environment}")
+        if(NOT suite MATCHES "^Cuda|OnGpu$")
+          list(APPEND suite_environment "CUDA_VISIBLE_DEVICES=")
         endif()
+        string(APPEND script " ENVIRONMENT [==[${suite_environment}]==]")
         string(APPEND script ")\n")
       endif()
     endforeach()

@@ -426,7 +426,9 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
       const int64_t bytes = store.layout().chunk_sizes[static_cast<size_t>(c)] * 4;
       params += store.releasable(c) ? (offload_params ? 0 : bytes / W) : bytes;   // on NVMe: nothing between uses
       released += store.releasable(c) && !store.present(c);
-      if (stage < 3) EXPECT_FALSE(store.releasable(c));
+      if (stage < 3) {
+        EXPECT_FALSE(store.releasable(c));
+      }
     }
     if (device) (*device)[static_cast<size_t>(rank)] = {zs->device_peak(), zs->evictions(), zs->access_trace().size()};
     if (caching) {   // the rest counts what ZeRO-3 holds with every block chunk released
@@ -434,8 +436,12 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
       for (auto& item : model.named_parameters()) got[static_cast<size_t>(rank)][item.key()] = item.value().detach().clone();
       return;
     }
-    if (stage == 3) EXPECT_GT(released, 0);
-    if (stage == 3 && W > 1) EXPECT_LT(params, P);
+    if (stage == 3) {
+      EXPECT_GT(released, 0);
+    }
+    if (stage == 3 && W > 1) {
+      EXPECT_LT(params, P);
+    }
     for (int64_t c = 0; c < chunks; ++c) EXPECT_EQ(store.present(c), !store.releasable(c)) << "chunk " << c;
     EXPECT_EQ(b.params, params);
     EXPECT_EQ(b.grads, stage <= 1 ? P : P / W);

@@ -82,6 +82,9 @@ void run(InferArgs& a) {
   setup_logging("info", "", a.quiet);
   if (a.tensor_parallel > 1) {   // what would make every worker fail is refused before any starts
     if (a.stream_weights) throw Error("--stream-weights reads whole blocks, so it runs in one process (drop --tensor-parallel)");
+    if (a.device == "cuda")
+      throw Error("--device cuda with --tensor-parallel " + std::to_string(a.tensor_parallel) +
+                  ": split generation runs on the CPU (its ranks exchange pieces over Gloo); use --device cpu, or one process on the GPU");
     check_generation_split(a.checkpoint, a.tensor_parallel);
   }
   const GenerationJob job = GenerationJob::start(a.tensor_parallel, [&a] { return worker_args(a); }, "--tensor-parallel");
@@ -113,13 +116,16 @@ void run(InferArgs& a) {
   const std::string& dir = opened.dir;
   const auto& info = opened.info;
   auto& tokenizer = opened.tokenizer;
-  const c10::Device device = resolve_device(a.device, "--device");
+  // A split model runs on the CPU ("auto" too): its groups are Gloo's, which carry host memory.
+  const c10::Device device = a.tensor_parallel > 1 ? c10::Device(c10::kCPU) : resolve_device(a.device, "--device");
   // A quantized checkpoint (colossal quantize) builds the same model with quantized linear layers.
   const auto& quantized = opened.quantized;
   if (quantized && a.stream_weights)
     throw Error("--stream-weights streams fp32 blocks, and " + dir + " is quantized (" + quant::scheme_name(quantized->scheme) +
                 "); drop --stream-weights (its weights take " + std::to_string(quantized->bits()) + " bits each)");
-  if (device.is_cpu() && !a.stream_weights)   // each rank of a tensor-parallel job holds its share
+  // The weights pass through host memory on any device (read there, then moved); each rank of a
+  // tensor-parallel job holds its share.
+  if (!a.stream_weights)
     require_host_memory((quantized ? quantized->bits() / 8.0 : 4.0) * static_cast<double>(count_parameters(info.model)) /
                             static_cast<double>(a.tensor_parallel),
                         "the model in " + dir + (quantized ? "" : " (fp32 weights; --stream-weights reads them block by block instead)"));
@@ -227,7 +233,7 @@ void add_infer_command(CLI::App& app) {
   cmd->add_flag("--greedy", a->sampling.greedy, "Always take the most likely token");
   cmd->add_option("--seed", a->sampling.seed, "Sampling seed (same seed, same output)")->capture_default_str()->check(whole_up_to(UINT64_MAX));
   cmd->add_option("--stop", a->sampling.stop, "Stop when the completion contains this text (repeatable; \\n allowed)");
-  cmd->add_option("--device", a->device, "auto | cpu | cuda")->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd->add_option("--device", a->device, "auto | cpu | cuda (a --tensor-parallel job runs on the CPU)")->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--kernels", a->kernels, "CPU kernels: auto (time ours against ATen per shape at first use), fused or aten")
       ->capture_default_str()->check(CLI::IsMember({"auto", "fused", "aten"}));
   cmd->add_flag("--jsonl", a->jsonl, "Print one JSON object per prompt instead of text");

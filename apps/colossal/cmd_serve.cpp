@@ -56,19 +56,19 @@ std::vector<std::string> worker_args(const ServeArgs& a) {
 
 void run(ServeArgs& a) {
   setup_logging("info", "", a.quiet);
-  if (resolve_device(a.device, "--device").is_cuda())
-    throw Error("colossal serve runs its paged KV cache and batch on the CPU; --device cuda is not available for it (use --device cpu)");
-
-  if (a.tensor_parallel > 1) check_generation_split(a.model, a.tensor_parallel);   // before any worker starts
-  // SIGTERM and SIGINT go to one watcher thread (blocked here, before any thread starts, the rendezvous's
-  // included, so every thread inherits it). A launcher of --tensor-parallel workers keeps them, to
-  // forward them; the other ranks of a split server leave them blocked: rank 0 stops them once it stops.
+  // SIGTERM and SIGINT go to one watcher thread (blocked here, before any thread starts: the rendezvous's,
+  // and the CUDA driver's, which even asking whether a GPU is visible starts; so every thread inherits
+  // it). A launcher of --tensor-parallel workers keeps them, to forward them; the other ranks of a split
+  // server leave them blocked: rank 0 stops them once it stops.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   const bool launches = a.tensor_parallel > 1 && dist::worker_env(dist::process_env()).world == 1;
   if (!launches) pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (resolve_device(a.device, "--device").is_cuda())
+    throw Error("colossal serve runs its paged KV cache and batch on the CPU; --device cuda is not available for it (use --device cpu)");
+  if (a.tensor_parallel > 1) check_generation_split(a.model, a.tensor_parallel);   // before any worker starts
   const GenerationJob job = GenerationJob::start(a.tensor_parallel, [&a] { return worker_args(a); }, "--tensor-parallel");
   if (job.launched()) {
     set_exit_code(job.exit_code());

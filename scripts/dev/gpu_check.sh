@@ -7,7 +7,7 @@
 # Beforehand, on a machine with Debian 12's registry, from the repository root:
 #   bash scripts/dev/gpu_check.sh --download      # Debian packages into .debs/ (ignored by git)
 # Then on the GPU machine, from the repository root, with .debs/ and runs/data/ carried along:
-#   bash scripts/dev/gpu_check.sh [--bench [LIST] | --build-only] [OUT_DIR]
+#   bash scripts/dev/gpu_check.sh [--tests-only | --bench [LIST] | --build-only] [OUT_DIR]
 # LIST: comma-separated from train, adamw, quant, gemini (default train,adamw). The GPU's own tests run
 # first, then the checks and benchmarks, and the rest of the suite (CPU tests) last, since a lease is short.
 # Logs go to OUT_DIR (default $OUT, else /tmp/gpu_check).
@@ -31,7 +31,8 @@ if [ "${1:-}" = --download ]; then
   echo "gpu_check: $(ls .debs/*.deb .debs/runtime/*.deb | wc -l) packages in .debs/"
   exit 0
 fi
-bench="" build_only=0
+bench="" build_only=0 tests_only=0
+if [ "${1:-}" = --tests-only ]; then tests_only=1; shift; fi   # build what the GPU's suites need, run them, stop
 if [ "${1:-}" = --bench ]; then
   shift
   if [[ "${1:-}" =~ ^[a-z]+(,[a-z]+)*$ ]]; then bench="$1"; shift; else bench=train,adamw; fi
@@ -77,17 +78,18 @@ grep -E "^-- colossal:|CXX compiler identification" "$out/configure.log"
 # The binary and the test binaries that hold the GPU's suites first; the other tests' binaries only
 # before the rest of the suite, so a short lease spends its time on the GPU.
 step "build"
-first=(--target colossal reference_tests dist_tests)
+first=(--target colossal reference_tests dist_tests e2e_tests)
 ((build_only == 0)) || first=()
 cmake --build "$build" -j "$(nproc)" "${first[@]}" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -n 30; exit 1; }
 ((build_only == 0)) || exit 0
 echo "first DT_NEEDED of colossal: $(readelf -d "$build/colossal" | grep -m1 NEEDED | sed 's/.*\[//; s/\]//')"
 
-gpu_suites='^(Cuda|CudaQuant|WorldOfOneOnGpu)$'
+gpu_suites='^(Cuda.*|.*OnGpu)$'
 step "ctest: the GPU's suites"
 OMP_NUM_THREADS=4 ctest --test-dir "$build" -R "$gpu_suites" -j 3 --output-on-failure >"$out/ctest-gpu.log" 2>&1
 rc_test=$?
 grep -E "tests passed|tests failed|Skipped|Failed|\*\*\*|Test +#" "$out/ctest-gpu.log" | head -n 30
+((tests_only == 0)) || exit "$rc_test"
 
 # The tiny recipe on the GPU and on the CPU: both learn, to about the same loss.
 for dev in cuda cpu; do

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <optional>
 #include <ATen/Parallel.h>
+#include <fmt/format.h>
 #include <ATen/Context.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -20,8 +21,10 @@
 namespace colossal {
 
 c10::Device resolve_device(const std::string& spec, const std::string& where) {
-  bool cuda = torch::cuda::is_available();
+  // "cpu" never asks CUDA: asking starts the driver, whose threads a caller may not want yet (a server
+  // blocks its signals before any thread starts, and a thread started earlier would take SIGTERM).
   if (spec == "cpu") return c10::Device(c10::kCPU);
+  const bool cuda = torch::cuda::is_available();
   if (spec == "cuda") {
     if (!cuda)
       throw RecipeError(where, std::string("device = \"cuda\" but ") +
@@ -39,6 +42,17 @@ std::string host_name() {
 }
 
 int64_t cuda_device_count() { return torch::cuda::is_available() ? static_cast<int64_t>(torch::cuda::device_count()) : 0; }
+
+c10::Device device_for_rank(const c10::Device& resolved, const std::string& spec, int64_t local_rank, int64_t local_ranks,
+                            const std::string& where) {
+  if (!resolved.is_cuda() || local_ranks <= 1) return resolved;
+  const int64_t gpus = cuda_device_count();
+  if (local_ranks <= gpus) return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+  if (spec == "auto") return c10::Device(c10::kCPU);
+  throw RecipeError(where, fmt::format("device = \"{}\" with {} ranks on this node but {} GPU(s) visible: each rank needs a GPU of "
+                                       "its own (launch at most {} a node, or use \"cpu\")",
+                                       spec, local_ranks, gpus, gpus));
+}
 
 std::string describe_device(const c10::Device& device) {
   if (device.is_cpu()) return "cpu (" + std::to_string(at::get_num_threads()) + " threads)";

@@ -13,6 +13,12 @@ namespace colossal {
 c10::Device resolve_device(const std::string& spec, const std::string& where);
 std::string describe_device(const c10::Device& device);   // "cpu (2 threads)" or "cuda:0 (NVIDIA H100 ...)"
 int64_t cuda_device_count();   // GPUs visible to this process (0 without CUDA)
+// The device of local rank `local_rank` of `local_ranks` on this node, `resolved` from `spec`: on CUDA
+// each rank its own GPU (NCCL runs one rank a GPU; two on one GPU fail at their first collective). With
+// fewer GPUs than ranks, "auto" falls back to the CPU (the caller says so) and "cuda" is an error
+// naming `where`, before any rank connects.
+c10::Device device_for_rank(const c10::Device& resolved, const std::string& spec, int64_t local_rank, int64_t local_ranks,
+                            const std::string& where);
 
 // This machine's name as the system reports it ("unknown" if it cannot), for messages naming a node.
 std::string host_name();

@@ -166,8 +166,6 @@ namespace {
 // Step 1: the job. Threads first (before any ATen work starts its pool), then the rendezvous.
 std::unique_ptr<dist::Runtime> join_job(const Recipe& r, const TrainOptions& opt, const dist::WorkerEnv& env,
                                         c10::Device& device) {
-  if (device.is_cuda() && env.local_world > 1)   // one GPU per local rank
-    device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % std::max<int64_t>(1, cuda_device_count())));
   const dist::MeshShape shape = check_parallel_recipe(r, env.world);
   if (device.is_cpu()) dist::use_worker_threads(env);
   set_log_rank(env.rank, env.world);
@@ -469,6 +467,13 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
   const dist::WorkerEnv env = dist::worker_env(dist::process_env());
   const Recipe& r = p->recipe;
   p->device = resolve_device(r.train.device, r.where("train.device"));
+  if (const auto own = device_for_rank(p->device, r.train.device, env.local_rank, env.local_world, r.where("train.device"));
+      own != p->device) {
+    if (own.is_cpu() && env.local_rank == 0)
+      spdlog::info("train.device = \"auto\": {} ranks on this node share {} GPU(s), and each needs its own; training on the CPU",
+                   env.local_world, cuda_device_count());
+    p->device = own;
+  }
   // Refused before anything is allocated, with the dry run's figures: a model the machine or the device
   // budget cannot hold.
   const int64_t params = count_parameters(r.model);
@@ -484,12 +489,13 @@ std::unique_ptr<TrainPlan> build_plan(const EffectiveRecipe& effective, const Tr
   }
   check_device_budget(r, params, dp);
 
-  // ATen's allocations on this thread are counted from here, before the data and the model exist, so
-  // whatever they hold is known when a step frees it: `colossal profile`'s tracer reads the count, a
-  // device budget on a CPU (the device is host memory there), and on a CPU every step's metrics
-  // (tensor_peak_mb: exact, where the resident set carries glibc's free lists).
+  // ATen's allocations on this thread on the compute device are counted from here, before the data and
+  // the model exist, so whatever they hold is known when a step frees it: `colossal profile`'s tracer
+  // reads the count (on a GPU, the GPU's bytes), a device budget on a CPU (the device is host memory
+  // there), and on a CPU every step's metrics (tensor_peak_mb: exact, where the resident set carries
+  // glibc's free lists).
   if (!opt.profile_out.empty() || p->device.is_cpu())
-    p->counter = std::make_shared<memory::AllocationCounter>();
+    p->counter = std::make_shared<memory::AllocationCounter>(p->device);
   if (!opt.profile_out.empty()) p->tracer = std::make_shared<memory::MemoryTracer>(p->counter);
   p->runtime = join_job(r, opt, env, p->device);                       // 1. the job and its mesh
   p->dp_rank = p->runtime->mesh().coordinate(p->runtime->rank(), dist::Dim::dp);

@@ -11,10 +11,12 @@ namespace colossal::memory {
 
 // Receives c10's report of every allocation (positive size) and free (negative) made on the thread.
 struct AllocationCounter::Reporter : public c10::MemoryReportingInfoBase {
+  explicit Reporter(c10::Device d) : counted(d) {}
+  const c10::Device counted;
   std::atomic<int64_t> live{0};
   std::atomic<int64_t> peak[kReaders] = {};
   void reportMemoryUsage(void*, int64_t size, size_t, size_t, c10::Device device) override {
-    if (!device.is_cpu()) return;   // a device's own allocator keeps its statistics: host memory only here
+    if (device.type() != counted.type() || (counted.has_index() && device.index() != counted.index())) return;   // one device's
     const int64_t now = live.fetch_add(size) + size;
     for (auto& p : peak) {
       int64_t seen = p.load();
@@ -35,7 +37,8 @@ struct AllocationCounter::Guard {
   int log_level;
 };
 
-AllocationCounter::AllocationCounter() : reporter_(std::make_shared<Reporter>()), guard_(std::make_unique<Guard>(reporter_)) {}
+AllocationCounter::AllocationCounter(c10::Device device)
+    : reporter_(std::make_shared<Reporter>(device)), guard_(std::make_unique<Guard>(reporter_)) {}
 
 AllocationCounter::~AllocationCounter() = default;
 

@@ -1,4 +1,5 @@
-// AllocationCounter: the bytes of tensors ATen holds on the host, allocated on one thread (the training
+// AllocationCounter: the bytes of tensors ATen holds on one device (the host, or the GPU a run computes
+// on, whose caching allocator reports through the same hook), allocated on one thread (the training
 // thread), counted exactly through c10's memory-reporting hook (the one torch.profiler's profile_memory
 // uses: c10::MemoryReportingInfoBase, set for the thread as its PROFILER_STATE debug info). Exact bytes of
 // tensors, not the resident set with glibc's free lists in it.
@@ -12,6 +13,7 @@
 // frees here; c10 would warn about the latter, so its glog-style warnings are raised to errors while a
 // counter exists (ATen's TORCH_WARN goes another way and still shows).
 #pragma once
+#include <c10/core/Device.h>
 #include <cstdint>
 #include <memory>
 
@@ -19,7 +21,8 @@ namespace colossal::memory {
 
 class AllocationCounter {
  public:
-  AllocationCounter();    // counting starts on the calling thread
+  // Counting `device`'s allocations starts on the calling thread.
+  explicit AllocationCounter(c10::Device device = c10::Device(c10::kCPU));
   ~AllocationCounter();   // and stops (on the same thread)
   AllocationCounter(const AllocationCounter&) = delete;
   AllocationCounter& operator=(const AllocationCounter&) = delete;

@@ -1,8 +1,9 @@
 // MemoryTracer: what a training step holds, event by event (`colossal profile`, and the measurements a
 // placement policy plans from: Gemini's memory tracer).
 //
-// Every host allocation ATen makes on the training thread is counted (AllocationCounter), so "live" is
-// exact bytes of tensors, not the resident set with glibc's free lists in it. As a block hook, the
+// Every allocation ATen makes on the compute device (host memory, or the GPU's caching allocator) on the
+// training thread is counted (AllocationCounter), so "live" is exact bytes of tensors, not the resident
+// set with glibc's free lists in it, nor the GPU allocator's reserve. As a block hook, the
 // tracer records before and after each block's forward
 // and backward: the bytes live, the peak since the previous event, what the chunk store holds by kind,
 // and where each chunk is; the training loop adds step-level marks (forward, backward, update). Events

@@ -1,0 +1,53 @@
+// Whole commands on a GPU machine, where a device of "auto" finds the GPU: `colossal profile` counts the
+// GPU's bytes, and a job with more ranks on a node than it has GPUs trains on the CPU under "auto" and is
+// refused under "cuda" before any rank connects (two ranks on one GPU fail at NCCL's first collective).
+// Every test skips where no GPU is visible, as in CI; scripts/dev/gpu_check.sh runs them on a GPU machine.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <torch/cuda.h>
+
+#include "tests/support/test_support.h"
+#include "tests/support/train_runs.h"
+
+using namespace colossal;
+using test::read_json_file;
+using test::run_colossal;
+using test::TempDir;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU visible"
+
+TEST(CudaJobs, ProfileCountsTheGpusBytesOfEveryBlock) {
+  SKIP_WITHOUT_GPU();
+  TempDir dir;
+  const auto r = run_colossal("profile recipes/gpt-tiny.toml --steps 2 --out " + (dir / "profile") +
+                              " --set train.device=cuda --set train.batch_size=2 --set train.seq_len=64 --set data.tokenizer=" +
+                              (dir / "tok.model") + " --set data.dataset=" + (dir / "data.h5"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto p = read_json_file(dir / "profile/profile.json");
+  const auto& t = p["totals"];
+  for (const auto& b : p["blocks"]) {
+    if (b["block"].is_string()) continue;   // the embeddings and the head: no forward of their own
+    EXPECT_GT(b["activations"].get<double>(), 0) << b.dump();
+    EXPECT_GT(b["forward_peak"].get<double>(), 0) << b.dump();
+    EXPECT_GT(b["backward_peak"].get<double>(), 0) << b.dump();
+  }
+  // Every chunk lives on the GPU (no placement), so the step's live bytes there hold them all and more.
+  EXPECT_GT(p["peak"]["bytes"].get<int64_t>(), t["params"].get<int64_t>() + t["grads"].get<int64_t>() + t["optimizer"].get<int64_t>());
+}
+
+TEST(CudaJobs, RanksThatOutnumberTheGpusTrainOnTheCpuUnderAutoAndAreRefusedUnderCuda) {
+  SKIP_WITHOUT_GPU();
+  const int64_t ranks = static_cast<int64_t>(torch::cuda::device_count()) + 1;
+  if (8 % ranks != 0) GTEST_SKIP() << ranks - 1 << " GPUs: the test's batch of 8 does not split across " << ranks << " ranks";
+  TempDir dir;
+  const std::string args = " --nproc-per-node " + std::to_string(ranks) + " --set train.batch_size=" + std::to_string(8 / ranks) +
+                           " --set train.max_steps=2";
+  const auto automatic = test::train(test::write_recipe(dir, "auto"), args + " --set train.device=auto");
+  EXPECT_EQ(automatic.exit_code, 0) << automatic.output;
+  const auto cuda = test::train(test::write_recipe(dir, "cuda"), args + " --set train.device=cuda");
+  EXPECT_NE(cuda.exit_code, 0) << cuda.output;
+  EXPECT_NE(cuda.output.find("each rank needs a GPU of its own"), std::string::npos) << cuda.output;
+  EXPECT_EQ(cuda.output.find("NCCL"), std::string::npos) << "refused before any rank connected:\n" << cuda.output;
+}
