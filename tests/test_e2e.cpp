@@ -500,8 +500,10 @@ TEST(EndToEnd, AutomaticCheckpointingFitsItsTargetRecomputingFewerBlocksAsItGrow
   for (const Shape& shape : {Shape{"tiny", " --set model.n_layer=4", {0.035, 0.06, 0.09, 0.13}},
                              Shape{"124m", " --set model.n_layer=12 --set model.n_embd=768 --set model.n_head=12 --set train.batch_size=2"
                                            " --set train.seq_len=64", {0.02, 0.04, 0.07, 0.12}}}) {
+    // Kernels pinned: the runs' losses are compared bit for bit, and choices timed per process can differ.
     const std::string common = shape.args + " --set model.dropout=0.1 --set train.max_steps=2 --set optim.warmup_steps=1"
-                               " --set train.eval_every=0 --set checkpoint.every=0 --set checkpoint.at_end=false" + into(dir);
+                               " --set train.eval_every=0 --set checkpoint.every=0 --set checkpoint.at_end=false" + into(dir) +
+                               colossal::test::pinned_kernels();
     auto train_with = [&](const std::string& name, const std::string& how) {
       const std::string out = dir / (shape.name + "-" + name);
       auto r = run_colossal("train recipes/gpt-tiny.toml -q" + common + how + " --set output.dir=" + out);
