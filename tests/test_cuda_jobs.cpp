@@ -4,6 +4,7 @@
 // Every test skips where no GPU is visible, as in CI; scripts/dev/gpu_check.sh runs them on a GPU machine.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <torch/cuda.h>
 
@@ -39,6 +40,8 @@ TEST(CudaJobs, ProfileCountsTheGpusBytesOfEveryBlock) {
 
 TEST(CudaJobs, RanksThatOutnumberTheGpusTrainOnTheCpuUnderAutoAndAreRefusedUnderCuda) {
   SKIP_WITHOUT_GPU();
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v != nullptr && *v != '\0')
+    GTEST_SKIP() << "CUDA_VISIBLE_DEVICES=" << v << " is taken as a launcher's binding of each rank to its own GPUs";
   const int64_t ranks = static_cast<int64_t>(torch::cuda::device_count()) + 1;
   if (8 % ranks != 0) GTEST_SKIP() << ranks - 1 << " GPUs: the test's batch of 8 does not split across " << ranks << " ranks";
   TempDir dir;

@@ -6,6 +6,7 @@
 
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <ATen/Parallel.h>
@@ -48,6 +49,10 @@ c10::Device device_for_rank(const c10::Device& resolved, const std::string& spec
   if (!resolved.is_cuda() || local_ranks <= 1) return resolved;
   const int64_t gpus = cuda_device_count();
   if (local_ranks <= gpus) return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+  // A launcher that binds each rank to its own GPUs (SLURM's --gpus-per-task, a per-rank
+  // CUDA_VISIBLE_DEVICES) shows each process fewer GPUs than the node has ranks: they are its own.
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible != nullptr && *visible != '\0') return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus));
   if (spec == "auto") return c10::Device(c10::kCPU);
   throw RecipeError(where, fmt::format("device = \"{}\" with {} ranks on this node but {} GPU(s) visible: each rank needs a GPU of "
                                        "its own (launch at most {} a node, or use \"cpu\")",

@@ -15,8 +15,9 @@ std::string describe_device(const c10::Device& device);   // "cpu (2 threads)" o
 int64_t cuda_device_count();   // GPUs visible to this process (0 without CUDA)
 // The device of local rank `local_rank` of `local_ranks` on this node, `resolved` from `spec`: on CUDA
 // each rank its own GPU (NCCL runs one rank a GPU; two on one GPU fail at their first collective). With
-// fewer GPUs than ranks, "auto" falls back to the CPU (the caller says so) and "cuda" is an error
-// naming `where`, before any rank connects.
+// fewer GPUs visible than ranks, a set CUDA_VISIBLE_DEVICES is taken as the launcher's binding of each
+// rank to its own GPUs; without one the ranks would share, so "auto" falls back to the CPU (the caller
+// says so) and "cuda" is an error naming `where`, before any rank connects.
 c10::Device device_for_rank(const c10::Device& resolved, const std::string& spec, int64_t local_rank, int64_t local_ranks,
                             const std::string& where);
 
