@@ -8,7 +8,9 @@
 #   bash scripts/dev/gpu_check.sh --download      # Debian packages into .debs/ (ignored by git)
 # Then on the GPU machine, from the repository root, with .debs/ and runs/data/ carried along:
 #   bash scripts/dev/gpu_check.sh [--tests-only | --bench [LIST] | --build-only] [OUT_DIR]
-# LIST: comma-separated from train, adamw, quant, gemini (default train,adamw). The GPU's own tests run
+# LIST: comma-separated from train, adamw, quant, gemini, cpu (default train,adamw); cpu measures the host
+# CPU on 2 of its cores (taskset) as issue 28's benchmarks do, since these machines' hosts are Intel Xeons
+# (family 6 model 207 on 2026-11-26) and the development machines AMD EPYCs. The GPU's own tests run
 # first, then the checks and benchmarks, and the rest of the suite (CPU tests) last, since a lease is short.
 # Logs go to OUT_DIR (default $OUT, else /tmp/gpu_check).
 set -uo pipefail
@@ -37,7 +39,7 @@ if [ "${1:-}" = --bench ]; then
   shift
   if [[ "${1:-}" =~ ^[a-z]+(,[a-z]+)*$ ]]; then bench="$1"; shift; else bench=train,adamw; fi
   for b in ${bench//,/ }; do
-    case "$b" in train|adamw|quant|gemini) ;; *) echo "gpu_check: error: unknown benchmark '$b' (valid: train, adamw, quant, gemini)" >&2; exit 2 ;; esac
+    case "$b" in train|adamw|quant|gemini|cpu) ;; *) echo "gpu_check: error: unknown benchmark '$b' (valid: train, adamw, quant, gemini, cpu)" >&2; exit 2 ;; esac
   done
 fi
 benched() { [[ ",$bench," == *",$1,"* ]]; }
@@ -66,6 +68,8 @@ for so in "$prefix"/usr/lib/x86_64-linux-gnu/lib*.so.*; do
   ldconfig -p | grep -qE "^[[:space:]]+${name//./\\.} " || ln -sf "$so" "$libs/$name"
 done
 echo "linked $(ls "$libs" | wc -l) libraries the machine lacks: $(ls "$libs" | tr '\n' ' ')"
+# The benchmarks' peak-memory columns read /usr/bin/time, which a bare machine may lack: Debian's, unpacked above.
+[ -x /usr/bin/time ] || ln -sf "$prefix/usr/bin/time" /usr/bin/time
 
 python="$(command -v python3)"
 step "configure against $("$python" -c 'import torch; print(torch.__version__)') ($python)"
@@ -131,10 +135,18 @@ if benched gemini && in_time "Gemini benchmark"; then
 fi
 if benched quant && in_time "quantized decoding benchmark"; then
   step "benchmark: quantized decoding on the GPU"
-  # its peak-memory column reads /usr/bin/time, which a bare machine may lack: Debian's, unpacked above
-  [ -x /usr/bin/time ] || ln -sf "$prefix/usr/bin/time" /usr/bin/time
   timeout "$(left)" bash scripts/bench/quant_decode.sh --device cuda --python "$python" --colossal "$build/colossal" --batches 1,8 \
     --tokens 64 --repeat 1 --schemes fp32,int8,int4,int8-smoothquant --layers 24 --width 1536 2>&1 | tee "$out/bench-quant.txt"
+fi
+if benched cpu && in_time "CPU benchmarks"; then
+  step "benchmark: the host CPU on 2 cores (training against eager PyTorch and torch.compile, GEMM against MKL, decoding)"
+  bash scripts/bench/cpu_line.sh
+  for b in "train_vs_torch.sh --python $python --shape tiny --repeat 3" "gemm_vs_blas.sh --shape tiny --repeat 3" \
+           "infer_vs_transformers.sh --python $python --repeat 2"; do
+    in_time "$b" || break
+    # shellcheck disable=SC2086  # the words of $b are the script and its options
+    timeout "$(left)" taskset -c 0,1 bash scripts/bench/$b --colossal "$build/colossal" 2>&1 | tee -a "$out/bench-cpu.txt"
+  done
 fi
 if benched train && in_time "training benchmark"; then
   step "benchmark (GPU)"
