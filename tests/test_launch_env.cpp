@@ -1,7 +1,8 @@
 // Launch environment: SLURM host lists and task counts, torchrun's and SLURM's variables, launcher-free
-// worker discovery and the threads a worker takes.
+// worker discovery, the threads a worker takes, and the device each local rank gets.
 #include <gtest/gtest.h>
 
+#include "src/core/device.h"
 #include "src/core/error.h"
 #include "src/dist/launch_env.h"
 #include "tests/support/test_support.h"
@@ -163,4 +164,21 @@ TEST(WorkerThreads, ComeFromSlurmTheAffinityMaskOrTheNodeSharedByLocalRanks) {
   EXPECT_EQ(worker_threads(map_env({}), 16, 16, 1), 16);
   EXPECT_NE(error_of([] { worker_threads(map_env({{"SLURM_CPUS_PER_TASK", "0"}}), 2, 2, 1); }).find("SLURM_CPUS_PER_TASK=0"),
             std::string::npos);
+}
+
+TEST(RankDevice, EachLocalRankGetsItsOwnGpuAndRanksThatWouldShareOneFallBackUnderAutoOrAreRefused) {
+  const c10::Device gpu(c10::kCUDA, 0), cpu(c10::kCPU);
+  // The CPU, or one rank: as resolved.
+  EXPECT_EQ(device_for_rank(cpu, "auto", 1, 4, 0, false, "train.device"), cpu);
+  EXPECT_EQ(device_for_rank(gpu, "cuda", 0, 1, 1, false, "train.device"), gpu);
+  // Enough GPUs: rank r takes GPU r.
+  EXPECT_EQ(device_for_rank(gpu, "auto", 3, 4, 8, false, "train.device"), c10::Device(c10::kCUDA, 3));
+  // A launcher's binding (CUDA_VISIBLE_DEVICES set): a process that sees 1 of the node's GPUs uses it.
+  EXPECT_EQ(device_for_rank(gpu, "cuda", 3, 4, 1, true, "train.device"), gpu);
+  EXPECT_EQ(device_for_rank(gpu, "auto", 3, 4, 2, true, "train.device"), c10::Device(c10::kCUDA, 1));
+  // Four ranks sharing one GPU: "auto" trains on the CPU, "cuda" is refused at its key.
+  EXPECT_EQ(device_for_rank(gpu, "auto", 2, 4, 1, false, "train.device"), cpu);
+  const std::string e = error_of([&] { device_for_rank(gpu, "cuda", 2, 4, 1, false, "r.toml:3: [train] device"); });
+  EXPECT_NE(e.find("r.toml:3: [train] device"), std::string::npos) << e;
+  EXPECT_NE(e.find("4 ranks on this node but 1 GPU(s) visible: each rank needs a GPU of its own"), std::string::npos) << e;
 }

@@ -44,19 +44,24 @@ std::string host_name() {
 
 int64_t cuda_device_count() { return torch::cuda::is_available() ? static_cast<int64_t>(torch::cuda::device_count()) : 0; }
 
-c10::Device device_for_rank(const c10::Device& resolved, const std::string& spec, int64_t local_rank, int64_t local_ranks,
-                            const std::string& where) {
+c10::Device device_for_rank(const c10::Device& resolved, const std::string& spec, int64_t local_rank, int64_t local_ranks, int64_t gpus,
+                            bool bound_by_launcher, const std::string& where) {
   if (!resolved.is_cuda() || local_ranks <= 1) return resolved;
-  const int64_t gpus = cuda_device_count();
   if (local_ranks <= gpus) return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
   // A launcher that binds each rank to its own GPUs (SLURM's --gpus-per-task, a per-rank
   // CUDA_VISIBLE_DEVICES) shows each process fewer GPUs than the node has ranks: they are its own.
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  if (visible != nullptr && *visible != '\0') return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus));
+  if (bound_by_launcher && gpus > 0) return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus));
   if (spec == "auto") return c10::Device(c10::kCPU);
   throw RecipeError(where, fmt::format("device = \"{}\" with {} ranks on this node but {} GPU(s) visible: each rank needs a GPU of "
                                        "its own (launch at most {} a node, or use \"cpu\")",
                                        spec, local_ranks, gpus, gpus));
+}
+
+c10::Device device_for_rank(const c10::Device& resolved, const std::string& spec, int64_t local_rank, int64_t local_ranks,
+                            const std::string& where) {
+  if (!resolved.is_cuda() || local_ranks <= 1) return resolved;   // asks CUDA nothing
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  return device_for_rank(resolved, spec, local_rank, local_ranks, cuda_device_count(), visible != nullptr && *visible != '\0', where);
 }
 
 std::string describe_device(const c10::Device& device) {

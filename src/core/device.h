@@ -20,6 +20,10 @@ int64_t cuda_device_count();   // GPUs visible to this process (0 without CUDA)
 // says so) and "cuda" is an error naming `where`, before any rank connects.
 c10::Device device_for_rank(const c10::Device& resolved, const std::string& spec, int64_t local_rank, int64_t local_ranks,
                             const std::string& where);
+// The same choice from the facts it reads: `gpus` visible to this process, and whether a launcher bound
+// each rank to its own (CUDA_VISIBLE_DEVICES set).
+c10::Device device_for_rank(const c10::Device& resolved, const std::string& spec, int64_t local_rank, int64_t local_ranks, int64_t gpus,
+                            bool bound_by_launcher, const std::string& where);
 
 // This machine's name as the system reports it ("unknown" if it cannot), for messages naming a node.
 std::string host_name();
