@@ -8,7 +8,9 @@
 #   bash scripts/dev/gpu_check.sh --download      # Debian packages into .debs/ (ignored by git)
 # Then on the GPU machine, from the repository root, with .debs/ and runs/data/ carried along:
 #   bash scripts/dev/gpu_check.sh [--tests-only | --bench [LIST] | --build-only] [OUT_DIR]
-# LIST: comma-separated from train, adamw, quant, gemini, cpu (default train,adamw); cpu measures the host
+# LIST: comma-separated from train, adamw, quant, gemini, capacity, cpu (default train,adamw); capacity is
+# the largest GPT plain PyTorch trains on the GPU against Gemini's at 1.5 times it (about 5 minutes, the
+# host's memory bounding colossal's side there); cpu measures the host
 # CPU on 2 of its cores (taskset) as issue 28's benchmarks do, since these machines' hosts are Intel Xeons
 # (family 6 model 207 on 2026-11-26) and the development machines AMD EPYCs. The GPU's own tests run
 # first, then the checks and benchmarks, and the rest of the suite (CPU tests) last, since a lease is short.
@@ -39,7 +41,7 @@ if [ "${1:-}" = --bench ]; then
   shift
   if [[ "${1:-}" =~ ^[a-z]+(,[a-z]+)*$ ]]; then bench="$1"; shift; else bench=train,adamw; fi
   for b in ${bench//,/ }; do
-    case "$b" in train|adamw|quant|gemini|cpu) ;; *) echo "gpu_check: error: unknown benchmark '$b' (valid: train, adamw, quant, gemini, cpu)" >&2; exit 2 ;; esac
+    case "$b" in train|adamw|quant|gemini|capacity|cpu) ;; *) echo "gpu_check: error: unknown benchmark '$b' (valid: train, adamw, quant, gemini, capacity, cpu)" >&2; exit 2 ;; esac
   done
 fi
 benched() { [[ ",$bench," == *",$1,"* ]]; }
@@ -132,6 +134,11 @@ if benched gemini && in_time "Gemini benchmark"; then
   # a 3.0B GPT in bf16 with everything on the GPU (51 GiB planned) against placement auto within 8 GB
   timeout "$(left)" bash scripts/bench/gemini_placement.sh --device cuda --colossal "$build/colossal" --shape 3b --dtype bf16 \
     --modes device,auto --budget-gb 8 --repeat 1 --steps 5 2>&1 | tee "$out/bench-gemini.txt"
+fi
+if benched capacity && in_time "capacity benchmark"; then
+  step "benchmark: the largest GPT PyTorch trains on the GPU against Gemini's"
+  timeout "$(left)" bash scripts/bench/gemini_capacity.sh --device cuda --ratio 1.5 --python "$python" --colossal "$build/colossal" 2>&1 |
+    tee "$out/bench-capacity.txt"
 fi
 if benched quant && in_time "quantized decoding benchmark"; then
   step "benchmark: quantized decoding on the GPU"
