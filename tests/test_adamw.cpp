@@ -11,6 +11,7 @@
 #include "src/core/recipe.h"
 #include "src/optim/adamw.h"
 #include "src/dist/group.h"
+#include "src/memory/sum_of_squares.h"
 #include "src/memory/zero_strategy.h"
 #include "src/optim/schedule.h"
 
@@ -133,6 +134,20 @@ TEST(ChunkStore, ClippingScalesToTheMaximumNormLikeTorch) {
   const double expected = std::sqrt(37.0 * 11.0 + 37.0 * 4.0);
   EXPECT_NEAR(zs->clip_grad_norm(1.0), expected, 1e-4);
   EXPECT_NEAR(zs->clip_grad_norm(0.0), 1.0, 1e-5);   // now at the clipped norm
+}
+
+TEST(ChunkStore, AnAcceleratorsSumOfSquaresTakesEveryTensorAndDtypeAtOnce) {
+  // The device path of the gradient norm (sum_of_squares.h), run here on host tensors: fp32 and bf16
+  // shards of several sizes, one empty, against double precision.
+  at::manual_seed(4);
+  std::vector<at::Tensor> ts = {at::randn({1000}), at::randn({3, 7}).to(at::kBFloat16), at::empty({0}), at::randn({1 << 18}) * 1e-3};
+  double ref = 0;
+  for (const auto& t : ts) ref += t.to(at::kDouble).square().sum().item<double>();
+  const at::Tensor got = memory::sum_of_squares(ts);
+  EXPECT_EQ(got.scalar_type(), at::kDouble);
+  EXPECT_EQ(got.dim(), 0);
+  EXPECT_NEAR(got.item<double>(), ref, 1e-6 * ref);
+  EXPECT_EQ(memory::sum_of_squares({}).item<double>(), 0.0);
 }
 
 TEST(Schedule, WarmsUpLinearlyThenDecaysByCosineToMinimum) {

@@ -189,6 +189,31 @@ TEST(Cuda, FusedAdamWFollowsTheCpuKernelOverTwentySteps) {
   }
 }
 
+TEST(Cuda, TheGradientNormOfGpuChunksIsTheCpusInOnePass) {
+  // The device's chunks summed all at once (memory/sum_of_squares.h: each in fp32, then in double)
+  // against the host's one-pass double sum of the same gradients; then clipping to half that norm.
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_gpt(1), gpu = make_gpt(1);
+  gpu->to(kGpu);
+  dist::Group alone_c("dp"), alone_g("dp");
+  auto make = [](nn::Module& m, dist::Group& g) {
+    return std::make_unique<memory::ZeroStrategy>(m, memory::ZeroOptions{0, 4096, 0.1}, g,
+                                                  std::make_unique<optim::AdamW>(optim::AdamWOptions{0.9, 0.95, 1e-8}));
+  };
+  auto zc = make(*cpu, alone_c), zg = make(*gpu, alone_g);
+  for (int64_t c = 0; c < zc->store().layout().chunks(); ++c) {
+    auto grad = at::randn_like(zc->store().full_grads()[c]);
+    zc->store().full_grads()[c].copy_(grad);
+    zg->store().full_grads()[c].copy_(grad);
+  }
+  const double norm = zc->clip_grad_norm(0.0);
+  EXPECT_NEAR(zg->clip_grad_norm(0.0), norm, 1e-6 * norm);
+  EXPECT_NEAR(zg->clip_grad_norm(norm / 2), norm, 1e-6 * norm);
+  EXPECT_NEAR(zg->clip_grad_norm(0.0), norm / 2, 1e-5 * norm);   // the pending clipping scale counts
+  EXPECT_NEAR(zc->clip_grad_norm(norm / 2), norm, 1e-12 * norm);
+  EXPECT_NEAR(zc->clip_grad_norm(0.0), norm / 2, 1e-5 * norm);
+}
+
 TEST(Cuda, OptimizerStatesOnNvmeUpdateGpuChunksAsInMemory) {
   SKIP_WITHOUT_GPU();
   // The same GPU model twice, AdamW's states in memory and on NVMe (slices staged on the host, updated
