@@ -53,6 +53,30 @@ std::shared_ptr<gpt::Gpt> make_gpt(uint64_t seed) {
   return m;
 }
 
+// The same GPT's chunks under plain (stage 0) AdamW twice, on the CPU and on the GPU.
+struct CpuAndGpuChunks {
+  std::shared_ptr<gpt::Gpt> cpu = make_gpt(1), gpu = make_gpt(1);
+  dist::Group alone_c{"dp"}, alone_g{"dp"};
+  std::unique_ptr<memory::ZeroStrategy> zc, zg;
+  CpuAndGpuChunks() {
+    gpu->to(kGpu);
+    auto make = [](nn::Module& m, dist::Group& g) {
+      return std::make_unique<memory::ZeroStrategy>(m, memory::ZeroOptions{0, 4096, 0.1}, g,
+                                                    std::make_unique<optim::AdamW>(optim::AdamWOptions{0.9, 0.95, 1e-8}));
+    };
+    zc = make(*cpu, alone_c);
+    zg = make(*gpu, alone_g);
+  }
+  int64_t chunks() const { return zc->store().layout().chunks(); }
+  void same_random_grads() {
+    for (int64_t c = 0; c < chunks(); ++c) {
+      auto grad = at::randn_like(zc->store().full_grads()[c]);
+      zc->store().full_grads()[c].copy_(grad);
+      zg->store().full_grads()[c].copy_(grad);
+    }
+  }
+};
+
 double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kCPU).to(at::kDouble) - b.to(at::kCPU).to(at::kDouble)).abs().max().item<double>();
 }
@@ -158,22 +182,12 @@ TEST(Cuda, TheAdamWKernelGivesTheCpuKernelsBitsOverManyPiecesWithClippingFoldedI
 
 TEST(Cuda, FusedAdamWFollowsTheCpuKernelOverTwentySteps) {
   SKIP_WITHOUT_GPU();
-  auto cpu = make_gpt(1), gpu = make_gpt(1);
-  gpu->to(kGpu);
-  dist::Group alone_c("dp"), alone_g("dp");
-  auto make = [](nn::Module& m, dist::Group& g) {
-    return std::make_unique<memory::ZeroStrategy>(m, memory::ZeroOptions{0, 4096, 0.1}, g,
-                                                  std::make_unique<optim::AdamW>(optim::AdamWOptions{0.9, 0.95, 1e-8}));
-  };
-  auto zc = make(*cpu, alone_c), zg = make(*gpu, alone_g);
-  const int64_t chunks = zc->store().layout().chunks();
+  CpuAndGpuChunks two;
+  auto &zc = two.zc, &zg = two.zg;
+  const int64_t chunks = two.chunks();
   ASSERT_GT(chunks, 1);
   for (int step = 0; step < 20; ++step) {
-    for (int64_t c = 0; c < chunks; ++c) {
-      auto grad = at::randn_like(zc->store().full_grads()[c]);
-      zc->store().full_grads()[c].copy_(grad);
-      zg->store().full_grads()[c].copy_(grad);
-    }
+    two.same_random_grads();
     const double lr = 1e-3 * (1 + step % 3);
     zc->step(lr);
     zg->step(lr);
@@ -193,19 +207,9 @@ TEST(Cuda, TheGradientNormOfGpuChunksIsTheCpusInOnePass) {
   // The device's chunks summed all at once (memory/sum_of_squares.h: each in fp32, then in double)
   // against the host's one-pass double sum of the same gradients; then clipping to half that norm.
   SKIP_WITHOUT_GPU();
-  auto cpu = make_gpt(1), gpu = make_gpt(1);
-  gpu->to(kGpu);
-  dist::Group alone_c("dp"), alone_g("dp");
-  auto make = [](nn::Module& m, dist::Group& g) {
-    return std::make_unique<memory::ZeroStrategy>(m, memory::ZeroOptions{0, 4096, 0.1}, g,
-                                                  std::make_unique<optim::AdamW>(optim::AdamWOptions{0.9, 0.95, 1e-8}));
-  };
-  auto zc = make(*cpu, alone_c), zg = make(*gpu, alone_g);
-  for (int64_t c = 0; c < zc->store().layout().chunks(); ++c) {
-    auto grad = at::randn_like(zc->store().full_grads()[c]);
-    zc->store().full_grads()[c].copy_(grad);
-    zg->store().full_grads()[c].copy_(grad);
-  }
+  CpuAndGpuChunks two;
+  auto &zc = two.zc, &zg = two.zg;
+  two.same_random_grads();
   const double norm = zc->clip_grad_norm(0.0);
   EXPECT_NEAR(zg->clip_grad_norm(0.0), norm, 1e-6 * norm);
   EXPECT_NEAR(zg->clip_grad_norm(norm / 2), norm, 1e-6 * norm);
