@@ -20,7 +20,8 @@ constexpr int64_t kCudaQgemvMaxRows = 16;
 // Whether the kernel takes a layer: `in` and `group` whole blocks of 32 inputs (every int4 layer).
 inline bool qgemv_cuda_takes(int64_t in, int64_t group) { return in % 32 == 0 && group % 32 == 0 && in > 0 && group > 0; }
 
-// All pointers in device memory of the current device, 16-byte aligned, each row contiguous: x [rows, in]
+// All pointers in device memory of the current device, each row contiguous (q and xq 16-byte aligned,
+// as they are read 16 bytes a load; the rest element by element): x [rows, in]
 // fp32, q as above (int8 rows of `in` bytes, int4 rows of in / 2), scales [out, in / group], bias [out] or
 // null, y [rows, out]. `xq` [rows, in] int8 and `xs` [rows, in / 32] fp32 are the caller's scratch (x's
 // quantized copy). Asynchronous on `stream` (a cudaStream_t); throws std::runtime_error with CUDA's

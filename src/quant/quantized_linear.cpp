@@ -104,7 +104,9 @@ at::Tensor cuda_gemv([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] cons
 #if COLOSSAL_CUDA_KERNELS
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t out = q.size(0);
-  const auto x2 = x.reshape({-1, in}).to(at::kFloat).clone(at::MemoryFormat::Contiguous);   // a fresh, aligned block
+  // No copy where x is already contiguous fp32 (a decoding step is bound by launches on a GPU): the
+  // kernel reads x one float a lane, and only its own int8 copy (xq) with 16-byte loads.
+  const auto x2 = x.reshape({-1, in}).to(at::kFloat).contiguous();
   const int64_t rows = x2.size(0);
   const auto xq = at::empty({rows, in}, x2.options().dtype(at::kChar));
   const auto xs = at::empty({rows, in / kernels::kQ8Block}, x2.options());
