@@ -335,6 +335,40 @@ TEST(CpuKernels, GemvMatchesDoublePrecisionMatmulOnEveryInstructionSet) {
   }
 }
 
+TEST(CpuKernels, TransposedGemvMatchesDoublePrecisionAndGivesEachRowItsBitsAloneInABatchOrOnAnyThreadCount) {
+  at::manual_seed(19);
+  for (Isa isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    for (int64_t rows : {1, 2, 3, 4, 5, 8, 13})
+      for (int64_t in : {1, 7, 9, 64, 100, 768})
+        for (int64_t out : {1, 5, 33, 1000})
+          for (bool bias : {false, true}) {
+            auto x = at::randn({rows, in}), wt = at::randn({in, out});   // W^T as the file holds it
+            auto b = bias ? at::randn({out}) : at::Tensor();
+            auto run = [&](const at::Tensor& xs) {
+              auto y = at::empty({xs.size(0), out});
+              kernels::gemv_t(xs.const_data_ptr<float>(), xs.size(0), in, wt.const_data_ptr<float>(),
+                              bias ? b.const_data_ptr<float>() : nullptr, y.mutable_data_ptr<float>(), out);
+              return y;
+            };
+            const std::string what = std::string(kernels::isa_name(isa)) + " rows=" + std::to_string(rows) + " in=" + std::to_string(in) +
+                                     " out=" + std::to_string(out) + " bias=" + std::to_string(bias);
+            auto y = run(x);
+            auto ref = at::mm(x.to(at::kDouble), wt.to(at::kDouble));
+            if (bias) ref += b.to(at::kDouble);
+            EXPECT_LT(max_abs_diff(y, ref), 2e-6 * in + 1e-6) << what;
+            if (in != 100 || out != 1000) continue;   // bits: one shape with tails in both dimensions
+            for (int64_t r = 0; r < rows; ++r)
+              EXPECT_TRUE(at::equal(run(x.narrow(0, r, 1).contiguous()), y.narrow(0, r, 1))) << what << " row " << r;
+            const int threads = at::get_num_threads();
+            at::set_num_threads(1);
+            auto single_thread = run(x);
+            at::set_num_threads(threads);
+            EXPECT_TRUE(at::equal(single_thread, y)) << what;
+          }
+  }
+}
+
 TEST(CpuKernels, GemvGivesEachRowTheSameBitsAloneInABatchOrOnAnyThreadCount) {
   at::manual_seed(17);
   const int64_t in = 131, out = 1003;   // tails in both dimensions

@@ -129,6 +129,40 @@ TEST(OffloadFile, TransfersUnalignedOrPastTheEndAreRefused) {
   f.wait(f.write(4096, b.data(), 4096));
 }
 
+TEST(OffloadFile, AnExistingFileIsReadInPlaceUpToItsEndShortReadsIncludedAndNeverWritten) {
+  TempDir dir;
+  // A file whose length is no multiple of the alignment, as a checkpoint's is: reads at aligned offsets
+  // whose rounded length runs past its end give every byte that is there.
+  const int64_t length = 3 * 1048576 + 12345;
+  std::string bytes(static_cast<size_t>(length), '\0');
+  std::mt19937 rng(7);
+  for (auto& c : bytes) c = static_cast<char>(rng());
+  colossal::test::write_file(dir / "model.safetensors", bytes);
+  for (const bool uring : {true, false})
+    for (const bool direct : {true, false})
+      for (const int64_t cap : {int64_t{0}, int64_t{4096}}) {
+        const std::string how = std::string(uring ? "io_uring" : "pread") + (direct ? ", O_DIRECT" : "") + (cap ? ", 4 KiB a call" : "");
+        auto f = OffloadFile::open_for_reading(dir / "model.safetensors", "checkpoint file",
+                                               {.queue_depth = 3, .request_bytes = 65536, .io_uring = uring, .direct = direct, .max_transfer = cap});
+        EXPECT_EQ(f->size(), length) << how;
+        for (const int64_t offset : {int64_t{0}, int64_t{1048576}, length / 4096 * 4096}) {
+          const int64_t n = length - offset;   // to the end: its last request comes back short
+          AlignedBuffer b(n);
+          f->wait(f->read(offset, b.data(), n));
+          EXPECT_EQ(std::memcmp(b.data(), bytes.data() + offset, static_cast<size_t>(n)), 0) << how << " from " << offset;
+        }
+        AlignedBuffer b(4096);
+        EXPECT_THROW(f->write(0, b.data(), 4096), Error) << how;
+        EXPECT_THROW(f->read(io_round_up(length), b.data(), 4096), Error) << how;   // wholly past the end
+      }
+  try {
+    OffloadFile::open_for_reading(dir / "missing.safetensors", "checkpoint file " + (dir / "missing.safetensors"));
+    ADD_FAILURE() << "a missing file opened";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint file " + (dir / "missing.safetensors") + ": cannot open"), std::string::npos) << e.what();
+  }
+}
+
 TEST(OffloadedStates, ChunksStreamedThroughThreeBuffersKeepEveryValueAndStartAtZero) {
   TempDir dir;
   // Seven chunks of uneven lengths, two states each: more chunks than staging buffers, so every pass

@@ -38,8 +38,9 @@ struct InferArgs {
   std::string kernels = "auto";
   bool jsonl = false;
   bool quiet = false;
-  bool stream_weights = false;   // each block's weights read from a cache file as it runs (src/engine/streamed_weights.h)
-  std::string stream_cache = "/var/tmp";   // where that file goes
+  bool stream_weights = false;   // each block's weights read from the disk as it runs (src/engine/streamed_weights.h)
+  std::string stream_source = "auto";      // in place from the checkpoint, or through a cache file
+  std::string stream_cache = "/var/tmp";   // where a cache file goes
   int64_t tensor_parallel = 1;   // ranks the model is split across (1D tensor parallelism)
 };
 
@@ -147,14 +148,15 @@ void run(InferArgs& a) {
     }
   } stop_streaming{streamed};
   if (a.stream_weights) {
-    streamed = std::make_shared<StreamedWeights>(*model, HfWeights::open(dir), device, a.stream_cache);
+    streamed = std::make_shared<StreamedWeights>(*model, HfWeights::open(dir), device, a.stream_cache, parse_stream_source(a.stream_source));
     auto chain = std::make_shared<nn::BlockHooks>();
     chain->add(streamed);
     model->set_block_hooks(chain);
-    spdlog::info("streaming {}'s blocks from a {} cache in {} ({}; {} parameters, {} of them kept outside the blocks) on {}", dir,
-                 human_bytes(static_cast<double>(streamed->cache_bytes())), a.stream_cache,
-                 streamed->direct() ? "O_DIRECT" : "page cache", model->parameter_count(),
-                 human_bytes(static_cast<double>(streamed->resident_bytes())), describe_device(device));
+    const std::string from = streamed->in_place() ? "in place from the checkpoint's files"
+                                                  : "from a " + human_bytes(static_cast<double>(streamed->cache_bytes())) + " cache in " + a.stream_cache;
+    spdlog::info("streaming {}'s blocks ({}) {} ({}; {} parameters, {} of them kept outside the blocks) on {}", dir,
+                 human_bytes(static_cast<double>(streamed->block_bytes())), from, streamed->direct() ? "O_DIRECT" : "page cache",
+                 model->parameter_count(), human_bytes(static_cast<double>(streamed->resident_bytes())), describe_device(device));
   } else {
     model->to(device);
     spdlog::info("loaded {} ({} parameters{}{}) on {}", dir, count_parameters(info.model),
@@ -239,7 +241,11 @@ void add_infer_command(CLI::App& app) {
   cmd->add_flag("--jsonl", a->jsonl, "Print one JSON object per prompt instead of text");
   cmd->add_flag("--stream-weights", a->stream_weights,
                 "Keep the blocks' weights on disk: read each block as it runs, the next one while it computes (a model larger than memory)");
-  cmd->add_option("--stream-cache", a->stream_cache, "Directory for --stream-weights' cache file (on a fast local disk; removed on exit)")
+  cmd->add_option("--stream-source", a->stream_source,
+                  "Where --stream-weights reads the blocks: auto (in place from the checkpoint's safetensors where it holds them as "
+                  "computed, GPT-2's layouts; else a cache), checkpoint (in place, or an error saying why not) or cache")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "checkpoint", "cache"}));
+  cmd->add_option("--stream-cache", a->stream_cache, "Directory for --stream-weights' cache file when it needs one (on a fast local disk; removed on exit)")
       ->capture_default_str();
   cmd->add_option("--tensor-parallel", a->tensor_parallel,
                   "Split the model across N ranks (1D tensor parallelism): started here as N workers, or joined inside a job of N "

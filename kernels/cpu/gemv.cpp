@@ -22,4 +22,16 @@ void gemv(const float* x, int64_t rows, int64_t in, const float* w, const float*
   }
 }
 
+void gemv_t(const float* x, int64_t rows, int64_t in, const float* wt, const float* bias, float* y, int64_t out) {
+  const auto f = active_kernels().gemv_t;
+#pragma omp parallel if (out * in >= (1 << 16))
+  {
+    // Each thread its own columns, in whole 16-column groups: a stretch of every row of wt.
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t per = ((out + 15) / 16 + threads - 1) / threads * 16;
+    const int64_t begin = std::min(t * per, out), end = std::min(begin + per, out);
+    if (begin < end) f(x, rows, in, wt, out, bias, y, out, begin, end);
+  }
+}
+
 }  // namespace colossal::kernels

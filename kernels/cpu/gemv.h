@@ -13,4 +13,10 @@ namespace colossal::kernels {
 // x [rows, in], w [out, in], bias [out] or null, y [rows, out]; all row-major and contiguous.
 void gemv(const float* x, int64_t rows, int64_t in, const float* w, const float* bias, float* y, int64_t out);
 
+// The same product with W stored transposed, wt [in, out] row-major: a weight a model views in place
+// where the file holds W^T (GPT-2's Conv1D weights, read straight from a checkpoint), so no copy is made
+// per call. Each output is one multiply-add chain over the inputs in order, so a row's bits are the
+// same alone, in a batch and on any thread count (they differ from gemv's, which sums in lanes).
+void gemv_t(const float* x, int64_t rows, int64_t in, const float* wt, const float* bias, float* y, int64_t out);
+
 }  // namespace colossal::kernels

@@ -22,6 +22,8 @@ double sum_squares_f32(const float* x, int64_t n);
 double sum_squares_f64(const double* x, int64_t n);
 void gemv(const float* x, int64_t rows, int64_t in, const float* w, const float* bias, float* y, int64_t ldy,
           int64_t o_begin, int64_t o_end);
+void gemv_t(const float* x, int64_t rows, int64_t in, const float* wt, int64_t ldw, const float* bias, float* y, int64_t ldy,
+            int64_t o_begin, int64_t o_end);
 void qgemv_int8(const float* x, int64_t rows, int64_t in, const int8_t* q, const float* scales, int64_t group,
                 const float* bias, float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
 void qgemv_int4(const float* x, int64_t rows, int64_t in, const uint8_t* q, const float* scales, int64_t group,

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # stream_infer.sh: generation with the blocks' weights kept on disk. `colossal infer --stream-weights`
-# (each block read from the checkpoint's safetensors file as it runs, the next one on an I/O thread
-# meanwhile) against transformers with accelerate's disk offload (every block in an offload folder,
-# loaded as it runs: scripts/bench/hf_generate.py --offload-folder), on the same checkpoint, prompts,
+# (each block read as it runs, the next one on an I/O thread meanwhile), both in place from the
+# checkpoint's model.safetensors (--stream-source checkpoint, our GPT-2 layout) and through its cache
+# file (--stream-source cache), against transformers with accelerate's disk offload (every block on the
+# disk, loaded as it runs: scripts/bench/hf_generate.py --offload-folder), on the same checkpoint, prompts,
 # greedy tokens and threads; colossal with the model in memory as the reference. Alternating rounds,
-# medians: decode tokens/s, peak RSS (/usr/bin/time), and whether the texts agree.
+# medians: decode tokens/s, peak RSS and the whole process's seconds (/usr/bin/time: loading, the cache's
+# writing where there is one, the prefill and the decode), and whether the texts agree.
 # Both sides read through the page cache, so on a model smaller than memory the reads come from RAM
 # after the first token: this measures what streaming costs the compute, not the disk. --budget-gb runs
 # both inside a memory cgroup smaller than the model (colossal in memory, the texts' reference, runs
@@ -24,9 +26,11 @@ usage: scripts/bench/stream_infer.sh --hf-python PY [--checkpoint DIR | --layers
   --layers, --width  a default checkpoint of this depth and width instead (made once, one SGD step)
   --budget-gb   the streamed runs in a memory cgroup of G GiB (needs root)
   --tokens      new tokens per prompt; default 16
+  --sides       which colossal runs, of memory,stream,cache (default all; a model larger than this machine's
+                memory cannot run in memory, and the cache needs a second copy of it on the disk)
 EOF
 }
-CKPT="" tokens=16 threads="$(nproc)" repeat=3 COLOSSAL=build/colossal HF_PY="" budget="" layers="" width=""
+sides=memory,stream,cache CKPT="" tokens=16 threads="$(nproc)" repeat=3 COLOSSAL=build/colossal HF_PY="" budget="" layers="" width=""
 while (($#)); do
   case "$1" in
     --hf-python) HF_PY="${2:?}"; shift 2 ;;
@@ -35,6 +39,7 @@ while (($#)); do
     --layers) layers="${2:?}"; shift 2 ;;
     --width) width="${2:?}"; shift 2 ;;
     --tokens) tokens="${2:?}"; shift 2 ;;
+    --sides) sides="${2:?}"; shift 2 ;;
     --threads) threads="${2:?}"; shift 2 ;;
     --repeat) repeat="${2:?}"; shift 2 ;;
     --colossal) COLOSSAL="${2:?}"; shift 2 ;;
@@ -46,6 +51,8 @@ done
 "$HF_PY" -c 'import transformers, accelerate, sentencepiece' 2>/dev/null ||
   { echo "stream_infer: error: $HF_PY cannot import transformers, accelerate and sentencepiece" >&2; exit 1; }
 [ -x "$COLOSSAL" ] || { echo "stream_infer: error: $COLOSSAL not found; build it with scripts/build.sh" >&2; exit 1; }
+[[ "$sides" =~ ^(memory|stream|cache)(,(memory|stream|cache))*$ ]] ||
+  { echo "stream_infer: error: --sides '$sides' must list memory, stream and/or cache" >&2; exit 2; }
 [ -z "$budget" ] || [[ "$budget" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "stream_infer: error: --budget-gb '$budget' is not a number" >&2; exit 2; }
 [ -z "$layers$width" ] || { [[ "$layers" =~ ^[1-9][0-9]*$ ]] && [[ "$width" =~ ^[1-9][0-9]*$ ]] && ((width % 64 == 0)); } ||
   { echo "stream_infer: error: --layers and --width go together (whole numbers, the width a multiple of 64)" >&2; exit 2; }
@@ -75,42 +82,53 @@ printf 'In the beginning God created\n' >"$TMP/prompts.txt"
 fail() { echo "stream_infer: error: $1; its output ends:" >&2; tail -n 20 "$2" >&2; exit 1; }
 for ((r = 1; r <= repeat; r++)); do
   echo "stream_infer: round $r/$repeat" >&2
-  for mode in memory stream; do
-    flag=() run=(); [ "$mode" = stream ] && flag=(--stream-weights) run=(in_budget)
-    "${run[@]}" env OMP_NUM_THREADS="$threads" /usr/bin/time -f 'maxrss %M' "$COLOSSAL" infer "$CKPT" --prompts "$TMP/prompts.txt" -n "$tokens" \
+  IFS=, read -r -a modes <<<"$sides"
+  for mode in "${modes[@]}"; do
+    flag=() run=()
+    case "$mode" in
+      stream) flag=(--stream-weights --stream-source checkpoint) run=(in_budget) ;;
+      cache) flag=(--stream-weights --stream-source cache --stream-cache "${STREAM_CACHE:-/var/tmp}") run=(in_budget) ;;
+    esac
+    "${run[@]}" env OMP_NUM_THREADS="$threads" /usr/bin/time -f 'maxrss %M elapsed %e' "$COLOSSAL" infer "$CKPT" --prompts "$TMP/prompts.txt" -n "$tokens" \
       --greedy --jsonl "${flag[@]}" >"$TMP/$mode-$r.out" 2>"$TMP/$mode-$r.err" || fail "colossal infer ($mode) failed" "$TMP/$mode-$r.err"
   done
   rm -rf "$TMP/offload"
-  in_budget /usr/bin/time -f 'maxrss %M' "$HF_PY" scripts/bench/hf_generate.py --checkpoint "$CKPT" --prompts "$TMP/prompts.txt" \
+  in_budget /usr/bin/time -f 'maxrss %M elapsed %e' "$HF_PY" scripts/bench/hf_generate.py --checkpoint "$CKPT" --prompts "$TMP/prompts.txt" \
     --tokens "$tokens" --threads "$threads" --offload-folder "$TMP/offload" >"$TMP/hf-$r.out" 2>"$TMP/hf-$r.err" ||
     fail "transformers with disk offload failed" "$TMP/hf-$r.err"
 done
 
-"$HF_PY" - "$TMP" "$repeat" "$CKPT" "$tokens" "$threads" "$COMMAND" "$budget" <<'EOF'
+"$HF_PY" - "$TMP" "$repeat" "$CKPT" "$tokens" "$threads" "$COMMAND" "$budget" "$sides" <<'EOF'
 import datetime, json, os, re, statistics, sys
-tmp, repeat, ckpt, tokens, threads, command, budget = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
+tmp, repeat, ckpt, tokens, threads, command, budget, sides = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
 med = statistics.median
 def rss(f): return int(re.search(r"maxrss (\d+)", open(f).read()).group(1)) / 1024
 def ours(mode, r):
     err = open(f"{tmp}/{mode}-{r}.err").read()
     m = re.search(r"decode (\d+) steps x (\d+) sequences in ([\d.]+) s", err)
     text = json.loads(open(f"{tmp}/{mode}-{r}.out").read().splitlines()[0])["completion"]
-    return int(m.group(1)) * int(m.group(2)) / float(m.group(3)), rss(f"{tmp}/{mode}-{r}.err"), text
+    return int(m.group(1)) * int(m.group(2)) / float(m.group(3)), rss(f"{tmp}/{mode}-{r}.err"), text, wall(f"{tmp}/{mode}-{r}.err")
+def wall(f): return float(re.search(r"elapsed ([\d.]+)", open(f).read()).group(1))
 def hf(r):
     j = json.loads(open(f"{tmp}/hf-{r}.out").read().strip().splitlines()[-1])
-    return j["decode_steps"] * j["batch"] / j["decode_s"], rss(f"{tmp}/hf-{r}.err"), j["texts"][0]
-rows = {"colossal, weights in memory": [ours("memory", r) for r in range(1, repeat + 1)],
-        "colossal --stream-weights": [ours("stream", r) for r in range(1, repeat + 1)],
-        "transformers + accelerate disk offload": [hf(r) for r in range(1, repeat + 1)]}
-ref_text = rows["colossal, weights in memory"][0][2]
-stream_tps = med(x[0] for x in rows["colossal --stream-weights"])
+    return j["decode_steps"] * j["batch"] / j["decode_s"], rss(f"{tmp}/hf-{r}.err"), j["texts"][0], wall(f"{tmp}/hf-{r}.err")
+names = {"memory": "colossal, weights in memory", "stream": "colossal --stream-weights, in place",
+         "cache": "colossal --stream-weights, via cache"}
+rows = {names[m]: [ours(m, r) for r in range(1, repeat + 1)] for m in sides.split(",")}
+rows["transformers + accelerate disk offload"] = [hf(r) for r in range(1, repeat + 1)]
+ref_name = next(iter(rows))   # the texts' reference: the first side run
+ref_text = rows[ref_name][0][2]
+stream_tps = med(x[0] for x in rows.get(names["stream"], rows[ref_name]))
+against = "in place" if "stream" in sides.split(",") else ref_name
 weights = os.path.getsize(os.path.join(ckpt, "model.safetensors")) / 2**30
 limit = f", the streamed runs in a memory cgroup of {budget} GiB" if budget else ""
-print(f"checkpoint {ckpt} ({weights:.2f} GiB of weights), greedy, {tokens} new tokens, batch 1, {threads} threads{limit}")
+print(f"checkpoint {ckpt} ({weights:.2f} GiB of weights), greedy, {tokens} new tokens, batch 1, {threads} threads{limit}; "
+      f"texts against {ref_name}")
 for name, xs in rows.items():
     tps, peak = med(x[0] for x in xs), med(x[1] for x in xs)
     same = all(x[2] == ref_text for x in xs)
-    print(f"  {name:40s} {tps:7.1f} tok/s  peak {peak:6.0f} MiB  stream vs it {stream_tps / tps:5.2f}x  "
+    secs = med(x[3] for x in xs)
+    print(f"  {name:40s} {tps:7.1f} tok/s  peak {peak:6.0f} MiB  process {secs:6.1f} s  {against} vs it {stream_tps / tps:5.2f}x  "
           f"text {'same' if same else 'DIFFERS'}")
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown CPU")
 print(f"machine: {os.cpu_count()} cores, {cpu}, {datetime.date.today()}, {command} (median of {repeat})")

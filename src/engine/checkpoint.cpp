@@ -221,13 +221,15 @@ std::vector<NamedTensor> export_model_state(nn::Model& model) {
   return out;
 }
 
-void read_model_state(const nn::Model& model, const HfWeights& weights,
-                      const std::function<void(const std::string& name, const at::Tensor& value)>& take,
-                      const std::function<bool(const std::string& name)>& only) {
+namespace {
+
+// Canonical HF name -> the name in the files, for every stored tensor; an Error for a tensor that is
+// neither one of the model's nor one HF saves redundantly.
+std::map<std::string, std::string> stored_names(const nn::Model& model, const HfWeights& weights) {
   const auto& names = model.hf_names();
   std::map<std::string, at::Tensor> params;
   for (const auto& item : model.named_parameters()) params.emplace(item.key(), item.value());
-  std::map<std::string, std::string> stored;   // canonical HF name -> the name in the files
+  std::map<std::string, std::string> stored;
   for (const auto& name : weights.names()) {
     const auto source = names.from_hf(name);
     if (!source) {
@@ -239,6 +241,34 @@ void read_model_state(const nn::Model& model, const HfWeights& weights,
                   "\" has no place in this model (more layers than the config says?)");
     stored[source->hf] = name;
   }
+  return stored;
+}
+
+}  // namespace
+
+std::map<std::string, StoredAsIs> parameters_stored_as_is(const nn::Model& model, const HfWeights& weights) {
+  const auto& names = model.hf_names();
+  const auto stored = stored_names(model, weights);
+  std::map<std::string, StoredAsIs> out;
+  for (const auto& item : model.named_parameters()) {
+    const at::Tensor& p = item.value();
+    const auto target = names.to_hf(item.key());
+    if (target.names.size() != 1 || target.interleave_heads || item.shard().split() || !at::isFloatingType(p.scalar_type())) continue;
+    auto it = stored.find(target.names[0]);
+    if (it == stored.end()) continue;
+    const SafetensorsEntry* e = weights.entry(it->second);
+    const auto size = static_cast<uint64_t>(c10::elementSize(p.scalar_type()));
+    if (!e || e->dtype != p.scalar_type() || e->shape != hf_shape(p, target) || e->offset % size != 0) continue;
+    out.emplace(item.key(), StoredAsIs{weights.file_of(it->second), e->offset, e->bytes, e->shape, target.transpose && p.dim() == 2});
+  }
+  return out;
+}
+
+void read_model_state(const nn::Model& model, const HfWeights& weights,
+                      const std::function<void(const std::string& name, const at::Tensor& value)>& take,
+                      const std::function<bool(const std::string& name)>& only) {
+  const auto& names = model.hf_names();
+  const auto stored = stored_names(model, weights);
   at::NoGradGuard no_grad;
   for (const auto& item : model.named_parameters()) {   // in the model's order, one tensor at a time
     if (only && !only(item.key())) continue;

@@ -103,6 +103,19 @@ void load_model_state(nn::Model& model, const HfWeights& weights);
 void read_model_state(const nn::Model& model, const HfWeights& weights,
                       const std::function<void(const std::string& name, const at::Tensor& value)>& take,
                       const std::function<bool(const std::string& name)>& only = {});
+// A parameter whose stored tensor is already our tensor, byte for byte, or its transpose (GPT-2's Conv1D
+// weights): one tensor of the parameter's own floating type in a safetensors file, not parts of it, not
+// heads interleaved, not a tensor-parallel piece. A reader can then view the file's bytes in place
+// (StreamedWeights reads blocks straight from the checkpoint this way).
+struct StoredAsIs {
+  std::string file;
+  uint64_t offset = 0, bytes = 0;      // from the file's start
+  std::vector<int64_t> stored_shape;   // as the file holds it
+  bool transpose = false;              // ours is the stored tensor transposed
+};
+// Every parameter of `model` stored that way, by name; the others are absent. The files are checked
+// against the model as read_model_state checks them.
+std::map<std::string, StoredAsIs> parameters_stored_as_is(const nn::Model& model, const HfWeights& weights);
 // A model directory as transformers' save_pretrained writes it (our checkpoints are such directories):
 // the family and sizes from config.json, the weights in any format HfWeights reads.
 // Error when `config` (a directory's config.json) describes quantized weights: training starts from fp32.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "src/core/device.h"
 #include "src/core/error.h"
@@ -16,13 +17,25 @@
 namespace colossal {
 namespace {
 
-constexpr int64_t kParamAlign = 64;   // each parameter's place in a block's region: cache-line aligned
+constexpr int64_t kParamAlign = 64;   // each parameter's place in a cache region: cache-line aligned
 
 int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
+// Bytes a block's tensors may span in a checkpoint beyond their own before reading them in place reads
+// too much else (another block's tensors filed between them): a quarter more, or 1 MiB.
+int64_t span_allowance(int64_t own) { return std::max<int64_t>(own / 4, 1 << 20); }
+
 }  // namespace
 
-StreamedWeights::StreamedWeights(nn::Model& model, const HfWeights& weights, c10::Device device, const std::string& cache_dir)
+StreamSource parse_stream_source(const std::string& name) {
+  if (name == "auto") return StreamSource::automatic;
+  if (name == "checkpoint") return StreamSource::checkpoint;
+  if (name == "cache") return StreamSource::cache;
+  throw Error("--stream-source '" + name + "' is not auto, checkpoint or cache");
+}
+
+StreamedWeights::StreamedWeights(nn::Model& model, const HfWeights& weights, c10::Device device, const std::string& cache_dir,
+                                 StreamSource source)
     : device_(device) {
   if (model.blocks().empty()) throw Error("streamed weights: the model has no blocks to stream");
   std::map<const void*, int64_t> block_of;
@@ -39,30 +52,35 @@ StreamedWeights::StreamedWeights(nn::Model& model, const HfWeights& weights, c10
     }
     auto& params = blocks_[static_cast<size_t>(it->second)];
     place[item.key()] = {it->second, params.size()};
-    params.push_back({item.value(), 0});
+    params.push_back({item.key(), item.value(), 0, item.value().sizes().vec(), false});
   }
-  // Each block's region: its parameters one after another, fp32, in our layout.
-  int64_t total = 0, largest = 0;
-  for (auto& params : blocks_) {
-    int64_t at = 0;
-    for (auto& p : params) {
-      p.offset = at;
-      at = align_up(at + p.tensor.numel() * 4, kParamAlign);
-    }
-    region_offset_.push_back(total);
-    region_bytes_.push_back(at);
-    total += memory::io_round_up(at);
-    largest = std::max(largest, at);
+
+  std::vector<std::string> paths;
+  std::string why_not = source == StreamSource::cache ? "the cache was asked for" : plan_in_place(model, weights, paths);
+  if (!why_not.empty() && source == StreamSource::checkpoint)
+    throw Error("--stream-source checkpoint: " + weights.describe() + " cannot be read in place: " + why_not +
+                "; use --stream-source auto or cache");
+  in_place_ = why_not.empty();
+  if (!in_place_) plan_cache();
+  int64_t largest = 0;
+  for (const Region& r : regions_) {
+    block_bytes_ += r.bytes;
+    largest = std::max(largest, r.bytes);
   }
   memory::OffloadFileOptions options;
   // Through the page cache while the blocks fit in half of what this process may hold (a job's or a
   // container's memory limit counts the cache too), else around it.
-  options.direct = static_cast<double>(total) > 0.5 * static_cast<double>(usable_memory_bytes());
-  file_ = std::make_unique<memory::OffloadFile>(cache_dir, total, "streamed weights cache in " + cache_dir, options);
+  options.direct = static_cast<double>(block_bytes_) > 0.5 * static_cast<double>(usable_memory_bytes());
+  if (in_place_) {
+    for (const auto& path : paths) files_.push_back(memory::OffloadFile::open_for_reading(path, "checkpoint file " + path, options));
+  } else {
+    const int64_t total = regions_.back().offset + memory::io_round_up(regions_.back().bytes);
+    files_.push_back(std::make_unique<memory::OffloadFile>(cache_dir, total, "streamed weights cache in " + cache_dir, options));
+  }
   for (auto& b : buffers_) b = memory::AlignedBuffer(largest);
 
-  // One pass over the checkpoint, in the model's order: the parameters outside the blocks stay; each
-  // block's are held until the block is complete, then copied into buffer 0 and written to the cache.
+  // One pass over the checkpoint, in the model's order: the parameters outside the blocks stay. For the
+  // cache, each block's are held until the block is complete, then copied into buffer 0 and written.
   at::NoGradGuard no_grad;
   std::vector<size_t> missing(blocks_.size());
   for (size_t b = 0; b < blocks_.size(); ++b) missing[b] = blocks_[b].size();
@@ -74,27 +92,98 @@ StreamedWeights::StreamedWeights(nn::Model& model, const HfWeights& weights, c10
       std::memcpy(buffers_[0].data() + params[i].offset, v.const_data_ptr<float>(), static_cast<size_t>(v.numel()) * 4);
     }
     held[static_cast<size_t>(b)].clear();
-    file_->wait(file_->write(region_offset_[static_cast<size_t>(b)], buffers_[0].data(), region_bytes_[static_cast<size_t>(b)]));
+    const Region& r = regions_[static_cast<size_t>(b)];
+    files_.front()->wait(files_.front()->write(r.offset, buffers_[0].data(), r.bytes));
   };
-  read_model_state(model, weights, [&](const std::string& name, const at::Tensor& value) {
-    if (auto it = outside.find(name); it != outside.end()) {
-      it->second.set_data(value.to(device_));
-      resident_bytes_ += static_cast<int64_t>(value.nbytes());
-      return;
-    }
-    const auto [b, i] = place.at(name);
-    auto& vals = held[static_cast<size_t>(b)];
-    if (vals.empty()) vals.resize(blocks_[static_cast<size_t>(b)].size());
-    vals[i] = value.contiguous();
-    if (--missing[static_cast<size_t>(b)] == 0) write_block(b);
-  });
+  read_model_state(
+      model, weights,
+      [&](const std::string& name, const at::Tensor& value) {
+        if (auto it = outside.find(name); it != outside.end()) {
+          it->second.set_data(value.to(device_));
+          resident_bytes_ += static_cast<int64_t>(value.nbytes());
+          return;
+        }
+        const auto [b, i] = place.at(name);
+        auto& vals = held[static_cast<size_t>(b)];
+        if (vals.empty()) vals.resize(blocks_[static_cast<size_t>(b)].size());
+        vals[i] = value.contiguous();
+        if (--missing[static_cast<size_t>(b)] == 0) write_block(b);
+      },
+      [&](const std::string& name) { return !in_place_ || outside.count(name) > 0; });
   read(0, 0);   // the first block, for the first token
+}
+
+std::string StreamedWeights::plan_in_place(const nn::Model& model, const HfWeights& weights, std::vector<std::string>& paths) {
+  const auto as_is = parameters_stored_as_is(model, weights);
+  std::map<std::string, size_t> file_index;
+  std::vector<Region> regions;
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    std::set<std::string> files;
+    uint64_t lo = UINT64_MAX, hi = 0;
+    int64_t own = 0;
+    for (const Param& p : blocks_[b]) {
+      auto it = as_is.find(p.name);
+      if (it == as_is.end())
+        return "\"" + p.name + "\" is not one " + std::string(p.tensor.scalar_type() == at::kFloat ? "fp32" : c10::toString(p.tensor.scalar_type())) +
+               " tensor in the file, as computed or transposed (OPT's separate q/k/v, BLOOM's interleaved heads and fp16 or bf16 "
+               "files are converted into the cache)";
+      files.insert(it->second.file);
+      lo = std::min(lo, it->second.offset);
+      hi = std::max(hi, it->second.offset + it->second.bytes);
+      own += static_cast<int64_t>(it->second.bytes);
+    }
+    if (files.size() != 1) return "block " + std::to_string(b) + "'s tensors are split across files";
+    const auto span = static_cast<int64_t>(hi - lo);
+    if (span > own + span_allowance(own))
+      return "block " + std::to_string(b) + "'s tensors are scattered across " + *files.begin() + " (" + std::to_string(span) +
+             " bytes around their " + std::to_string(own) + ")";
+    const std::string& file = *files.begin();
+    if (!file_index.count(file)) {
+      file_index.emplace(file, paths.size());
+      paths.push_back(file);
+    }
+    Region r;
+    r.file = file_index.at(file);
+    r.offset = static_cast<int64_t>(lo) / memory::kIoAlign * memory::kIoAlign;
+    r.bytes = static_cast<int64_t>(hi) - r.offset;
+    regions.push_back(r);
+  }
+  // Every block can be read in place: each parameter's place is its bytes' offset in the block's read.
+  for (size_t b = 0; b < blocks_.size(); ++b)
+    for (Param& p : blocks_[b]) {
+      const StoredAsIs& s = as_is.at(p.name);
+      p.offset = static_cast<int64_t>(s.offset) - regions[b].offset;
+      p.shape = s.stored_shape;
+      p.transpose = s.transpose;
+    }
+  regions_ = std::move(regions);
+  return "";
+}
+
+void StreamedWeights::plan_cache() {
+  // Each block's region: its parameters one after another, fp32, in our layout.
+  int64_t total = 0;
+  for (auto& params : blocks_) {
+    int64_t at = 0;
+    for (auto& p : params) {
+      p.offset = at;
+      at = align_up(at + p.tensor.numel() * 4, kParamAlign);
+    }
+    regions_.push_back({0, total, at});
+    total += memory::io_round_up(at);
+  }
 }
 
 StreamedWeights::~StreamedWeights() { stop(); }
 
+int64_t StreamedWeights::bytes_read() const {
+  int64_t n = 0;
+  for (const auto& f : files_) n += f->bytes_read();
+  return n;
+}
+
 void StreamedWeights::stop() {
-  if (pending_ != 0) file_->wait(pending_);
+  if (pending_ != 0) files_[regions_[static_cast<size_t>(pending_block_)].file]->wait(pending_);
   pending_ = 0;
   pending_block_ = -1;
 }
@@ -102,7 +191,8 @@ void StreamedWeights::stop() {
 void StreamedWeights::read(int64_t block, int buffer) {
   pending_block_ = block;
   pending_buffer_ = buffer;
-  pending_ = file_->read(region_offset_[static_cast<size_t>(block)], buffers_[buffer].data(), region_bytes_[static_cast<size_t>(block)]);
+  const Region& r = regions_[static_cast<size_t>(block)];
+  pending_ = files_[r.file]->read(r.offset, buffers_[buffer].data(), r.bytes);
   ++blocks_read_;
 }
 
@@ -115,7 +205,8 @@ void StreamedWeights::before_forward(int64_t block) {
   stop();   // waits for the read: the block's weights are in buffers_[buffer]
   at::NoGradGuard no_grad;
   for (auto& p : blocks_[static_cast<size_t>(block)]) {
-    at::Tensor view = buffers_[buffer].view(p.offset, p.tensor.numel(), at::kFloat).view(p.tensor.sizes());
+    at::Tensor view = buffers_[buffer].view(p.offset, p.tensor.numel(), p.tensor.scalar_type()).view(p.shape);
+    if (p.transpose) view = view.t();
     p.tensor.set_data(device_.is_cpu() ? view : view.to(device_));
   }
   // Measured, not counted: the blocks whose weights are in place now, plus the one about to be read.

@@ -1,15 +1,22 @@
 // StreamedWeights: generation with a model larger than memory (Colossal-AI's low-cost deployment
 // through offload). The model is built with deferred parameters; its embeddings, final norm and head
-// are read once and stay. The blocks' weights are converted once, block by block, into a cache file in
-// our own layout (one contiguous region per block: no per-token transposes of HF's layouts) and each
-// block's region is read back into one of two host buffers just before the block runs, the next
-// block's read in flight (io_uring, src/memory/offload_file.h) while this block computes; after the
-// last block, the first block's, for the next token. Two blocks' weights are in memory at most.
+// are read once and stay. Each block's weights are read into one of two host buffers just before the
+// block runs, the next block's read in flight (io_uring, src/memory/offload_file.h) while this block
+// computes; after the last block, the first block's, for the next token. Two blocks' weights are in
+// memory at most.
 //
-// The cache goes through the page cache when all blocks fit in half of this machine's memory (a model
-// that fits is then read at memory speed after the first token) and O_DIRECT otherwise (a larger
-// model must not fill the page cache with what it will read again only next token). The file has no
-// name and goes with the process.
+// Where the blocks are read from:
+// - in place, from the checkpoint's own safetensors files, when every block parameter lies there as
+//   the model computes with it (parameters_stored_as_is: fp32, one tensor, at most transposed, as our
+//   GPT-2 checkpoints and HF's GPT-2 directories hold them) and each block's tensors are together in
+//   one file: one read per block, and no second copy of the model on the disk. A transposed weight
+//   is a transposed view, which the linear layers take through ATen (no per-token copy);
+// - otherwise from a cache file under cache_dir, written once in our own layout (one contiguous region
+//   per block, converted from HF's layouts: OPT's separate q/k/v, BLOOM's interleaved heads, fp16 or
+//   bf16 files). The file has no name and goes with the process.
+// The reads go through the page cache when all blocks fit in half of the memory this process may hold
+// (a model that fits is then read at memory speed after the first token) and O_DIRECT otherwise (a
+// larger model must not fill the page cache with what it will read again only next token).
 //
 // A block hook (nn/block_hooks.h), so the model and the generator are unchanged: the same greedy tokens
 // come out as from the model in memory.
@@ -27,10 +34,17 @@
 
 namespace colossal {
 
+// Where a streamed model's blocks come from: in place where the checkpoint allows it, else the cache
+// (automatic); only in place (an Error saying why not, when it cannot be); always through the cache.
+enum class StreamSource { automatic, checkpoint, cache };
+// "auto", "checkpoint" or "cache"; an Error naming the valid values otherwise.
+StreamSource parse_stream_source(const std::string& name);
+
 class StreamedWeights : public nn::BlockHook {
  public:
-  // `model` was built with nn::ParamStorage::deferred; the cache file goes in directory `cache_dir`.
-  StreamedWeights(nn::Model& model, const HfWeights& weights, c10::Device device, const std::string& cache_dir);
+  // `model` was built with nn::ParamStorage::deferred; a cache file goes in directory `cache_dir`.
+  StreamedWeights(nn::Model& model, const HfWeights& weights, c10::Device device, const std::string& cache_dir,
+                  StreamSource source = StreamSource::automatic);
   ~StreamedWeights() override;
   StreamedWeights(const StreamedWeights&) = delete;
   StreamedWeights& operator=(const StreamedWeights&) = delete;
@@ -41,22 +55,36 @@ class StreamedWeights : public nn::BlockHook {
 
   int64_t most_blocks_held() const { return most_held_; }   // blocks with weights in memory at once, at most
   int64_t blocks_read() const { return blocks_read_; }
-  int64_t bytes_read() const { return file_->bytes_read(); }
+  int64_t bytes_read() const;
   int64_t resident_bytes() const { return resident_bytes_; }   // the parameters kept outside the blocks
-  int64_t cache_bytes() const { return file_->size(); }
-  bool direct() const { return file_->direct(); }
+  int64_t block_bytes() const { return block_bytes_; }         // what one pass over the blocks reads
+  bool in_place() const { return in_place_; }                  // read from the checkpoint's files, no cache
+  int64_t cache_bytes() const { return in_place_ ? 0 : files_.front()->size(); }
+  bool direct() const { return files_.front()->direct(); }
 
  private:
   struct Param {
-    at::Tensor tensor;   // the model's parameter
-    int64_t offset = 0;  // bytes into its block's region
+    std::string name;
+    at::Tensor tensor;             // the model's parameter
+    int64_t offset = 0;            // bytes into its block's buffer
+    std::vector<int64_t> shape;    // as it lies there: ours, or ours transposed when `transpose`
+    bool transpose = false;
   };
+  struct Region {   // where a block's bytes are: files_[file] from `offset` (aligned), `bytes` long
+    size_t file = 0;
+    int64_t offset = 0, bytes = 0;
+  };
+  // The in-place plan (regions_ and the parameters' places), or why the checkpoint does not allow one.
+  std::string plan_in_place(const nn::Model& model, const HfWeights& weights, std::vector<std::string>& paths);
+  void plan_cache();   // regions in a cache file of our own layout
   void read(int64_t block, int buffer);   // starts reading the block's region into buffers_[buffer]
 
   c10::Device device_;
   std::vector<std::vector<Param>> blocks_;
-  std::vector<int64_t> region_offset_, region_bytes_;   // by block, in the cache file
-  std::unique_ptr<memory::OffloadFile> file_;
+  std::vector<Region> regions_;   // by block
+  std::vector<std::unique_ptr<memory::OffloadFile>> files_;   // the checkpoint's files read in place, or the one cache
+  bool in_place_ = false;
+  int64_t block_bytes_ = 0;
   memory::AlignedBuffer buffers_[2];
   int64_t pending_block_ = -1;   // the block being read, into buffers_[pending_buffer_]
   int pending_buffer_ = 0;

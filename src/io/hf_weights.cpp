@@ -198,6 +198,11 @@ at::Tensor HfWeights::map(const std::string& name) const {
   return e.header ? map_safetensors_tensor(*e.header, e.header->entries[e.index]) : e.tensor;
 }
 
+const SafetensorsEntry* HfWeights::entry(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() || !it->second.header ? nullptr : &it->second.header->entries[it->second.index];
+}
+
 const std::string& HfWeights::file_of(const std::string& name) const {
   auto it = tensors_.find(name);
   return it == tensors_.end() ? description_ : it->second.file;

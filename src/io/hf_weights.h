@@ -34,6 +34,10 @@ class HfWeights {
   // touches is read; see map_safetensors_tensor).
   at::Tensor map(const std::string& name) const;
   const std::string& file_of(const std::string& name) const;
+  // Where the tensor's bytes lie when it is in a safetensors file (its entry: dtype, shape, byte range
+  // from the file's start), so a reader can take them straight from the disk; null when it was read
+  // whole into memory (pytorch_model.bin) or is missing.
+  const SafetensorsEntry* entry(const std::string& name) const;
   const std::string& describe() const { return description_; }   // "<dir>/model.safetensors" or "<index> (3 shards)"
   // The single file's metadata, or the string values of the index's "metadata" object.
   const std::map<std::string, std::string>& metadata() const { return metadata_; }

@@ -93,6 +93,7 @@ struct OffloadFile::Impl {
   int fd = -1;
   int64_t size = 0;
   bool direct = false, uring = false;
+  bool read_only = false;   // an existing file read in place: reads may end at its end
 #ifdef COLOSSAL_HAVE_LIBURING
   struct io_uring ring{};
 #endif
@@ -107,6 +108,7 @@ struct OffloadFile::Impl {
   std::thread thread;
 
   void open_file();
+  void open_existing(const std::string& path);
   Ticket post(bool write, int64_t offset, char* ptr, int64_t bytes);
   // A request's transfer of `moved` bytes (negative: -errno) finished; returns the remainder to issue
   // again when it came back short, with the ticket's bookkeeping done under the lock.
@@ -150,9 +152,30 @@ void OffloadFile::Impl::open_file() {
     throw Error(what + ": cannot size a " + human_bytes(size) + " file in " + dir + " (" + errno_text(errno) + ")");
 }
 
+void OffloadFile::Impl::open_existing(const std::string& path) {
+  for (const bool want_direct : {options.direct, false}) {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (want_direct ? O_DIRECT : 0));
+    if (fd >= 0) {
+      direct = want_direct;
+      break;
+    }
+    if (errno != EINVAL) break;   // EINVAL: no O_DIRECT on this file system; read through the page cache
+  }
+  if (fd < 0) throw Error(what + ": cannot open " + path + " (" + errno_text(errno) + ")");
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(what + ": " + path + " is not a regular file");
+  }
+  size = static_cast<int64_t>(st.st_size);
+  read_only = true;
+}
+
 OffloadFile::Ticket OffloadFile::Impl::post(bool write, int64_t offset, char* ptr, int64_t bytes) {
   const int64_t total = io_round_up(bytes);
-  if (offset % kIoAlign != 0 || reinterpret_cast<uintptr_t>(ptr) % kIoAlign != 0 || bytes < 0 || offset + total > size)
+  if (write && read_only) throw Error(what + ": the file is open for reading only (internal)");
+  const int64_t end = read_only ? io_round_up(size) : size;   // a read in place may run past the file's last byte
+  if (offset % kIoAlign != 0 || reinterpret_cast<uintptr_t>(ptr) % kIoAlign != 0 || bytes < 0 || offset + total > end)
     throw Error(what + ": a transfer of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
                 " is unaligned or past the file's " + std::to_string(size) + " bytes (internal)");
   std::lock_guard<std::mutex> lock(mu);
@@ -174,10 +197,12 @@ OffloadFile::Ticket OffloadFile::Impl::post(bool write, int64_t offset, char* pt
 
 std::optional<Request> OffloadFile::Impl::finished(const Request& r, int64_t moved) {
   if (moved > 0) (r.write ? written_bytes : read_bytes) += moved;
-  if (moved > 0 && moved < r.bytes)   // short: the rest goes again
+  // A file read in place ends where it ends: a request reaching past it is done at its last byte.
+  const bool at_end = read_only && moved >= 0 && r.offset + moved >= size;
+  if (moved > 0 && moved < r.bytes && !at_end)   // short: the rest goes again
     return Request{r.ticket, r.write, r.offset + moved, r.ptr + moved, r.bytes - moved};
   TicketState& state = tickets.at(r.ticket);
-  if (moved <= 0 && state.error.empty()) {
+  if (moved <= 0 && !at_end && state.error.empty()) {
     const std::string op = r.write ? "write" : "read";
     state.error = what + ": " + op + " of " + std::to_string(r.bytes) + " bytes at offset " + std::to_string(r.offset) +
                   " failed: " + (moved == 0 ? "the file ends early" : errno_text(static_cast<int>(-moved))) +
@@ -263,17 +288,34 @@ void OffloadFile::Impl::run_uring() {
 }
 #endif
 
-OffloadFile::OffloadFile(const std::string& dir, int64_t bytes, const std::string& what, const OffloadFileOptions& options)
-    : impl_(std::make_unique<Impl>()) {
+OffloadFile::OffloadFile(const OffloadFileOptions& options, const std::string& what) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.what = what;
-  m.dir = dir;
   m.options = options;
   m.options.queue_depth = std::max(1, options.queue_depth);
   m.options.request_bytes = io_round_up(std::max<int64_t>(options.request_bytes, kIoAlign));
   if (m.options.max_transfer > 0) m.options.max_transfer = io_round_up(m.options.max_transfer);
-  m.size = io_round_up(std::max<int64_t>(bytes, 1));
-  m.open_file();
+}
+
+OffloadFile::OffloadFile(const std::string& dir, int64_t bytes, const std::string& what, const OffloadFileOptions& options)
+    : OffloadFile(options, what) {
+  impl_->dir = dir;
+  impl_->size = io_round_up(std::max<int64_t>(bytes, 1));
+  impl_->open_file();
+  start();
+}
+
+std::unique_ptr<OffloadFile> OffloadFile::open_for_reading(const std::string& path, const std::string& what,
+                                                           const OffloadFileOptions& options) {
+  std::unique_ptr<OffloadFile> f(new OffloadFile(options, what));
+  f->impl_->open_existing(path);
+  f->start();
+  return f;
+}
+
+void OffloadFile::start() {
+  Impl& m = *impl_;
+  const OffloadFileOptions& options = m.options;
 #ifdef COLOSSAL_HAVE_LIBURING
   // A kernel or sandbox without io_uring (ENOSYS, EPERM) gets the pread/pwrite thread instead.
   if (options.io_uring && io_uring_queue_init(static_cast<unsigned>(2 * m.options.queue_depth), &m.ring, 0) == 0) m.uring = true;
@@ -304,11 +346,11 @@ OffloadFile::~OffloadFile() {
 #endif
   }
   m.work.notify_all();
-  m.thread.join();
+  if (m.thread.joinable()) m.thread.join();   // not when opening the file failed (a delegating constructor's body threw)
 #ifdef COLOSSAL_HAVE_LIBURING
   if (m.uring) io_uring_queue_exit(&m.ring);
 #endif
-  ::close(m.fd);
+  if (m.fd >= 0) ::close(m.fd);
 }
 
 OffloadFile::Ticket OffloadFile::read(int64_t offset, void* buffer, int64_t bytes) {

@@ -59,6 +59,11 @@ class OffloadFile {
   // ("nvme_path /mnt/nvme (optimizer states)"). An Error when dir is missing, not a writable directory,
   // or has too little free space.
   OffloadFile(const std::string& dir, int64_t bytes, const std::string& what, const OffloadFileOptions& options = {});
+  // An existing file at `path`, opened read-only (a checkpoint read in place): size() is its length,
+  // reads take the same aligned offsets and may run past its end (the bytes there are left as they
+  // were), and write() is refused. An Error naming `what` when it cannot be opened.
+  static std::unique_ptr<OffloadFile> open_for_reading(const std::string& path, const std::string& what,
+                                                       const OffloadFileOptions& options = {});
   ~OffloadFile();   // waits for the requests in flight
   OffloadFile(const OffloadFile&) = delete;
   OffloadFile& operator=(const OffloadFile&) = delete;
@@ -80,6 +85,8 @@ class OffloadFile {
 
  private:
   struct Impl;
+  OffloadFile(const OffloadFileOptions& options, const std::string& what);   // set up, no file yet
+  void start();                                                             // the I/O thread, once the file is open
   std::unique_ptr<Impl> impl_;
 };
 

@@ -18,10 +18,12 @@ bool records_grad(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
   return at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()));
 }
 
+// A decoding step's operands for a GEMV, W [out, in] either contiguous or the transposed view of a
+// contiguous [in, out] (a weight viewed in place where the file holds W^T).
 bool decoding_shape(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   return !records_grad(x, w, b) && x.is_cpu() && w.is_cpu() && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
-         (!b.defined() || (b.scalar_type() == at::kFloat && b.is_contiguous())) && x.dim() >= 2 && x.size(-2) == 1 &&
-         x.size(-1) == w.size(1) && x.numel() / x.size(-1) <= kGemvMaxRows && w.is_contiguous();
+         (!b.defined() || (b.scalar_type() == at::kFloat && b.is_contiguous())) && x.dim() >= 2 && x.size(-2) == 1 && w.dim() == 2 &&
+         x.size(-1) == w.size(1) && x.numel() / x.size(-1) <= kGemvMaxRows && (w.is_contiguous() || w.t().is_contiguous());
 }
 
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
@@ -30,8 +32,11 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   auto sizes = x.sizes().vec();
   sizes.back() = out;
   auto y = at::empty(sizes, x.options());
-  kernels::gemv(xc.const_data_ptr<float>(), xc.numel() / in, in, w.const_data_ptr<float>(),
-                b.defined() ? b.const_data_ptr<float>() : nullptr, y.mutable_data_ptr<float>(), out);
+  const float* bias = b.defined() ? b.const_data_ptr<float>() : nullptr;
+  if (w.is_contiguous())
+    kernels::gemv(xc.const_data_ptr<float>(), xc.numel() / in, in, w.const_data_ptr<float>(), bias, y.mutable_data_ptr<float>(), out);
+  else   // W^T lies contiguous: MKL's GEMM at these few rows ran on one core
+    kernels::gemv_t(xc.const_data_ptr<float>(), xc.numel() / in, in, w.const_data_ptr<float>(), bias, y.mutable_data_ptr<float>(), out);
   return y;
 }
 
@@ -87,7 +92,8 @@ void defer_weight_grads(DeferredWeightGrads* queue) { t_deferred = queue; }
 
 at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (decoding_shape(x, weight, bias)) {
-    const std::string shape = "in=" + std::to_string(weight.size(1)) + " out=" + std::to_string(weight.size(0));
+    const std::string shape = "in=" + std::to_string(weight.size(1)) + " out=" + std::to_string(weight.size(0)) +
+                              (weight.is_contiguous() ? "" : " transposed");
     if (use_ours("gemv", kernel_policy().gemv, shape, [&] { gemv(x, weight, bias); },
                  [&] { at::linear(x, weight, bias); }))
       return gemv(x, weight, bias);
