@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "src/core/text.h"
+#include "src/io/safetensors.h"
 #include "tests/support/test_support.h"
 
 namespace fs = std::filesystem;
@@ -97,6 +98,36 @@ TEST(EndToEnd, TinyRecipeLearnsAndInferIsDeterministicForASeed) {
   auto cached = run_colossal("infer " + ckpt + " -p 'In the beginning' -n 5 --greedy --stream-weights --stream-source cache --stream-cache " + dir.path());
   ASSERT_EQ(cached.exit_code, 0) << cached.output;
   EXPECT_NE(cached.output.find("cache in " + dir.path()), std::string::npos) << cached.output;
+  {
+    // The same checkpoint sharded as save_pretrained shards a large model (cut between tensors, so a
+    // block straddles two files): each block is read in place from both, the same tokens again.
+    const std::string sharded = dir / "sharded";
+    std::string step = read_file(ckpt + "/checkpoints/latest");
+    step.erase(step.find_last_not_of(" \n") + 1);
+    const std::filesystem::path saved = std::filesystem::path(ckpt) / "checkpoints" / step;
+    std::filesystem::create_directories(sharded);
+    for (const char* f : {"config.json", "tokenizer.model"}) std::filesystem::copy_file(saved / f, std::filesystem::path(sharded) / f);
+    const auto whole = colossal::load_safetensors((saved / "model.safetensors").string());
+    auto first_of = [&](const std::string& prefix) {
+      size_t i = 0;
+      while (i < whole.tensors.size() && whole.tensors[i].name.rfind(prefix, 0) != 0) ++i;
+      return i;
+    };
+    // Cuts inside block 0 and inside block 1.
+    const size_t n = whole.tensors.size(), cuts[] = {0, first_of("transformer.h.0.") + 3, first_of("transformer.h.1.") + 5, n};
+    ASSERT_LT(cuts[2], n);
+    nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+    for (int i = 0; i < 3; ++i) {
+      const std::string file = "model-0000" + std::to_string(i + 1) + "-of-00003.safetensors";
+      std::vector<colossal::NamedTensor> part(whole.tensors.begin() + static_cast<long>(cuts[i]), whole.tensors.begin() + static_cast<long>(cuts[i + 1]));
+      for (const auto& t : part) index["weight_map"][t.name] = file;
+      colossal::save_safetensors(sharded + "/" + file, part);
+    }
+    write_file(sharded + "/model.safetensors.index.json", index.dump());
+    auto in_shards = run_colossal("infer " + sharded + " --prompts " + (dir / "prompts.txt") + " -n 20 --greedy --jsonl -q --stream-weights --stream-source checkpoint");
+    ASSERT_EQ(in_shards.exit_code, 0) << in_shards.output;
+    EXPECT_EQ(in_shards.output, batch.output);
+  }
 
   // A stop string ends the completion before it.
   auto stopped = run_colossal("infer " + ckpt + " -p 'And' -n 60 --greedy --stop ' the' --jsonl -q");

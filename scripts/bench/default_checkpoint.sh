@@ -7,7 +7,7 @@ DEFAULT_CKPT_RUN=runs/bench/gpt2-124m-v8192
 # resolve DIR: one checkpoint directory (as colossal infer resolves a run, checkpoints or checkpoint directory).
 resolve() {
   local d="${1%/}"
-  if [ -f "$d/model.safetensors" ] && [ -f "$d/config.json" ]; then echo "$d"
+  if { [ -f "$d/model.safetensors" ] || [ -f "$d/model.safetensors.index.json" ]; } && [ -f "$d/config.json" ]; then echo "$d"
   elif [ -f "$d/latest" ]; then echo "$d/$(cat "$d/latest")"
   elif [ -f "$d/checkpoints/latest" ]; then echo "$d/checkpoints/$(cat "$d/checkpoints/latest")"
   else return 1

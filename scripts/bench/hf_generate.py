@@ -39,7 +39,7 @@ def read_prompts(path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--checkpoint", required=True, help="one checkpoint directory (model.safetensors, config.json, tokenizer.model)")
+    ap.add_argument("--checkpoint", required=True, help="one checkpoint directory (model.safetensors or its sharded index, config.json, tokenizer.model)")
     ap.add_argument("--prompts", required=True, help="file with one prompt per line; all of them run as one batch")
     ap.add_argument("--tokens", type=int, required=True, help="new tokens per prompt, exactly")
     ap.add_argument("--threads", type=int, required=True, help="torch.set_num_threads")
@@ -62,9 +62,11 @@ def main():
     prompts = read_prompts(args.prompts)
     if not (ckpt / "tokenizer.model").is_file():
         return generate_hf_directory(ckpt, prompts, args.tokens, args.device, transformers, LogitsProcessor, LogitsProcessorList)
-    for name in ("model.safetensors", "config.json", "tokenizer.model"):
+    for name in ("config.json", "tokenizer.model"):
         if not (ckpt / name).is_file():
             fail(f"checkpoint {ckpt}: no {name}")
+    if not (ckpt / "model.safetensors").is_file() and not (ckpt / "model.safetensors.index.json").is_file():
+        fail(f"checkpoint {ckpt}: no model.safetensors or model.safetensors.index.json")
     sp = spm.SentencePieceProcessor(model_file=str(ckpt / "tokenizer.model"))
     encoded = [sp.encode(p, out_type=int) or [EOS] for p in prompts]
 

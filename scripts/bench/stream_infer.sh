@@ -28,9 +28,11 @@ usage: scripts/bench/stream_infer.sh --hf-python PY [--checkpoint DIR | --layers
   --tokens      new tokens per prompt; default 16
   --sides       which colossal runs, of memory,stream,cache (default all; a model larger than this machine's
                 memory cannot run in memory, and the cache needs a second copy of it on the disk)
+  --cold        drop the page cache before each streamed run (needs root; implied by --budget-gb): with a model
+                larger than the machine's memory, what the run before left cached must not serve the next
 EOF
 }
-sides=memory,stream,cache CKPT="" tokens=16 threads="$(nproc)" repeat=3 COLOSSAL=build/colossal HF_PY="" budget="" layers="" width=""
+sides=memory,stream,cache cold=0 CKPT="" tokens=16 threads="$(nproc)" repeat=3 COLOSSAL=build/colossal HF_PY="" budget="" layers="" width=""
 while (($#)); do
   case "$1" in
     --hf-python) HF_PY="${2:?}"; shift 2 ;;
@@ -40,6 +42,7 @@ while (($#)); do
     --width) width="${2:?}"; shift 2 ;;
     --tokens) tokens="${2:?}"; shift 2 ;;
     --sides) sides="${2:?}"; shift 2 ;;
+    --cold) cold=1; shift ;;
     --threads) threads="${2:?}"; shift 2 ;;
     --repeat) repeat="${2:?}"; shift 2 ;;
     --colossal) COLOSSAL="${2:?}"; shift 2 ;;
@@ -69,13 +72,14 @@ if [ -n "$budget" ]; then
   memory_cgroup colossal_stream_infer "$(awk -v g="$budget" 'BEGIN { printf "%d", g * 1073741824 }')"
 fi
 trap 'rm -rf "$TMP"; [ -z "$CG" ] || memory_cgroup_remove' EXIT
-# in_budget CMD...: runs CMD inside the cgroup when there is one, after dropping the page cache: pages
-# another run read (the in-memory reference reads the whole checkpoint) belong to no budget and would
-# serve a memory-mapped reader at memory speed.
+# in_budget CMD...: runs CMD inside the cgroup when there is one, after dropping the page cache (also without
+# one under --cold): pages another run read (the in-memory reference reads the whole checkpoint) belong to no
+# budget and would serve a memory-mapped reader at memory speed.
 in_budget() {
-  if [ -z "$CG" ]; then "$@"; return; fi
+  if [ -z "$CG" ] && ((!cold)); then "$@"; return; fi
   sync
   echo 3 >/proc/sys/vm/drop_caches
+  if [ -z "$CG" ]; then "$@"; return; fi
   (echo $BASHPID >"$CG/cgroup.procs"; exec "$@")
 }
 printf 'In the beginning God created\n' >"$TMP/prompts.txt"
@@ -120,7 +124,8 @@ ref_name = next(iter(rows))   # the texts' reference: the first side run
 ref_text = rows[ref_name][0][2]
 stream_tps = med(x[0] for x in rows.get(names["stream"], rows[ref_name]))
 against = "in place" if "stream" in sides.split(",") else ref_name
-weights = os.path.getsize(os.path.join(ckpt, "model.safetensors")) / 2**30
+weights = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt)
+              if f == "model.safetensors" or re.fullmatch(r"model-\d+-of-\d+\.safetensors", f)) / 2**30
 limit = f", the streamed runs in a memory cgroup of {budget} GiB" if budget else ""
 print(f"checkpoint {ckpt} ({weights:.2f} GiB of weights), greedy, {tokens} new tokens, batch 1, {threads} threads{limit}; "
       f"texts against {ref_name}")
@@ -128,7 +133,7 @@ for name, xs in rows.items():
     tps, peak = med(x[0] for x in xs), med(x[1] for x in xs)
     same = all(x[2] == ref_text for x in xs)
     secs = med(x[3] for x in xs)
-    print(f"  {name:40s} {tps:7.1f} tok/s  peak {peak:6.0f} MiB  process {secs:6.1f} s  {against} vs it {stream_tps / tps:5.2f}x  "
+    print(f"  {name:40s} {tps:7.3g} tok/s  peak {peak:6.0f} MiB  process {secs:6.1f} s  {against} vs it {stream_tps / tps:5.2f}x  "
           f"text {'same' if same else 'DIFFERS'}")
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown CPU")
 print(f"machine: {os.cpu_count()} cores, {cpu}, {datetime.date.today()}, {command} (median of {repeat})")

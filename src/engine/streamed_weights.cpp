@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
-#include <set>
+#include <optional>
 
 #include "src/core/device.h"
 #include "src/core/error.h"
@@ -62,10 +62,10 @@ StreamedWeights::StreamedWeights(nn::Model& model, const HfWeights& weights, c10
                 "; use --stream-source auto or cache");
   in_place_ = why_not.empty();
   if (!in_place_) plan_cache();
-  int64_t largest = 0;
-  for (const Region& r : regions_) {
-    block_bytes_ += r.bytes;
-    largest = std::max(largest, r.bytes);
+  int64_t largest = 0;   // a block's buffer: its pieces, each from an aligned place
+  for (const auto& pieces : pieces_) {
+    for (const Piece& p : pieces) block_bytes_ += p.bytes;
+    largest = std::max(largest, pieces.back().at + memory::io_round_up(pieces.back().bytes));
   }
   memory::OffloadFileOptions options;
   // Through the page cache while the blocks fit in half of what this process may hold (a job's or a
@@ -74,7 +74,8 @@ StreamedWeights::StreamedWeights(nn::Model& model, const HfWeights& weights, c10
   if (in_place_) {
     for (const auto& path : paths) files_.push_back(memory::OffloadFile::open_for_reading(path, "checkpoint file " + path, options));
   } else {
-    const int64_t total = regions_.back().offset + memory::io_round_up(regions_.back().bytes);
+    const Piece& last = pieces_.back().front();
+    const int64_t total = last.offset + memory::io_round_up(last.bytes);
     files_.push_back(std::make_unique<memory::OffloadFile>(cache_dir, total, "streamed weights cache in " + cache_dir, options));
   }
   for (auto& b : buffers_) b = memory::AlignedBuffer(largest);
@@ -92,8 +93,8 @@ StreamedWeights::StreamedWeights(nn::Model& model, const HfWeights& weights, c10
       std::memcpy(buffers_[0].data() + params[i].offset, v.const_data_ptr<float>(), static_cast<size_t>(v.numel()) * 4);
     }
     held[static_cast<size_t>(b)].clear();
-    const Region& r = regions_[static_cast<size_t>(b)];
-    files_.front()->wait(files_.front()->write(r.offset, buffers_[0].data(), r.bytes));
+    const Piece& p = pieces_[static_cast<size_t>(b)].front();
+    files_.front()->wait(files_.front()->write(p.offset, buffers_[0].data(), p.bytes));
   };
   read_model_state(
       model, weights,
@@ -116,47 +117,50 @@ StreamedWeights::StreamedWeights(nn::Model& model, const HfWeights& weights, c10
 std::string StreamedWeights::plan_in_place(const nn::Model& model, const HfWeights& weights, std::vector<std::string>& paths) {
   const auto as_is = parameters_stored_as_is(model, weights);
   std::map<std::string, size_t> file_index;
-  std::vector<Region> regions;
+  std::vector<std::vector<Piece>> pieces(blocks_.size());
   for (size_t b = 0; b < blocks_.size(); ++b) {
-    std::set<std::string> files;
-    uint64_t lo = UINT64_MAX, hi = 0;
-    int64_t own = 0;
+    struct Span {
+      uint64_t lo = UINT64_MAX, hi = 0;
+      int64_t own = 0;
+    };
+    std::map<std::string, Span> spans;   // the block's bytes in each file holding some of them
     for (const Param& p : blocks_[b]) {
       auto it = as_is.find(p.name);
       if (it == as_is.end())
         return "\"" + p.name + "\" is not one " + std::string(p.tensor.scalar_type() == at::kFloat ? "fp32" : c10::toString(p.tensor.scalar_type())) +
                " tensor in the file, as computed or transposed (OPT's separate q/k/v, BLOOM's interleaved heads and fp16 or bf16 "
                "files are converted into the cache)";
-      files.insert(it->second.file);
-      lo = std::min(lo, it->second.offset);
-      hi = std::max(hi, it->second.offset + it->second.bytes);
-      own += static_cast<int64_t>(it->second.bytes);
+      Span& span = spans[it->second.file];
+      span.lo = std::min(span.lo, it->second.offset);
+      span.hi = std::max(span.hi, it->second.offset + it->second.bytes);
+      span.own += static_cast<int64_t>(it->second.bytes);
     }
-    if (files.size() != 1) return "block " + std::to_string(b) + "'s tensors are split across files";
-    const auto span = static_cast<int64_t>(hi - lo);
-    if (span > own + span_allowance(own))
-      return "block " + std::to_string(b) + "'s tensors are scattered across " + *files.begin() + " (" + std::to_string(span) +
-             " bytes around their " + std::to_string(own) + ")";
-    const std::string& file = *files.begin();
-    if (!file_index.count(file)) {
-      file_index.emplace(file, paths.size());
-      paths.push_back(file);
+    int64_t at = 0;
+    for (const auto& [file, span] : spans) {
+      const auto bytes = static_cast<int64_t>(span.hi - span.lo);
+      if (bytes > span.own + span_allowance(span.own))
+        return "block " + std::to_string(b) + "'s tensors are scattered across " + file + " (" + std::to_string(bytes) + " bytes around their " +
+               std::to_string(span.own) + ")";
+      if (!file_index.count(file)) {
+        file_index.emplace(file, paths.size());
+        paths.push_back(file);
+      }
+      Piece piece{file_index.at(file), static_cast<int64_t>(span.lo) / memory::kIoAlign * memory::kIoAlign, 0, at};
+      piece.bytes = static_cast<int64_t>(span.hi) - piece.offset;
+      at += memory::io_round_up(piece.bytes);
+      pieces[b].push_back(piece);
     }
-    Region r;
-    r.file = file_index.at(file);
-    r.offset = static_cast<int64_t>(lo) / memory::kIoAlign * memory::kIoAlign;
-    r.bytes = static_cast<int64_t>(hi) - r.offset;
-    regions.push_back(r);
   }
-  // Every block can be read in place: each parameter's place is its bytes' offset in the block's read.
+  // Every block can be read in place: each parameter's place is its bytes' place in its file's piece.
   for (size_t b = 0; b < blocks_.size(); ++b)
     for (Param& p : blocks_[b]) {
       const StoredAsIs& s = as_is.at(p.name);
-      p.offset = static_cast<int64_t>(s.offset) - regions[b].offset;
+      const Piece& piece = *std::find_if(pieces[b].begin(), pieces[b].end(), [&](const Piece& q) { return paths[q.file] == s.file; });
+      p.offset = piece.at + static_cast<int64_t>(s.offset) - piece.offset;
       p.shape = s.stored_shape;
       p.transpose = s.transpose;
     }
-  regions_ = std::move(regions);
+  pieces_ = std::move(pieces);
   return "";
 }
 
@@ -169,12 +173,17 @@ void StreamedWeights::plan_cache() {
       p.offset = at;
       at = align_up(at + p.tensor.numel() * 4, kParamAlign);
     }
-    regions_.push_back({0, total, at});
+    pieces_.push_back({{0, total, at, 0}});
     total += memory::io_round_up(at);
   }
 }
 
-StreamedWeights::~StreamedWeights() { stop(); }
+StreamedWeights::~StreamedWeights() {
+  try {
+    stop();
+  } catch (const Error&) {   // a read nobody will use failed: the run is ending anyway
+  }
+}
 
 int64_t StreamedWeights::bytes_read() const {
   int64_t n = 0;
@@ -183,16 +192,24 @@ int64_t StreamedWeights::bytes_read() const {
 }
 
 void StreamedWeights::stop() {
-  if (pending_ != 0) files_[regions_[static_cast<size_t>(pending_block_)].file]->wait(pending_);
-  pending_ = 0;
+  std::optional<Error> failed;   // every read is waited for before the buffer can be reused; then the first failure
+  for (const auto& [file, ticket] : pending_) {
+    try {
+      files_[file]->wait(ticket);
+    } catch (const Error& e) {
+      if (!failed) failed = e;
+    }
+  }
+  pending_.clear();
   pending_block_ = -1;
+  if (failed) throw *failed;
 }
 
 void StreamedWeights::read(int64_t block, int buffer) {
   pending_block_ = block;
   pending_buffer_ = buffer;
-  const Region& r = regions_[static_cast<size_t>(block)];
-  pending_ = files_[r.file]->read(r.offset, buffers_[buffer].data(), r.bytes);
+  for (const Piece& p : pieces_[static_cast<size_t>(block)])
+    pending_.emplace_back(p.file, files_[p.file]->read(p.offset, buffers_[buffer].data() + p.at, p.bytes));
   ++blocks_read_;
 }
 

@@ -70,25 +70,28 @@ class StreamedWeights : public nn::BlockHook {
     std::vector<int64_t> shape;    // as it lies there: ours, or ours transposed when `transpose`
     bool transpose = false;
   };
-  struct Region {   // where a block's bytes are: files_[file] from `offset` (aligned), `bytes` long
+  // Where part of a block's bytes are: files_[file] from `offset` (aligned), `bytes` long, read into the
+  // block's buffer at `at` (aligned). A block is one piece, or one per file where a sharded checkpoint
+  // splits it (transformers cuts shards between tensors, not between blocks).
+  struct Piece {
     size_t file = 0;
-    int64_t offset = 0, bytes = 0;
+    int64_t offset = 0, bytes = 0, at = 0;
   };
-  // The in-place plan (regions_ and the parameters' places), or why the checkpoint does not allow one.
+  // The in-place plan (pieces_ and the parameters' places), or why the checkpoint does not allow one.
   std::string plan_in_place(const nn::Model& model, const HfWeights& weights, std::vector<std::string>& paths);
-  void plan_cache();   // regions in a cache file of our own layout
-  void read(int64_t block, int buffer);   // starts reading the block's region into buffers_[buffer]
+  void plan_cache();   // one piece a block in a cache file of our own layout
+  void read(int64_t block, int buffer);   // starts reading the block's pieces into buffers_[buffer]
 
   c10::Device device_;
   std::vector<std::vector<Param>> blocks_;
-  std::vector<Region> regions_;   // by block
+  std::vector<std::vector<Piece>> pieces_;   // by block
   std::vector<std::unique_ptr<memory::OffloadFile>> files_;   // the checkpoint's files read in place, or the one cache
   bool in_place_ = false;
   int64_t block_bytes_ = 0;
   memory::AlignedBuffer buffers_[2];
   int64_t pending_block_ = -1;   // the block being read, into buffers_[pending_buffer_]
   int pending_buffer_ = 0;
-  memory::OffloadFile::Ticket pending_ = 0;
+  std::vector<std::pair<size_t, memory::OffloadFile::Ticket>> pending_;   // its pieces' reads: file, ticket
   int64_t most_held_ = 0, resident_bytes_ = 0, blocks_read_ = 0;
 };
 
