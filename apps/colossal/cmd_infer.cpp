@@ -23,6 +23,7 @@
 #include "models/registry.h"
 #include "src/nn/kernel_choice.h"
 #include "src/quant/quant_config.h"
+#include "src/quant/quantized_linear.h"
 
 namespace fs = std::filesystem;
 
@@ -121,20 +122,22 @@ void run(InferArgs& a) {
   const c10::Device device = a.tensor_parallel > 1 ? c10::Device(c10::kCPU) : resolve_device(a.device, "--device");
   // A quantized checkpoint (colossal quantize) builds the same model with quantized linear layers.
   const auto& quantized = opened.quantized;
-  if (quantized && a.stream_weights)
-    throw Error("--stream-weights streams fp32 blocks, and " + dir + " is quantized (" + quant::scheme_name(quantized->scheme) +
-                "); drop --stream-weights (its weights take " + std::to_string(quantized->bits()) + " bits each)");
   // The weights pass through host memory on any device (read there, then moved); each rank of a
   // tensor-parallel job holds its share.
   if (!a.stream_weights)
     require_host_memory((quantized ? quantized->bits() / 8.0 : 4.0) * static_cast<double>(count_parameters(info.model)) /
                             static_cast<double>(a.tensor_parallel),
-                        "the model in " + dir + (quantized ? "" : " (fp32 weights; --stream-weights reads them block by block instead)"));
+                        "the model in " + dir + (quantized ? " (--stream-weights reads its blocks one at a time instead)"
+                                                              : " (fp32 weights; --stream-weights reads them block by block instead)"));
   const std::string user = "colossal infer (text generation)";
   std::shared_ptr<nn::CausalLM> model;
   if (a.stream_weights) {   // shapes only: the streamer fills each block as it runs
-    nn::LayerFactory deferred(nn::ParamStorage::deferred);
-    model = nn::model_as<nn::CausalLM>(build_model(info.model, deferred, /*initialise=*/false), user);
+    // Quantized blocks stream their integers and scales as stored (the row layout: no packing for the
+    // GEMM, which would rewrite each block on every read), a quarter or an eighth of fp32's bytes a token.
+    std::unique_ptr<nn::LayerFactory> deferred =
+        quantized ? std::make_unique<quant::QuantizedLayerFactory>(*quantized, nn::ParamStorage::deferred)
+                  : std::make_unique<nn::LayerFactory>(nn::ParamStorage::deferred);
+    model = nn::model_as<nn::CausalLM>(build_model(info.model, *deferred, /*initialise=*/false), user);
   } else {
     model = load_generation_model(opened, user, tensor_group, /*pack_for_cpu=*/device.is_cpu());
   }

@@ -253,7 +253,7 @@ std::map<std::string, StoredAsIs> parameters_stored_as_is(const nn::Model& model
   for (const auto& item : model.named_parameters()) {
     const at::Tensor& p = item.value();
     const auto target = names.to_hf(item.key());
-    if (target.names.size() != 1 || target.interleave_heads || item.shard().split() || !at::isFloatingType(p.scalar_type())) continue;
+    if (target.names.size() != 1 || target.interleave_heads || item.shard().split()) continue;
     auto it = stored.find(target.names[0]);
     if (it == stored.end()) continue;
     const SafetensorsEntry* e = weights.entry(it->second);

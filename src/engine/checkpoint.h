@@ -104,8 +104,8 @@ void read_model_state(const nn::Model& model, const HfWeights& weights,
                       const std::function<void(const std::string& name, const at::Tensor& value)>& take,
                       const std::function<bool(const std::string& name)>& only = {});
 // A parameter whose stored tensor is already our tensor, byte for byte, or its transpose (GPT-2's Conv1D
-// weights): one tensor of the parameter's own floating type in a safetensors file, not parts of it, not
-// heads interleaved, not a tensor-parallel piece. A reader can then view the file's bytes in place
+// weights): one tensor of the parameter's own type (fp32, or a quantized layer's integers) in a
+// safetensors file, not parts of it, not heads interleaved, not a tensor-parallel piece. A reader can then view the file's bytes in place
 // (StreamedWeights reads blocks straight from the checkpoint this way).
 struct StoredAsIs {
   std::string file;

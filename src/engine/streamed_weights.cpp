@@ -90,7 +90,7 @@ StreamedWeights::StreamedWeights(nn::Model& model, const HfWeights& weights, c10
     const auto& params = blocks_[static_cast<size_t>(b)];
     for (size_t i = 0; i < params.size(); ++i) {
       const at::Tensor& v = held[static_cast<size_t>(b)][i];
-      std::memcpy(buffers_[0].data() + params[i].offset, v.const_data_ptr<float>(), static_cast<size_t>(v.numel()) * 4);
+      std::memcpy(buffers_[0].data() + params[i].offset, v.const_data_ptr(), v.nbytes());
     }
     held[static_cast<size_t>(b)].clear();
     const Piece& p = pieces_[static_cast<size_t>(b)].front();
@@ -165,13 +165,14 @@ std::string StreamedWeights::plan_in_place(const nn::Model& model, const HfWeigh
 }
 
 void StreamedWeights::plan_cache() {
-  // Each block's region: its parameters one after another, fp32, in our layout.
+  // Each block's region: its parameters one after another, in our layout and their own types (fp32; a
+  // quantized layer's integers and scales).
   int64_t total = 0;
   for (auto& params : blocks_) {
     int64_t at = 0;
     for (auto& p : params) {
       p.offset = at;
-      at = align_up(at + p.tensor.numel() * 4, kParamAlign);
+      at = align_up(at + static_cast<int64_t>(p.tensor.nbytes()), kParamAlign);
     }
     pieces_.push_back({{0, total, at, 0}});
     total += memory::io_round_up(at);
@@ -235,7 +236,7 @@ void StreamedWeights::before_forward(int64_t block) {
 
 void StreamedWeights::after_forward(int64_t block) {
   at::NoGradGuard no_grad;
-  for (auto& p : blocks_[static_cast<size_t>(block)]) p.tensor.set_data(nn::unallocated_tensor(p.tensor.sizes()));
+  for (auto& p : blocks_[static_cast<size_t>(block)]) p.tensor.set_data(nn::unallocated_tensor(p.tensor.sizes(), p.tensor.scalar_type()));
 }
 
 }  // namespace colossal

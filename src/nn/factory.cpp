@@ -76,8 +76,8 @@ at::Tensor Embedding::head_cross_entropy(const at::Tensor& x, const at::Tensor& 
   return lm_head_cross_entropy(x, weight(), targets);
 }
 
-at::Tensor unallocated_tensor(at::IntArrayRef shape) {
-  at::Tensor t = at::empty({0});
+at::Tensor unallocated_tensor(at::IntArrayRef shape, at::ScalarType dtype) {
+  at::Tensor t = at::empty({0}, dtype);
   t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);   // sizes only: the storage stays empty
   return t;
 }

@@ -121,7 +121,7 @@ class LayerNorm;
 enum class ParamStorage { allocated, deferred };
 
 // A tensor of `shape` whose storage holds nothing yet (what deferred parameters are made of).
-at::Tensor unallocated_tensor(at::IntArrayRef shape);
+at::Tensor unallocated_tensor(at::IntArrayRef shape, at::ScalarType dtype = at::kFloat);
 // Whether `t` has elements but no memory behind them (a deferred parameter, or a released ZeRO-3 chunk).
 bool is_unallocated(const at::Tensor& t);
 

@@ -30,14 +30,18 @@ bool decoding_rows(const at::Tensor& x, int64_t in) {
 
 }  // namespace
 
-QuantizedLinear::QuantizedLinear(const nn::LinearSpec& spec, const QuantConfig& config)
+QuantizedLinear::QuantizedLinear(const nn::LinearSpec& spec, const QuantConfig& config, nn::ParamStorage storage)
     : config_(config), in_(spec.in), out_(spec.out) {
   check_layer(config, spec.in, "a linear layer of " + std::to_string(spec.in) + " x " + std::to_string(spec.out));
   const auto dtype = config.scheme == Scheme::int4_weight ? at::kByte : at::kChar;
-  qweight_ = register_parameter("qweight", at::zeros(q_shape(config, spec.out, spec.in), dtype), /*requires_grad=*/false);
-  scales_ = register_parameter("scales", at::zeros(scales_shape(config, spec.out, spec.in)), /*requires_grad=*/false);
-  if (spec.bias) bias_ = register_parameter("bias", at::zeros({spec.out}), /*requires_grad=*/false);
-  if (config.scheme == Scheme::int8_smoothquant) smooth_ = register_parameter("smooth", at::ones({spec.in}), /*requires_grad=*/false);
+  const bool deferred = storage == nn::ParamStorage::deferred;
+  auto make = [&](at::IntArrayRef shape, at::ScalarType type, double fill) {
+    return deferred ? nn::unallocated_tensor(shape, type) : at::full(shape, fill, at::TensorOptions().dtype(type));
+  };
+  qweight_ = register_parameter("qweight", make(q_shape(config, spec.out, spec.in), dtype, 0), /*requires_grad=*/false);
+  scales_ = register_parameter("scales", make(scales_shape(config, spec.out, spec.in), at::kFloat, 0), /*requires_grad=*/false);
+  if (spec.bias) bias_ = register_parameter("bias", make({spec.out}, at::kFloat, 0), /*requires_grad=*/false);
+  if (config.scheme == Scheme::int8_smoothquant) smooth_ = register_parameter("smooth", make({spec.in}, at::kFloat, 1), /*requires_grad=*/false);
 }
 
 namespace {
@@ -246,7 +250,7 @@ bool QuantizedEmbedding::pack_for_cpu() { return !packed_ && (packed_ = pack_in_
 
 std::shared_ptr<nn::Linear> QuantizedLayerFactory::linear(const nn::LinearSpec& spec) {
   ++layers_;
-  auto layer = std::make_shared<QuantizedLinear>(spec, config_);
+  auto layer = std::make_shared<QuantizedLinear>(spec, config_, storage());
   built_layers_.push_back(layer);
   return layer;
 }

@@ -24,8 +24,9 @@ namespace colossal::quant {
 
 class QuantizedLinear : public nn::Linear {
  public:
-  // Error when `in` cannot take the config's groups (check_layer).
-  QuantizedLinear(const nn::LinearSpec& spec, const QuantConfig& config);
+  // Error when `in` cannot take the config's groups (check_layer). Deferred: the tensors have shapes
+  // and types but no memory (a streamed model's blocks, filled as each runs).
+  QuantizedLinear(const nn::LinearSpec& spec, const QuantConfig& config, nn::ParamStorage storage = nn::ParamStorage::allocated);
   at::Tensor forward(const at::Tensor& x) override;   // [..., in] -> [..., out]
   at::Tensor& weight() override { return qweight_; }  // the integers (packed: the panels)
   // Where this CPU has the integer GEMM and the layer suits it (weight-only, whole blocks of 32):
@@ -77,7 +78,9 @@ at::Tensor packed_matmul(const at::Tensor& x, const at::Tensor& panels, const at
 
 class QuantizedLayerFactory : public nn::LayerFactory {
  public:
-  explicit QuantizedLayerFactory(QuantConfig config) : config_(config) {}
+  // Deferred storage: the linear layers' tensors have no memory until given (a streamed model's blocks).
+  explicit QuantizedLayerFactory(QuantConfig config, nn::ParamStorage storage = nn::ParamStorage::allocated)
+      : nn::LayerFactory(storage), config_(config) {}
   std::shared_ptr<nn::Linear> linear(const nn::LinearSpec& spec) override;
   // The vocabulary embedding (the tied head) quantized to int8 rows; other embeddings stay fp32.
   std::shared_ptr<nn::Embedding> embedding(int64_t num, int64_t dim, nn::Split split) override;
