@@ -105,8 +105,8 @@ void read_model_state(const nn::Model& model, const HfWeights& weights,
                       const std::function<bool(const std::string& name)>& only = {});
 // A parameter whose stored tensor is already our tensor, byte for byte, or its transpose (GPT-2's Conv1D
 // weights): one tensor of the parameter's own type (fp32, or a quantized layer's integers) in a
-// safetensors file, not parts of it, not heads interleaved, not a tensor-parallel piece. A reader can then view the file's bytes in place
-// (StreamedWeights reads blocks straight from the checkpoint this way).
+// safetensors file, not parts of it, not heads interleaved, not a tensor-parallel piece. A reader can
+// then view the file's bytes in place (StreamedWeights reads blocks straight from the checkpoint so).
 struct StoredAsIs {
   std::string file;
   uint64_t offset = 0, bytes = 0;      // from the file's start

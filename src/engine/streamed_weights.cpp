@@ -64,8 +64,10 @@ StreamedWeights::StreamedWeights(nn::Model& model, const HfWeights& weights, c10
   if (!in_place_) plan_cache();
   int64_t largest = 0;   // a block's buffer: its pieces, each from an aligned place
   for (const auto& pieces : pieces_) {
-    for (const Piece& p : pieces) block_bytes_ += p.bytes;
-    largest = std::max(largest, pieces.back().at + memory::io_round_up(pieces.back().bytes));
+    for (const Piece& p : pieces) {
+      block_bytes_ += p.bytes;
+      largest = std::max(largest, p.at + memory::io_round_up(p.bytes));
+    }
   }
   memory::OffloadFileOptions options;
   // Through the page cache while the blocks fit in half of what this process may hold (a job's or a
