@@ -84,9 +84,10 @@ TEST(EndToEnd, TinyRecipeLearnsAndInferIsDeterministicForASeed) {
   // Each block's weights read from the disk as it runs (a model larger than memory): the same tokens,
   // with two blocks' weights in memory at most (the running one and the one being read). Our GPT-2
   // checkpoint holds every block tensor as the model computes with it (the Conv1D weights transposed),
-  // so the blocks are read in place from model.safetensors; through the cache, the same tokens again.
+  // so the blocks are read in place from model.safetensors (mapped, this small model being read through
+  // the page cache; with O_DIRECT, into buffers); through the cache, the same tokens again.
   const std::string streaming = "infer " + ckpt + " --prompts " + (dir / "prompts.txt") + " -n 20 --greedy --jsonl -q --stream-weights --stream-cache " + dir.path();
-  for (const char* source : {"", " --stream-source checkpoint", " --stream-source cache"}) {
+  for (const char* source : {"", " --stream-source checkpoint --stream-io direct", " --stream-source cache", " --stream-source cache --stream-io direct"}) {
     auto streamed = run_colossal(streaming + source);
     ASSERT_EQ(streamed.exit_code, 0) << source << "\n" << streamed.output;
     EXPECT_EQ(streamed.output, batch.output) << source;
@@ -94,7 +95,7 @@ TEST(EndToEnd, TinyRecipeLearnsAndInferIsDeterministicForASeed) {
   auto logged = run_colossal("infer " + ckpt + " -p 'In the beginning' -n 5 --greedy --stream-weights");
   ASSERT_EQ(logged.exit_code, 0) << logged.output;
   EXPECT_NE(logged.output.find("at most 2 blocks in memory"), std::string::npos) << logged.output;
-  EXPECT_NE(logged.output.find("in place from the checkpoint's files"), std::string::npos) << logged.output;
+  EXPECT_NE(logged.output.find("in place from the checkpoint's files (mapped"), std::string::npos) << logged.output;
   auto cached = run_colossal("infer " + ckpt + " -p 'In the beginning' -n 5 --greedy --stream-weights --stream-source cache --stream-cache " + dir.path());
   ASSERT_EQ(cached.exit_code, 0) << cached.output;
   EXPECT_NE(cached.output.find("cache in " + dir.path()), std::string::npos) << cached.output;
@@ -124,9 +125,12 @@ TEST(EndToEnd, TinyRecipeLearnsAndInferIsDeterministicForASeed) {
       colossal::save_safetensors(sharded + "/" + file, part);
     }
     write_file(sharded + "/model.safetensors.index.json", index.dump());
-    auto in_shards = run_colossal("infer " + sharded + " --prompts " + (dir / "prompts.txt") + " -n 20 --greedy --jsonl -q --stream-weights --stream-source checkpoint");
-    ASSERT_EQ(in_shards.exit_code, 0) << in_shards.output;
-    EXPECT_EQ(in_shards.output, batch.output);
+    for (const char* io : {"direct", "page-cache"}) {
+      auto in_shards = run_colossal("infer " + sharded + " --prompts " + (dir / "prompts.txt") +
+                                    " -n 20 --greedy --jsonl -q --stream-weights --stream-source checkpoint --stream-io " + io);
+      ASSERT_EQ(in_shards.exit_code, 0) << io << "\n" << in_shards.output;
+      EXPECT_EQ(in_shards.output, batch.output) << io;
+    }
   }
 
   // A stop string ends the completion before it.

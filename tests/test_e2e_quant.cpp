@@ -80,11 +80,13 @@ TEST(QuantizeEndToEnd, ATrainedGptQuantizesWithinItsPerplexityBoundsAndGenerates
       setenv("COLOSSAL_CPU_ISA", "baseline", 1);
       const std::string run = "infer " + out + " --prompts " + (dir / "prompts.txt") + " -n 16 --greedy --jsonl -q";
       auto in_memory = run_colossal(run);
-      auto streamed = run_colossal(run + " --stream-weights --stream-source checkpoint");
+      auto streamed = run_colossal(run + " --stream-weights --stream-source checkpoint");   // mapped
+      auto direct = run_colossal(run + " --stream-weights --stream-source checkpoint --stream-io direct");
       auto cached = run_colossal(run + " --stream-weights --stream-source cache --stream-cache " + dir.path());
       unsetenv("COLOSSAL_CPU_ISA");
       ASSERT_EQ(in_memory.exit_code, 0) << in_memory.output;
       EXPECT_EQ(streamed.output, in_memory.output) << s.flags;
+      EXPECT_EQ(direct.output, in_memory.output) << s.flags;
       EXPECT_EQ(cached.output, in_memory.output) << s.flags;
     }
     // Split across two ranks (1D: each its quantized pieces), the same tokens as one process.

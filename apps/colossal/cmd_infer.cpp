@@ -41,6 +41,7 @@ struct InferArgs {
   bool quiet = false;
   bool stream_weights = false;   // each block's weights read from the disk as it runs (src/engine/streamed_weights.h)
   std::string stream_source = "auto";      // in place from the checkpoint, or through a cache file
+  std::string stream_io = "auto";          // O_DIRECT or the page cache, by what fits
   std::string stream_cache = "/var/tmp";   // where a cache file goes
   int64_t tensor_parallel = 1;   // ranks the model is split across (1D tensor parallelism)
 };
@@ -151,14 +152,16 @@ void run(InferArgs& a) {
     }
   } stop_streaming{streamed};
   if (a.stream_weights) {
-    streamed = std::make_shared<StreamedWeights>(*model, HfWeights::open(dir), device, a.stream_cache, parse_stream_source(a.stream_source));
+    streamed = std::make_shared<StreamedWeights>(*model, HfWeights::open(dir), device, a.stream_cache, parse_stream_source(a.stream_source),
+                                                  parse_stream_io(a.stream_io));
     auto chain = std::make_shared<nn::BlockHooks>();
     chain->add(streamed);
     model->set_block_hooks(chain);
     const std::string from = streamed->in_place() ? "in place from the checkpoint's files"
                                                   : "from a " + human_bytes(static_cast<double>(streamed->cache_bytes())) + " cache in " + a.stream_cache;
     spdlog::info("streaming {}'s blocks ({}) {} ({}; {} parameters, {} of them kept outside the blocks) on {}", dir,
-                 human_bytes(static_cast<double>(streamed->block_bytes())), from, streamed->direct() ? "O_DIRECT" : "page cache",
+                 human_bytes(static_cast<double>(streamed->block_bytes())), from,
+                 streamed->direct() ? "O_DIRECT" : streamed->mapped() ? "mapped, through the page cache" : "page cache",
                  model->parameter_count(), human_bytes(static_cast<double>(streamed->resident_bytes())), describe_device(device));
   } else {
     model->to(device);
@@ -248,6 +251,10 @@ void add_infer_command(CLI::App& app) {
                   "Where --stream-weights reads the blocks: auto (in place from the checkpoint's safetensors where it holds them as "
                   "computed, GPT-2's layouts; else a cache), checkpoint (in place, or an error saying why not) or cache")
       ->capture_default_str()->check(CLI::IsMember({"auto", "checkpoint", "cache"}));
+  cmd->add_option("--stream-io", a->stream_io,
+                  "How --stream-weights reads: auto (O_DIRECT when the blocks pass half the memory this process may hold, else the "
+                  "page cache), direct or page-cache (a checkpoint read in place is then mapped)")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "direct", "page-cache"}));
   cmd->add_option("--stream-cache", a->stream_cache, "Directory for --stream-weights' cache file when it needs one (on a fast local disk; removed on exit)")
       ->capture_default_str();
   cmd->add_option("--tensor-parallel", a->tensor_parallel,

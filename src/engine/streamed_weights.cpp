@@ -3,7 +3,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -34,8 +40,40 @@ StreamSource parse_stream_source(const std::string& name) {
   throw Error("--stream-source '" + name + "' is not auto, checkpoint or cache");
 }
 
+StreamIo parse_stream_io(const std::string& name) {
+  if (name == "auto") return StreamIo::automatic;
+  if (name == "direct") return StreamIo::direct;
+  if (name == "page-cache") return StreamIo::page_cache;
+  throw Error("--stream-io '" + name + "' is not auto, direct or page-cache");
+}
+
+StreamedWeights::Mapping::Mapping(const std::string& path, const std::string& what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  struct stat st{};
+  if (fd < 0 || ::fstat(fd, &st) != 0) {
+    const int e = errno;
+    if (fd >= 0) ::close(fd);
+    throw Error(what + ": cannot open " + path + " (" + std::strerror(e) + ")");
+  }
+  bytes = static_cast<size_t>(st.st_size);
+  void* p = bytes ? ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
+  const int e = errno;
+  ::close(fd);   // the mapping keeps the file
+  if (p == MAP_FAILED) throw Error(what + ": cannot map " + path + " (" + std::strerror(e) + ")");
+  base = static_cast<char*>(p);
+}
+
+StreamedWeights::Mapping::Mapping(Mapping&& o) noexcept : base(o.base), bytes(o.bytes) {
+  o.base = nullptr;
+  o.bytes = 0;
+}
+
+StreamedWeights::Mapping::~Mapping() {
+  if (base) ::munmap(base, bytes);
+}
+
 StreamedWeights::StreamedWeights(nn::Model& model, const HfWeights& weights, c10::Device device, const std::string& cache_dir,
-                                 StreamSource source)
+                                 StreamSource source, StreamIo io)
     : device_(device) {
   if (model.blocks().empty()) throw Error("streamed weights: the model has no blocks to stream");
   std::map<const void*, int64_t> block_of;
@@ -72,8 +110,13 @@ StreamedWeights::StreamedWeights(nn::Model& model, const HfWeights& weights, c10
   memory::OffloadFileOptions options;
   // Through the page cache while the blocks fit in half of what this process may hold (a job's or a
   // container's memory limit counts the cache too), else around it.
-  options.direct = static_cast<double>(block_bytes_) > 0.5 * static_cast<double>(usable_memory_bytes());
-  if (in_place_) {
+  options.direct = io == StreamIo::automatic ? static_cast<double>(block_bytes_) > 0.5 * static_cast<double>(usable_memory_bytes())
+                                             : io == StreamIo::direct;
+  mapped_ = in_place_ && !options.direct;
+  if (mapped_) {
+    for (const auto& path : paths) maps_.emplace_back(path, "checkpoint file " + path);
+    largest = 0;   // no buffers: the blocks are viewed in the mapping
+  } else if (in_place_) {
     for (const auto& path : paths) files_.push_back(memory::OffloadFile::open_for_reading(path, "checkpoint file " + path, options));
   } else {
     const Piece& last = pieces_.back().front();
@@ -159,6 +202,7 @@ std::string StreamedWeights::plan_in_place(const nn::Model& model, const HfWeigh
       const StoredAsIs& s = as_is.at(p.name);
       const Piece& piece = *std::find_if(pieces[b].begin(), pieces[b].end(), [&](const Piece& q) { return paths[q.file] == s.file; });
       p.offset = piece.at + static_cast<int64_t>(s.offset) - piece.offset;
+      p.piece = static_cast<size_t>(&piece - pieces[b].data());
       p.shape = s.stored_shape;
       p.transpose = s.transpose;
     }
@@ -189,7 +233,7 @@ StreamedWeights::~StreamedWeights() {
 }
 
 int64_t StreamedWeights::bytes_read() const {
-  int64_t n = 0;
+  int64_t n = mapped_bytes_;
   for (const auto& f : files_) n += f->bytes_read();
   return n;
 }
@@ -211,8 +255,14 @@ void StreamedWeights::stop() {
 void StreamedWeights::read(int64_t block, int buffer) {
   pending_block_ = block;
   pending_buffer_ = buffer;
-  for (const Piece& p : pieces_[static_cast<size_t>(block)])
-    pending_.emplace_back(p.file, files_[p.file]->read(p.offset, buffers_[buffer].data() + p.at, p.bytes));
+  for (const Piece& p : pieces_[static_cast<size_t>(block)]) {
+    if (mapped_) {   // the kernel reads the pages ahead while this block runs; nothing to wait for
+      ::madvise(maps_[p.file].base + p.offset, static_cast<size_t>(p.bytes), MADV_WILLNEED);
+      mapped_bytes_ += p.bytes;
+    } else {
+      pending_.emplace_back(p.file, files_[p.file]->read(p.offset, buffers_[buffer].data() + p.at, p.bytes));
+    }
+  }
   ++blocks_read_;
 }
 
@@ -225,7 +275,14 @@ void StreamedWeights::before_forward(int64_t block) {
   stop();   // waits for the read: the block's weights are in buffers_[buffer]
   at::NoGradGuard no_grad;
   for (auto& p : blocks_[static_cast<size_t>(block)]) {
-    at::Tensor view = buffers_[buffer].view(p.offset, p.tensor.numel(), p.tensor.scalar_type()).view(p.shape);
+    at::Tensor view;
+    if (mapped_) {   // read-only memory: the blocks' weights are only ever read
+      const Piece& piece = pieces_[static_cast<size_t>(block)][p.piece];
+      char* at = maps_[piece.file].base + piece.offset + (p.offset - piece.at);
+      view = at::from_blob(at, {p.tensor.numel()}, [](void*) {}, at::TensorOptions().dtype(p.tensor.scalar_type())).view(p.shape);
+    } else {
+      view = buffers_[buffer].view(p.offset, p.tensor.numel(), p.tensor.scalar_type()).view(p.shape);
+    }
     if (p.transpose) view = view.t();
     p.tensor.set_data(device_.is_cpu() ? view : view.to(device_));
   }

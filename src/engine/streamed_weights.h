@@ -16,7 +16,10 @@
 //   bf16 files). The file has no name and goes with the process.
 // The reads go through the page cache when all blocks fit in half of the memory this process may hold
 // (a model that fits is then read at memory speed after the first token) and O_DIRECT otherwise (a
-// larger model must not fill the page cache with what it will read again only next token).
+// larger model must not fill the page cache with what it will read again only next token); StreamIo
+// forces either. Through the page cache, a checkpoint read in place is mapped instead of read: each
+// block's parameters view the mapping, and the next block's pages are asked for ahead (madvise), so no
+// byte is copied (a read out of the checkpoint's cached pages cost twice the cache file's).
 //
 // A block hook (nn/block_hooks.h), so the model and the generator are unchanged: the same greedy tokens
 // come out as from the model in memory.
@@ -39,12 +42,16 @@ namespace colossal {
 enum class StreamSource { automatic, checkpoint, cache };
 // "auto", "checkpoint" or "cache"; an Error naming the valid values otherwise.
 StreamSource parse_stream_source(const std::string& name);
+// How the blocks are read: by the memory rule above (automatic), always O_DIRECT, or always through the
+// page cache (mapped, for a checkpoint read in place). "auto", "direct" or "page-cache".
+enum class StreamIo { automatic, direct, page_cache };
+StreamIo parse_stream_io(const std::string& name);
 
 class StreamedWeights : public nn::BlockHook {
  public:
   // `model` was built with nn::ParamStorage::deferred; a cache file goes in directory `cache_dir`.
   StreamedWeights(nn::Model& model, const HfWeights& weights, c10::Device device, const std::string& cache_dir,
-                  StreamSource source = StreamSource::automatic);
+                  StreamSource source = StreamSource::automatic, StreamIo io = StreamIo::automatic);
   ~StreamedWeights() override;
   StreamedWeights(const StreamedWeights&) = delete;
   StreamedWeights& operator=(const StreamedWeights&) = delete;
@@ -60,7 +67,8 @@ class StreamedWeights : public nn::BlockHook {
   int64_t block_bytes() const { return block_bytes_; }         // what one pass over the blocks reads
   bool in_place() const { return in_place_; }                  // read from the checkpoint's files, no cache
   int64_t cache_bytes() const { return in_place_ ? 0 : files_.front()->size(); }
-  bool direct() const { return files_.front()->direct(); }
+  bool direct() const { return !mapped_ && files_.front()->direct(); }
+  bool mapped() const { return mapped_; }   // the checkpoint's files mapped, the blocks viewed there
 
  private:
   struct Param {
@@ -69,6 +77,15 @@ class StreamedWeights : public nn::BlockHook {
     int64_t offset = 0;            // bytes into its block's buffer
     std::vector<int64_t> shape;    // as it lies there: ours, or ours transposed when `transpose`
     bool transpose = false;
+    size_t piece = 0;              // in place: which of its block's pieces holds it
+  };
+  struct Mapping {   // a checkpoint file mapped read-only, unmapped with the streamer
+    char* base = nullptr;
+    size_t bytes = 0;
+    Mapping(const std::string& path, const std::string& what);
+    Mapping(Mapping&& o) noexcept;
+    Mapping& operator=(Mapping&&) = delete;
+    ~Mapping();
   };
   // Where part of a block's bytes are: files_[file] from `offset` (aligned), `bytes` long, read into the
   // block's buffer at `at` (aligned). A block is one piece, or one per file where a sharded checkpoint
@@ -80,13 +97,15 @@ class StreamedWeights : public nn::BlockHook {
   // The in-place plan (pieces_ and the parameters' places), or why the checkpoint does not allow one.
   std::string plan_in_place(const nn::Model& model, const HfWeights& weights, std::vector<std::string>& paths);
   void plan_cache();   // one piece a block in a cache file of our own layout
-  void read(int64_t block, int buffer);   // starts reading the block's pieces into buffers_[buffer]
+  void read(int64_t block, int buffer);   // starts reading the block's pieces into buffers_[buffer] (mapped: asks for their pages)
 
   c10::Device device_;
   std::vector<std::vector<Param>> blocks_;
   std::vector<std::vector<Piece>> pieces_;   // by block
   std::vector<std::unique_ptr<memory::OffloadFile>> files_;   // the checkpoint's files read in place, or the one cache
-  bool in_place_ = false;
+  std::vector<Mapping> maps_;   // or the checkpoint's files mapped
+  bool in_place_ = false, mapped_ = false;
+  int64_t mapped_bytes_ = 0;   // bytes of the blocks viewed in the mapping so far
   int64_t block_bytes_ = 0;
   memory::AlignedBuffer buffers_[2];
   int64_t pending_block_ = -1;   // the block being read, into buffers_[pending_buffer_]
