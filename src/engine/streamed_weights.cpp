@@ -3,13 +3,9 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -45,31 +41,6 @@ StreamIo parse_stream_io(const std::string& name) {
   if (name == "direct") return StreamIo::direct;
   if (name == "page-cache") return StreamIo::page_cache;
   throw Error("--stream-io '" + name + "' is not auto, direct or page-cache");
-}
-
-StreamedWeights::Mapping::Mapping(const std::string& path, const std::string& what) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  struct stat st{};
-  if (fd < 0 || ::fstat(fd, &st) != 0) {
-    const int e = errno;
-    if (fd >= 0) ::close(fd);
-    throw Error(what + ": cannot open " + path + " (" + std::strerror(e) + ")");
-  }
-  bytes = static_cast<size_t>(st.st_size);
-  void* p = bytes ? ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
-  const int e = errno;
-  ::close(fd);   // the mapping keeps the file
-  if (p == MAP_FAILED) throw Error(what + ": cannot map " + path + " (" + std::strerror(e) + ")");
-  base = static_cast<char*>(p);
-}
-
-StreamedWeights::Mapping::Mapping(Mapping&& o) noexcept : base(o.base), bytes(o.bytes) {
-  o.base = nullptr;
-  o.bytes = 0;
-}
-
-StreamedWeights::Mapping::~Mapping() {
-  if (base) ::munmap(base, bytes);
 }
 
 StreamedWeights::StreamedWeights(nn::Model& model, const HfWeights& weights, c10::Device device, const std::string& cache_dir,
@@ -114,7 +85,12 @@ StreamedWeights::StreamedWeights(nn::Model& model, const HfWeights& weights, c10
                                              : io == StreamIo::direct;
   mapped_ = in_place_ && !options.direct;
   if (mapped_) {
-    for (const auto& path : paths) maps_.emplace_back(path, "checkpoint file " + path);
+    for (const auto& pieces : pieces_) {
+      mapped_pieces_.emplace_back();
+      for (const Piece& p : pieces)
+        mapped_pieces_.back().push_back(map_file_bytes(paths[p.file], static_cast<uint64_t>(p.offset), static_cast<uint64_t>(p.bytes),
+                                                       "checkpoint file " + paths[p.file]));
+    }
     largest = 0;   // no buffers: the blocks are viewed in the mapping
   } else if (in_place_) {
     for (const auto& path : paths) files_.push_back(memory::OffloadFile::open_for_reading(path, "checkpoint file " + path, options));
@@ -257,7 +233,9 @@ void StreamedWeights::read(int64_t block, int buffer) {
   pending_buffer_ = buffer;
   for (const Piece& p : pieces_[static_cast<size_t>(block)]) {
     if (mapped_) {   // the kernel reads the pages ahead while this block runs; nothing to wait for
-      ::madvise(maps_[p.file].base + p.offset, static_cast<size_t>(p.bytes), MADV_WILLNEED);
+      // (pieces start at kIoAlign offsets, which mmap's page rounding keeps: each mapping starts at its data)
+      const at::Tensor& m = mapped_pieces_[static_cast<size_t>(block)][static_cast<size_t>(&p - pieces_[static_cast<size_t>(block)].data())];
+      ::madvise(m.data_ptr(), static_cast<size_t>(m.numel()), MADV_WILLNEED);
       mapped_bytes_ += p.bytes;
     } else {
       pending_.emplace_back(p.file, files_[p.file]->read(p.offset, buffers_[buffer].data() + p.at, p.bytes));
@@ -278,8 +256,8 @@ void StreamedWeights::before_forward(int64_t block) {
     at::Tensor view;
     if (mapped_) {   // read-only memory: the blocks' weights are only ever read
       const Piece& piece = pieces_[static_cast<size_t>(block)][p.piece];
-      char* at = maps_[piece.file].base + piece.offset + (p.offset - piece.at);
-      view = at::from_blob(at, {p.tensor.numel()}, [](void*) {}, at::TensorOptions().dtype(p.tensor.scalar_type())).view(p.shape);
+      const at::Tensor& m = mapped_pieces_[static_cast<size_t>(block)][p.piece];   // kept alive by the streamer
+      view = m.narrow(0, p.offset - piece.at, static_cast<int64_t>(p.tensor.nbytes())).view(p.tensor.scalar_type()).view(p.shape);
     } else {
       view = buffers_[buffer].view(p.offset, p.tensor.numel(), p.tensor.scalar_type()).view(p.shape);
     }

@@ -79,14 +79,6 @@ class StreamedWeights : public nn::BlockHook {
     bool transpose = false;
     size_t piece = 0;              // in place: which of its block's pieces holds it
   };
-  struct Mapping {   // a checkpoint file mapped read-only, unmapped with the streamer
-    char* base = nullptr;
-    size_t bytes = 0;
-    Mapping(const std::string& path, const std::string& what);
-    Mapping(Mapping&& o) noexcept;
-    Mapping& operator=(Mapping&&) = delete;
-    ~Mapping();
-  };
   // Where part of a block's bytes are: files_[file] from `offset` (aligned), `bytes` long, read into the
   // block's buffer at `at` (aligned). A block is one piece, or one per file where a sharded checkpoint
   // splits it (transformers cuts shards between tensors, not between blocks).
@@ -103,7 +95,7 @@ class StreamedWeights : public nn::BlockHook {
   std::vector<std::vector<Param>> blocks_;
   std::vector<std::vector<Piece>> pieces_;   // by block
   std::vector<std::unique_ptr<memory::OffloadFile>> files_;   // the checkpoint's files read in place, or the one cache
-  std::vector<Mapping> maps_;   // or the checkpoint's files mapped
+  std::vector<std::vector<at::Tensor>> mapped_pieces_;   // or, by block, its pieces mapped (src/io/safetensors.h)
   bool in_place_ = false, mapped_ = false;
   int64_t mapped_bytes_ = 0;   // bytes of the blocks viewed in the mapping so far
   int64_t block_bytes_ = 0;

@@ -186,18 +186,23 @@ at::Tensor read_safetensors_tensor(const SafetensorsHeader& header, const Safete
   return t;
 }
 
+at::Tensor map_file_bytes(const std::string& path, uint64_t offset, uint64_t bytes, const std::string& what) {
+  if (bytes == 0) return at::empty({0}, at::kByte);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(what + ": cannot open " + path + ": " + std::strerror(errno));
+  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset / page * page, length = offset + bytes - start;
+  void* base = mmap(nullptr, length, PROT_READ, MAP_PRIVATE, fd, static_cast<off_t>(start));
+  const int e = errno;
+  close(fd);   // the mapping keeps the file
+  if (base == MAP_FAILED) throw Error(what + ": cannot map " + std::to_string(bytes) + " bytes of " + path + ": " + std::strerror(e));
+  void* data = static_cast<char*>(base) + (offset - start);
+  return at::from_blob(data, {static_cast<int64_t>(bytes)}, [base, length](void*) { munmap(base, length); }, at::kByte);
+}
+
 at::Tensor map_safetensors_tensor(const SafetensorsHeader& header, const SafetensorsEntry& e) {
   if (e.bytes == 0) return at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-  const int fd = open(header.path.c_str(), O_RDONLY);
-  if (fd < 0) throw Error("checkpoint " + header.path + ": cannot open it to read tensor \"" + e.name + "\": " + std::strerror(errno));
-  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  const uint64_t start = e.offset / page * page, length = e.offset + e.bytes - start;
-  void* base = mmap(nullptr, length, PROT_READ, MAP_PRIVATE, fd, static_cast<off_t>(start));
-  close(fd);   // the mapping keeps the file
-  if (base == MAP_FAILED)
-    throw Error("checkpoint " + header.path + ": cannot map tensor \"" + e.name + "\": " + std::strerror(errno));
-  void* data = static_cast<char*>(base) + (e.offset - start);
-  return at::from_blob(data, e.shape, [base, length](void*) { munmap(base, length); }, at::TensorOptions().dtype(e.dtype));
+  return map_file_bytes(header.path, e.offset, e.bytes, "checkpoint " + header.path + " (tensor \"" + e.name + "\")").view(e.dtype).view(e.shape);
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {

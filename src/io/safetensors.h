@@ -70,5 +70,8 @@ at::Tensor read_safetensors_tensor(const SafetensorsHeader& header, const Safete
 // The tensor as a read-only view of the file mapped into memory: only the pages a reader touches are
 // read from the disk (a tensor-parallel rank's rows of a table). Must not be written.
 at::Tensor map_safetensors_tensor(const SafetensorsHeader& header, const SafetensorsEntry& entry);
+// Bytes [offset, offset + bytes) of the file at `path`, mapped read-only, as a uint8 tensor whose storage
+// unmaps them when it goes; an Error naming `what` when the file cannot be opened or mapped.
+at::Tensor map_file_bytes(const std::string& path, uint64_t offset, uint64_t bytes, const std::string& what);
 
 }  // namespace colossal
