@@ -91,7 +91,6 @@ StreamedWeights::StreamedWeights(nn::Model& model, const HfWeights& weights, c10
         mapped_pieces_.back().push_back(map_file_bytes(paths[p.file], static_cast<uint64_t>(p.offset), static_cast<uint64_t>(p.bytes),
                                                        "checkpoint file " + paths[p.file]));
     }
-    largest = 0;   // no buffers: the blocks are viewed in the mapping
   } else if (in_place_) {
     for (const auto& path : paths) files_.push_back(memory::OffloadFile::open_for_reading(path, "checkpoint file " + path, options));
   } else {
@@ -99,7 +98,8 @@ StreamedWeights::StreamedWeights(nn::Model& model, const HfWeights& weights, c10
     const int64_t total = last.offset + memory::io_round_up(last.bytes);
     files_.push_back(std::make_unique<memory::OffloadFile>(cache_dir, total, "streamed weights cache in " + cache_dir, options));
   }
-  for (auto& b : buffers_) b = memory::AlignedBuffer(largest);
+  if (!mapped_)
+    for (auto& b : buffers_) b = memory::AlignedBuffer(largest);
 
   // One pass over the checkpoint, in the model's order: the parameters outside the blocks stay. For the
   // cache, each block's are held until the block is complete, then copied into buffer 0 and written.
@@ -231,10 +231,12 @@ void StreamedWeights::stop() {
 void StreamedWeights::read(int64_t block, int buffer) {
   pending_block_ = block;
   pending_buffer_ = buffer;
-  for (const Piece& p : pieces_[static_cast<size_t>(block)]) {
+  const auto& pieces = pieces_[static_cast<size_t>(block)];
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& p = pieces[i];
     if (mapped_) {   // the kernel reads the pages ahead while this block runs; nothing to wait for
       // (pieces start at kIoAlign offsets, which mmap's page rounding keeps: each mapping starts at its data)
-      const at::Tensor& m = mapped_pieces_[static_cast<size_t>(block)][static_cast<size_t>(&p - pieces_[static_cast<size_t>(block)].data())];
+      const at::Tensor& m = mapped_pieces_[static_cast<size_t>(block)][i];
       ::madvise(m.data_ptr(), static_cast<size_t>(m.numel()), MADV_WILLNEED);
       mapped_bytes_ += p.bytes;
     } else {

@@ -7,10 +7,11 @@
 //
 // Where the blocks are read from:
 // - in place, from the checkpoint's own safetensors files, when every block parameter lies there as
-//   the model computes with it (parameters_stored_as_is: fp32, one tensor, at most transposed, as our
-//   GPT-2 checkpoints and HF's GPT-2 directories hold them) and each block's tensors are together in
-//   one file: one read per block, and no second copy of the model on the disk. A transposed weight
-//   is a transposed view, which the linear layers take through ATen (no per-token copy);
+//   the model computes with it (parameters_stored_as_is: one tensor of its own type, fp32 or a quantized
+//   layer's integers, at most transposed, as our GPT-2 and quantized checkpoints and HF's GPT-2
+//   directories hold them) and each block's tensors lie together: one read per block and file (a
+//   sharded checkpoint may cut a block in two), and no second copy of the model on the disk. A
+//   transposed weight is a transposed view, which decoding multiplies by kernels::gemv_t (no copy);
 // - otherwise from a cache file under cache_dir, written once in our own layout (one contiguous region
 //   per block, converted from HF's layouts: OPT's separate q/k/v, BLOOM's interleaved heads, fp16 or
 //   bf16 files). The file has no name and goes with the process.
