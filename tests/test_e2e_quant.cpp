@@ -4,8 +4,10 @@
 // (bad schemes and groups, quantizing twice, training from or streaming a quantized model, a damaged file).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <regex>
 
+#include "src/io/hf_weights.h"
 #include "src/io/safetensors.h"
 #include "support/test_support.h"
 
@@ -27,6 +29,53 @@ double perplexity_change_percent(const std::string& output) {
   if (!std::regex_search(output, m, std::regex(R"(perplexity on \d+ tokens of .* \(held-out split\): [0-9.]+ -> [0-9.]+ \(([-+][0-9.]+)%\))")))
     return 1e9;
   return std::stod(m[1]);
+}
+
+// The "before -> after" perplexities of quantize's perplexity line.
+std::pair<double, double> perplexities(const std::string& output) {
+  std::smatch m;
+  if (!std::regex_search(output, m, std::regex(R"(perplexity on \d+ tokens of .*: ([0-9.]+) -> ([0-9.]+) \()"))) return {-1, -1};
+  return {std::stod(m[1]), std::stod(m[2])};
+}
+
+// Two model directories (one file or shards) hold the same tensors, name for name and bit for bit; or,
+// not `exact`, floats within 1e-4 and integers within 1 of each other.
+void expect_same_weights(const std::string& a, const std::string& b, bool exact) {
+  const auto wa = colossal::HfWeights::open(a), wb = colossal::HfWeights::open(b);
+  auto sorted = [](std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  ASSERT_EQ(sorted(wa.names()), sorted(wb.names())) << a << " against " << b;
+  for (const auto& name : wa.names()) {
+    const auto ta = wa.get(name), tb = wb.get(name);
+    ASSERT_TRUE(ta.scalar_type() == tb.scalar_type() && ta.sizes() == tb.sizes()) << name;
+    if (exact) EXPECT_TRUE(ta.equal(tb)) << name;
+    else if (ta.is_floating_point()) EXPECT_TRUE(ta.allclose(tb, 1e-4, 1e-6)) << name;
+    else EXPECT_LE((ta.to(at::kInt) - tb.to(at::kInt)).abs().max().item<int>(), 1) << name;
+  }
+}
+
+// Quantizes `ckpt` block at a time into `out`, cut into files of 200 KB, and checks it wrote what the
+// whole-model quantizer wrote into `whole` (whose output is `whole_output`) and scored the same perplexities.
+void expect_streamed_quantize_matches(const std::string& ckpt, const std::string& flags, const std::string& whole,
+                                      const std::string& whole_output, const std::string& out, const std::string& cache) {
+  auto q = run_colossal("quantize " + ckpt + " --out " + out + " " + flags + " --stream-weights on --stream-cache " + cache +
+                        " --max-shard-gb 0.0002 -q");
+  ASSERT_EQ(q.exit_code, 0) << q.output;
+  EXPECT_NE(q.output.find("safetensors files), block at a time"), std::string::npos) << q.output;
+  EXPECT_TRUE(std::filesystem::exists(out + "/model.safetensors.index.json")) << flags;
+  // SmoothQuant's calibration ran over the streamed blocks (GPT-2's transposed views in the files),
+  // whose GEMM may round otherwise: its factors, and so a few integers, can differ in the last place.
+  expect_same_weights(whole, out, /*exact=*/flags.find("smoothquant") == std::string::npos);
+  EXPECT_EQ(colossal::test::read_json_file(out + "/config.json"), colossal::test::read_json_file(whole + "/config.json")) << flags;
+  // The passes over text streamed the blocks from the disk: the same perplexities, to the printed digits
+  // but the last (the streamed GPT-2 weights are transposed views, whose GEMM may round otherwise).
+  const auto [before, after] = perplexities(q.output);
+  const auto [whole_before, whole_after] = perplexities(whole_output);
+  ASSERT_GT(whole_before, 0) << whole_output;
+  EXPECT_NEAR(before, whole_before, 2e-4 * whole_before) << q.output;
+  EXPECT_NEAR(after, whole_after, 2e-4 * whole_after) << q.output;
 }
 
 }  // namespace
@@ -64,6 +113,8 @@ TEST(QuantizeEndToEnd, ATrainedGptQuantizesWithinItsPerplexityBoundsAndGenerates
     }
     EXPECT_EQ(qweights, 9) << s.flags << ": 8 linear layers and the token embedding";
     EXPECT_TRUE(std::filesystem::exists(out + "/tokenizer.model"));
+    // Block at a time (a model larger than memory): the same tensors, sharded as save_pretrained shards.
+    expect_streamed_quantize_matches(ckpt, s.flags + " --eval-tokens 4096", out, q.output, dir / "qs", dir.path());
     // Generation: a batch of two prompts decodes each as it decodes alone (the quantized GEMV's rows).
     write_file(dir / "prompts.txt", "In the beginning\nThe LORD is my shepherd;\n");
     auto batch = run_colossal("infer " + out + " --prompts " + (dir / "prompts.txt") + " -n 16 --greedy --jsonl -q");
@@ -137,6 +188,12 @@ TEST_P(QuantizeFamilies, EachSchemeQuantizesSavesAndGenerates) {
     auto infer = run_colossal("infer " + (dir / "q") + " -p 'And God said' -n 8 --greedy -q");
     ASSERT_EQ(infer.exit_code, 0) << infer.output;
     EXPECT_EQ(infer.output.rfind("And God said", 0), 0u) << infer.output;
+    // Block at a time, the passes over text streaming the blocks through a cache of our layout (OPT's
+    // separate q/k/v, BLOOM's interleaved heads): the same tensors, which generate the same text.
+    const std::string flags = std::string("--scheme ") + scheme + " --eval-tokens 1024";
+    expect_streamed_quantize_matches(dir / "run", flags, dir / "q", q.output, dir / "qs", dir.path());
+    auto sharded = run_colossal("infer " + (dir / "qs") + " -p 'And God said' -n 8 --greedy -q");
+    EXPECT_EQ(sharded.output, infer.output);
   }
 }
 

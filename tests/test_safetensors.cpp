@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 
@@ -90,6 +91,42 @@ TEST(Safetensors, TheWriterTakesTensorsOneAtATimeInItsHeadersOrderOnly) {
   EXPECT_TRUE(fails([](SafetensorsWriter& w) { w.write("a", at::ones({3, 2})); }));                  // another shape
   EXPECT_TRUE(fails([](SafetensorsWriter& w) { w.write("a", at::ones({2, 3}, at::kDouble)); }));     // another dtype
   EXPECT_TRUE(fails([](SafetensorsWriter& w) { w.write("a", at::ones({2, 3})); }));                  // "b" never written
+}
+
+// save_pretrained's sharding, one tensor at a time: files cut between tensors at the size limit (a
+// tensor above it alone in its file), transformers' names and index, read back as one model; one file
+// and no index when everything fits.
+TEST(Safetensors, TheShardedWriterCutsFilesBetweenTensorsAndIndexesThem) {
+  TempDir dir;
+  // 400, 400, 1200 and 40 bytes under a 1000-byte limit: [a, b], [c], [d]
+  const std::vector<NamedTensor> in = {{"a", at::randn({100})}, {"b", at::randn({10, 10})}, {"c", at::randn({300})},
+                                       {"d", at::arange(40, at::kByte)}};
+  std::vector<SafetensorsWriter::Entry> entries;
+  for (const auto& t : in) entries.push_back({t.name, t.tensor.scalar_type(), t.tensor.sizes().vec()});
+  ShardedSafetensorsWriter w(dir.path(), "model", entries, 1000, {{"format", "pt"}});
+  EXPECT_EQ(w.files(), (std::vector<std::string>{"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                                                 "model-00003-of-00003.safetensors"}));
+  for (const auto& t : in) w.write(t.name, t.tensor);
+  w.finish();
+  const auto index = test::read_json_file(dir / "model.safetensors.index.json");
+  EXPECT_EQ(index["weight_map"]["b"], "model-00001-of-00003.safetensors");
+  EXPECT_EQ(index["weight_map"]["c"], "model-00002-of-00003.safetensors");
+  EXPECT_EQ(index["metadata"]["total_size"], 2040);
+  EXPECT_EQ(load_safetensors(dir / "model-00003-of-00003.safetensors").tensors.size(), 1u);
+  const auto weights = HfWeights::open(dir.path());
+  for (const auto& t : in) EXPECT_TRUE(at::equal(weights.get(t.name), t.tensor)) << t.name;
+
+  TempDir one;
+  ShardedSafetensorsWriter whole(one.path(), "model", entries, 1 << 20);
+  for (const auto& t : in) whole.write(t.name, t.tensor);
+  whole.finish();
+  EXPECT_EQ(whole.files(), std::vector<std::string>{"model.safetensors"});
+  EXPECT_FALSE(std::filesystem::exists(one / "model.safetensors.index.json"));
+  // Out of order across a cut is refused as within one file.
+  TempDir bad;
+  ShardedSafetensorsWriter order(bad.path(), "model", entries, 1000);
+  order.write("a", in[0].tensor);
+  EXPECT_THROW(order.write("c", in[2].tensor), Error);
 }
 
 TEST(Safetensors, DataSectionStartsEightByteAligned) {

@@ -1,6 +1,7 @@
 // `colossal quantize IN --out DIR --scheme int8-weight|int4-weight [--group-size N]`: writes a quantized
 // copy of a causal-LM checkpoint and prints what it saved and what it cost in perplexity
 // (src/engine/quantize.h).
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <spdlog/spdlog.h>
@@ -14,9 +15,10 @@ namespace colossal::app {
 
 void add_quantize_command(CLI::App& app) {
   struct Args {
-    std::string input, out, scheme = "int8-weight", eval, calib;
+    std::string input, out, scheme = "int8-weight", eval, calib, stream_weights = "auto", stream_cache = "/var/tmp";
     int64_t group = -1;   // -1: the scheme's default
-    int64_t eval_tokens = 16384, calib_tokens = 8192;
+    int64_t eval_tokens = -1, calib_tokens = 8192;   // -1: by how the model is held (QuantizeOptions)
+    double max_shard_gb = 5;
     double alpha = 0.5;
     bool quiet = false;
   };
@@ -40,8 +42,20 @@ void add_quantize_command(CLI::App& app) {
   cmd->add_option("--eval", args->eval,
                   "Held-out text (.txt) or token dataset (.h5, its val split) for the perplexity check (default: the held-out split "
                   "of the dataset the checkpoint's recipe names, else data/kjv/kjv.txt)");
-  cmd->add_option("--eval-tokens", args->eval_tokens, "Tokens to score for the perplexity check (0: skip it)")
-      ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cmd->add_option("--eval-tokens", args->eval_tokens,
+                  "Tokens to score for the perplexity check (0: skip it). Default: 16384, or 2048 when working block at a time")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cmd->add_option("--stream-weights", args->stream_weights,
+                  "on: block at a time, for a model larger than memory (each tensor read, quantized and written at once; the "
+                  "perplexity and calibration passes stream the blocks from the disk); off: the whole model in memory; auto: on "
+                  "when the fp32 and quantized models would take more than half the memory this process may hold")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "on", "off"}));
+  cmd->add_option("--stream-cache", args->stream_cache,
+                  "Directory for the streamed passes' cache file, where a model's layout cannot be read in place (OPT, BLOOM, "
+                  "fp16/bf16 files; removed on exit)")->capture_default_str();
+  cmd->add_option("--max-shard-gb", args->max_shard_gb,
+                  "Largest safetensors file written, in GB (10^9 bytes); beyond it model-0000k-of-0000N.safetensors with an index, as "
+                  "transformers' save_pretrained shards")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_flag("-q,--quiet", args->quiet, "Only the summary lines");
   cmd->callback([args] {
     setup_logging("info", "", args->quiet);
@@ -55,6 +69,9 @@ void add_quantize_command(CLI::App& app) {
     o.eval_tokens = args->eval_tokens;
     o.calib = args->calib;
     o.calib_tokens = args->calib_tokens;
+    o.stream_weights = args->stream_weights;
+    o.stream_cache = args->stream_cache;
+    o.max_shard_bytes = static_cast<uint64_t>(std::max(1.0, std::round(args->max_shard_gb * 1e9)));
     const QuantizeReport r = quantize_checkpoint(o);
     std::printf("quantized %lld linear layers to %s (%s)%s: weights %s -> %s (%.2fx smaller)\n", static_cast<long long>(r.layers),
                 quant::scheme_name(o.config.scheme),
@@ -67,7 +84,8 @@ void add_quantize_command(CLI::App& app) {
     if (r.eval_tokens > 0)
       std::printf("perplexity on %lld tokens of %s: %.4f -> %.4f (%+.2f%%)\n", static_cast<long long>(r.eval_tokens),
                   r.eval_source.c_str(), r.ppl_before, r.ppl_after, 100.0 * (r.ppl_after / r.ppl_before - 1.0));
-    std::printf("wrote %s\n", r.out.c_str());
+    std::printf("wrote %s%s%s\n", r.out.c_str(), r.files > 1 ? (" (" + std::to_string(r.files) + " safetensors files)").c_str() : "",
+                r.streamed ? ", block at a time" : "");
   });
 }
 

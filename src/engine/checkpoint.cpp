@@ -327,14 +327,6 @@ std::map<std::string, nn::ShardSpec> shard_specs(const nn::Model& model) {
   return out;
 }
 
-// "model-00002-of-00004.safetensors": transformers' name for shard 2 of 4.
-std::string shard_file(const std::string& stem, int64_t index, int64_t count) {
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "%s-%05lld-of-%05lld.safetensors", stem.c_str(), static_cast<long long>(index + 1),
-                static_cast<long long>(count));
-  return buf;
-}
-
 void write_text(const fs::path& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary);
   f << text;
@@ -400,8 +392,8 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
   if (root) out = std::make_unique<AtomicDir>(final_path, tag);
   barrier("directory");
   const fs::path tmp(AtomicDir::temp_path(final_path, tag));
-  const std::string model_file = sharded ? shard_file("model", rank, ranks) : "model.safetensors";
-  const std::string optim_file = sharded ? shard_file("optimizer", rank, ranks) : "optimizer.safetensors";
+  const std::string model_file = sharded ? safetensors_shard_name("model", rank, ranks) : "model.safetensors";
+  const std::string optim_file = sharded ? safetensors_shard_name("optimizer", rank, ranks) : "optimizer.safetensors";
   const auto& names = s.model->hf_names();
 
   const std::string steps = s.strategy ? std::to_string(s.strategy->optimizer().steps()) : "0";
@@ -436,7 +428,8 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
       if (skipped(slot.name)) continue;
       const int64_t owner = stage * per_stage + (zero_sharded ? store.owner(i) : 0);
       if (stage_root) {
-        const std::string owner_model = shard_file("model", owner, ranks), owner_optim = shard_file("optimizer", owner, ranks);
+        const std::string owner_model = safetensors_shard_name("model", owner, ranks);
+        const std::string owner_optim = safetensors_shard_name("optimizer", owner, ranks);
         for (const auto& n : hf.names) {
           weight_map[n] = owner_model;
           for (const auto& sn : state_names) state_map[n + "." + sn] = owner_optim;
@@ -528,10 +521,28 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
 
 std::string save_model_dir(const std::string& dir, nn::Model& model, const TokenizerFiles& tokenizer_files,
                            const nlohmann::json& base_config, const nlohmann::json& extra_config) {
+  const auto tensors = export_model_state(model);
+  std::vector<SafetensorsWriter::Entry> entries;
+  for (const auto& t : tensors) entries.push_back({t.name, t.tensor.scalar_type(), t.tensor.sizes().vec()});
+  return save_model_dir_streamed(
+      dir, model, std::move(entries),
+      [&](const TensorSink& write) {
+        for (const auto& t : tensors) write(t.name, t.tensor);
+      },
+      std::numeric_limits<uint64_t>::max(), tokenizer_files, base_config, extra_config);
+}
+
+std::string save_model_dir_streamed(const std::string& dir, nn::Model& model, std::vector<SafetensorsWriter::Entry> entries,
+                                    const std::function<void(const TensorSink& write)>& produce, uint64_t max_shard_bytes,
+                                    const TokenizerFiles& tokenizer_files, const nlohmann::json& base_config,
+                                    const nlohmann::json& extra_config, int64_t* files_written) {
   create_output_dir(fs::path(dir).parent_path().empty() ? "." : fs::path(dir).parent_path().string(), "--out");
   AtomicDir out(dir);
   const fs::path tmp = out.path();
-  save_safetensors((tmp / "model.safetensors").string(), export_model_state(model), {{"format", "pt"}});
+  ShardedSafetensorsWriter files(tmp.string(), "model", std::move(entries), max_shard_bytes, {{"format", "pt"}});
+  produce([&](const std::string& name, const at::Tensor& t) { files.write(name, t); });
+  files.finish();
+  if (files_written) *files_written = static_cast<int64_t>(files.files().size());
   nlohmann::json config = config_for_save(model.hf_config(), base_config);
   for (const auto& [key, value] : extra_config.items()) config[key] = value;
   write_text(tmp / "config.json", config.dump(2) + "\n");

@@ -128,6 +128,17 @@ std::shared_ptr<nn::Model> load_pretrained(const std::string& dir, nn::LayerFact
 std::string save_model_dir(const std::string& dir, nn::Model& model, const TokenizerFiles& tokenizer_files,
                            const nlohmann::json& base_config, const nlohmann::json& extra_config = nlohmann::json::object());
 
+// The same directory written one tensor at a time, for a model never whole in memory: `entries` (HF
+// names, types and shapes, in file order) declare the files, and `produce` hands each tensor to `write`
+// in that order (an Error for one out of order). The files are cut as save_pretrained cuts them, at most
+// max_shard_bytes each (ShardedSafetensorsWriter); `model` gives config.json (shapes only: its
+// parameters may be deferred).
+using TensorSink = std::function<void(const std::string& name, const at::Tensor& t)>;
+std::string save_model_dir_streamed(const std::string& dir, nn::Model& model, std::vector<SafetensorsWriter::Entry> entries,
+                                    const std::function<void(const TensorSink& write)>& produce, uint64_t max_shard_bytes,
+                                    const TokenizerFiles& tokenizer_files, const nlohmann::json& base_config,
+                                    const nlohmann::json& extra_config = nlohmann::json::object(), int64_t* files_written = nullptr);
+
 // Restores optimizer states (each rank its own part, read one tensor at a time), the step count and
 // the RNG state saved with them, from a checkpoint written at any ZeRO stage and data-parallel size.
 void load_optimizer_state(nn::Model& model, memory::TrainStrategy& strategy, const std::string& dir);

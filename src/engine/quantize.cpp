@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <spdlog/spdlog.h>
 
 #include "models/registry.h"
@@ -14,8 +15,11 @@
 #include "src/core/text.h"
 #include "src/data/token_dataset.h"
 #include "src/data/tokenizer.h"
+#include "src/core/device.h"
 #include "src/engine/checkpoint.h"
+#include "src/engine/streamed_weights.h"
 #include "src/io/atomic_dir.h"
+#include "src/nn/block_hooks.h"
 #include "src/nn/causal_lm.h"
 #include "src/quant/quantized_linear.h"
 #include "src/quant/calibration.h"
@@ -105,6 +109,144 @@ double perplexity(nn::CausalLM& model, const std::vector<at::Tensor>& windows) {
   return std::exp(sum / static_cast<double>(windows.size()));
 }
 
+// A causal LM over a model directory whose blocks stream from the disk while it runs (StreamedWeights):
+// perplexity and calibration passes over a model that does not fit in memory. `factory` builds the
+// model's layers with deferred parameters.
+class StreamedLM {
+ public:
+  StreamedLM(const std::string& dir, const ModelConfig& config, nn::LayerFactory& factory, const std::string& cache_dir) {
+    model_ = nn::model_as<nn::CausalLM>(build_model(config, factory, /*initialise=*/false), "colossal quantize");
+    stream_ = std::make_shared<StreamedWeights>(*model_, HfWeights::open(dir), c10::Device(c10::kCPU), cache_dir);
+    auto chain = std::make_shared<nn::BlockHooks>();
+    chain->add(stream_);
+    model_->set_block_hooks(chain);
+    model_->eval();
+    spdlog::info("streaming {}'s blocks ({}) {}", dir, human_bytes(static_cast<double>(stream_->block_bytes())),
+                 stream_->in_place() ? "in place" : "through a cache in " + cache_dir);
+  }
+  ~StreamedLM() { stream_->stop(); }   // the reading thread uses the model
+  StreamedLM(const StreamedLM&) = delete;
+  StreamedLM& operator=(const StreamedLM&) = delete;
+  nn::CausalLM& operator*() { return *model_; }
+
+ private:
+  std::shared_ptr<nn::CausalLM> model_;
+  std::shared_ptr<StreamedWeights> stream_;
+};
+
+// Whether to work block at a time: asked for, or both models would take more than half of what this
+// process may hold (the passes over text need room beside them).
+bool streams(const QuantizeOptions& o, const CheckpointInfo& info) {
+  const double params = static_cast<double>(count_parameters(info.model));
+  const double need = params * (4.0 + o.config.bits() / 8.0);
+  if (o.stream_weights == "on") return true;
+  const std::string whole = "quantizing " + info.dir + " whole (fp32 and quantized; --stream-weights on works a block at a time)";
+  if (o.stream_weights == "off") {
+    require_host_memory(need, whole);
+    return false;
+  }
+  if (o.stream_weights != "auto")
+    throw Error("--stream-weights " + o.stream_weights + ": expected auto, on or off");
+  const double usable = static_cast<double>(usable_memory_bytes());
+  if (need <= 0.5 * usable) return false;
+  spdlog::info("quantizing block at a time: the fp32 and quantized models would take {}, more than half of the {} this process may hold",
+               human_bytes(need), human_bytes(usable));
+  return true;
+}
+
+// The calibration windows' per-channel input ranges of every linear layer (SmoothQuant), and what they are.
+std::pair<std::map<std::string, at::Tensor>, std::string> calibrate(const QuantizeOptions& o, const CheckpointInfo& info,
+                                                                    const Tokenizer& tokenizer, nn::CausalLM& model,
+                                                                    quant::CalibrationFactory& recording, int64_t w, int64_t& tokens) {
+  const std::string path = o.calib.empty() ? kEmbeddedCorpus : o.calib;
+  if (!fs::is_regular_file(path)) throw Error("calibration text " + path + ": no such file (give --calib FILE: a text file or a token dataset .h5)");
+  auto [ids, what] = file_tokens(path, "calibration", "train", o.calib_tokens, /*tail=*/false, info, tokenizer);
+  const auto windows = windows_of(ids, w, o.calib_tokens);
+  if (windows.empty()) throw Error("calibration text " + what + " has fewer than " + std::to_string(w + 1) + " tokens");
+  recording.set_recording(true);
+  (void)perplexity(model, windows);
+  recording.set_recording(false);
+  tokens = static_cast<int64_t>(windows.size()) * w;
+  return {recording.absmax(model), what};
+}
+
+// The held-out windows both models are scored on, noted in the report.
+std::vector<at::Tensor> eval_windows(const QuantizeOptions& o, const CheckpointInfo& info, const Tokenizer& tokenizer, int64_t w,
+                                     int64_t limit, QuantizeReport& r) {
+  auto [ids, what] = eval_tokens(o, info, tokenizer);
+  auto windows = windows_of(ids, w, limit);
+  if (windows.empty())
+    throw Error("perplexity text " + what + " has " + std::to_string(ids.size()) + " tokens, fewer than one window of " + std::to_string(w + 1));
+  r.eval_tokens = static_cast<int64_t>(windows.size()) * w;
+  r.eval_source = what;
+  return windows;
+}
+
+std::shared_ptr<nn::Model> build_quantized(const CheckpointInfo& info, quant::QuantizedLayerFactory& factory, const QuantizeOptions& o) {
+  try {
+    return build_model(info.model, factory, /*initialise=*/false);
+  } catch (const Error& e) {
+    throw Error(std::string("cannot quantize ") + info.dir + " with " + quant::scheme_name(o.config.scheme) + " (group size " +
+                std::to_string(o.config.group) + "): " + e.what());
+  }
+}
+
+// Block at a time: each source tensor is read (read_model_state, one at a time), quantized and written
+// to the output's files at once (their headers are planned from shapes alone), and the passes over text
+// stream the blocks of the source and of the written output from the disk.
+QuantizeReport quantize_streamed(const QuantizeOptions& o, const CheckpointInfo& info, const std::optional<Tokenizer>& tokenizer,
+                                 int64_t eval_limit) {
+  const nlohmann::json extra = {{"quantization_config", quant::to_json(o.config)}};
+  nn::LayerFactory deferred(nn::ParamStorage::deferred);
+  const auto source = nn::model_as<nn::CausalLM>(build_model(info.model, deferred, /*initialise=*/false), "colossal quantize");
+  const int64_t w = std::min<int64_t>(source->context_length(), 512);
+  QuantizeReport r;
+  r.streamed = true;
+  std::map<std::string, at::Tensor> ranges;
+  if (o.config.scheme == quant::Scheme::int8_smoothquant) {
+    quant::CalibrationFactory recording(nn::ParamStorage::deferred);
+    StreamedLM calib(info.dir, info.model, recording, o.stream_cache);
+    std::tie(ranges, r.calib_source) = calibrate(o, info, *tokenizer, *calib, recording, w, r.calib_tokens);
+  }
+  quant::QuantizedLayerFactory qfactory(o.config, nn::ParamStorage::deferred);
+  const auto quantized = build_quantized(info, qfactory, o);
+  const auto dst = quant::quantized_params(*quantized);
+  const auto& names = quantized->hf_names();
+  std::vector<SafetensorsWriter::Entry> entries;   // in the order the source's tensors come
+  for (const auto& p : source->named_parameters())
+    for (const auto& n : quant::quantized_names(p.key(), dst)) {
+      const auto shape = at::empty(dst.at(n).sizes(), at::TensorOptions().dtype(dst.at(n).scalar_type()).device(at::kMeta));
+      for (const auto& piece : hf_pieces(names.to_hf(n), shape)) entries.push_back({piece.name, piece.tensor.scalar_type(), piece.tensor.sizes().vec()});
+    }
+  const HfWeights weights = HfWeights::open(info.dir);
+  int64_t files = 0;
+  r.out = save_model_dir_streamed(
+      o.out, *quantized, std::move(entries),
+      [&](const TensorSink& write) {
+        read_model_state(*source, weights, [&](const std::string& name, const at::Tensor& value) {
+          for (const auto& [n, t] : quant::quantize_parameter(name, value, dst, o.config, &ranges))
+            for (const auto& piece : hf_pieces(names.to_hf(n), t)) write(piece.name, piece.tensor);
+        });
+      },
+      o.max_shard_bytes, info.tokenizer_files, info.config, extra, &files);
+  r.files = files;
+  r.layers = qfactory.layers();
+  r.embedding = qfactory.embeddings() > 0;
+  r.bytes_before = stored_bytes(*source);
+  r.bytes_after = stored_bytes(*quantized);
+  if (eval_limit > 0) {
+    const auto windows = eval_windows(o, info, *tokenizer, w, eval_limit, r);
+    {
+      StreamedLM before(info.dir, info.model, deferred, o.stream_cache);
+      r.ppl_before = perplexity(*before, windows);
+    }
+    quant::QuantizedLayerFactory out_factory(o.config, nn::ParamStorage::deferred);
+    StreamedLM after(r.out, info.model, out_factory, o.stream_cache);
+    r.ppl_after = perplexity(*after, windows);
+  }
+  return r;
+}
+
 }  // namespace
 
 QuantizeReport quantize_checkpoint(const QuantizeOptions& o) {
@@ -118,6 +260,12 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& o) {
     throw Error("checkpoint " + dir + " is already quantized; quantize the fp32 checkpoint it came from");
   if (fs::weakly_canonical(o.out) == fs::weakly_canonical(dir))
     throw Error("--out " + o.out + " is the input checkpoint itself; choose another directory");
+  if (o.max_shard_bytes == 0) throw Error("--max-shard-gb must be above 0");
+  const bool streamed = streams(o, info);
+  const int64_t eval_limit = o.eval_tokens >= 0 ? o.eval_tokens : streamed ? 2048 : 16384;
+  std::optional<Tokenizer> tokenizer;
+  if (eval_limit > 0 || o.config.scheme == quant::Scheme::int8_smoothquant) tokenizer = Tokenizer::from_files(info.tokenizer_files, dir);
+  if (streamed) return quantize_streamed(o, info, tokenizer, eval_limit);
 
   // The fp32 model, whose linear layers also note their inputs' ranges while calibrating (SmoothQuant).
   quant::CalibrationFactory recording;
@@ -125,45 +273,21 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& o) {
   load_model_state(*source, HfWeights::open(dir));
   source->eval();
   const int64_t w = std::min<int64_t>(source->context_length(), 512);
-  std::optional<Tokenizer> tokenizer;
-  if (o.eval_tokens > 0 || o.config.scheme == quant::Scheme::int8_smoothquant) tokenizer = Tokenizer::from_files(info.tokenizer_files, dir);
   quant::QuantizedLayerFactory qfactory(o.config);
-  std::shared_ptr<nn::CausalLM> quantized;
-  try {
-    quantized = nn::model_as<nn::CausalLM>(build_model(info.model, qfactory, /*initialise=*/false), "colossal quantize");
-  } catch (const Error& e) {
-    throw Error(std::string("cannot quantize ") + dir + " with " + quant::scheme_name(o.config.scheme) + " (group size " +
-                std::to_string(o.config.group) + "): " + e.what());
-  }
+  auto quantized = nn::model_as<nn::CausalLM>(build_quantized(info, qfactory, o), "colossal quantize");
   quantized->eval();
   QuantizeReport r;
   std::map<std::string, at::Tensor> ranges;
-  if (o.config.scheme == quant::Scheme::int8_smoothquant) {
-    const std::string path = o.calib.empty() ? kEmbeddedCorpus : o.calib;
-    if (!fs::is_regular_file(path)) throw Error("calibration text " + path + ": no such file (give --calib FILE: a text file or a token dataset .h5)");
-    auto [ids, what] = file_tokens(path, "calibration", "train", o.calib_tokens, /*tail=*/false, info, *tokenizer);
-    const auto windows = windows_of(ids, w, o.calib_tokens);
-    if (windows.empty()) throw Error("calibration text " + what + " has fewer than " + std::to_string(w + 1) + " tokens");
-    recording.set_recording(true);
-    (void)perplexity(*source, windows);
-    recording.set_recording(false);
-    ranges = recording.absmax(*source);
-    r.calib_source = what;
-    r.calib_tokens = static_cast<int64_t>(windows.size()) * w;
-  }
+  if (o.config.scheme == quant::Scheme::int8_smoothquant)
+    std::tie(ranges, r.calib_source) = calibrate(o, info, *tokenizer, *source, recording, w, r.calib_tokens);
   quant::quantize_into(*source, *quantized, o.config, &ranges);
 
   r.layers = qfactory.layers();
   r.embedding = qfactory.embeddings() > 0;
   r.bytes_before = stored_bytes(*source);
   r.bytes_after = stored_bytes(*quantized);
-  if (o.eval_tokens > 0) {
-    auto [ids, what] = eval_tokens(o, info, *tokenizer);
-    const auto windows = windows_of(ids, w, o.eval_tokens);
-    r.eval_tokens = static_cast<int64_t>(windows.size()) * w;
-    if (windows.empty())
-      throw Error("perplexity text " + what + " has " + std::to_string(ids.size()) + " tokens, fewer than one window of " + std::to_string(w + 1));
-    r.eval_source = what;
+  if (eval_limit > 0) {
+    const auto windows = eval_windows(o, info, *tokenizer, w, eval_limit, r);
     r.ppl_before = perplexity(*source, windows);
     r.ppl_after = perplexity(*quantized, windows);
   }

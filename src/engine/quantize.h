@@ -15,10 +15,18 @@ struct QuantizeOptions {
   std::string out;                   // the quantized model directory
   quant::QuantConfig config;
   std::string eval;                  // held-out text (.txt) or token dataset (.h5, its val split); "": see below
-  int64_t eval_tokens = 16384;       // tokens scored (at most); 0: no perplexity
+  int64_t eval_tokens = -1;          // tokens scored (at most); 0: no perplexity; -1: 16384, or 2048 streamed
+                                     // (each streamed pass of 4 windows reads the model from the disk)
   std::string calib;                 // int8-smoothquant's calibration text (.txt) or dataset (.h5, its training
                                      // split); "": the start of the embedded corpus
   int64_t calib_tokens = 8192;
+  // "on": block at a time. The source is read one tensor at a time, quantized and written out at once,
+  // and the perplexity and calibration passes stream the blocks from the disk (StreamedWeights), so a
+  // model larger than memory quantizes in about two blocks' memory. "off": the whole model in memory.
+  // "auto": on when both models would take more than half of what this process may hold.
+  std::string stream_weights = "auto";
+  std::string stream_cache = "/var/tmp";   // the streamed passes' cache file where a layout is not read in place
+  uint64_t max_shard_bytes = 5000000000;   // save_pretrained's default: model-0000k-of-0000N beyond it
 };
 
 struct QuantizeReport {
@@ -31,11 +39,14 @@ struct QuantizeReport {
   double ppl_before = 0, ppl_after = 0;
   std::string calib_source;            // int8-smoothquant: what calibrated it
   int64_t calib_tokens = 0;
+  bool streamed = false;               // block at a time (stream_weights)
+  int64_t files = 1;                   // safetensors files written
 };
 
 // Without `eval`, the held-out split of the dataset the checkpoint's recipe trained on, when both are
 // there, else the embedded corpus (data/kjv/kjv.txt). Error (one line) on a non-causal-LM model, an
-// unknown scheme or a group size some layer cannot take (naming the layer's width).
+// unknown scheme or a group size some layer cannot take (naming the layer's width). Both ways of working
+// (stream_weights) write the same files.
 QuantizeReport quantize_checkpoint(const QuantizeOptions& options);
 
 }  // namespace colossal

@@ -32,6 +32,12 @@ constexpr DtypeName kDtypes[] = {
 // "2183456 bytes (2.08 MiB)": exact, since two sizes that differ can round to the same figure.
 std::string exact_bytes(uint64_t n) { return std::to_string(n) + " bytes (" + human_bytes(static_cast<double>(n)) + ")"; }
 
+uint64_t entry_bytes(const SafetensorsWriter::Entry& e) {
+  uint64_t bytes = c10::elementSize(e.dtype);
+  for (int64_t d : e.shape) bytes *= static_cast<uint64_t>(d);
+  return bytes;
+}
+
 const char* dtype_name(at::ScalarType t) {
   for (const auto& d : kDtypes)
     if (d.type == t) return d.name;
@@ -47,8 +53,7 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<Entry> entrie
   uint64_t offset = 0;
   for (const auto& e : entries_) {
     if (header.contains(e.name)) throw Error("safetensors " + path_ + ": duplicate tensor name \"" + e.name + "\"");
-    uint64_t bytes = c10::elementSize(e.dtype);
-    for (int64_t d : e.shape) bytes *= static_cast<uint64_t>(d);
+    const uint64_t bytes = entry_bytes(e);
     header[e.name] = {{"dtype", dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
@@ -80,6 +85,62 @@ void SafetensorsWriter::finish() {
   out_.flush();
   if (!out_) throw Error("cannot write " + path_ + ": " + std::strerror(errno) + " (disk full?)");
   out_.close();
+}
+
+std::string safetensors_shard_name(const std::string& stem, int64_t index, int64_t count) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "-%05lld-of-%05lld.safetensors", static_cast<long long>(index + 1), static_cast<long long>(count));
+  return stem + buf;
+}
+
+ShardedSafetensorsWriter::ShardedSafetensorsWriter(const std::string& dir, const std::string& stem,
+                                                   std::vector<SafetensorsWriter::Entry> entries, uint64_t max_shard_bytes,
+                                                   const std::map<std::string, std::string>& metadata)
+    : dir_(dir), stem_(stem), metadata_(metadata) {
+  uint64_t in_shard = 0;
+  for (auto& e : entries) {
+    const uint64_t bytes = entry_bytes(e);
+    if (shards_.empty() || (in_shard > 0 && in_shard + bytes > max_shard_bytes)) {
+      shards_.emplace_back();
+      in_shard = 0;
+    }
+    in_shard += bytes;
+    total_bytes_ += bytes;
+    shards_.back().push_back(std::move(e));
+  }
+  if (shards_.empty()) shards_.emplace_back();
+  const auto n = static_cast<int64_t>(shards_.size());
+  for (int64_t k = 0; k < n; ++k) files_.push_back(n == 1 ? stem + ".safetensors" : safetensors_shard_name(stem, k, n));
+  out_ = std::make_unique<SafetensorsWriter>(dir_ + "/" + files_[0], shards_[0], metadata_);
+}
+
+void ShardedSafetensorsWriter::write(const std::string& name, const at::Tensor& t) {
+  while (written_ == shards_[shard_].size() && shard_ + 1 < shards_.size()) {   // this file is whole: the next one
+    out_->finish();
+    ++shard_;
+    written_ = 0;
+    out_ = std::make_unique<SafetensorsWriter>(dir_ + "/" + files_[shard_], shards_[shard_], metadata_);
+  }
+  out_->write(name, t);   // an Error when it is not the entry the header promised
+  ++written_;
+}
+
+void ShardedSafetensorsWriter::finish() {
+  if (shard_ + 1 != shards_.size())
+    throw Error("safetensors " + dir_ + "/" + files_[shard_ + 1] + " and after: never written (internal)");
+  out_->finish();
+  if (shards_.size() == 1) return;
+  nlohmann::ordered_json map = nlohmann::ordered_json::object();
+  for (size_t k = 0; k < shards_.size(); ++k)
+    for (const auto& e : shards_[k]) map[e.name] = files_[k];
+  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+  for (const auto& [key, value] : metadata_) meta[key] = value;
+  meta["total_size"] = total_bytes_;
+  const std::string path = dir_ + "/" + stem_ + ".safetensors.index.json";
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << nlohmann::ordered_json{{"metadata", meta}, {"weight_map", map}}.dump(2) << "\n";
+  f.flush();
+  if (!f) throw Error("cannot write " + path + ": " + std::strerror(errno) + " (disk full?)");
 }
 
 void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,

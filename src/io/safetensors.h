@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,32 @@ class SafetensorsWriter {
   std::vector<Entry> entries_;
   size_t next_ = 0;
   std::ofstream out_;
+};
+
+// "model-00002-of-00004.safetensors": transformers' name for shard 2 (index 1) of 4.
+std::string safetensors_shard_name(const std::string& stem, int64_t index, int64_t count);
+
+// A model's tensors as transformers' save_pretrained shards them, written one tensor at a time: files of
+// at most `max_shard_bytes` each, cut between tensors (a tensor larger than that has a file of its own),
+// in the entries' order. One file is `stem`.safetensors; more are safetensors_shard_name(stem, k, n)
+// with `stem`.safetensors.index.json naming each tensor's file (written by finish). A writer so holds
+// one tensor, never a file's contents: a model larger than memory is written as it is produced.
+class ShardedSafetensorsWriter {
+ public:
+  ShardedSafetensorsWriter(const std::string& dir, const std::string& stem, std::vector<SafetensorsWriter::Entry> entries,
+                           uint64_t max_shard_bytes, const std::map<std::string, std::string>& metadata = {});
+  void write(const std::string& name, const at::Tensor& t);   // the next entry, as SafetensorsWriter::write
+  void finish();
+  const std::vector<std::string>& files() const { return files_; }
+
+ private:
+  std::string dir_, stem_;
+  std::map<std::string, std::string> metadata_;
+  std::vector<std::vector<SafetensorsWriter::Entry>> shards_;   // the entries of each file
+  std::vector<std::string> files_;
+  uint64_t total_bytes_ = 0;
+  size_t shard_ = 0, written_ = 0;   // the file being written and how many of its entries are in it
+  std::unique_ptr<SafetensorsWriter> out_;
 };
 
 struct SafetensorsFile {

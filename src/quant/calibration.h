@@ -19,6 +19,7 @@ class RecordingLinear;
 
 class CalibrationFactory : public nn::LayerFactory {
  public:
+  using nn::LayerFactory::LayerFactory;   // deferred parameters: a calibration pass streaming the blocks
   std::shared_ptr<nn::Linear> linear(const nn::LinearSpec& spec) override;
   void set_recording(bool on);
   // Per linear layer of `model` (built by this factory): max |x| per input channel [in] over what it saw

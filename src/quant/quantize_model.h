@@ -1,17 +1,33 @@
 // Filling a model built by a QuantizedLayerFactory from the fp32 model of the same config: each
 // quantized layer's integers and scales from the fp32 weight of the same name, every other tensor
-// copied. `colossal quantize` and the tests build quantized models this way.
+// copied. `colossal quantize` and the tests build quantized models this way; quantize_parameter does the
+// same one source tensor at a time, for a model that is never whole in memory.
 // int8-smoothquant needs `act_absmax`, each linear layer's per-channel input range from a calibration pass
 // (calibration.h): the layer's smoothing factors s come from it and from the weight's own range.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "src/nn/model.h"
 #include "src/quant/quant_config.h"
 
 namespace colossal::quant {
+
+// The quantized model's parameters by name (their shapes and types: deferred parameters will do).
+using QuantizedParams = std::map<std::string, at::Tensor>;
+QuantizedParams quantized_params(const nn::Model& quantized);
+
+// The names of the quantized model's tensors that the source parameter `name` becomes, in a fixed order:
+// the name itself where it is kept as it is, else its layer's qweight and scales (and smooth). Error
+// when the quantized model has no place for it.
+std::vector<std::string> quantized_names(const std::string& name, const QuantizedParams& quantized);
+// Those tensors' values from the source parameter's fp32 `value`, in quantized_names' order.
+std::vector<std::pair<std::string, at::Tensor>> quantize_parameter(const std::string& name, const at::Tensor& value,
+                                                                   const QuantizedParams& quantized, const QuantConfig& config,
+                                                                   const std::map<std::string, at::Tensor>* act_absmax);
 
 void quantize_into(const nn::Model& source, nn::Model& quantized, const QuantConfig& config,
                    const std::map<std::string, at::Tensor>* act_absmax = nullptr);
