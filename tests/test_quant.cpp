@@ -313,6 +313,31 @@ TEST(QuantizeWeight, Int4PacksInputJAndJPlus16OfEachBlockIntoByteJ) {
   EXPECT_TRUE(at::equal(quant::dequantize_weight(q.q, q.scales, c, 32), w));
 }
 
+// The CPU's one pass gives the ATen operations' bits: ties to even (values exactly half a step from two
+// integers), groups of zeros, the clamp at the range's ends, non-contiguous and double input, uneven row
+// counts across threads.
+TEST(QuantizeWeight, TheOnePassQuantizerGivesTheAtenReferencesBits) {
+  at::manual_seed(24);
+  auto w = at::randn({37, 256});
+  w.narrow(0, 5, 1).zero_();
+  // Rows whose groups' scale is exactly 1 (absmax 127 for int8, 7 for int4) and whose other values lie
+  // halfway between integers: every one a tie.
+  const auto halves = (at::arange(256) % 8).to(at::kFloat) - 3.5f;
+  w[7] = halves.index_fill(0, at::arange(0, 256, 32), 127.0f);
+  w[8] = halves.index_fill(0, at::arange(0, 256, 32), 7.0f);
+  w[9] = at::arange(256).to(at::kFloat) - 127.5f;
+  for (const quant::QuantConfig c : {quant::QuantConfig{quant::Scheme::int8_weight, 0}, quant::QuantConfig{quant::Scheme::int8_weight, 32},
+                                     quant::QuantConfig{quant::Scheme::int4_weight, 32}, quant::QuantConfig{quant::Scheme::int4_weight, 128}}) {
+    // Rows, a transposed view (GPT-2's Conv1D weights as the file holds them; 37 rows: a partial block
+    // of 16), another layout and another precision.
+    for (const auto& input : {w, w.t().contiguous().t(), at::cat({w, w.narrow(0, 0, 13)}).t().contiguous().t().narrow(0, 0, 37), w.to(at::kDouble)}) {
+      const auto fast = quant::quantize_weight(input, c), ref = quant::quantize_weight_reference(input, c);
+      EXPECT_TRUE(at::equal(fast.q, ref.q)) << quant::scheme_name(c.scheme) << " g=" << c.group;
+      EXPECT_TRUE(at::equal(fast.scales, ref.scales)) << quant::scheme_name(c.scheme) << " g=" << c.group;
+    }
+  }
+}
+
 TEST(QuantizeWeight, EveryWeightRoundTripsWithinHalfItsGroupsScaleAndZeroGroupsStayZero) {
   at::manual_seed(23);
   auto w = at::randn({64, 256});

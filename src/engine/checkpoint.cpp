@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/accumulate.h>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -74,9 +75,9 @@ at::Tensor part_of(const at::Tensor& whole, size_t i, size_t parts) {
   return whole.narrow(0, static_cast<int64_t>(i) * rows, rows);
 }
 
-// The stored tensor `stored` into `dst` (part of one of our tensors, in our layout), after checking its
-// shape and that it holds floating-point values; read now and released after the copy.
-void copy_hf_part(const HfWeights& weights, const std::string& stored, const nn::HfTarget& target, at::Tensor dst) {
+// The stored tensor `stored` in our layout (what was read, viewed transposed or with its heads regrouped),
+// after checking it has the shape and kind of values `dst` (part of one of our tensors) needs.
+at::Tensor hf_part(const HfWeights& weights, const std::string& stored, const nn::HfTarget& target, const at::Tensor& dst) {
   const at::Tensor t = weights.get(stored);
   if (t.sizes() != hf_shape(dst, target))
     throw Error("checkpoint " + weights.file_of(stored) + ": tensor \"" + stored + "\" has shape " + c10::str(t.sizes()) +
@@ -87,7 +88,12 @@ void copy_hf_part(const HfWeights& weights, const std::string& stored, const nn:
   if (integral ? t.scalar_type() != dst.scalar_type() : !at::isFloatingType(t.scalar_type()))
     throw Error("checkpoint " + weights.file_of(stored) + ": tensor \"" + stored + "\" holds " + c10::toString(t.scalar_type()) +
                 " values (expected " + (integral ? std::string(c10::toString(dst.scalar_type())) : "floating point") + ")");
-  dst.copy_(from_hf_layout(t, target));
+  return from_hf_layout(t, target);
+}
+
+// The same copied into `dst`, read now and released after the copy.
+void copy_hf_part(const HfWeights& weights, const std::string& stored, const nn::HfTarget& target, at::Tensor dst) {
+  dst.copy_(hf_part(weights, stored, target, dst));
 }
 
 // A 1D tensor-parallel rank's piece of one of our floating-point tensors, read from the mapped files
@@ -266,10 +272,11 @@ std::map<std::string, StoredAsIs> parameters_stored_as_is(const nn::Model& model
 
 void read_model_state(const nn::Model& model, const HfWeights& weights,
                       const std::function<void(const std::string& name, const at::Tensor& value)>& take,
-                      const std::function<bool(const std::string& name)>& only) {
+                      const std::function<bool(const std::string& name)>& only, bool views) {
   const auto& names = model.hf_names();
   const auto stored = stored_names(model, weights);
   at::NoGradGuard no_grad;
+  at::Tensor spare;
   for (const auto& item : model.named_parameters()) {   // in the model's order, one tensor at a time
     if (only && !only(item.key())) continue;
     const auto target = names.to_hf(item.key());
@@ -283,8 +290,21 @@ void read_model_state(const nn::Model& model, const HfWeights& weights,
         continue;
       }
     }
-    // The whole tensor, of which a tensor-parallel layer takes its piece.
-    const at::Tensor value = at::empty(item.shard().full_shape(item.value().sizes()), dtype);
+    if (views && target.names.size() == 1 && !target.interleave_heads && !item.shard().split()) {
+      auto it = stored.find(target.names[0]);
+      if (it == stored.end()) throw Error("checkpoint " + weights.describe() + ": tensor \"" + target.names[0] + "\" is missing");
+      take(item.key(), hf_part(weights, it->second, target, at::empty(item.value().sizes(), item.value().options().device(at::kMeta))));
+      continue;
+    }
+    // The whole tensor, of which a tensor-parallel layer takes its piece: in the last one's memory when
+    // `take` kept nothing of it and it is as large (a model's blocks repeat their shapes), since a fresh
+    // allocation of hundreds of MB costs the kernel's zeroing of every page of it.
+    const auto shape = item.shard().full_shape(item.value().sizes());
+    const int64_t bytes = c10::multiply_integers(shape) * static_cast<int64_t>(c10::elementSize(dtype));
+    if (!spare.defined() || spare.use_count() > 1 || spare.storage().use_count() > 1 || spare.scalar_type() != dtype ||
+        static_cast<int64_t>(spare.storage().nbytes()) != bytes)
+      spare = at::empty(shape, dtype);
+    const at::Tensor value = spare.view(shape);
     for (size_t i = 0; i < target.names.size(); ++i) {
       auto it = stored.find(target.names[i]);
       if (it == stored.end()) throw Error("checkpoint " + weights.describe() + ": tensor \"" + target.names[i] + "\" is missing");

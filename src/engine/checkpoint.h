@@ -100,9 +100,12 @@ void load_model_state(nn::Model& model, const HfWeights& weights);
 // the CPU) is handed to `take` and dropped after, so a model whose parameters
 // are deferred (the chunk store's) loads without any process holding the whole checkpoint. `only`:
 // the parameters to read (all when empty); the files are checked against the whole model either way.
+// `views`: a parameter stored as one tensor comes as what was read, viewed in our layout (transposed,
+// in the file's precision, read-only where the reads are mapped), not copied into an fp32 tensor of our
+// layout: for a taker that converts it at once anyway (the quantizer: the copy was a quarter of its time).
 void read_model_state(const nn::Model& model, const HfWeights& weights,
                       const std::function<void(const std::string& name, const at::Tensor& value)>& take,
-                      const std::function<bool(const std::string& name)>& only = {});
+                      const std::function<bool(const std::string& name)>& only = {}, bool views = false);
 // A parameter whose stored tensor is already our tensor, byte for byte, or its transpose (GPT-2's Conv1D
 // weights): one tensor of the parameter's own type (fp32, or a quantized layer's integers) in a
 // safetensors file, not parts of it, not heads interleaved, not a tensor-parallel piece. A reader can

@@ -218,7 +218,8 @@ QuantizeReport quantize_streamed(const QuantizeOptions& o, const CheckpointInfo&
       const auto shape = at::empty(dst.at(n).sizes(), at::TensorOptions().dtype(dst.at(n).scalar_type()).device(at::kMeta));
       for (const auto& piece : hf_pieces(names.to_hf(n), shape)) entries.push_back({piece.name, piece.tensor.scalar_type(), piece.tensor.sizes().vec()});
     }
-  const HfWeights weights = HfWeights::open(info.dir);
+  HfWeights weights = HfWeights::open(info.dir);
+  weights.set_mapped_reads(true);   // each tensor converted at once and let go
   int64_t files = 0;
   r.out = save_model_dir_streamed(
       o.out, *quantized, std::move(entries),
@@ -226,7 +227,7 @@ QuantizeReport quantize_streamed(const QuantizeOptions& o, const CheckpointInfo&
         read_model_state(*source, weights, [&](const std::string& name, const at::Tensor& value) {
           for (const auto& [n, t] : quant::quantize_parameter(name, value, dst, o.config, &ranges))
             for (const auto& piece : hf_pieces(names.to_hf(n), t)) write(piece.name, piece.tensor);
-        });
+        }, {}, /*views=*/true);
       },
       o.max_shard_bytes, info.tokenizer_files, info.config, extra, &files);
   r.files = files;

@@ -188,6 +188,7 @@ at::Tensor HfWeights::get(const std::string& name) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) throw Error("weights " + description_ + ": tensor \"" + name + "\" is missing");
   const Entry& e = it->second;
+  if (e.header && mapped_reads_) return map_safetensors_tensor(*e.header, e.header->entries[e.index]);
   return e.header ? read_safetensors_tensor(*e.header, e.header->entries[e.index]) : e.tensor;
 }
 
