@@ -135,7 +135,7 @@ std::string save_model_dir(const std::string& dir, nn::Model& model, const Token
 // names, types and shapes, in file order) declare the files, and `produce` hands each tensor to `write`
 // in that order (an Error for one out of order). The files are cut as save_pretrained cuts them, at most
 // max_shard_bytes each (ShardedSafetensorsWriter); `model` gives config.json (shapes only: its
-// parameters may be deferred).
+// parameters may be deferred). `files_written`, when given, is set to the number of safetensors files.
 using TensorSink = std::function<void(const std::string& name, const at::Tensor& t)>;
 std::string save_model_dir_streamed(const std::string& dir, nn::Model& model, std::vector<SafetensorsWriter::Entry> entries,
                                     const std::function<void(const TensorSink& write)>& produce, uint64_t max_shard_bytes,

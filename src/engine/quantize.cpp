@@ -182,6 +182,17 @@ std::vector<at::Tensor> eval_windows(const QuantizeOptions& o, const CheckpointI
   return windows;
 }
 
+// What either way reports of the models: the layers quantized and the weights' bytes before and after.
+void report_sizes(QuantizeReport& r, const quant::QuantizedLayerFactory& factory, const nn::Model& source, const nn::Model& quantized) {
+  r.layers = factory.layers();
+  r.embedding = factory.embeddings() > 0;
+  r.bytes_before = stored_bytes(source);
+  r.bytes_after = stored_bytes(quantized);
+}
+
+// config.json's quantization_config, which infer and serve read back.
+nlohmann::json quantized_config(const QuantizeOptions& o) { return {{"quantization_config", quant::to_json(o.config)}}; }
+
 std::shared_ptr<nn::Model> build_quantized(const CheckpointInfo& info, quant::QuantizedLayerFactory& factory, const QuantizeOptions& o) {
   try {
     return build_model(info.model, factory, /*initialise=*/false);
@@ -196,7 +207,6 @@ std::shared_ptr<nn::Model> build_quantized(const CheckpointInfo& info, quant::Qu
 // stream the blocks of the source and of the written output from the disk.
 QuantizeReport quantize_streamed(const QuantizeOptions& o, const CheckpointInfo& info, const std::optional<Tokenizer>& tokenizer,
                                  int64_t eval_limit) {
-  const nlohmann::json extra = {{"quantization_config", quant::to_json(o.config)}};
   nn::LayerFactory deferred(nn::ParamStorage::deferred);
   const auto source = nn::model_as<nn::CausalLM>(build_model(info.model, deferred, /*initialise=*/false), "colossal quantize");
   const int64_t w = std::min<int64_t>(source->context_length(), 512);
@@ -229,12 +239,9 @@ QuantizeReport quantize_streamed(const QuantizeOptions& o, const CheckpointInfo&
             for (const auto& piece : hf_pieces(names.to_hf(n), t)) write(piece.name, piece.tensor);
         }, {}, /*views=*/true);
       },
-      o.max_shard_bytes, info.tokenizer_files, info.config, extra, &files);
+      o.max_shard_bytes, info.tokenizer_files, info.config, quantized_config(o), &files);
   r.files = files;
-  r.layers = qfactory.layers();
-  r.embedding = qfactory.embeddings() > 0;
-  r.bytes_before = stored_bytes(*source);
-  r.bytes_after = stored_bytes(*quantized);
+  report_sizes(r, qfactory, *source, *quantized);
   if (eval_limit > 0) {
     const auto windows = eval_windows(o, info, *tokenizer, w, eval_limit, r);
     {
@@ -282,18 +289,13 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& o) {
   if (o.config.scheme == quant::Scheme::int8_smoothquant)
     std::tie(ranges, r.calib_source) = calibrate(o, info, *tokenizer, *source, recording, w, r.calib_tokens);
   quant::quantize_into(*source, *quantized, o.config, &ranges);
-
-  r.layers = qfactory.layers();
-  r.embedding = qfactory.embeddings() > 0;
-  r.bytes_before = stored_bytes(*source);
-  r.bytes_after = stored_bytes(*quantized);
+  report_sizes(r, qfactory, *source, *quantized);
   if (eval_limit > 0) {
     const auto windows = eval_windows(o, info, *tokenizer, w, eval_limit, r);
     r.ppl_before = perplexity(*source, windows);
     r.ppl_after = perplexity(*quantized, windows);
   }
-  nlohmann::json extra = {{"quantization_config", quant::to_json(o.config)}};
-  r.out = save_model_dir(o.out, *quantized, info.tokenizer_files, info.config, extra);
+  r.out = save_model_dir(o.out, *quantized, info.tokenizer_files, info.config, quantized_config(o));
   return r;
 }
 
