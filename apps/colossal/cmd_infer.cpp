@@ -152,11 +152,8 @@ void run(InferArgs& a) {
     }
   } stop_streaming{streamed};
   if (a.stream_weights) {
-    streamed = std::make_shared<StreamedWeights>(*model, HfWeights::open(dir), device, a.stream_cache, parse_stream_source(a.stream_source),
-                                                  parse_stream_io(a.stream_io));
-    auto chain = std::make_shared<nn::BlockHooks>();
-    chain->add(streamed);
-    model->set_block_hooks(chain);
+    streamed = stream_blocks(*model, HfWeights::open(dir), device, a.stream_cache, parse_stream_source(a.stream_source),
+                             parse_stream_io(a.stream_io));
     const std::string from = streamed->in_place() ? "in place from the checkpoint's files"
                                                   : "from a " + human_bytes(static_cast<double>(streamed->cache_bytes())) + " cache in " + a.stream_cache;
     spdlog::info("streaming {}'s blocks ({}) {} ({}; {} parameters, {} of them kept outside the blocks) on {}", dir,

@@ -220,6 +220,14 @@ std::vector<NamedTensor> hf_pieces(const nn::HfTarget& target, const at::Tensor&
   return out;
 }
 
+std::vector<SafetensorsWriter::Entry> hf_entries(const nn::HfTarget& target, at::IntArrayRef shape, at::ScalarType dtype,
+                                                 const std::string& suffix) {
+  std::vector<SafetensorsWriter::Entry> out;
+  for (const auto& piece : hf_pieces(target, at::empty(shape, at::TensorOptions().dtype(dtype).device(at::kMeta)), suffix))
+    out.push_back({piece.name, dtype, piece.tensor.sizes().vec()});
+  return out;
+}
+
 std::vector<NamedTensor> export_model_state(nn::Model& model) {
   std::vector<NamedTensor> out;
   for (auto& item : model.named_parameters())
@@ -436,8 +444,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointSave& s, int
     std::vector<SafetensorsWriter::Entry> model_entries, state_entries;
     auto add_entries = [&](std::vector<SafetensorsWriter::Entry>& to, const nn::HfTarget& hf, const std::vector<int64_t>& shape,
                            const std::string& suffix) {
-      for (const auto& piece : hf_pieces(hf, at::empty(shape, at::TensorOptions().dtype(dtype).device(at::kMeta)), suffix))
-        to.push_back({piece.name, dtype, piece.tensor.sizes().vec()});
+      for (auto& e : hf_entries(hf, shape, dtype, suffix)) to.push_back(std::move(e));
     };
     // Each tensor's HF names once: for this rank's headers, and on rank 0 for the index, which names
     // every tensor's file from the layout alone (each rank's share is known to all).

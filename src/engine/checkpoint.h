@@ -91,6 +91,10 @@ CheckpointInfo read_checkpoint_info(const std::string& dir);
 // One of our tensors as the HF tensors that store it: split into parts, transposed or interleaved
 // per head as the name map's target says, each named with `suffix` appended.
 std::vector<NamedTensor> hf_pieces(const nn::HfTarget& target, const at::Tensor& t, const std::string& suffix = "");
+// The entries (names, type, shapes) those pieces have in a safetensors header, from the shape alone (a
+// writer's header planned before any value exists).
+std::vector<SafetensorsWriter::Entry> hf_entries(const nn::HfTarget& target, at::IntArrayRef shape, at::ScalarType dtype,
+                                                 const std::string& suffix = "");
 // Model weights <-> HF-named tensors (transposing where the family's name map says so).
 std::vector<NamedTensor> export_model_state(nn::Model& model);
 // Every parameter must be there with its shape (any floating dtype: fp16 and bf16 checkpoints are

@@ -19,7 +19,6 @@
 #include "src/engine/checkpoint.h"
 #include "src/engine/streamed_weights.h"
 #include "src/io/atomic_dir.h"
-#include "src/nn/block_hooks.h"
 #include "src/nn/causal_lm.h"
 #include "src/quant/quantized_linear.h"
 #include "src/quant/calibration.h"
@@ -116,10 +115,7 @@ class StreamedLM {
  public:
   StreamedLM(const std::string& dir, const ModelConfig& config, nn::LayerFactory& factory, const std::string& cache_dir) {
     model_ = nn::model_as<nn::CausalLM>(build_model(config, factory, /*initialise=*/false), "colossal quantize");
-    stream_ = std::make_shared<StreamedWeights>(*model_, HfWeights::open(dir), c10::Device(c10::kCPU), cache_dir);
-    auto chain = std::make_shared<nn::BlockHooks>();
-    chain->add(stream_);
-    model_->set_block_hooks(chain);
+    stream_ = stream_blocks(*model_, HfWeights::open(dir), c10::Device(c10::kCPU), cache_dir);
     model_->eval();
     spdlog::info("streaming {}'s blocks ({}) {}", dir, human_bytes(static_cast<double>(stream_->block_bytes())),
                  stream_->in_place() ? "in place" : "through a cache in " + cache_dir);
@@ -224,10 +220,8 @@ QuantizeReport quantize_streamed(const QuantizeOptions& o, const CheckpointInfo&
   const auto& names = quantized->hf_names();
   std::vector<SafetensorsWriter::Entry> entries;   // in the order the source's tensors come
   for (const auto& p : source->named_parameters())
-    for (const auto& n : quant::quantized_names(p.key(), dst)) {
-      const auto shape = at::empty(dst.at(n).sizes(), at::TensorOptions().dtype(dst.at(n).scalar_type()).device(at::kMeta));
-      for (const auto& piece : hf_pieces(names.to_hf(n), shape)) entries.push_back({piece.name, piece.tensor.scalar_type(), piece.tensor.sizes().vec()});
-    }
+    for (const auto& n : quant::quantized_names(p.key(), dst))
+      for (auto& e : hf_entries(names.to_hf(n), dst.at(n).sizes(), dst.at(n).scalar_type())) entries.push_back(std::move(e));
   HfWeights weights = HfWeights::open(info.dir);
   weights.set_mapped_reads(true);   // each tensor converted at once and let go
   int64_t files = 0;

@@ -278,4 +278,13 @@ void StreamedWeights::after_forward(int64_t block) {
   for (auto& p : blocks_[static_cast<size_t>(block)]) p.tensor.set_data(nn::unallocated_tensor(p.tensor.sizes(), p.tensor.scalar_type()));
 }
 
+std::shared_ptr<StreamedWeights> stream_blocks(nn::Model& model, const HfWeights& weights, c10::Device device,
+                                               const std::string& cache_dir, StreamSource source, StreamIo io) {
+  auto streamed = std::make_shared<StreamedWeights>(model, weights, device, cache_dir, source, io);
+  auto chain = std::make_shared<nn::BlockHooks>();
+  chain->add(streamed);
+  model.set_block_hooks(chain);
+  return streamed;
+}
+
 }  // namespace colossal

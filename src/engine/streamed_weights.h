@@ -107,4 +107,10 @@ class StreamedWeights : public nn::BlockHook {
   int64_t most_held_ = 0, resident_bytes_ = 0, blocks_read_ = 0;
 };
 
+// A StreamedWeights for `model`, installed as the model's block hook (whose chain then holds it too):
+// how infer and quantize run a model whose blocks stay on the disk. stop() it before the model goes.
+std::shared_ptr<StreamedWeights> stream_blocks(nn::Model& model, const HfWeights& weights, c10::Device device,
+                                               const std::string& cache_dir, StreamSource source = StreamSource::automatic,
+                                               StreamIo io = StreamIo::automatic);
+
 }  // namespace colossal

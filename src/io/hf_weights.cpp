@@ -185,10 +185,10 @@ HfWeights HfWeights::open(const std::string& dir, const std::string& stem) {
 bool HfWeights::contains(const std::string& name) const { return tensors_.count(name) > 0; }
 
 at::Tensor HfWeights::get(const std::string& name) const {
+  if (mapped_reads_) return map(name);
   auto it = tensors_.find(name);
   if (it == tensors_.end()) throw Error("weights " + description_ + ": tensor \"" + name + "\" is missing");
   const Entry& e = it->second;
-  if (e.header && mapped_reads_) return map_safetensors_tensor(*e.header, e.header->entries[e.index]);
   return e.header ? read_safetensors_tensor(*e.header, e.header->entries[e.index]) : e.tensor;
 }
 

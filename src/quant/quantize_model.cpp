@@ -54,10 +54,10 @@ std::vector<std::pair<std::string, at::Tensor>> quantize_parameter(const std::st
                                                                    const QuantizedParams& quantized, const QuantConfig& model_config,
                                                                    const std::map<std::string, at::Tensor>* act_absmax) {
   at::NoGradGuard no_grad;
-  if (quantized.count(name)) return {{name, value.to(quantized.at(name).scalar_type())}};
+  const auto names = quantized_names(name, quantized);
+  if (names.size() == 1) return {{name, value.to(quantized.at(name).scalar_type())}};
   const std::string base = quantized_layer(name, quantized);
-  if (base.empty()) (void)quantized_names(name, quantized);   // its Error
-  const bool smoothed = quantized.count(base + ".smooth") > 0;
+  const bool smoothed = names.size() == 3;
   const QuantConfig c = layer_config(model_config, quantized.at(base + ".qweight"), quantized.at(base + ".scales"), smoothed);
   at::Tensor w = value.to(at::kFloat);
   std::vector<std::pair<std::string, at::Tensor>> out;
