@@ -17,34 +17,42 @@ constexpr int kGemvLanes = kLanes < 8 ? kLanes : 8;
 typedef Vec<kGemvLanes>::type gv;
 
 // Accumulators per (weight row, x row): a dot product of one weight row runs kChains independent FMA
-// chains over consecutive vectors, so one weight row streams at a time (one sequential stream per
-// core: 34 GB/s on the AMD EPYC, against 25-29 GB/s with four rows interleaved) without waiting on
-// FMA latency. The same for every row count, so a batch sums exactly as each sequence alone.
-constexpr int kChains = 4;
-static_assert(kChains == 4, "row() sums the chains as (a0 + a1) + (a2 + a3)");
+// chains over alternating vectors, so one weight row streams at a time (a single sequential stream per
+// core: 34 GB/s on an AMD EPYC Zen 4, against 25-29 GB/s with four rows interleaved) while two FMAs are
+// in flight per x row. Two chains, not four: four x rows a pass then fit AVX2's 16 registers (8
+// accumulators, a weight and an x vector), where four chains held two rows a pass and a 4-sequence step
+// read every weight vector twice. On an AMD EPYC Zen 3 (AVX2; 124M shape's weights, 2 threads, L1-resident
+// and streamed from memory) that made 4 rows 1.35x and 8 rows 1.25-1.35x faster; a lone row lost 20%
+// where the weights sat in L1 (two chains of FMA latency) and nothing where they stream from memory,
+// which is where decoding reads them. The same for every row count, so a batch sums exactly as each
+// sequence alone.
+constexpr int kChains = 2;
+static_assert(kChains == 2, "row() sums the chains as a0 + a1");
 // x rows per pass over a weight row: their kChains accumulators each, one weight and one x vector in
 // registers. Further x rows take another pass over the same weight row, which is then in L1.
 constexpr int kRowsPerPass = (kRegs - 2) / kChains >= 4 ? 4 : (kRegs - 2) / kChains >= 2 ? 2 : 1;
 
-// Weights are prefetched this many floats (4 KiB) ahead of the loads: with four x rows a weight line
-// takes four times the multiply-adds, the hardware prefetcher fell behind, and the stream ran at 0.61
-// of the machine's read bandwidth. On an AMD EPYC (69 GB/s) whole 4-sequence decodes took 0.83 of the
-// time with it (1 KiB ahead: 0.90; 8 KiB: no better than 4), and single sequences the same time.
+// Weights are prefetched this many floats (4 KiB) ahead of the loads, from three x rows a pass: with
+// four x rows a weight line takes four times the multiply-adds, the hardware prefetcher fell behind,
+// and the stream ran at 0.61 of the machine's read bandwidth. On a Zen 4 (69 GB/s) whole 4-sequence
+// decodes took 0.83 of the time with it (1 KiB ahead: 0.90; 8 KiB: no better than 4). Not for one or
+// two rows, whose stream the hardware keeps up with: on a Zen 3 a prefetch there made the
+// single-sequence stream 13% slower (and two rows 7%), as it did a plain sum over the same memory.
 constexpr int64_t kPrefetchFloats = 1024;
+constexpr int kPrefetchFromRows = 3;
 
-// y[r][o] for r < R: lanes summed as the chains' sum (a0 + a1) + (a2 + a3), tree-wise, then the tail
-// past the last whole vector in order.
+// y[r][o] for r < R: lanes summed as the chains' sum a0 + a1, tree-wise, then the tail past the last
+// whole vector in order.
 template <int R>
 COLOSSAL_INLINE void row(const float* __restrict x, int64_t in, const float* __restrict w, float bias,
                          float* __restrict y, int64_t ldy) {
   gv acc[R][kChains] = {};
   int64_t i = 0;
   for (; i + kChains * kGemvLanes <= in; i += kChains * kGemvLanes) {
-    // Two cache lines a step (four chains of eight floats); past the row it is the next row's, or
-    // past the matrix a prefetch that loads nothing and never faults.
-    static_assert(kChains * kGemvLanes <= 32, "two 64-byte lines cover a step");
-    __builtin_prefetch(w + i + kPrefetchFloats, 0, 3);
-    __builtin_prefetch(w + i + kPrefetchFloats + 16, 0, 3);
+    // One cache line a step (two chains of eight floats); past the row it is the next row's, or past
+    // the matrix a prefetch that loads nothing and never faults.
+    static_assert(kChains * kGemvLanes <= 16, "one 64-byte line covers a step");
+    if constexpr (R >= kPrefetchFromRows) __builtin_prefetch(w + i + kPrefetchFloats, 0, 3);
     for (int c = 0; c < kChains; ++c) {
       const gv wv = load_u<kGemvLanes>(w + i + c * kGemvLanes);
       for (int r = 0; r < R; ++r) acc[r][c] = fmadd<kGemvLanes>(wv, load_u<kGemvLanes>(x + r * in + i + c * kGemvLanes), acc[r][c]);
@@ -55,7 +63,7 @@ COLOSSAL_INLINE void row(const float* __restrict x, int64_t in, const float* __r
     for (int r = 0; r < R; ++r) acc[r][0] = fmadd<kGemvLanes>(wv, load_u<kGemvLanes>(x + r * in + i), acc[r][0]);
   }
   for (int r = 0; r < R; ++r) {
-    float s = hsum<kGemvLanes>((acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]));
+    float s = hsum<kGemvLanes>(acc[r][0] + acc[r][1]);
     for (int64_t t = i; t < in; ++t) s = fmadd(w[t], x[r * in + t], s);
     y[r * ldy] = s + bias;
   }

@@ -1,28 +1,19 @@
-// Quantized decoding GEMV, CPU: see qgemv.h. Output rows are split into contiguous ranges, one per
-// thread (as gemv.cpp does), each running the active instruction set's loop (qgemv_isa.cpp).
+// Quantized decoding GEMV, CPU: see qgemv.h. Output rows are shared among the threads as gemv.cpp
+// shares them (row_groups.h), each range running the active instruction set's loop (qgemv_isa.cpp).
 #include "kernels/cpu/qgemv.h"
 
 #include <algorithm>
-#include <omp.h>
 #include <vector>
 
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/quantized_rows.h"
+#include "kernels/cpu/row_groups.h"
 
 namespace colossal::kernels {
 namespace {
 
-template <class F>
-void split_rows(int64_t out, int64_t bytes, const F& run) {
-  // Below ~64 KiB of weights the pool's wake-up costs more than a second core saves.
-#pragma omp parallel if (bytes >= (1 << 16))
-  {
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t per = ((out + 15) / 16 + threads - 1) / threads * 16;   // whole 16-row groups
-    const int64_t begin = std::min(t * per, out), end = std::min(begin + per, out);
-    if (begin < end) run(begin, end);
-  }
-}
+// Below ~64 KiB of weights the pool's wake-up costs more than a second core saves.
+bool worth_threads(int64_t weight_bytes) { return weight_bytes >= (1 << 16); }
 
 }  // namespace
 
@@ -47,19 +38,19 @@ void qgemv_int8(const float* x, int64_t rows, int64_t in, const int8_t* q, const
   const auto& k = active_kernels();
   if (qgemv_integer_path(in, group)) {
     const auto& xr = quantize_rows(k, x, rows, in);
-    split_rows(out, out * in, [&](int64_t b, int64_t e) {
+    for_row_groups(out, worth_threads(out * in), [&](int64_t b, int64_t e) {
       k.qgemv_q8x_int8(xr.q.data(), xr.a.data(), xr.s.data(), xr.c.data(), rows, in, q, scales, group, bias, y, out, b, e);
     });
     return;
   }
-  split_rows(out, out * in, [&](int64_t b, int64_t e) { k.qgemv_int8(x, rows, in, q, scales, group, bias, y, out, b, e); });
+  for_row_groups(out, worth_threads(out * in), [&](int64_t b, int64_t e) { k.qgemv_int8(x, rows, in, q, scales, group, bias, y, out, b, e); });
 }
 
 void qgemv_int4(const float* x, int64_t rows, int64_t in, const uint8_t* q, const float* scales, int64_t group,
                 const float* bias, float* y, int64_t out) {
   const auto& k = active_kernels();
   const auto& xr = quantize_rows(k, x, rows, in);   // int4 layers are whole blocks
-  split_rows(out, out * in / 2, [&](int64_t b, int64_t e) {
+  for_row_groups(out, worth_threads(out * in / 2), [&](int64_t b, int64_t e) {
     k.qgemv_q8x_int4(xr.q.data(), xr.a.data(), xr.s.data(), xr.c.data(), rows, in, q, scales, group, bias, y, out, b, e);
   });
 }
