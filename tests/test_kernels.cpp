@@ -5,8 +5,11 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
+#include <map>
 #include <gtest/gtest.h>
 #include <stdexcept>
 #include <string>
@@ -555,6 +558,39 @@ TEST(KernelChoice, AutoTimesBothOnceKeepsTheFasterAndRemembersIt) {
   EXPECT_EQ(ours + aten, 14);
   EXPECT_FALSE(nn::use_ours("gelu", nn::KernelPath::Auto, "n=2", slow, fast));  // a new shape is timed
   EXPECT_EQ((nn::kernel_choices()), (std::map<std::string, std::string>{{"gelu n=1", "fused"}, {"gelu n=2", "aten"}}));
+}
+
+namespace {
+
+// Busy for `ms` of wall time (not a count of operations), so both sides' durations hold on any CPU.
+std::function<void()> busy_for(double ms, int& calls) {
+  return [ms, &calls] {
+    ++calls;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double, std::milli>(ms);
+    while (std::chrono::steady_clock::now() < end) {
+    }
+  };
+}
+
+}  // namespace
+
+TEST(KernelChoice, ANearTieIsTimedLongerAndKeepsOursUnlessAtenIsClearlyFaster) {
+  PolicyGuard guard;
+  int ours = 0, aten = 0;
+  // ATen 1% faster: a near tie, timed ten rounds more, and ours is kept.
+  EXPECT_TRUE(nn::use_ours("gemm", nn::KernelPath::Auto, "tie", busy_for(0.505, ours), busy_for(0.5, aten)));
+  EXPECT_EQ(ours, 17);   // two warm-ups, five timed calls and ten more
+  EXPECT_EQ(aten, 17);
+  // ATen 8% faster: still within 10%, so timed longer, and then taken.
+  ours = aten = 0;
+  EXPECT_FALSE(nn::use_ours("gemm", nn::KernelPath::Auto, "close", busy_for(0.54, ours), busy_for(0.5, aten)));
+  EXPECT_EQ(ours, 17);
+  // ATen a third faster: decided on the first five rounds.
+  ours = aten = 0;
+  EXPECT_FALSE(nn::use_ours("gemm", nn::KernelPath::Auto, "clear", busy_for(0.75, ours), busy_for(0.5, aten)));
+  EXPECT_EQ(ours, 7);
+  EXPECT_EQ((nn::kernel_choices()),
+            (std::map<std::string, std::string>{{"gemm clear", "aten"}, {"gemm close", "aten"}, {"gemm tie", "fused"}}));
 }
 
 TEST(KernelChoice, RestoredChoicesAreUsedAndBadOnesRejected) {

@@ -1,9 +1,11 @@
 // Kernel choice: for each CPU kernel of ours that has an ATen equivalent (fused attention, GELU,
 // LayerNorm, the dense layers' GEMMs, decoding GEMV and decoding attention), which of the two runs.
-// The engine never runs a kernel that loses on the machine at hand: on the first call at a shape,
-// both are timed on that call's own inputs (two warm-ups and five alternating calls each, the fastest of each side counted),
-// the faster is kept for that shape for the rest of the process and the choice is logged once, as
-// cuDNN's benchmark mode does. A recipe's [kernels] section or `infer --kernels` can force either
+// The engine never runs a kernel that clearly loses on the machine at hand: on the first call at a
+// shape, both are timed on that call's own inputs (two warm-ups and five alternating calls each, the
+// fastest of each side counted; ten more each when the two are within 10%), the faster is kept for that
+// shape for the rest of the process and the choice is logged once, as cuDNN's benchmark mode does. Ours
+// is kept unless ATen is more than 3% faster: our kernels' results do not depend on the batch or the
+// thread count, and a tie must not flip from run to run with the machine's noise. A recipe's [kernels] section or `infer --kernels` can force either
 // side. Choices travel in checkpoints, so a resumed run computes with the kernels the original run
 // chose.
 #pragma once
@@ -42,7 +44,7 @@ KernelPolicy kernel_policy();
 // needs are built only on a shape's first call.
 std::optional<bool> decided_ours(const std::string& kernel, KernelPath forced, const std::string& shape);
 // Times `ours` against `aten` now (each runs the whole operation once per call), remembers and logs
-// the faster; returns whether ours won.
+// the choice (the faster, ours within 3%); returns whether ours was chosen.
 bool time_and_choose(const std::string& kernel, const std::string& shape, const std::function<void()>& ours,
                      const std::function<void()>& aten);
 // Both in one: the decided choice, else the timed one.
