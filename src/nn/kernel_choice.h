@@ -5,9 +5,9 @@
 // fastest of each side counted; ten more each when the two are within 10%), the faster is kept for that
 // shape for the rest of the process and the choice is logged once, as cuDNN's benchmark mode does. Ours
 // is kept unless ATen is more than 3% faster: our kernels' results do not depend on the batch or the
-// thread count, and a tie must not flip from run to run with the machine's noise. A recipe's [kernels] section or `infer --kernels` can force either
-// side. Choices travel in checkpoints, so a resumed run computes with the kernels the original run
-// chose.
+// thread count, and a tie must not flip from run to run with the machine's noise. A recipe's [kernels]
+// section or `infer --kernels` can force either side. Choices travel in checkpoints, so a resumed run
+// computes with the kernels the original run chose.
 #pragma once
 #include <functional>
 #include <map>
