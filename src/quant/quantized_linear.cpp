@@ -28,18 +28,17 @@ bool decoding_rows(const at::Tensor& x, int64_t in) {
   return x.dim() >= 2 && x.size(-2) == 1 && x.size(-1) == in && x.numel() / in <= kQgemvMaxRows;
 }
 
-// A prompt of at most kShortPromptRows rows in all, where the CPU has no integer GEMM: the decoding
-// GEMV takes it, x rounded as a decoding step rounds it (and as the integer GEMM rounds a prompt where
-// it exists). The dequantizing GEMM splits rows among the threads, so a few rows ran on one core, and
-// each thread dequantizes every weight as it packs it: a 5-token prompt on an 8B int8 model took 12 s
-// on an AMD EPYC Zen 3 (AVX2), where the GEMV streams the integers on both cores. On the 124M shape
-// there (2 threads) the GEMV took 5 rows in 18 ms against 113, 14 in 37 against 120 (int8) and 190
-// (int4), and 40 in 105-120 against 125-195: still ahead, but the GEMV's time grows with the rows and
-// the GEMM's hardly, so the line is drawn below that.
-constexpr int64_t kShortPromptRows = 32;
-bool short_prompt(const at::Tensor& x, int64_t in) {
-  return x.numel() > 0 && x.size(-1) == in && x.numel() / in <= kShortPromptRows;
-}
+// At most kFewRows rows in all (a short prompt, or a step of more sequences than decoding_rows takes),
+// where the CPU has no integer GEMM: the decoding GEMV takes them, x rounded as a decoding step rounds
+// it (and as the integer GEMM rounds a prompt where it exists). The dequantizing GEMM splits rows among
+// the threads, so a few rows ran on one core, and each thread dequantizes every weight as it packs it:
+// on an AMD EPYC Zen 3 (AVX2, 2 threads) a 5-token prompt on an 8B int8 model took 9.4 s that way and
+// 1.2 s through the GEMV, which streams the integers on both cores. On the 124M shape there the GEMV
+// took 5 rows in 18 ms against 113, 14 in 37 against 120 (int8) and 190 (int4), and 40 in 105-120
+// against 125-195: still ahead, but the GEMV's time grows with the rows and the GEMM's hardly, so the
+// line is drawn below that.
+constexpr int64_t kFewRows = 32;
+bool few_rows(const at::Tensor& x, int64_t in) { return x.numel() > 0 && x.size(-1) == in && x.numel() / in <= kFewRows; }
 
 }  // namespace
 
@@ -149,7 +148,7 @@ at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& q, const at::
   const bool cpu_float = cpu_inference(x, q);
   if (cpu_float && decoding_rows(x, in)) return integer_kernel(x, q, scales, c, in, bias, /*prompt=*/false);
   if (cpu_float && x.numel() > 0 && kernels::qgemm_available(in, c.group_for(in))) return integer_kernel(x, q, scales, c, in, bias, /*prompt=*/true);
-  if (cpu_float && short_prompt(x, in)) return integer_kernel(x, q, scales, c, in, bias, /*prompt=*/false);
+  if (cpu_float && few_rows(x, in)) return integer_kernel(x, q, scales, c, in, bias, /*prompt=*/false);
   const int64_t gemm_rows = out / kernels::kGemmColumnMultiple * kernels::kGemmColumnMultiple;
   if (cpu_float && gemm_rows == out && x.numel() > 0) return dequantizing_gemm(x, q, scales, c, in, bias);
   if (cpu_float && gemm_rows > 0 && x.numel() > 0) {
