@@ -30,7 +30,8 @@ constexpr int kChains = 2;
 static_assert(kChains == 2, "row() sums the chains as a0 + a1");
 // x rows per pass over a weight row: their kChains accumulators each, one weight and one x vector in
 // registers. Further x rows take another pass over the same weight row, which is then in L1.
-constexpr int kRowsPerPass = (kRegs - 2) / kChains >= 4 ? 4 : (kRegs - 2) / kChains >= 2 ? 2 : 1;
+constexpr int kRowsPerPass = 4;
+static_assert(kRowsPerPass * kChains + 2 <= kRegs, "a pass's accumulators, a weight and an x vector fit the registers");
 
 // Weights are prefetched this many floats (4 KiB) ahead of the loads, from three x rows a pass: with
 // four x rows a weight line takes four times the multiply-adds, the hardware prefetcher fell behind,

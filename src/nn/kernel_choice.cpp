@@ -95,7 +95,7 @@ bool time_and_choose(const std::string& kernel, const std::string& shape, const 
   const bool win = t_ours <= kTieMargin * t_aten;
   spdlog::info("kernels: {} [{}]: fused {:.3f} ms, ATen {:.3f} ms{} -> {}", kernel, shape, t_ours * 1e3, t_aten * 1e3,
                near_tie ? " (near tie: " + std::to_string(kTimedRounds + kExtraRounds) + " rounds)" : std::string(),
-               win && t_ours > t_aten ? "fused (within 3%)" : win ? "fused" : "aten");
+               win && t_ours > t_aten ? fmt::format("fused (within {:.0f}%)", (kTieMargin - 1) * 100) : win ? "fused" : "aten");
   std::lock_guard lock(g_mutex);
   g_choices.emplace(kernel + " " + shape, win);
   return win;
