@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -462,20 +463,25 @@ TEST(CpuKernels, GemmMatchesDoublePrecisionInEveryFormOnEveryInstructionSet) {
 
 TEST(CpuKernels, GemmGivesTheSameBitsOnAnyThreadCount) {
   at::manual_seed(29);
-  auto x = at::randn({203, 96}), w = at::randn({272, 96}), b = at::randn({272}), dy = at::randn({203, 272});
-  for (Isa isa : kernels::runnable_isas()) {
-    kernels::ScopedIsa cap(isa);
-    for (GemmForm form : {GemmForm::Forward, GemmForm::InputGrad, GemmForm::WeightGrad}) {
-      auto shape = form == GemmForm::Forward ? std::vector<int64_t>{203, 272}
-                   : form == GemmForm::InputGrad ? std::vector<int64_t>{203, 96}
-                                                 : std::vector<int64_t>{272, 96};
-      auto together = run_gemm(form, x, w, b, dy, at::empty(shape), false);
-      const int threads = at::get_num_threads();
-      for (int t : {1, 3}) {
-        at::set_num_threads(t);
-        auto other = run_gemm(form, x, w, b, dy, at::empty(shape), false);
-        at::set_num_threads(threads);
-        EXPECT_TRUE(at::equal(other, together)) << kernels::isa_name(isa) << " form=" << int(form) << " threads=" << t;
+  // 203 rows: C's rows split among the threads. 5 rows (one tile): its columns split instead, 1040 of
+  // them (65 units of 16, uneven among 2 or 3 threads, past four 256-column panels); the weight
+  // gradient of that shape has 1040 rows again.
+  for (auto [m, in, out] : {std::array<int64_t, 3>{203, 96, 272}, std::array<int64_t, 3>{5, 512, 1040}}) {
+    auto x = at::randn({m, in}), w = at::randn({out, in}), b = at::randn({out}), dy = at::randn({m, out});
+    for (Isa isa : kernels::runnable_isas()) {
+      kernels::ScopedIsa cap(isa);
+      for (GemmForm form : {GemmForm::Forward, GemmForm::InputGrad, GemmForm::WeightGrad}) {
+        auto shape = form == GemmForm::Forward ? std::vector<int64_t>{m, out}
+                     : form == GemmForm::InputGrad ? std::vector<int64_t>{m, in}
+                                                   : std::vector<int64_t>{out, in};
+        auto together = run_gemm(form, x, w, b, dy, at::empty(shape), false);
+        const int threads = at::get_num_threads();
+        for (int t : {1, 2, 3}) {
+          at::set_num_threads(t);
+          auto other = run_gemm(form, x, w, b, dy, at::empty(shape), false);
+          at::set_num_threads(threads);
+          EXPECT_TRUE(at::equal(other, together)) << kernels::isa_name(isa) << " form=" << int(form) << " m=" << m << " threads=" << t;
+        }
       }
     }
   }

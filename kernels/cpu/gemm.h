@@ -47,7 +47,7 @@ struct GemmProblem {
   const GemmQuantizedB* quantized_b = nullptr;   // set: B comes from it and `b` is unused
 };
 
-// Runs over the OpenMP threads, rows split between them.
+// Runs over the OpenMP threads: C's rows split between them, or its columns where the rows are few.
 void gemm(const GemmProblem& p);
 
 

@@ -134,7 +134,7 @@ void pack_b(const GemmProblem& p, int64_t r0, int64_t depth, int64_t n0, int64_t
 
 const int gemm_tile_rows = kTileRows;
 
-void gemm_rows(const GemmProblem& p, int64_t m_begin, int64_t m_end, float* scratch) {
+void gemm_rows(const GemmProblem& p, int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end, float* scratch) {
   float* b_packed = scratch;
   float* a_packed = scratch + kGemmDepthBlock * kGemmPanel;
   // A whose depth axis is strided (the weight gradient reads dY down its columns) is packed per
@@ -144,8 +144,8 @@ void gemm_rows(const GemmProblem& p, int64_t m_begin, int64_t m_end, float* scra
     const int64_t depth = std::min(kGemmDepthBlock, p.depth - r0);
     const bool load_c = r0 > 0 || p.accumulate;
     const float* bias = r0 == 0 ? p.bias : nullptr;
-    for (int64_t n0 = 0; n0 < p.cols; n0 += kGemmPanel) {
-      const int64_t width = std::min(kGemmPanel, p.cols - n0);
+    for (int64_t n0 = n_begin; n0 < n_end; n0 += kGemmPanel) {
+      const int64_t width = std::min(kGemmPanel, n_end - n0);
       pack_b(p, r0, depth, n0, width, b_packed);
       for (int64_t m = m_begin; m < m_end; m += kTileRows) {
         const int64_t rows = std::min<int64_t>(kTileRows, m_end - m);
