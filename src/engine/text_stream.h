@@ -2,6 +2,14 @@
 // incomplete UTF-8 character is held back (byte-fallback and byte-level tokens can end inside one), and
 // so is any tail that could still become the start of a stop string. When a stop string appears the
 // completion ends before it. The generator (infer) and the serving engine stream through it alike.
+//
+// Each token costs a decode of the last few tokens, not of the whole completion: the text up to an
+// anchor is kept, and a window that starts a few tokens before the anchor is decoded, its part up to the
+// anchor taken off (the same leading-space and partial-character handling applies to both, so the rest
+// is exactly what the new tokens add). Where a tokenizer's decode of the longer window does not begin
+// with the shorter one's, the whole completion is decoded instead. Decoding everything at each token
+// had made a long completion quadratic: at 800 tokens SentencePiece's decode was 2% of a one-sequence
+// decoding step, and `serve` decodes every stream's token on its engine thread.
 #pragma once
 #include <string>
 #include <vector>
@@ -26,15 +34,20 @@ class TextStream {
 
  private:
   std::string release(const std::string& text, bool final);
+  std::string current_text();   // the stable text of ids_
   const Tokenizer* tokenizer_;
   std::vector<std::string> stop_;
   size_t hold_ = 0;   // bytes kept back: the longest stop string but one
   std::vector<int> ids_;
   std::string emitted_;
   bool stopped_ = false;
+  // ids_[0, anchor_) decode to base_ (whole characters); window_ decodes ids_[window_, anchor_) to window_text_
+  size_t anchor_ = 0, window_ = 0;
+  std::string base_, window_text_;
 };
 
-// The text of `ids` without a trailing incomplete UTF-8 character.
-std::string stable_text(const Tokenizer& tokenizer, const std::vector<int>& ids);
+// The text of `ids` without a trailing incomplete UTF-8 character; `whole`, when given, says whether
+// there was none.
+std::string stable_text(const Tokenizer& tokenizer, const std::vector<int>& ids, bool* whole = nullptr);
 
 }  // namespace colossal
