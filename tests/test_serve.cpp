@@ -12,6 +12,7 @@
 #include "models/registry.h"
 #include "src/core/error.h"
 #include "src/engine/generator.h"
+#include "src/engine/sampling.h"
 #include "src/serve/batch_engine.h"
 #include "src/serve/completion_api.h"
 #include "support/test_support.h"
@@ -173,6 +174,38 @@ TEST_P(ServeFamilies, ContinuousBatchingWithPreemptionGivesEachRequestItsOneAtAT
 
 INSTANTIATE_TEST_SUITE_P(Families, ServeFamilies, ::testing::Values("gpt", "opt", "bloom"),
                          [](const auto& info) { return std::string(info.param); });
+
+// The nucleus as the whole vocabulary sorted gives it, against nucleus_logits, which sorts only the
+// largest logits while they can hold it: peaked rows (a nucleus of a few tokens), flat ones (most of a
+// 20000-token vocabulary, past every candidate count) and rows with tokens already masked out.
+TEST(Sampling, TheNucleusFromTheLargestLogitsIsTheOneTheWholeSortGives) {
+  at::manual_seed(11);
+  const auto whole_sort = [](const at::Tensor& logits, double top_p) {
+    auto [sorted, order] = logits.sort(-1, /*descending=*/true);
+    auto probs = sorted.softmax(-1);
+    sorted = sorted.masked_fill((probs.cumsum(-1) - probs) > top_p, -INFINITY);
+    return at::full_like(logits, -INFINITY).scatter(-1, order, sorted);
+  };
+  const int64_t v = 20000;
+  at::Tensor logits = at::randn({5, v});
+  logits[0].mul_(8.0);    // peaked
+  logits[1].mul_(0.01);   // nearly flat
+  logits[3].narrow(0, 100, v - 100).fill_(-INFINITY);   // a top-k or padding mask before it
+  logits[4].mul_(2.0);
+  // Not nearer 1: where the tail holds under 1e-5, where float32 sums cross top_p depends on their order.
+  for (double top_p : {1e-6, 0.05, 0.5, 0.9, 0.99}) {
+    for (int64_t rows : {1, 5}) {   // alone and in a batch with the flat row
+      const at::Tensor in = rows == 1 ? logits.narrow(0, 0, 1) : logits;
+      const at::Tensor got = nucleus_logits(in, top_p), want = whole_sort(in, top_p);
+      EXPECT_TRUE(at::equal(at::isinf(got), at::isinf(want))) << "top_p " << top_p << " rows " << rows;
+      EXPECT_TRUE(at::equal(got.masked_fill(at::isinf(got), 0), want.masked_fill(at::isinf(want), 0))) << "top_p " << top_p;
+      const at::Tensor kept = at::isfinite(got).sum(-1);
+      EXPECT_TRUE((kept >= 1).all().item<bool>()) << "top_p " << top_p;   // the most likely token always stays
+    }
+  }
+  // The flat row's nucleus at 0.9 is most of the vocabulary: the candidates grew to the whole sort.
+  EXPECT_GT(at::isfinite(nucleus_logits(logits.narrow(0, 1, 1), 0.9)).sum().item<int64_t>(), 15000);
+}
 
 TEST(ServeEngine, ACancelledRequestFinishesAtTheNextStepAndGivesItsBlocksBack) {
   const auto model = random_model("gpt");

@@ -6,6 +6,22 @@
 
 namespace colossal {
 
+at::Tensor nucleus_logits(const at::Tensor& logits, double top_p) {
+  const int64_t v = logits.size(-1);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  // Each row's probabilities over the whole vocabulary; the candidates are its k largest, in order.
+  const at::Tensor log_norm = logits.logsumexp(-1, /*keepdim=*/true);
+  for (int64_t k = std::min<int64_t>(v, 256);; k = std::min(v, 4 * k)) {
+    auto [top, order] = k == v ? logits.sort(-1, /*descending=*/true) : logits.topk(k, -1);
+    const at::Tensor probs = (top - log_norm).exp();
+    const at::Tensor before = probs.cumsum(-1) - probs;   // the mass of the tokens ahead of each
+    // Every token past the k-th is dropped once the k candidates hold more than top_p.
+    if (k < v && !(before.select(-1, k - 1) + probs.select(-1, k - 1) > top_p).all().item<bool>()) continue;
+    const at::Tensor kept = top.masked_fill(before > top_p, neg_inf);
+    return at::full_like(logits, neg_inf).scatter(-1, order, kept);
+  }
+}
+
 at::Tensor sample_next(const at::Tensor& logits_in, const SamplingConfig& c, at::Generator& gen, int64_t allowed_vocab) {
   at::Tensor logits = logits_in.to(at::kFloat);
   const int64_t v = logits.size(-1);
@@ -20,14 +36,7 @@ at::Tensor sample_next(const at::Tensor& logits_in, const SamplingConfig& c, at:
     auto kth = std::get<0>(logits.topk(c.top_k, -1)).narrow(-1, c.top_k - 1, 1);   // [B, 1]
     logits = logits.masked_fill(logits < kth, neg_inf);
   }
-  if (c.top_p < 1.0) {
-    auto [sorted, order] = logits.sort(-1, /*descending=*/true);
-    auto probs = sorted.softmax(-1);
-    // Drop a token when the tokens before it already hold top_p of the mass (the first always stays).
-    auto drop = (probs.cumsum(-1) - probs) > c.top_p;
-    sorted = sorted.masked_fill(drop, neg_inf);
-    logits = at::full_like(logits, neg_inf).scatter(-1, order, sorted);
-  }
+  if (c.top_p < 1.0) logits = nucleus_logits(logits, c.top_p);
   auto probs = logits.softmax(-1);
   return at::multinomial(probs, 1, /*replacement=*/false, gen).squeeze(-1);
 }
