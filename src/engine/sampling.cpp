@@ -13,11 +13,10 @@ at::Tensor nucleus_logits(const at::Tensor& logits, double top_p) {
   const at::Tensor log_norm = logits.logsumexp(-1, /*keepdim=*/true);
   for (int64_t k = std::min<int64_t>(v, 256);; k = std::min(v, 4 * k)) {
     auto [top, order] = k == v ? logits.sort(-1, /*descending=*/true) : logits.topk(k, -1);
-    const at::Tensor probs = (top - log_norm).exp();
-    const at::Tensor before = probs.cumsum(-1) - probs;   // the mass of the tokens ahead of each
+    const at::Tensor probs = (top - log_norm).exp(), mass = probs.cumsum(-1);
     // Every token past the k-th is dropped once the k candidates hold more than top_p.
-    if (k < v && !(before.select(-1, k - 1) + probs.select(-1, k - 1) > top_p).all().item<bool>()) continue;
-    const at::Tensor kept = top.masked_fill(before > top_p, neg_inf);
+    if (k < v && !(mass.select(-1, k - 1) > top_p).all().item<bool>()) continue;
+    const at::Tensor kept = top.masked_fill(mass - probs > top_p, neg_inf);   // the mass ahead of each
     return at::full_like(logits, neg_inf).scatter(-1, order, kept);
   }
 }

@@ -48,8 +48,7 @@ std::string TextStream::current_text() {
   if (window.compare(0, window_text_.size(), window_text_) != 0) return stable_text(*tokenizer_, ids_);
   std::string text = base_ + window.substr(window_text_.size());
   if (whole && ids_.size() - window_ >= 2 * kContext) {   // move the anchor here
-    anchor_ = ids_.size();
-    window_ = anchor_ - kContext;
+    window_ = ids_.size() - kContext;
     base_ = text;
     window_text_ = stable_text(*tokenizer_, std::vector<int>(ids_.begin() + static_cast<std::ptrdiff_t>(window_), ids_.end()));
   }

@@ -41,8 +41,9 @@ class TextStream {
   std::vector<int> ids_;
   std::string emitted_;
   bool stopped_ = false;
-  // ids_[0, anchor_) decode to base_ (whole characters); window_ decodes ids_[window_, anchor_) to window_text_
-  size_t anchor_ = 0, window_ = 0;
+  // The anchor is where base_ ends: base_ is the text of the ids before it (whole characters), and
+  // window_text_ that of the ids from window_ up to it.
+  size_t window_ = 0;
   std::string base_, window_text_;
 };
 
