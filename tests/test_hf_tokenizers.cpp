@@ -19,18 +19,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string fixture(const std::string& name) {
-  return test::source_dir() + "/tests/fixtures/" + (name == "opt-tiny" || name == "bloom-tiny" ? name : "tokenizers/" + name);
-}
-
-nlohmann::json expected(const std::string& name) { return nlohmann::json::parse(test::read_file(fixture(name) + "/expected.json")); }
+nlohmann::json expected(const std::string& name) { return test::read_json_file(test::tokenizer_fixture(name) + "/expected.json"); }
 
 std::string shown(const std::string& s) { return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
 
 class HfTokenizerFixture : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfTokenizerFixture, IdsMatchTransformersOnEveryFixtureString) {
-  const auto tok = Tokenizer::load(fixture(GetParam()));
+  const auto tok = Tokenizer::load(test::tokenizer_fixture(GetParam()));
   const auto ref = expected(GetParam());
   EXPECT_EQ(tok.vocab_size(), ref["vocab_size"].get<int64_t>());
   for (const auto& c : ref["cases"]) {
@@ -41,7 +37,7 @@ TEST_P(HfTokenizerFixture, IdsMatchTransformersOnEveryFixtureString) {
 }
 
 TEST_P(HfTokenizerFixture, DecodesAsTransformersDoes) {
-  const auto tok = Tokenizer::load(fixture(GetParam()));
+  const auto tok = Tokenizer::load(test::tokenizer_fixture(GetParam()));
   const auto cases = expected(GetParam())["cases"];   // kept: a range-for over a temporary's member dangles
   for (const auto& c : cases) {
     const auto ids = c["ids"].get<std::vector<int>>(), with_special = c["ids_with_special"].get<std::vector<int>>();
@@ -63,14 +59,14 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfTokenizerFixture,
 
 TEST(ByteLevelBpe, EveryFixtureStringDecodesBackExactly) {
   for (const char* name : {"gpt2-bpe", "gpt2-bpe-files", "opt-tiny", "bloom-tiny"}) {
-    const auto tok = Tokenizer::load(fixture(name));
+    const auto tok = Tokenizer::load(test::tokenizer_fixture(name));
     const auto cases = expected(name)["cases"];
     for (const auto& c : cases) EXPECT_EQ(tok.decode(tok.encode(c["text"])), c["text"].get<std::string>()) << name;
   }
 }
 
 TEST(ByteLevelBpe, AnyBytesRoundTripIncludingMalformedUtf8) {
-  const auto tok = Tokenizer::load(fixture("gpt2-bpe"));
+  const auto tok = Tokenizer::load(test::tokenizer_fixture("gpt2-bpe"));
   std::mt19937 rng(7);
   for (int trial = 0; trial < 200; ++trial) {
     std::string s(static_cast<size_t>(rng() % 64), '\0');
@@ -80,7 +76,7 @@ TEST(ByteLevelBpe, AnyBytesRoundTripIncludingMalformedUtf8) {
 }
 
 TEST(ByteLevelBpe, AVeryLongWordEncodesAndRoundTrips) {
-  const auto tok = Tokenizer::load(fixture("gpt2-bpe"));
+  const auto tok = Tokenizer::load(test::tokenizer_fixture("gpt2-bpe"));
   const std::string word(200000, 'a');   // one pre-token: the merge heap keeps this O(n log n)
   EXPECT_EQ(tok.decode(tok.encode(word)), word);
 }
@@ -125,23 +121,23 @@ TEST(Unicode, ClassesAndMappingsAgreeWithTheStandard) {
 }
 
 TEST(HfTokenizer, ReportsTheRolesOfSpecialTokens) {
-  const auto opt = Tokenizer::load(fixture("opt-tiny"));
+  const auto opt = Tokenizer::load(test::tokenizer_fixture("opt-tiny"));
   EXPECT_EQ(opt.end_of_text(), 2);
   EXPECT_EQ(opt.role_id("pad"), 1);
-  const auto bert = Tokenizer::load(fixture("bert-uncased"));
+  const auto bert = Tokenizer::load(test::tokenizer_fixture("bert-uncased"));
   EXPECT_EQ(bert.end_of_text(), 3);   // [SEP]: BERT has no eos
   EXPECT_EQ(bert.role_id("mask"), 4);
   EXPECT_EQ(bert.kind(), "WordPiece");
-  EXPECT_EQ(Tokenizer::load(fixture("gpt2-bpe")).end_of_text(), 0);   // <|endoftext|>
+  EXPECT_EQ(Tokenizer::load(test::tokenizer_fixture("gpt2-bpe")).end_of_text(), 0);   // <|endoftext|>
 }
 
 TEST(HfTokenizer, KeepsTheFilesItWasReadFrom) {
-  const auto tok = Tokenizer::load(fixture("bert-uncased"));
+  const auto tok = Tokenizer::load(test::tokenizer_fixture("bert-uncased"));
   std::vector<std::string> names;
   for (const auto& [name, bytes] : tok.files()) names.push_back(name);
   EXPECT_EQ(names, (std::vector<std::string>{"tokenizer.json", "tokenizer_config.json", "vocab.txt"}));
-  EXPECT_EQ(tok.files().at("vocab.txt"), test::read_file(fixture("bert-uncased") + "/vocab.txt"));
-  EXPECT_NE(tok.fingerprint(), Tokenizer::load(fixture("bert-cased")).fingerprint());
+  EXPECT_EQ(tok.files().at("vocab.txt"), test::read_file(test::tokenizer_fixture("bert-uncased") + "/vocab.txt"));
+  EXPECT_NE(tok.fingerprint(), Tokenizer::load(test::tokenizer_fixture("bert-cased")).fingerprint());
 }
 
 std::string load_error(const std::string& dir) { return test::error_of([&] { Tokenizer::load(dir); }); }
@@ -150,14 +146,14 @@ class HfTokenizerErrors : public ::testing::Test {
  protected:
   // A directory holding gpt2-bpe's tokenizer.json after `edit`; the error loading it.
   std::string with_tokenizer_json(const std::function<void(nlohmann::json&)>& edit) {
-    auto j = nlohmann::json::parse(test::read_file(fixture("gpt2-bpe") + "/tokenizer.json"));
+    auto j = nlohmann::json::parse(test::read_file(test::tokenizer_fixture("gpt2-bpe") + "/tokenizer.json"));
     edit(j);
     return with_file("gpt2-bpe", "tokenizer.json", j.dump());
   }
   // A copy of fixture `name` with `file` replaced by `content`; the error loading it.
   std::string with_file(const std::string& name, const std::string& file, const std::string& content) {
     const std::string dir = tmp_ / ("case" + std::to_string(cases_++));
-    fs::copy(fixture(name), dir);
+    fs::copy(test::tokenizer_fixture(name), dir);
     test::write_file(dir + "/" + file, content);
     return load_error(dir);
   }

@@ -66,10 +66,6 @@ void expect_same_stream(const Tokenizer& tok, const std::vector<int>& ids, const
   }
 }
 
-std::string fixture(const std::string& name) {
-  return test::source_dir() + "/tests/fixtures/" + (name == "opt-tiny" || name == "bloom-tiny" ? name : "tokenizers/" + name);
-}
-
 // The fixture strings back to back (several scripts, emoji, malformed spacing), as one long completion,
 // and random ids over the whole vocabulary (byte tokens and pieces that only make sense mid-word).
 std::vector<std::vector<int>> completions(const Tokenizer& tok, const std::string& text) {
@@ -90,8 +86,8 @@ TEST(TextStream, EachStepReleasesWhatDecodingTheWholeCompletionWould) {
       {"sentencepiece", Tokenizer::load(test::small_corpus().tokenizer), common}};
   for (const char* name : {"gpt2-bpe", "roberta-bpe", "opt-tiny", "bloom-tiny", "bert-uncased", "bert-cased"}) {
     std::string text = common;   // and this tokenizer's fixture strings (several scripts, emoji, odd spacing)
-    for (const auto& c : nlohmann::json::parse(test::read_file(fixture(name) + "/expected.json"))["cases"]) text += " " + c["text"].get<std::string>();
-    tokenizers.emplace_back(name, Tokenizer::load(fixture(name)), text);
+    for (const auto& c : test::read_json_file(test::tokenizer_fixture(name) + "/expected.json")["cases"]) text += " " + c["text"].get<std::string>();
+    tokenizers.emplace_back(name, Tokenizer::load(test::tokenizer_fixture(name)), text);
   }
   for (const auto& [name, tok, text] : tokenizers) {
     const auto all = completions(tok, text);

@@ -152,6 +152,9 @@ std::string headless_dom(const std::string& url, const std::string& scratch_dir,
 }
 
 std::string fixture(const std::string& name) { return source_dir() + "/tests/fixtures/" + name; }
+std::string tokenizer_fixture(const std::string& name) {
+  return fixture(name == "opt-tiny" || name == "bloom-tiny" ? name : "tokenizers/" + name);
+}
 
 std::shared_ptr<nn::CausalLM> load_model(const std::string& dir) {
   nn::LayerFactory f;

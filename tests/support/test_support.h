@@ -53,6 +53,8 @@ std::string error_of(const std::function<void()>& f);
 
 std::string source_dir();                       // the repository root
 std::string fixture(const std::string& name);   // tests/fixtures/<name>
+// A tokenizer fixture's directory: the opt-tiny and bloom-tiny model directories, else tests/fixtures/tokenizers/<name>.
+std::string tokenizer_fixture(const std::string& name);
 // A model directory (a checkpoint or a Hugging Face one) loaded as infer loads it, in eval mode.
 std::shared_ptr<nn::CausalLM> load_model(const std::string& dir);
 std::string binary_path();                      // the colossal binary under test
