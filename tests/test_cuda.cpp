@@ -22,6 +22,7 @@
 #include "src/nn/causal_lm.h"
 #include "src/parallel/sequence_attention.h"
 #include "src/parallel/tensor_parallel_1d.h"
+#include "src/memory/device_copies.h"
 #include "src/memory/zero_strategy.h"
 #include "src/io/safetensors.h"
 #include "tests/support/test_support.h"
@@ -274,9 +275,60 @@ TEST(Cuda, GeminiPlacementsOnTheGpuFollowTheDeviceRunAndStayWithinTheirBudget) {
     EXPECT_NEAR(cpu[i], device[i], 1e-4 * device[i]) << "placement cpu, step " << i + 1;
     EXPECT_NEAR(automatic[i], device[i], 1e-4 * device[i]) << "placement auto, step " << i + 1;
   }
+  // The gradients that came back to the host (a side stream's copies under placement cpu) are the
+  // device run's: their norms agree step by step.
+  const auto norm_device = colossal::test::metric_values(d / "metrics.jsonl", "grad_norm");
+  const auto norm_cpu = colossal::test::metric_values(c / "metrics.jsonl", "grad_norm");
+  ASSERT_EQ(norm_cpu.size(), norm_device.size());
+  for (size_t i = 0; i < norm_device.size(); ++i) EXPECT_NEAR(norm_cpu[i], norm_device[i], 1e-3 * norm_device[i]) << "step " << i + 1;
   const auto peaks = colossal::test::metric_values(a / "metrics.jsonl", "device_peak_mb");
   EXPECT_EQ(peaks.size(), 8u);
   for (double mb : peaks) EXPECT_LE(mb, budget_mb);
+}
+
+TEST(Cuda, SideStreamCopiesComeAfterTheQueuedComputeAndBeforeWhatWaitsForThem) {
+  // Gemini's transfers (memory/device_copies.h): a copy on the side stream must neither read a device
+  // value the compute stream has yet to write, nor overwrite a device buffer it has yet to read; and
+  // what waits for the ticket (the compute stream, or the host) sees the copied values. A slow chain of
+  // products queued first keeps the compute stream busy, so a copy that did not wait would see the
+  // stale value.
+  SKIP_WITHOUT_GPU();
+  memory::DeviceCopies copies(kGpu);
+  ASSERT_TRUE(copies.active());
+  const int64_t n = 1 << 20;
+  at::manual_seed(3);
+  const at::Tensor x = at::rand({2048, 2048}, at::TensorOptions().device(kGpu)) / 2048;
+  auto slow = [&] {   // about a dozen milliseconds of products, finite, then a zero
+    at::Tensor z = x;
+    for (int i = 0; i < 40; ++i) z = z.matmul(x) + x;
+    return z.flatten().narrow(0, 0, n) * 0;
+  };
+
+  // Device to host: the value is written at the end of the compute stream's queue.
+  const at::Tensor written = at::empty({n}, x.options()).fill_(-1);
+  const at::Tensor want = at::arange(n, x.options());
+  written.copy_(slow() + want);
+  at::Tensor host = memory::page_locked_empty(n, at::kFloat);
+  EXPECT_TRUE(host.is_pinned());
+  memory::CopyTicket down = copies.copy(host, written);
+  copies.host_waits(down);
+  EXPECT_FALSE(down.pending());
+  EXPECT_TRUE(at::equal(host, want.cpu()));
+
+  // Host to device: the compute stream reads the old buffer late in its queue, the copy overwrites it,
+  // and a read after compute_waits sees the new values.
+  const at::Tensor buffer = at::full({n}, 7.0, x.options());
+  const at::Tensor read_old = slow() + buffer;
+  at::Tensor fresh = memory::page_locked_empty(n, at::kFloat);
+  fresh.copy_(at::arange(n, at::kFloat) * 3);
+  memory::CopyTicket up = copies.copy(buffer, fresh);
+  copies.compute_waits(up);
+  const at::Tensor read_new = buffer * 1;
+  EXPECT_TRUE(at::equal(read_old.cpu(), at::full({n}, 7.0)));
+  EXPECT_TRUE(at::equal(read_new.cpu(), fresh));
+  memory::CopyTicket again = copies.copy(buffer, fresh);
+  copies.host_waits(again);
+  EXPECT_TRUE(copies.done(again));
 }
 
 TEST(Cuda, TrainingFollowsTheCpuLossCurveAndResumesWithItsDropoutStream) {

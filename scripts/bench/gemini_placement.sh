@@ -136,6 +136,8 @@ def run(mode, r):
     return {"tps": s["tokens_per_s"], "rss": s["rss_mb"]["peak"][0], "gpu": gpu,
             "window": max((x.get("device_peak_mb", 0) for x in steps), default=0),
             "evictions": med(x.get("evictions", 0) for x in steps),
+            # a step's time, and of it the norm, clipping and update (the rest is forward and backward)
+            "step": med(x["step_ms"] for x in steps), "update": med(x["update_ms"] for x in steps),
             "disk": med(x.get("nvme_read_mb", 0) + x.get("nvme_write_mb", 0) for x in steps)}
 res = {m: [run(m, r) for r in range(1, repeat + 1)] for m in modes}
 fig = {m: {k: med(x[k] for x in res[m]) for k in res[m][0]} for m in modes}
@@ -143,15 +145,15 @@ ref = fig.get("device", fig[modes[0]])["tps"]
 name = {"tiny": "gpt-tiny", "3b": "gpt2-3b (36x2560)"}.get(shape, f"gpt2-{shape}")
 how = (f", {dtype}" if dtype != "fp32" else "") + (", cuda" if cuda else "")
 peak = "peak GPU | peak RSS" if cuda else "peak RSS"
-print(f"| {name} T={T} B={B}{how}, ZeRO-3, 1 process | tokens/s | vs device | {peak} | device window (auto) | evictions/step | disk/step |")
-print("| --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if cuda else ""))
+print(f"| {name} T={T} B={B}{how}, ZeRO-3, 1 process | tokens/s | vs device | step | of which update | {peak} | device window (auto) | evictions/step | disk/step |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if cuda else ""))
 for m in modes:
     f = fig[m]
     window = f"{f['window']:.0f} of {float(budget) * 1024:.0f} MiB" if m == "auto" else ""
     evictions = f"{f['evictions']:.0f}" if m == "auto" else ""
     disk = f"{f['disk'] / 1024:.2f} GiB" if f["disk"] else ""
     gpu = (f"{f['gpu']:.0f} MiB | " if f["gpu"] else "n/a | ") if cuda else ""
-    print(f"| {m} | {f['tps']:.0f} | {f['tps'] / ref:.2f}x | {gpu}{f['rss']:.0f} MiB | {window} | {evictions} | {disk} |")
+    print(f"| {m} | {f['tps']:.0f} | {f['tps'] / ref:.2f}x | {f['step']:.0f} ms | {f['update']:.0f} ms | {gpu}{f['rss']:.0f} MiB | {window} | {evictions} | {disk} |")
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown CPU")
 gpu = ""
 if cuda:

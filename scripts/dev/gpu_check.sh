@@ -132,8 +132,9 @@ fi
 if benched gemini && in_time "Gemini benchmark"; then
   step "benchmark: Gemini on the GPU within a device budget"
   # a 3.0B GPT in bf16 with everything on the GPU (51 GiB planned) against placement auto within 8 GB
+  # and against every chunk in host memory (placement cpu: all transfers on the side stream)
   timeout "$(left)" bash scripts/bench/gemini_placement.sh --device cuda --colossal "$build/colossal" --shape 3b --dtype bf16 \
-    --modes device,auto --budget-gb 8 --repeat 1 --steps 5 2>&1 | tee "$out/bench-gemini.txt"
+    --modes device,auto,cpu --budget-gb 8 --repeat 1 --steps 5 2>&1 | tee "$out/bench-gemini.txt"
 fi
 if benched capacity && in_time "capacity benchmark"; then
   step "benchmark: the largest GPT PyTorch trains on the GPU against Gemini's"

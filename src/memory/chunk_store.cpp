@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "src/core/error.h"
+#include "src/memory/device_copies.h"
 #include "src/nn/block.h"
 #include "src/nn/factory.h"
 #include "src/nn/model.h"
@@ -101,7 +102,8 @@ ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64
     // hooks gather it); the embeddings, final norm and head stay whole.
     releasable_[k] = stage_ == 3 && all_in_blocks;
     params_.push_back(releasable_[k] ? at::empty({size}, options) : at::zeros({size}, options));   // padding stays zero
-    if (releasable_[k] && !params_on_disk(c)) param_shards_[k] = at::zeros({shard_numel(c)}, param_options);
+    if (releasable_[k] && !params_on_disk(c))
+      param_shards_[k] = homes.params == Residence::host ? host_param_shard(c, at::Tensor()) : at::zeros({shard_numel(c)}, param_options);
     if (stage_ <= 1) full_grads_.push_back(at::zeros({size}, options));
     if (stage_ == 0) grad_shards_.push_back(full_grads_.back());
     if (stage_ == 1) grad_shards_.push_back(full_grads_.back().narrow(0, shard_begin(c), shard_numel(c)));
@@ -170,10 +172,26 @@ void ChunkStore::set_homes(int64_t chunk, StoreHomes homes) {
   auto move = [](at::Tensor& t, c10::Device d) {   // to() is the tensor itself where it already is
     if (t.defined()) t = t.to(d);
   };
-  move(param_shards_[k], device_of(homes.params));
+  if (homes.params == Residence::host && param_shards_[k].defined() && !param_shards_[k].is_cpu())
+    param_shards_[k] = host_param_shard(chunk, param_shards_[k]);
+  else
+    move(param_shards_[k], device_of(homes.params));
   if (stage_ >= 2) move(grad_shards_[k], device_of(homes.states));
   for (auto& [name, shards] : optimizer_states_) move(shards[k], device_of(homes.states));
   bind_master(chunk);
+}
+
+at::Tensor ChunkStore::host_param_shard(int64_t chunk, const at::Tensor& value) const {
+  const at::ScalarType dtype = params_[static_cast<size_t>(chunk)].scalar_type();
+  // A GPU copies each gather's shard from page-locked memory beside compute (ZeroStrategy's side
+  // stream); a CPU has nothing to copy.
+  at::Tensor shard = device().is_cuda() ? page_locked_empty(shard_numel(chunk), dtype)
+                                        : at::empty({shard_numel(chunk)}, at::TensorOptions().dtype(dtype));
+  if (value.defined())
+    shard.copy_(value);
+  else
+    shard.zero_();
+  return shard;
 }
 
 int64_t ChunkStore::host_param_bytes(int64_t chunk) const {

@@ -208,6 +208,8 @@ class ChunkStore {
 
  private:
   void write_master(int64_t chunk, int64_t begin, const at::Tensor& values);   // in memory or in the file
+  // Chunk c's parameter shard in host memory (page-locked on a GPU machine), `value` or zeros.
+  at::Tensor host_param_shard(int64_t chunk, const at::Tensor& value) const;
   // Chunk c's master weights and master gradients: views of its parameter and gradient shards where the
   // dtype and device allow, else buffers of their own on the optimizer side's device.
   void bind_master(int64_t chunk);

@@ -29,6 +29,12 @@ void ZeroStrategy::fetch(int64_t c) {
     return;
   }
   const at::Tensor& whole = store_.materialize(c);
+  // One rank on a GPU with its shard in host memory (placement): the shard is the whole chunk, copied
+  // over on the side stream while the running block computes.
+  if (copies_.active() && group_.size() == 1 && store_.param_home(c) == Residence::host) {
+    param_copies_[k] = copies_.copy(whole, store_.param_shard(c));
+    return;
+  }
   // A shard in host memory (placement) is brought to the device first: a collective works on one device.
   fetches_[k] = group_.all_gather_async(whole, store_.param_shard(c).to(whole.device()), "gathering parameter chunk " + std::to_string(c));
 }
@@ -39,6 +45,8 @@ void ZeroStrategy::ensure(int64_t c) {
   fetch(c);
   if (store_.params_on_disk(c))
     finish_disk_fetch(c);
+  else if (param_copies_[k].pending())
+    copies_.compute_waits(param_copies_[k]);   // on the GPU: the host goes on launching this block
   else
     group_.wait(fetches_[k]);
   fetching_[k] = false;

@@ -26,6 +26,9 @@ namespace {
 // overlap communication with backward (with 2, backward stalled on the oldest at GPT-2 124M), few
 // enough that the full gradient never accumulates.
 constexpr size_t kStage2InFlight = 4;
+// Reduced gradient shards on their way to host memory (a GPU's placement) before the host waits for the
+// oldest: enough to keep the copy stream busy, few enough that their page-locked buffers stay small.
+constexpr size_t kGradCopiesInFlight = 4;
 
 // Runs after a parameter's gradient accumulator: the parameter's gradient for this backward is final.
 class ReadyHook : public torch::autograd::FunctionPostHook {
@@ -102,6 +105,7 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group
       optimizer_(std::move(optimizer)),
       scaler_(o.loss_scale ? std::make_unique<LossScaler>(*o.loss_scale) : nullptr),
       spare_grads_(kStage2InFlight + 1),
+      copies_(store_.device()),
       hooks_(std::make_unique<Hooks>()) {
   weight_decay_ = o.weight_decay;
   if (o.tensor_group && o.tensor_group->size() > 1) {
@@ -160,6 +164,7 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group
     }
     refs_.assign(chunks, 0);
     fetches_.resize(chunks);
+    param_copies_.resize(chunks);
     fetching_.assign(chunks, false);
     if (blocks > 0) gather_hook_ = std::make_shared<GatherHook>(this);
   }
@@ -315,9 +320,13 @@ void ZeroStrategy::complete(int64_t chunk) {
   group_.wait(cs.pending);
   at::Tensor& shard = store_.grad_shards()[static_cast<size_t>(chunk)];
   if (store_.stage() == 1) shard.copy_(cs.reduced);
-  if (store_.stage() >= 2)   // accumulates over the step's micro-batches (in host memory under a placement's offload)
-    shard.add_(cs.reduced.to(shard.device()));
-  spare_grads_.give(std::move(cs.reduced));
+  if (store_.stage() >= 2 && copies_.active() && shard.is_cpu() && cs.reduced.is_cuda()) {
+    copy_grad_to_host(chunk, std::move(cs.reduced));   // added into the shard once it has come over
+  } else {
+    if (store_.stage() >= 2)   // accumulates over the step's micro-batches (in host memory under a placement's offload)
+      shard.add_(cs.reduced.to(shard.device()));
+    spare_grads_.give(std::move(cs.reduced));
+  }
   cs.reduced = at::Tensor();
   if (cs.in_place)   // the tensors' .grad views go with the buffer
     for (int64_t i : store_.layout().chunk_slots[static_cast<size_t>(chunk)]) store_.param_of(i).mutable_grad().reset();
@@ -335,7 +344,37 @@ void ZeroStrategy::after_backward() {
   for (int64_t c = 0; c < static_cast<int64_t>(sync_.size()); ++c)
     if (!sync_[static_cast<size_t>(c)].launched) launch(c);   // chunks some of whose tensors got no gradient
   complete_until(0);
+  finish_grad_copies(0);
   if (store_.stage() == 3) settle_chunks();
+}
+
+void ZeroStrategy::copy_grad_to_host(int64_t chunk, at::Tensor reduced) {
+  at::Tensor staging;
+  for (auto it = grad_staging_.begin(); it != grad_staging_.end(); ++it)
+    if (it->numel() == reduced.numel() && it->scalar_type() == reduced.scalar_type()) {
+      staging = std::move(*it);
+      grad_staging_.erase(it);
+      break;
+    }
+  if (!staging.defined()) staging = page_locked_empty(reduced.numel(), reduced.scalar_type());
+  CopyTicket ticket = copies_.copy(staging, reduced);
+  grad_copies_.push_back({chunk, std::move(reduced), std::move(staging), std::move(ticket)});
+  finish_grad_copies(kGradCopiesInFlight);
+}
+
+void ZeroStrategy::finish_grad_copies(size_t pending) {
+  // Oldest first, so a chunk's micro-batches add up in the order they were reduced (the CPU's order).
+  while (!grad_copies_.empty() && (grad_copies_.size() > pending || copies_.done(grad_copies_.front().ticket))) {
+    GradCopy& g = grad_copies_.front();
+    copies_.host_waits(g.ticket);
+    {
+      at::NoGradGuard no_grad;
+      store_.grad_shards()[static_cast<size_t>(g.chunk)].add_(g.staging);
+    }
+    spare_grads_.give(std::move(g.reduced));   // read by the copy: the compute stream may reuse it now
+    if (grad_staging_.size() <= kGradCopiesInFlight) grad_staging_.push_back(std::move(g.staging));
+    grad_copies_.pop_front();
+  }
 }
 
 void ZeroStrategy::free_spares() {
@@ -378,6 +417,7 @@ void ZeroStrategy::streamed_update(const optim::StepContext& ctx) {
 
 TrainStrategy::StepReport ZeroStrategy::optimizer_step(double lr, double max_norm) {
   StepReport r;
+  finish_grad_copies(0);   // after_backward has added them; a step without a backward has none
   free_spares();
   r.loss_scale = loss_scale();   // the scale this step's loss was multiplied by, before the scaler updates it
   store_.collect_grads(1.0 / r.loss_scale);

@@ -24,6 +24,7 @@
 #include "src/dist/group.h"
 #include "src/memory/allocation_counter.h"
 #include "src/memory/chunk_trace.h"
+#include "src/memory/device_copies.h"
 #include "src/memory/loss_scaler.h"
 #include "src/memory/train_strategy.h"
 #include "src/nn/block_hooks.h"
@@ -194,6 +195,20 @@ class ZeroStrategy : public TrainStrategy {
   std::map<int64_t, std::vector<AlignedBuffer>> read_buffers_;   // their buffers by size, reused
   std::vector<bool> fetching_;
   std::vector<int64_t> upcoming_;                    // chunks of the block expected next
+  // On a GPU, one rank: parameter shards in host memory come over, and reduced gradients for host
+  // shards go back, on a side stream (device_copies.h), so neither forward nor backward makes the host
+  // thread wait for the GPU and the transfers run beside compute.
+  DeviceCopies copies_;
+  std::vector<CopyTicket> param_copies_;   // by chunk: its shard on its way to the device
+  struct GradCopy {                        // a reduced gradient shard on its way to host memory
+    int64_t chunk = 0;
+    at::Tensor reduced, staging;           // the device shard (kept until read), its page-locked copy
+    CopyTicket ticket;
+  };
+  std::deque<GradCopy> grad_copies_;       // in reduction order
+  std::vector<at::Tensor> grad_staging_;   // finished copies' page-locked buffers, reused
+  void copy_grad_to_host(int64_t chunk, at::Tensor reduced);
+  void finish_grad_copies(size_t pending);   // the oldest added into their shards until at most `pending` remain
   // Placement (zero_placement.cpp). A window runs from one block visit's start to the next one's.
   PlacementOptions placement_;
   bool metered() const { return placement_.device_limit > 0; }
