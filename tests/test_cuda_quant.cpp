@@ -142,7 +142,9 @@ TEST(CudaQuant, EachFamilyAndSchemePrefillsAndDecodesOnTheGpuAsOnTheCpu) {
                                        quant::QuantConfig{quant::Scheme::int8_smoothquant, 0}}) {
       const auto m = test::quantized_pair(family, c);
       at::NoGradGuard no_grad;
-      const auto ids = at::randint(0, 96, {3, 12}, at::kLong);
+      // 5 sequences: a prompt of 40 rows, past the rows the CPU's decoding GEMV takes without VNNI (32),
+      // so that both devices multiply float x by the dequantized weight; 5 decoding rows take the GEMV on both.
+      const auto ids = at::randint(0, 96, {5, 12}, at::kLong);
       const auto cpu = test::prefill_then_decode(*m.quantized, ids);
       m.quantized->to(kGpu);
       const auto gpu = test::prefill_then_decode(*m.quantized, ids.to(kGpu));

@@ -7,13 +7,14 @@
 # Beforehand, on a machine with Debian 12's registry, from the repository root:
 #   bash scripts/dev/gpu_check.sh --download      # Debian packages into .debs/ (ignored by git)
 # Then on the GPU machine, from the repository root, with .debs/ and runs/data/ carried along:
-#   bash scripts/dev/gpu_check.sh [--tests-only | --bench [LIST] | --build-only] [OUT_DIR]
+#   bash scripts/dev/gpu_check.sh [--tests-only | --bench [LIST] | --bench-only LIST | --build-only] [OUT_DIR]
 # LIST: comma-separated from train, adamw, quant, gemini, capacity, cpu (default train,adamw); capacity is
 # the largest GPT plain PyTorch trains on the GPU against Gemini's at 1.5 times it (about 5 minutes, the
 # host's memory bounding colossal's side there); cpu measures the host
 # CPU on 2 of its cores (taskset) as issue 28's benchmarks do, since these machines' hosts are Intel Xeons
 # (family 6 model 207 on 2026-11-26) and the development machines AMD EPYCs. The GPU's own tests run
 # first, then the checks and benchmarks, and the rest of the suite (CPU tests) last, since a lease is short.
+# --bench-only LIST builds the binary alone and runs those benchmarks, nothing else (a lease's last minutes).
 # Logs go to OUT_DIR (default $OUT, else /tmp/gpu_check).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,8 +36,9 @@ if [ "${1:-}" = --download ]; then
   echo "gpu_check: $(ls .debs/*.deb .debs/runtime/*.deb | wc -l) packages in .debs/"
   exit 0
 fi
-bench="" build_only=0 tests_only=0
+bench="" build_only=0 tests_only=0 bench_only=0
 if [ "${1:-}" = --tests-only ]; then tests_only=1; shift; fi   # build what the GPU's suites need, run them, stop
+if [ "${1:-}" = --bench-only ]; then bench_only=1; set -- --bench "${@:2}"; fi
 if [ "${1:-}" = --bench ]; then
   shift
   if [[ "${1:-}" =~ ^[a-z]+(,[a-z]+)*$ ]]; then bench="$1"; shift; else bench=train,adamw; fi
@@ -86,11 +88,14 @@ grep -E "^-- colossal:|CXX compiler identification" "$out/configure.log"
 step "build"
 first=(--target colossal reference_tests dist_tests e2e_tests)
 ((build_only == 0)) || first=()
+((bench_only == 0)) || first=(--target colossal)
 cmake --build "$build" -j "$(nproc)" "${first[@]}" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -n 30; exit 1; }
 ((build_only == 0)) || exit 0
 echo "first DT_NEEDED of colossal: $(readelf -d "$build/colossal" | grep -m1 NEEDED | sed 's/.*\[//; s/\]//')"
 
 gpu_suites='^(Cuda.*|.*OnGpu)$'
+rc_test=0
+if ((bench_only == 0)); then
 step "ctest: the GPU's suites"
 OMP_NUM_THREADS=4 ctest --test-dir "$build" -R "$gpu_suites" -j 3 --output-on-failure >"$out/ctest-gpu.log" 2>&1
 rc_test=$?
@@ -123,6 +128,7 @@ for scheme in int8-weight int4-weight int8-smoothquant; do
   cmp -s "/tmp/gpu_check-$scheme-cuda.txt" "/tmp/gpu_check-$scheme-cpu.txt" && echo "$scheme: the GPU's greedy text equals the CPU's" ||
     { echo "$scheme: texts differ"; diff "/tmp/gpu_check-$scheme-cuda.txt" "/tmp/gpu_check-$scheme-cpu.txt" | head -n 8; }
 done
+fi
 
 if benched adamw && in_time "AdamW benchmark"; then
   step "benchmark: AdamW on the GPU (kernels/cuda against torch's fused and foreach)"
@@ -131,10 +137,14 @@ if benched adamw && in_time "AdamW benchmark"; then
 fi
 if benched gemini && in_time "Gemini benchmark"; then
   step "benchmark: Gemini on the GPU within a device budget"
-  # a 3.0B GPT in bf16 with everything on the GPU (51 GiB planned) against placement auto within 8 GB
-  # and against every chunk in host memory (placement cpu: all transfers on the side stream)
-  timeout "$(left)" bash scripts/bench/gemini_placement.sh --device cuda --colossal "$build/colossal" --shape 3b --dtype bf16 \
-    --modes device,auto,cpu --budget-gb 8 --repeat 1 --steps 5 2>&1 | tee "$out/bench-gemini.txt"
+  # a 3.0B GPT in bf16: every chunk in host memory (placement cpu: all transfers on the side stream),
+  # placement auto within 8 GB, and everything on the GPU (51 GiB planned); a table per placement, so
+  # a lease that ends early keeps the ones done
+  for m in cpu auto device; do
+    in_time "Gemini benchmark, placement $m" || break
+    timeout "$(left)" bash scripts/bench/gemini_placement.sh --device cuda --colossal "$build/colossal" --shape 3b --dtype bf16 \
+      --modes "$m" --budget-gb 8 --repeat 1 --steps 5 2>&1 | tee -a "$out/bench-gemini.txt"
+  done
 fi
 if benched capacity && in_time "capacity benchmark"; then
   step "benchmark: the largest GPT PyTorch trains on the GPU against Gemini's"
@@ -161,7 +171,7 @@ if benched train && in_time "training benchmark"; then
   timeout "$(left)" bash scripts/bench/train_vs_torch.sh --device cuda --python "$python" --colossal "$build/colossal" \
     --shape 124m-1k --repeat 3 2>&1 | tee "$out/bench.txt"
 fi
-if in_time "the rest of the suite"; then
+if ((bench_only == 0)) && in_time "the rest of the suite"; then
   step "ctest: the rest of the suite"
   timeout "$(left)" cmake --build "$build" -j "$(nproc)" >>"$out/build.log" 2>&1 || echo "gpu_check: building the other tests failed or ran out of time"
   OMP_NUM_THREADS=2 timeout "$(left)" ctest --test-dir "$build" -E "$gpu_suites" -j 8 --output-on-failure >"$out/ctest.log" 2>&1

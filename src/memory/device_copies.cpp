@@ -71,17 +71,6 @@ void DeviceCopies::host_waits(CopyTicket& t) {
   t.event_.reset();
 }
 
-bool DeviceCopies::done(const CopyTicket& t) const {
-  if (!t.pending()) return true;
-  const cudaError_t status = cudaEventQuery(event_of(t.event_));
-  if (status == cudaErrorNotReady) {
-    (void)cudaGetLastError();   // not an error: clears the sticky "not ready"
-    return false;
-  }
-  C10_CUDA_CHECK(status);
-  return true;
-}
-
 at::Tensor page_locked_empty(int64_t numel, at::ScalarType dtype) {
   // Whole pages of its own: the driver pins pages, and a page shared with another allocation could be
   // registered twice.
@@ -110,7 +99,6 @@ DeviceCopies::DeviceCopies(c10::Device) {}
 CopyTicket DeviceCopies::copy(const at::Tensor&, const at::Tensor&) { throw Error("device copies: no CUDA in this build (internal)"); }
 void DeviceCopies::compute_waits(CopyTicket&) {}
 void DeviceCopies::host_waits(CopyTicket&) {}
-bool DeviceCopies::done(const CopyTicket&) const { return true; }
 at::Tensor page_locked_empty(int64_t numel, at::ScalarType dtype) { return at::empty({numel}, at::TensorOptions().dtype(dtype)); }
 
 #endif

@@ -36,7 +36,6 @@ class DeviceCopies {
   CopyTicket copy(const at::Tensor& dst, const at::Tensor& src);
   void compute_waits(CopyTicket& t);   // the compute stream waits on the GPU; the host goes on
   void host_waits(CopyTicket& t);      // the host blocks until the copy is done
-  bool done(const CopyTicket& t) const;
 
  private:
   struct Impl;

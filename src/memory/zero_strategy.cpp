@@ -364,7 +364,9 @@ void ZeroStrategy::copy_grad_to_host(int64_t chunk, at::Tensor reduced) {
 
 void ZeroStrategy::finish_grad_copies(size_t pending) {
   // Oldest first, so a chunk's micro-batches add up in the order they were reduced (the CPU's order).
-  while (!grad_copies_.empty() && (grad_copies_.size() > pending || copies_.done(grad_copies_.front().ticket))) {
+  // Only past `pending`, never as soon as one is done: the device shards they hold are then the same at
+  // every step, whatever the GPU's pace, so the first step's measured windows hold for the placement.
+  while (grad_copies_.size() > pending) {
     GradCopy& g = grad_copies_.front();
     copies_.host_waits(g.ticket);
     {
