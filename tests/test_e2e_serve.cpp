@@ -17,6 +17,8 @@
 #include <thread>
 #include <unistd.h>
 
+#include <torch/cuda.h>
+
 #include "support/test_support.h"
 
 using colossal::test::read_file;
@@ -138,8 +140,8 @@ std::string train_tiny(const TempDir& dir, int steps) {
 }
 
 // `colossal infer`'s greedy completion of `prompt`: what the server must stream for it.
-std::string greedy_completion(const std::string& model, const std::string& prompt, int tokens) {
-  auto r = run_colossal("infer " + model + " -p '" + prompt + "' -n " + std::to_string(tokens) + " --greedy --jsonl -q");
+std::string greedy_completion(const std::string& model, const std::string& prompt, int tokens, const std::string& options = "") {
+  auto r = run_colossal("infer " + model + " -p '" + prompt + "' -n " + std::to_string(tokens) + " --greedy --jsonl -q" + options);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   return r.exit_code == 0 ? nlohmann::json::parse(r.output)["completion"].get<std::string>() : "";
 }
@@ -344,6 +346,25 @@ TEST(ServeEndToEnd, AQuantizedDirectoryStreamsWhatInferGeneratesFromIt) {
   ASSERT_GT(server.port(), 0) << server.log();
   EXPECT_NE(server.log().find("int4-weight"), std::string::npos) << server.log();
   expect_streams_at_once(server.port(), prompts, expected);
+}
+
+// On a GPU (a suite named *OnGpu keeps the GPU visible under ctest; it skips where none is): the model,
+// its paged KV cache and ATen's paged attention on the device, and each of four concurrent streams the
+// CPU's greedy completion (fp32 on both; the tiny model's margins between tokens dwarf the GPU's rounding),
+// then SIGTERM ending it with status 0.
+TEST(ServeOnGpu, ConcurrentStreamsGetTheCpusGreedyTokensAndSigtermStopsIt) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU visible";
+  TempDir dir;
+  const std::string model = train_tiny(dir, 40);
+  const std::vector<std::string> prompts = {"And God said", "In the beginning God created", "The LORD is my shepherd", "Jesus wept"};
+  std::vector<std::string> expected;
+  for (const auto& p : prompts) expected.push_back(greedy_completion(model, p, 12, " --device cpu"));
+  ASSERT_FALSE(HasFailure());
+  ServerProcess server(model + " --device cuda --kv-memory-gb 0.05 --block-size 4 --max-running 3", dir);
+  ASSERT_GT(server.port(), 0) << server.log();
+  EXPECT_NE(server.log().find("cuda"), std::string::npos) << server.log();
+  expect_streams_at_once(server.port(), prompts, expected);
+  EXPECT_EQ(server.terminate_and_wait(30s), 0) << server.log();
 }
 
 TEST(ServeEndToEnd, ATensorParallelServerStreamsWhatOneProcessGeneratesAndStopsOnSigterm) {

@@ -13,6 +13,7 @@
 #include "src/core/error.h"
 #include "src/engine/generator.h"
 #include "src/engine/sampling.h"
+#include "src/nn/paged_attention_aten.h"
 #include "src/serve/batch_engine.h"
 #include "src/serve/completion_api.h"
 #include "support/test_support.h"
@@ -68,6 +69,44 @@ TEST(PagedAttention, TokensOfSeveralSequencesInScatteredBlocksMatchDenseCausalAt
         const auto ref = at::einsum("hj,jhd->hd", {scores.softmax(-1), v});
         EXPECT_LT((out[i].to(at::kDouble) - ref).abs().max().item<double>(), 1e-5)
             << kernels::isa_name(isa) << " token " << i << " alibi " << alibi;
+      }
+    }
+    // ATen's path (any device or dtype: a GPU's serving), in float and in double from the same cached
+    // keys: the same slots written, and the dense reference's outputs.
+    for (auto dtype : {at::kFloat, at::kDouble}) {
+      auto k_pool = at::zeros({blocks, h, bs, d}, dtype), v_pool = at::zeros({blocks, h, bs, d}, dtype);
+      auto k_want = k_pool.clone(), v_want = v_pool.clone();
+      std::vector<at::Tensor> qkv_rows;
+      nn::PagedRows rows;
+      rows.block_size = bs;
+      for (int64_t s = 0; s < 2; ++s)
+        for (int64_t p = 0; p < seqs[s].length; ++p) {
+          const bool in_step = (s == 0 && p >= 5) || (s == 1 && p == 9);
+          const int64_t block = (*seqs[s].table)[p / bs], slot = p % bs;
+          k_want.select(0, block).select(1, slot).copy_(keys[s][p]);
+          v_want.select(0, block).select(1, slot).copy_(values[s][p]);
+          if (!in_step) {
+            k_pool.select(0, block).select(1, slot).copy_(keys[s][p]);
+            v_pool.select(0, block).select(1, slot).copy_(values[s][p]);
+            continue;
+          }
+          rows.positions.push_back(p);
+          rows.tables.push_back(seqs[s].table->data());
+          qkv_rows.push_back(at::stack({queries[s][p], keys[s][p], values[s][p]}).to(dtype));
+        }
+      nn::LayerKv kv{k_pool, v_pool, &rows};
+      const auto out = nn::aten_paged_attention(at::stack(qkv_rows).view({3, 1, 3 * h * d}), kv, h,
+                                                alibi ? slopes : at::Tensor()).view({3, h, d});
+      EXPECT_TRUE(at::equal(k_pool, k_want) && at::equal(v_pool, v_want)) << "the step's keys and values in their slots";
+      for (int64_t i = 0; i < 3; ++i) {
+        const int64_t s = i < 2 ? 0 : 1, p = rows.positions[static_cast<size_t>(i)];
+        auto q = queries[s][p].to(at::kDouble), k = keys[s].narrow(0, 0, p + 1).to(at::kDouble),
+             v = values[s].narrow(0, 0, p + 1).to(at::kDouble);
+        auto scores = at::einsum("hd,jhd->hj", {q, k}) / std::sqrt(double(d));
+        if (alibi) scores += slopes.to(at::kDouble).view({h, 1}) * (at::arange(p + 1, at::kDouble) - p).view({1, p + 1});
+        const auto ref = at::einsum("hj,jhd->hd", {scores.softmax(-1), v});
+        EXPECT_LT((out[i].to(at::kDouble) - ref).abs().max().item<double>(), dtype == at::kDouble ? 1e-12 : 1e-5)
+            << "ATen's path, " << dtype << ", token " << i << " alibi " << alibi;
       }
     }
   }
@@ -170,6 +209,35 @@ TEST_P(ServeFamilies, ContinuousBatchingWithPreemptionGivesEachRequestItsOneAtAT
     EXPECT_EQ(streamed[i], done[i].text) << "request " << i << ": the streamed pieces add up to the completion";
     EXPECT_FALSE(done[i].finish_reason.empty()) << "request " << i << " never finished";
   }
+}
+
+TEST_P(ServeFamilies, TheEngineOnAtensPagedAttentionGivesTheGeneratorsGreedyTokens) {
+  // The path a GPU serves on (paged_attention_aten.h), taken here by a double-precision model (the CPU
+  // kernel is fp32's): the pool follows the model's dtype, and every request its one-at-a-time tokens,
+  // with prompts in chunks, requests joining mid-run and preemption. No on_text here: a completion ending
+  // at its length inside a character (BLOOM's byte tokens) still ends with those bytes, as the generator's.
+  const auto model = random_model(GetParam());
+  model->to(at::kDouble);
+  const auto tok = Tokenizer::load(test::small_corpus().tokenizer);
+  const std::vector<std::string> prompts = {"In the beginning God created the heaven and the earth.", "And God said",
+                                            "The LORD is my shepherd; I shall not want.", "Jesus wept."};
+  SamplingConfig greedy;
+  greedy.greedy = true;
+  greedy.max_tokens = 12;
+  Generator gen(model, tok, at::kCPU);
+  serve::BatchEngine engine(model, tok, {.block_size = 4, .num_blocks = 12, .max_step_tokens = 6, .max_running = 3});
+  std::vector<serve::Completion> done(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    serve::EngineRequest r;
+    r.prompt = tok.encode(prompts[i], /*add_special=*/true);
+    r.sampling = greedy;
+    r.on_done = [&, i](const serve::Completion& c) { done[i] = c; };
+    engine.submit(std::move(r));
+    engine.step();
+  }
+  for (int s = 0; s < 2000 && engine.step(); ++s) {}
+  EXPECT_GT(engine.stats().preemptions, 0) << "the pool was meant to force preemption";
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(done[i].text, gen.generate({prompts[i]}, greedy)[0].text) << GetParam() << " request " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ServeFamilies, ::testing::Values("gpt", "opt", "bloom"),

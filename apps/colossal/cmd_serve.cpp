@@ -66,8 +66,11 @@ void run(ServeArgs& a) {
   sigaddset(&signals, SIGINT);
   const bool launches = a.tensor_parallel > 1 && dist::worker_env(dist::process_env()).world == 1;
   if (!launches) pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  if (resolve_device(a.device, "--device").is_cuda())
-    throw Error("colossal serve runs its paged KV cache and batch on the CPU; --device cuda is not available for it (use --device cpu)");
+  if (a.tensor_parallel > 1 && a.device == "cuda")
+    throw Error("--device cuda with --tensor-parallel " + std::to_string(a.tensor_parallel) +
+                ": a split server runs on the CPU (its ranks exchange pieces over Gloo); use --device cpu, or one process on the GPU");
+  // A split server's ranks run on the CPU; one process takes the GPU under "cuda", or "auto" with one visible.
+  const c10::Device device = a.tensor_parallel > 1 ? c10::Device(c10::kCPU) : resolve_device(a.device, "--device");
   if (a.tensor_parallel > 1) check_generation_split(a.model, a.tensor_parallel);   // before any worker starts
   const GenerationJob job = GenerationJob::start(a.tensor_parallel, [&a] { return worker_args(a); }, "--tensor-parallel");
   if (job.launched()) {
@@ -75,7 +78,8 @@ void run(ServeArgs& a) {
     return;
   }
   auto opened = open_generation_checkpoint(a.model, "colossal serve");
-  auto model = load_generation_model(opened, "colossal serve", job.tensor_group());
+  auto model = load_generation_model(opened, "colossal serve", job.tensor_group(), /*pack_for_cpu=*/device.is_cpu());
+  if (!device.is_cpu()) model->to(device);
   a.server.model_name = a.model_name.empty() ? fs::path(opened.dir).filename().string() : a.model_name;
   if (a.server.model_name.rfind("step-", 0) == 0) a.server.model_name = fs::path(opened.dir).parent_path().parent_path().filename().string();
   // The pool from --kv-memory-gb: blocks of block_size positions for every layer's keys and values.
@@ -84,7 +88,16 @@ void run(ServeArgs& a) {
   if (a.engine.num_blocks < 1)
     throw Error("--kv-memory-gb " + std::to_string(a.kv_memory_gb) + " holds no KV block of " + human_bytes(block_bytes) +
                 " (give at least " + std::to_string(block_bytes / 1073741824.0) + ")");
-  require_host_memory(static_cast<double>(a.engine.num_blocks) * block_bytes, "the KV cache (--kv-memory-gb)");
+  const double pool_bytes = static_cast<double>(a.engine.num_blocks) * block_bytes;
+  if (device.is_cpu()) {
+    require_host_memory(pool_bytes, "the KV cache (--kv-memory-gb)");
+  } else {
+    const auto spare = static_cast<double>(device_total_bytes(device)) - static_cast<double>(device_allocated_bytes(device));
+    if (pool_bytes > spare)
+      throw Error("--kv-memory-gb " + fmt::format("{}", a.kv_memory_gb) + ": the KV cache needs " + human_bytes(pool_bytes) + " on " +
+                  describe_device(device) + ", which has " + human_bytes(spare) + " beside the model; lower --kv-memory-gb");
+  }
+  a.engine.device = device;
   std::shared_ptr<serve::StepMirror> mirror;
   if (dist::Group* g = job.tensor_group()) mirror = std::make_shared<serve::StepMirror>(*g);
   if (!job.is_root()) {   // this rank runs the forwards rank 0 schedules, over a pool of the same blocks
@@ -108,8 +121,9 @@ void run(ServeArgs& a) {
   engine.set_mirror(mirror);
   serve::CompletionServer server(engine, opened.tokenizer, a.server);
   const int port = server.bind();
-  spdlog::info("serving {} as \"{}\" on http://{}:{} ({}{}{} KV blocks of {} positions, {}; at most {} sequences a step)", opened.dir,
-               a.server.model_name, a.server.host, port, opened.quantized ? std::string(quant::scheme_name(opened.quantized->scheme)) + ", " : "",
+  spdlog::info("serving {} as \"{}\" on http://{}:{} ({}, {}{}{} KV blocks of {} positions, {}; at most {} sequences a step)", opened.dir,
+               a.server.model_name, a.server.host, port, describe_device(device),
+               opened.quantized ? std::string(quant::scheme_name(opened.quantized->scheme)) + ", " : "",
                a.tensor_parallel > 1 ? fmt::format("split across {} ranks, ", a.tensor_parallel) : std::string(),
                a.engine.num_blocks, a.engine.block_size, human_bytes(static_cast<double>(a.engine.num_blocks) * block_bytes),
                a.engine.max_running);
@@ -143,7 +157,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--api-key", a->api_key, "Require \"Authorization: Bearer KEY\" on /v1/* and /metrics (also $COLOSSAL_API_KEY)")
       ->envname("COLOSSAL_API_KEY");
   cmd->add_option("--model-name", a->model_name, "The model's id in the API (default: the directory's name)");
-  cmd->add_option("--device", a->device, "cpu (the serving engine's kernels are CPU ones)")->capture_default_str()
+  cmd->add_option("--device", a->device, "cpu | cuda | auto (the GPU when one is visible; a --tensor-parallel server runs on the CPU)")->capture_default_str()
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--kv-memory-gb", a->kv_memory_gb, "Memory for the paged KV cache")->capture_default_str()->check(finite_in(0.001, 1e6));
   cmd->add_option("--block-size", a->engine.block_size, "Positions a KV block holds")->capture_default_str()->check(CLI::Range(1, 1024));

@@ -116,17 +116,20 @@ def main():
     ap = argparse.ArgumentParser()
     for a in ("--colossal", "--python", "--model", "--sides", "--command", "--logs"):
         ap.add_argument(a, required=True)
+    ap.add_argument("--device", default="cpu")
     for a in ("--requests", "--concurrency", "--max-tokens", "--threads", "--repeat", "--port"):
         ap.add_argument(a, type=int, required=True)
     a = ap.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     sides = a.sides.split(",")
     commands = {
-        "colossal": [a.colossal, "serve", a.model, "--port", str(a.port), "--model-name", "m", "--max-running", str(a.concurrency)],
-        "colossal-1": [a.colossal, "serve", a.model, "--port", str(a.port), "--model-name", "m", "--max-running", "1"],
-        "transformers": [a.python, "-m", "transformers.cli.transformers", "serve", "--port", str(a.port), "--device", "cpu",
+        "colossal": [a.colossal, "serve", a.model, "--port", str(a.port), "--model-name", "m", "--max-running", str(a.concurrency),
+                     "--device", a.device],
+        "colossal-1": [a.colossal, "serve", a.model, "--port", str(a.port), "--model-name", "m", "--max-running", "1",
+                       "--device", a.device],
+        "transformers": [a.python, "-m", "transformers.cli.transformers", "serve", "--port", str(a.port), "--device", a.device,
                          "--dtype", "float32", a.model],
-        "transformers-cb": [a.python, "-m", "transformers.cli.transformers", "serve", "--port", str(a.port), "--device", "cpu",
+        "transformers-cb": [a.python, "-m", "transformers.cli.transformers", "serve", "--port", str(a.port), "--device", a.device,
                             "--dtype", "float32", "--continuous-batching", a.model],
     }
     names = {"colossal": "m", "colossal-1": "m", "transformers": a.model, "transformers-cb": a.model}

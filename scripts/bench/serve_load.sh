@@ -15,6 +15,7 @@ cd "$(dirname "$0")/../.."
 COMMAND="scripts/bench/serve_load.sh"
 (($# == 0)) || COMMAND+="$(printf ' %q' "$@")"
 requests=32 concurrency=16 max_tokens=64 threads="$(nproc)" repeat=1 port=18731 model="" sides=colossal,colossal-1,transformers,transformers-cb
+device=cpu
 COLOSSAL=build/colossal PY=.venv/bin/python
 while (($#)); do
   case "$1" in
@@ -24,13 +25,14 @@ while (($#)); do
     --threads) threads="${2:?}"; shift 2 ;;
     --repeat) repeat="${2:?}"; shift 2 ;;
     --port) port="${2:?}"; shift 2 ;;
+    --device) device="${2:?}"; shift 2 ;;
     --model) model="${2:?}"; shift 2 ;;
     --sides) sides="${2:?}"; shift 2 ;;
     --colossal) COLOSSAL="${2:?}"; shift 2 ;;
     --python) PY="${2:?}"; shift 2 ;;
     -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
       echo "usage: scripts/bench/serve_load.sh [--requests 32] [--concurrency 16] [--max-tokens 64] [--repeat 1] [--model DIR]"
-      echo "                                   [--sides colossal,colossal-1,transformers,transformers-cb] [--port N]"; exit 0 ;;
+      echo "                                   [--sides colossal,colossal-1,transformers,transformers-cb] [--port N] [--device cpu|cuda]"; exit 0 ;;
     *) echo "serve_load: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -39,6 +41,7 @@ for v in requests concurrency max_tokens threads repeat port; do
 done
 [[ "$sides" =~ ^(colossal|colossal-1|transformers|transformers-cb)(,(colossal|colossal-1|transformers|transformers-cb))*$ ]] ||
   { echo "serve_load: error: --sides '$sides' must list colossal, colossal-1, transformers, transformers-cb" >&2; exit 2; }
+[[ "$device" =~ ^(cpu|cuda)$ ]] || { echo "serve_load: error: --device '$device' is not cpu or cuda" >&2; exit 2; }
 [ -x "$COLOSSAL" ] || { echo "serve_load: error: $COLOSSAL not found; build it with scripts/build.sh" >&2; exit 1; }
 if [[ "$sides" == *transformers* ]] && ! "$PY" -c 'import fastapi, uvicorn, transformers' 2>/dev/null; then
   echo "serve_load: installing transformers[serving] into $PY's environment" >&2
@@ -54,4 +57,4 @@ LOGS="$(mktemp -d "${TMPDIR:-/tmp}/serve_load.XXXXXX")"
 echo "serve_load: server logs in $LOGS" >&2
 exec "$PY" scripts/bench/serve_load.py --colossal "$COLOSSAL" --python "$PY" --model "$model" --sides "$sides" --command "$COMMAND" \
   --logs "$LOGS" --requests "$requests" --concurrency "$concurrency" --max-tokens "$max_tokens" --threads "$threads" \
-  --repeat "$repeat" --port "$port"
+  --repeat "$repeat" --port "$port" --device "$device"

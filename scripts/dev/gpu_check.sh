@@ -8,7 +8,7 @@
 #   bash scripts/dev/gpu_check.sh --download      # Debian packages into .debs/ (ignored by git)
 # Then on the GPU machine, from the repository root, with .debs/ and runs/data/ carried along:
 #   bash scripts/dev/gpu_check.sh [--tests-only | --bench [LIST] | --bench-only LIST | --build-only] [OUT_DIR]
-# LIST: comma-separated from train, adamw, quant, gemini, capacity, cpu (default train,adamw); capacity is
+# LIST: comma-separated from train, adamw, quant, gemini, capacity, serve, cpu (default train,adamw); capacity is
 # the largest GPT plain PyTorch trains on the GPU against Gemini's at 1.5 times it (about 5 minutes, the
 # host's memory bounding colossal's side there); cpu measures the host
 # CPU on 2 of its cores (taskset) as issue 28's benchmarks do, since these machines' hosts are Intel Xeons
@@ -43,7 +43,7 @@ if [ "${1:-}" = --bench ]; then
   shift
   if [[ "${1:-}" =~ ^[a-z]+(,[a-z]+)*$ ]]; then bench="$1"; shift; else bench=train,adamw; fi
   for b in ${bench//,/ }; do
-    case "$b" in train|adamw|quant|gemini|capacity|cpu) ;; *) echo "gpu_check: error: unknown benchmark '$b' (valid: train, adamw, quant, gemini, capacity, cpu)" >&2; exit 2 ;; esac
+    case "$b" in train|adamw|quant|gemini|capacity|serve|cpu) ;; *) echo "gpu_check: error: unknown benchmark '$b' (valid: train, adamw, quant, gemini, capacity, serve, cpu)" >&2; exit 2 ;; esac
   done
 fi
 benched() { [[ ",$bench," == *",$1,"* ]]; }
@@ -150,6 +150,12 @@ if benched capacity && in_time "capacity benchmark"; then
   step "benchmark: the largest GPT PyTorch trains on the GPU against Gemini's"
   timeout "$(left)" bash scripts/bench/gemini_capacity.sh --device cuda --ratio 1.5 --python "$python" --colossal "$build/colossal" 2>&1 |
     tee "$out/bench-capacity.txt"
+fi
+if benched serve && in_time "serving benchmark"; then
+  step "benchmark: colossal serve on the GPU (continuous batching against one sequence at a time)"
+  # transformers' server needs packages these machines lack (fastapi, uvicorn): colossal's two sides only
+  timeout "$(left)" bash scripts/bench/serve_load.sh --device cuda --sides colossal,colossal-1 --python "$python" --colossal "$build/colossal" \
+    --requests 32 --concurrency 16 2>&1 | tee "$out/bench-serve.txt"
 fi
 if benched quant && in_time "quantized decoding benchmark"; then
   step "benchmark: quantized decoding on the GPU"

@@ -9,6 +9,7 @@
 #include "src/nn/alibi.h"
 #include "src/nn/cached_attention.h"
 #include "src/nn/fused_attention.h"
+#include "src/nn/paged_attention_aten.h"
 #include "src/nn/random_stream.h"
 #include "src/nn/sequence_attention.h"
 
@@ -83,6 +84,8 @@ at::Tensor Attention::attention_dropping(const at::Tensor& q, const at::Tensor& 
 
 at::Tensor Attention::paged_forward(const at::Tensor& packed_in, LayerKv& kv) {
   const auto& rows = *kv.paged;
+  if (!packed_in.is_cpu() || packed_in.scalar_type() != at::kFloat)   // a GPU, or another dtype: ATen's
+    return aten_paged_attention(packed_in, kv, heads_.count, spec_.alibi ? alibi_slopes_ : at::Tensor());
   const auto packed = packed_in.contiguous();
   const int64_t n = packed.size(0), c = packed.size(2) / 3, h = heads_.count, d = c / h;
   TORCH_CHECK(!is_training() && packed.is_cpu() && packed.scalar_type() == at::kFloat && packed.size(1) == 1 &&

@@ -15,10 +15,14 @@ namespace colossal::nn {
 // Serving's step over several sequences at once (kernels/cpu/paged_attention.h): row i of the input
 // [N, 1, C] is one token at positions[i] of the sequence whose block table is tables[i]; keys and values
 // live in the layer's pool of blocks of block_size positions.
+struct PagedGather;   // paged_attention_aten.cpp's indices for the step
 struct PagedRows {
   int64_t block_size = 16;
   std::vector<int64_t> positions;
   std::vector<const int32_t*> tables;
+  // ATen's path (paged_attention_aten.h): the step's indices on the device, built by its first layer in
+  // one transfer and read by the others.
+  mutable std::shared_ptr<const PagedGather> gather;
 };
 
 // Keys and values of one layer for positions [0, length) of each sequence: [B, H, capacity, head_dim];
@@ -41,7 +45,8 @@ class Attention : public Module {
   int64_t head_dim() const { return spec_.width / spec_.heads; }
 
  private:
-  // Serving's rows against their sequences' blocks (kv.paged), CPU float: packed [N, 1, 3C] -> [N, 1, C].
+  // Serving's rows against their sequences' blocks (kv.paged): packed [N, 1, 3C] -> [N, 1, C], on the
+  // CPU kernel for CPU float, on ATen elsewhere (paged_attention_aten.h).
   at::Tensor paged_forward(const at::Tensor& packed, LayerKv& kv);
   // Attention whose probabilities drop with a mask from region_random_ (a bool `mask`: true may attend;
   // a float one: added to the scores): the tensor-parallel path with attention dropout.

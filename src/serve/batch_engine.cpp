@@ -28,7 +28,7 @@ struct BatchEngine::Sequence {
 };
 
 BatchEngine::BatchEngine(std::shared_ptr<nn::CausalLM> model, const Tokenizer& tokenizer, EngineConfig config)
-    : model_(std::move(model)), tokenizer_(tokenizer), config_(config), blocks_(*model_, config.num_blocks, config.block_size) {
+    : model_(std::move(model)), tokenizer_(tokenizer), config_(config), blocks_(*model_, config.num_blocks, config.block_size, config.device) {
   if (config.max_step_tokens < 1 || config.max_running < 1)
     throw Error("serving engine: max_step_tokens and max_running must be at least 1");
   allowed_vocab_ = std::min(tokenizer_.vocab_size(), model_->vocab_size());
@@ -75,9 +75,9 @@ void BatchEngine::finish(Sequence& s, const std::string& reason) {
   if (s.done) return;
   s.done = true;
   blocks_.release(s.blocks);
-  if (reason == "length" && s.request.on_text) {
+  if (reason == "length") {   // the bytes held back for a character still incomplete: the completion's too
     const std::string rest = s.text.finish_at_length();
-    if (!rest.empty()) s.request.on_text(rest);
+    if (!rest.empty() && s.request.on_text) s.request.on_text(rest);
   }
   Completion c;
   c.text = s.text.emitted();

@@ -10,17 +10,18 @@ namespace colossal::serve {
 int64_t KvBlocks::block_bytes(const nn::CausalLM& model, int64_t block_size) {
   int64_t bytes = 0;
   for (const auto& layer : model.make_cache(1, 1, c10::Device(c10::kCPU)).layers)   // the layers' heads and head size
-    bytes += 2 * layer.k.size(1) * block_size * layer.k.size(3) * static_cast<int64_t>(sizeof(float));
+    bytes += 2 * layer.k.size(1) * block_size * layer.k.size(3) * static_cast<int64_t>(layer.k.element_size());
   return bytes;
 }
 
-KvBlocks::KvBlocks(const nn::CausalLM& model, int64_t num_blocks, int64_t block_size)
-    : block_size_(block_size), bytes_per_block_(block_bytes(model, block_size)) {
+KvBlocks::KvBlocks(const nn::CausalLM& model, int64_t num_blocks, int64_t block_size, c10::Device device)
+    : block_size_(block_size), bytes_per_block_(block_bytes(model, block_size)), device_(device) {
   if (num_blocks < 1 || block_size < 1)
     throw Error("KV cache: " + std::to_string(num_blocks) + " blocks of " + std::to_string(block_size) + " positions (both must be at least 1)");
   for (const auto& layer : model.make_cache(1, 1, c10::Device(c10::kCPU)).layers) {
-    k_.push_back(at::zeros({num_blocks, layer.k.size(1), block_size, layer.k.size(3)}));
-    v_.push_back(at::zeros({num_blocks, layer.k.size(1), block_size, layer.k.size(3)}));
+    const auto options = layer.k.options().device(device);
+    k_.push_back(at::zeros({num_blocks, layer.k.size(1), block_size, layer.k.size(3)}, options));
+    v_.push_back(at::zeros({num_blocks, layer.k.size(1), block_size, layer.k.size(3)}, options));
   }
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
 }

@@ -13,15 +13,17 @@ namespace colossal::serve {
 
 class KvBlocks {
  public:
-  // A pool of `num_blocks` blocks of `block_size` positions for every layer of `model` (CPU, fp32).
-  KvBlocks(const nn::CausalLM& model, int64_t num_blocks, int64_t block_size);
+  // A pool of `num_blocks` blocks of `block_size` positions for every layer of `model`, in the model's
+  // compute dtype on `device` (where the model runs).
+  KvBlocks(const nn::CausalLM& model, int64_t num_blocks, int64_t block_size, c10::Device device = c10::Device(c10::kCPU));
+  c10::Device device() const { return device_; }
 
   int64_t block_size() const { return block_size_; }
   int64_t total() const { return static_cast<int64_t>(k_.size() ? k_[0].size(0) : 0); }
   int64_t free() const { return static_cast<int64_t>(free_.size()); }
   int64_t used() const { return total() - free(); }
   int64_t bytes_per_block() const { return bytes_per_block_; }
-  // What one block of `block_size` positions takes for every layer of `model` (keys and values, fp32).
+  // What one block of `block_size` positions takes for every layer of `model` (keys and values, in its dtype).
   static int64_t block_bytes(const nn::CausalLM& model, int64_t block_size);
   // Blocks a sequence needs to hold `positions` positions.
   int64_t blocks_for(int64_t positions) const { return (positions + block_size_ - 1) / block_size_; }
@@ -36,6 +38,7 @@ class KvBlocks {
 
  private:
   int64_t block_size_ = 16, bytes_per_block_ = 0;
+  c10::Device device_;
   std::vector<at::Tensor> k_, v_;   // per layer
   std::vector<int32_t> free_;       // a stack: the most recently freed block is reused first (warm in cache)
 };

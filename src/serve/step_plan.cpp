@@ -56,11 +56,12 @@ at::Tensor forward_plan(nn::CausalLM& model, const KvBlocks& blocks, const StepP
   auto cache = blocks.cache_for(paged);
   nn::ForwardOptions options;
   options.cache = &cache;
-  options.positions = at::tensor(plan.positions, at::kLong).view({n, 1});
-  const at::Tensor features = model.features(at::tensor(plan.ids, at::kLong).view({n, 1}), options);   // [N, 1, C]
+  const c10::Device device = blocks.device();
+  options.positions = at::tensor(plan.positions, at::kLong).view({n, 1}).to(device);
+  const at::Tensor features = model.features(at::tensor(plan.ids, at::kLong).view({n, 1}).to(device), options);   // [N, 1, C]
   if (plan.logit_rows.empty()) return {};
-  const at::Tensor last = features.index_select(0, at::tensor(plan.logit_rows, at::kLong));             // [M, 1, C]
-  return model.head_logits(last).squeeze(1);                                                             // [M, V]
+  const at::Tensor last = features.index_select(0, at::tensor(plan.logit_rows, at::kLong).to(device));             // [M, 1, C]
+  return model.head_logits(last).squeeze(1).to(at::kCPU, at::kFloat);   // [M, V], sampled on the host
 }
 
 void StepMirror::send_kind(int64_t kind, const at::Tensor& payload) {

@@ -26,7 +26,8 @@ struct StepPlan {
   std::vector<int64_t> logit_rows;                 // the rows whose next-token logits are taken
 };
 
-// The plan's forward over `blocks`: the logits [M, V] of its logit rows (undefined when none).
+// The plan's forward over `blocks` (on their device): the logits [M, V] of its logit rows, as host fp32
+// for sampling (undefined when none).
 at::Tensor forward_plan(nn::CausalLM& model, const KvBlocks& blocks, const StepPlan& plan);
 
 // Rank 0's end of the exchange (group rank 0 sends, the others receive).
