@@ -34,6 +34,16 @@ struct GeluTanh : public torch::autograd::Function<GeluTanh> {
   }
 };
 
+// Ours through autograd where a gradient is recorded, else the kernel alone (Function::apply builds a
+// node even under no_grad: microseconds a decoding step pays once a block).
+at::Tensor ours(const at::Tensor& x) {
+  if (at::GradMode::is_enabled() && x.requires_grad()) return GeluTanh::apply(x);
+  auto xc = x.contiguous();
+  auto y = at::empty_like(xc);
+  kernels::gelu_tanh_forward(xc.const_data_ptr<float>(), y.mutable_data_ptr<float>(), xc.numel());
+  return y;
+}
+
 // Whether our kernel runs for x's size (kernel_choice.h), timed on a detached copy of x.
 bool fused_gelu_chosen(const at::Tensor& x) {
   const bool grad = at::GradMode::is_enabled();
@@ -41,8 +51,8 @@ bool fused_gelu_chosen(const at::Tensor& x) {
   if (auto d = decided_ours("gelu", kernel_policy().gelu, shape)) return *d;
   const at::Tensor input = x.detach().clone().requires_grad_(grad);
   const at::Tensor dy = at::ones_like(input);
-  auto run = [&](bool ours) {
-    auto y = ours ? GeluTanh::apply(input) : at::gelu(input, "tanh");
+  auto run = [&](bool use_ours) {
+    auto y = use_ours ? ours(input) : at::gelu(input, "tanh");
     if (grad) torch::autograd::grad({y}, {input}, {dy});
   };
   return time_and_choose("gelu", shape, [&] { run(true); }, [&] { run(false); });
@@ -51,7 +61,7 @@ bool fused_gelu_chosen(const at::Tensor& x) {
 }  // namespace
 
 at::Tensor gelu_tanh(const at::Tensor& x) {
-  if (x.is_cpu() && x.scalar_type() == at::kFloat && fused_gelu_chosen(x)) return GeluTanh::apply(x);
+  if (x.is_cpu() && x.scalar_type() == at::kFloat && fused_gelu_chosen(x)) return ours(x);
   return at::gelu(x, "tanh");
 }
 

@@ -11,18 +11,24 @@
 namespace colossal::nn {
 namespace {
 
+// The kernel's forward: y, and [mean; rstd] per row into `stats` [2, rows].
+at::Tensor forward_values(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps, at::Tensor& stats) {
+  const int64_t cols = x.size(-1), rows = x.numel() / cols;
+  auto y = at::empty_like(x);
+  stats = at::empty({2, rows}, x.options());
+  kernels::layer_norm_forward(x.const_data_ptr<float>(), w.const_data_ptr<float>(), b.const_data_ptr<float>(),
+                              y.mutable_data_ptr<float>(), stats.mutable_data_ptr<float>(), stats.mutable_data_ptr<float>() + rows,
+                              rows, cols, static_cast<float>(eps));
+  return y;
+}
+
 // Saves x, mean and rstd (as ATen's NativeLayerNormBackward does) and the weight.
 struct FusedLayerNorm : public torch::autograd::Function<FusedLayerNorm> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& weight,
                             const at::Tensor& bias, double eps) {
-    auto x = x_in.contiguous();
-    const int64_t cols = x.size(-1), rows = x.numel() / cols;
-    auto y = at::empty_like(x);
-    auto stats = at::empty({2, rows}, x.options());   // mean, rstd
-    auto w = weight.contiguous(), b = bias.contiguous();
-    kernels::layer_norm_forward(x.const_data_ptr<float>(), w.const_data_ptr<float>(), b.const_data_ptr<float>(),
-                                y.mutable_data_ptr<float>(), stats.mutable_data_ptr<float>(),
-                                stats.mutable_data_ptr<float>() + rows, rows, cols, static_cast<float>(eps));
+    auto x = x_in.contiguous(), w = weight.contiguous(), b = bias.contiguous();
+    at::Tensor stats;
+    auto y = forward_values(x, w, b, eps, stats);
     ctx->save_for_backward({x, w, stats});
     return y;
   }
@@ -42,6 +48,15 @@ struct FusedLayerNorm : public torch::autograd::Function<FusedLayerNorm> {
   }
 };
 
+// Ours through autograd where a gradient is recorded, else the kernel alone: Function::apply builds a
+// node and saves x, the weight and the statistics even under no_grad, microseconds that a decoding step
+// pays twice a block.
+at::Tensor ours(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps) {
+  if (at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || b.requires_grad())) return FusedLayerNorm::apply(x, w, b, eps);
+  at::Tensor stats;
+  return forward_values(x.contiguous(), w.contiguous(), b.contiguous(), eps, stats);
+}
+
 bool all_cpu_float(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   for (const auto* t : {&x, &w, &b})
     if (!t->defined() || !t->is_cpu() || t->scalar_type() != at::kFloat) return false;
@@ -58,8 +73,8 @@ bool fused_layer_norm_chosen(const at::Tensor& x, const at::Tensor& w, const at:
   const at::Tensor xi = x.detach().clone().requires_grad_(grad), wi = w.detach().clone().requires_grad_(grad),
                    bi = b.detach().clone().requires_grad_(grad);
   const at::Tensor dy = at::ones_like(xi);
-  auto run = [&](bool ours) {
-    auto y = ours ? FusedLayerNorm::apply(xi, wi, bi, eps) : aten_layer_norm(xi, wi, bi, eps);
+  auto run = [&](bool use_ours) {
+    auto y = use_ours ? ours(xi, wi, bi, eps) : aten_layer_norm(xi, wi, bi, eps);
     if (grad) torch::autograd::grad({y}, {xi, wi, bi}, {dy});
   };
   return time_and_choose("layer_norm", shape, [&] { run(true); }, [&] { run(false); });
@@ -71,7 +86,7 @@ at::Tensor fused_layer_norm(const at::Tensor& x, const at::Tensor& weight, const
   TORCH_CHECK(all_cpu_float(x, weight, bias) && weight.numel() == x.size(-1) && bias.numel() == x.size(-1),
               "fused_layer_norm: needs CPU float x [..., C] and weight, bias [C]; got ", x.sizes(), ", ",
               weight.sizes(), ", ", bias.sizes());
-  return FusedLayerNorm::apply(x, weight, bias, eps);
+  return ours(x, weight, bias, eps);
 }
 
 at::Tensor aten_layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
@@ -89,7 +104,7 @@ at::Tensor LayerNorm::forward(const at::Tensor& x) { return normalise(x, weight,
 
 at::Tensor LayerNorm::normalise(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == dim_, "LayerNorm over ", dim_, " features got input ", x.sizes());
-  if (all_cpu_float(x, w, b) && fused_layer_norm_chosen(x, w, b, eps_)) return FusedLayerNorm::apply(x, w, b, eps_);   // shapes checked above
+  if (all_cpu_float(x, w, b) && fused_layer_norm_chosen(x, w, b, eps_)) return ours(x, w, b, eps_);   // shapes checked above
   return aten_layer_norm(x, w, b, eps_);
 }
 
