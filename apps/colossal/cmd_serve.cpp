@@ -125,7 +125,7 @@ void run(ServeArgs& a) {
                a.server.model_name, a.server.host, port, describe_device(device),
                opened.quantized ? std::string(quant::scheme_name(opened.quantized->scheme)) + ", " : "",
                a.tensor_parallel > 1 ? fmt::format("split across {} ranks, ", a.tensor_parallel) : std::string(),
-               a.engine.num_blocks, a.engine.block_size, human_bytes(static_cast<double>(a.engine.num_blocks) * block_bytes),
+               a.engine.num_blocks, a.engine.block_size, human_bytes(pool_bytes),
                a.engine.max_running);
   std::printf("listening on http://%s:%d\n", a.server.host.c_str(), port);
   std::fflush(stdout);

@@ -419,7 +419,6 @@ void ZeroStrategy::streamed_update(const optim::StepContext& ctx) {
 
 TrainStrategy::StepReport ZeroStrategy::optimizer_step(double lr, double max_norm) {
   StepReport r;
-  finish_grad_copies(0);   // after_backward has added them; a step without a backward has none
   free_spares();
   r.loss_scale = loss_scale();   // the scale this step's loss was multiplied by, before the scaler updates it
   store_.collect_grads(1.0 / r.loss_scale);

@@ -32,7 +32,7 @@ namespace colossal::serve {
 
 struct EngineConfig {
   int64_t block_size = 16;        // positions a KV block holds
-  int64_t num_blocks = 512;       // the pool (kv_blocks.h); bytes per block: 2 * layers * width * block_size * 4
+  int64_t num_blocks = 512;       // the pool (kv_blocks.h); bytes per block: 2 * layers * width * block_size * the dtype's size
   int64_t max_step_tokens = 256;  // tokens one forward may take (decodes first, then prompt chunks)
   int64_t max_running = 16;       // sequences in the running batch at most
   c10::Device device = c10::Device(c10::kCPU);   // where the model is, and so the KV pool
