@@ -14,13 +14,9 @@ namespace {
 // Under autograd, saves the local derivative (written by the forward's own pass) where ATen's
 // GeluBackward saves the input: the same bytes, and the backward is one multiply, no tanh.
 struct GeluTanh : public torch::autograd::Function<GeluTanh> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {   // x requires grad (ours)
     auto xc = x.contiguous();
     auto y = at::empty_like(xc);
-    if (!x.requires_grad()) {
-      kernels::gelu_tanh_forward(xc.const_data_ptr<float>(), y.mutable_data_ptr<float>(), xc.numel());
-      return y;
-    }
     auto dydx = at::empty_like(xc);
     kernels::gelu_tanh_forward_with_grad(xc.const_data_ptr<float>(), y.mutable_data_ptr<float>(),
                                          dydx.mutable_data_ptr<float>(), xc.numel());
