@@ -35,6 +35,13 @@ TEST(PagedAttention, TokensOfSeveralSequencesInScatteredBlocksMatchDenseCausalAt
   auto keys = at::randn({2, 10, h, d}), values = at::randn({2, 10, h, d}), queries = at::randn({2, 10, h, d});
   for (bool alibi : {false, true}) {
     const auto slopes = at::tensor({0.5f, 0.25f, 0.125f});
+    auto dense = [&](int64_t s, int64_t p) {   // sequence s's position p attending over [0, p], in double: [H, D]
+      auto q = queries[s][p].to(at::kDouble), k = keys[s].narrow(0, 0, p + 1).to(at::kDouble),
+           v = values[s].narrow(0, 0, p + 1).to(at::kDouble);                            // [p+1, H, D]
+      auto scores = at::einsum("hd,jhd->hj", {q, k}) / std::sqrt(double(d));             // [H, p+1]
+      if (alibi) scores += slopes.to(at::kDouble).view({h, 1}) * (at::arange(p + 1, at::kDouble) - p).view({1, p + 1});
+      return at::einsum("hj,jhd->hd", {scores.softmax(-1), v});
+    };
     for (auto isa : kernels::runnable_isas()) {
       kernels::ScopedIsa cap(isa);
       auto k_pool = at::zeros({blocks, h, bs, d}), v_pool = at::zeros({blocks, h, bs, d});
@@ -62,11 +69,7 @@ TEST(PagedAttention, TokensOfSeveralSequencesInScatteredBlocksMatchDenseCausalAt
                                out.mutable_data_ptr<float>(), dims);
       for (int64_t i = 0; i < 3; ++i) {
         const int64_t s = i < 2 ? 0 : 1, p = positions[static_cast<size_t>(i)];
-        auto q = queries[s][p].to(at::kDouble), k = keys[s].narrow(0, 0, p + 1).to(at::kDouble),
-             v = values[s].narrow(0, 0, p + 1).to(at::kDouble);                            // [p+1, H, D]
-        auto scores = at::einsum("hd,jhd->hj", {q, k}) / std::sqrt(double(d));             // [H, p+1]
-        if (alibi) scores += slopes.to(at::kDouble).view({h, 1}) * (at::arange(p + 1, at::kDouble) - p).view({1, p + 1});
-        const auto ref = at::einsum("hj,jhd->hd", {scores.softmax(-1), v});
+        const auto ref = dense(s, p);
         EXPECT_LT((out[i].to(at::kDouble) - ref).abs().max().item<double>(), 1e-5)
             << kernels::isa_name(isa) << " token " << i << " alibi " << alibi;
       }
@@ -100,11 +103,7 @@ TEST(PagedAttention, TokensOfSeveralSequencesInScatteredBlocksMatchDenseCausalAt
       EXPECT_TRUE(at::equal(k_pool, k_want) && at::equal(v_pool, v_want)) << "the step's keys and values in their slots";
       for (int64_t i = 0; i < 3; ++i) {
         const int64_t s = i < 2 ? 0 : 1, p = rows.positions[static_cast<size_t>(i)];
-        auto q = queries[s][p].to(at::kDouble), k = keys[s].narrow(0, 0, p + 1).to(at::kDouble),
-             v = values[s].narrow(0, 0, p + 1).to(at::kDouble);
-        auto scores = at::einsum("hd,jhd->hj", {q, k}) / std::sqrt(double(d));
-        if (alibi) scores += slopes.to(at::kDouble).view({h, 1}) * (at::arange(p + 1, at::kDouble) - p).view({1, p + 1});
-        const auto ref = at::einsum("hj,jhd->hd", {scores.softmax(-1), v});
+        const auto ref = dense(s, p);
         EXPECT_LT((out[i].to(at::kDouble) - ref).abs().max().item<double>(), dtype == at::kDouble ? 1e-12 : 1e-5)
             << "ATen's path, " << dtype << ", token " << i << " alibi " << alibi;
       }

@@ -11,6 +11,10 @@ SpareBuffers::Key SpareBuffers::key_of(int64_t numel, const at::TensorOptions& o
 }
 
 at::Tensor SpareBuffers::take(int64_t numel, const at::TensorOptions& options) {
+  return take(numel, options, [&] { return at::empty({numel}, options); });
+}
+
+at::Tensor SpareBuffers::take(int64_t numel, const at::TensorOptions& options, const std::function<at::Tensor()>& make) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = spare_.find(key_of(numel, options));
@@ -20,7 +24,7 @@ at::Tensor SpareBuffers::take(int64_t numel, const at::TensorOptions& options) {
       return t;
     }
   }
-  return at::empty({numel}, options);
+  return make();
 }
 
 void SpareBuffers::give(at::Tensor t) {

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorOptions.h>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -20,6 +21,8 @@ class SpareBuffers {
 
   // A contiguous 1-D tensor of `numel` elements (uninitialised): a spare of that size, else a new one.
   at::Tensor take(int64_t numel, const at::TensorOptions& options);
+  // The same, with `make` allocating a new one (memory of a kind at::empty does not give: page-locked).
+  at::Tensor take(int64_t numel, const at::TensorOptions& options, const std::function<at::Tensor()>& make);
   // Gives `t` (a tensor `take` returned, or any whole 1-D buffer) back for a later take of its size.
   void give(at::Tensor t);
   size_t kept() const;   // spare buffers held now

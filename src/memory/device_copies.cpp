@@ -104,7 +104,5 @@ at::Tensor page_locked_empty(int64_t numel, at::ScalarType dtype) { return at::e
 #endif
 
 DeviceCopies::~DeviceCopies() = default;
-DeviceCopies::DeviceCopies(DeviceCopies&&) noexcept = default;
-DeviceCopies& DeviceCopies::operator=(DeviceCopies&&) noexcept = default;
 
 }  // namespace colossal::memory

@@ -20,15 +20,13 @@ class CopyTicket {
 
  private:
   friend class DeviceCopies;
-  std::shared_ptr<void> event_;   // an at::cuda::CUDAEvent recorded on the copy stream after the copy
+  std::shared_ptr<void> event_;   // a cudaEvent_t recorded on the side stream after the copy
 };
 
 class DeviceCopies {
  public:
   explicit DeviceCopies(c10::Device compute);   // inactive unless `compute` is a GPU of a CUDA build
   ~DeviceCopies();
-  DeviceCopies(DeviceCopies&&) noexcept;
-  DeviceCopies& operator=(DeviceCopies&&) noexcept;
   bool active() const { return impl_ != nullptr; }
 
   // dst.copy_(src) on the copy stream once the compute stream's work queued so far is done; one side

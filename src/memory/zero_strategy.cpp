@@ -106,6 +106,7 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group
       scaler_(o.loss_scale ? std::make_unique<LossScaler>(*o.loss_scale) : nullptr),
       spare_grads_(kStage2InFlight + 1),
       copies_(store_.device()),
+      grad_staging_(kGradCopiesInFlight + 1),
       hooks_(std::make_unique<Hooks>()) {
   weight_decay_ = o.weight_decay;
   if (o.tensor_group && o.tensor_group->size() > 1) {
@@ -349,14 +350,8 @@ void ZeroStrategy::after_backward() {
 }
 
 void ZeroStrategy::copy_grad_to_host(int64_t chunk, at::Tensor reduced) {
-  at::Tensor staging;
-  for (auto it = grad_staging_.begin(); it != grad_staging_.end(); ++it)
-    if (it->numel() == reduced.numel() && it->scalar_type() == reduced.scalar_type()) {
-      staging = std::move(*it);
-      grad_staging_.erase(it);
-      break;
-    }
-  if (!staging.defined()) staging = page_locked_empty(reduced.numel(), reduced.scalar_type());
+  at::Tensor staging = grad_staging_.take(reduced.numel(), at::TensorOptions().dtype(reduced.scalar_type()),
+                                          [&] { return page_locked_empty(reduced.numel(), reduced.scalar_type()); });
   CopyTicket ticket = copies_.copy(staging, reduced);
   grad_copies_.push_back({chunk, std::move(reduced), std::move(staging), std::move(ticket)});
   finish_grad_copies(kGradCopiesInFlight);
@@ -374,7 +369,7 @@ void ZeroStrategy::finish_grad_copies(size_t pending) {
       store_.grad_shards()[static_cast<size_t>(g.chunk)].add_(g.staging);
     }
     spare_grads_.give(std::move(g.reduced));   // read by the copy: the compute stream may reuse it now
-    if (grad_staging_.size() <= kGradCopiesInFlight) grad_staging_.push_back(std::move(g.staging));
+    grad_staging_.give(std::move(g.staging));
     grad_copies_.pop_front();
   }
 }

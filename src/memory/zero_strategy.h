@@ -195,9 +195,9 @@ class ZeroStrategy : public TrainStrategy {
   std::map<int64_t, std::vector<AlignedBuffer>> read_buffers_;   // their buffers by size, reused
   std::vector<bool> fetching_;
   std::vector<int64_t> upcoming_;                    // chunks of the block expected next
-  // On a GPU, one rank: parameter shards in host memory come over, and reduced gradients for host
-  // shards go back, on a side stream (device_copies.h), so neither forward nor backward makes the host
-  // thread wait for the GPU and the transfers run beside compute.
+  // On a GPU: parameter shards in host memory come over (one rank; more gather through their
+  // collective), and reduced gradients for host shards go back (any ranks), on a side stream
+  // (device_copies.h), so neither forward nor backward makes the host wait for the GPU.
   DeviceCopies copies_;
   std::vector<CopyTicket> param_copies_;   // by chunk: its shard on its way to the device
   struct GradCopy {                        // a reduced gradient shard on its way to host memory
@@ -206,7 +206,7 @@ class ZeroStrategy : public TrainStrategy {
     CopyTicket ticket;
   };
   std::deque<GradCopy> grad_copies_;       // in reduction order
-  std::vector<at::Tensor> grad_staging_;   // finished copies' page-locked buffers, reused
+  SpareBuffers grad_staging_;              // finished copies' page-locked buffers, reused
   void copy_grad_to_host(int64_t chunk, at::Tensor reduced);
   void finish_grad_copies(size_t pending);   // the oldest added into their shards until at most `pending` remain
   // Placement (zero_placement.cpp). A window runs from one block visit's start to the next one's.

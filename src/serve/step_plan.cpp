@@ -56,11 +56,15 @@ at::Tensor forward_plan(nn::CausalLM& model, const KvBlocks& blocks, const StepP
   auto cache = blocks.cache_for(paged);
   nn::ForwardOptions options;
   options.cache = &cache;
-  const c10::Device device = blocks.device();
-  options.positions = at::tensor(plan.positions, at::kLong).view({n, 1}).to(device);
-  const at::Tensor features = model.features(at::tensor(plan.ids, at::kLong).view({n, 1}).to(device), options);   // [N, 1, C]
+  // ids, positions and the logit rows in one transfer to the device (each .to() of a host tensor waits for a GPU)
+  std::vector<int64_t> host = plan.ids;
+  host.insert(host.end(), plan.positions.begin(), plan.positions.end());
+  host.insert(host.end(), plan.logit_rows.begin(), plan.logit_rows.end());
+  const at::Tensor all = at::tensor(host, at::kLong).to(blocks.device());
+  options.positions = all.narrow(0, n, n).view({n, 1});
+  const at::Tensor features = model.features(all.narrow(0, 0, n).view({n, 1}), options);   // [N, 1, C]
   if (plan.logit_rows.empty()) return {};
-  const at::Tensor last = features.index_select(0, at::tensor(plan.logit_rows, at::kLong).to(device));             // [M, 1, C]
+  const at::Tensor last = features.index_select(0, all.narrow(0, 2 * n, static_cast<int64_t>(plan.logit_rows.size())));   // [M, 1, C]
   return model.head_logits(last).squeeze(1).to(at::kCPU, at::kFloat);   // [M, V], sampled on the host
 }
 
