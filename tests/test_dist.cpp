@@ -10,10 +10,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -310,7 +313,8 @@ struct BackwardProbe : nn::BlockHook {
 // `offload_dir`: the optimizer states on NVMe in a file there.
 std::unique_ptr<memory::ZeroStrategy> zero(nn::Module& m, Group& g, int stage, int64_t chunk_numel, const std::string& optimizer,
                                            const std::string& offload_dir = "", bool offload_params = false,
-                                           const memory::PlacementOptions& placement = {}) {
+                                           const memory::PlacementOptions& placement = {},
+                                           memory::OverlapUpdate overlap = memory::OverlapUpdate::off) {
   OptimConfig c;
   c.name = optimizer;
   c.betas = {0.9, 0.95};
@@ -321,6 +325,7 @@ std::unique_ptr<memory::ZeroStrategy> zero(nn::Module& m, Group& g, int stage, i
   o.offload_slice = 300;   // AdamW's update reaches each chunk in several slices
   o.offload_params = offload_params;
   o.placement = placement;
+  o.overlap_update = overlap;
   return std::make_unique<memory::ZeroStrategy>(m, o, g, optim::make_optimizer(c));
 }
 
@@ -340,14 +345,16 @@ using Weights = std::map<std::string, at::Tensor>;
 // (rank r of W: rows [r*B, (r+1)*B) of the micro-batch, as the loader deals them), with clipping that
 // acts. Returns every rank's final parameters; checks the per-step collective counts and the bytes held.
 // `placement` (ZeRO-3): where chunks live and the device budget; with a budget each rank counts its
-// thread's allocations, and `device` receives each rank's largest window and evictions.
+// thread's allocations, and `device` receives each rank's largest window and evictions. `overlap`: the
+// steps go through optimizer_step (the training loop's call), its update beside the next forward or not.
 struct DeviceFigures {
   int64_t peak = 0, evictions = 0;
   size_t visits = 0;   // in the recorded step
 };
 std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_t steps, int64_t chunk_numel,
                                  const std::string& optimizer = "adamw", const std::string& offload_dir = "", bool offload_params = false,
-                                 const memory::PlacementOptions& placement = {}, std::vector<DeviceFigures>* device = nullptr) {
+                                 const memory::PlacementOptions& placement = {}, std::vector<DeviceFigures>* device = nullptr,
+                                 std::optional<memory::OverlapUpdate> overlap = std::nullopt) {
   const bool caching = placement.mode == memory::PlacementMode::automatic;   // gathered chunks may stay
   nn::set_kernel_policy({nn::KernelPath::Ours, nn::KernelPath::Ours, nn::KernelPath::Ours, nn::KernelPath::Ours,
                          nn::KernelPath::Ours});
@@ -361,7 +368,10 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
     auto& model = *replicas[static_cast<size_t>(rank)];
     memory::PlacementOptions mine = placement;   // a budget on a CPU is held against this thread's allocations
     if (mine.device_limit > 0) mine.counter = std::make_shared<memory::AllocationCounter>();
-    auto zs = zero(model, g, stage, chunk_numel, optimizer, offload_dir, offload_params, mine);
+    auto zs = zero(model, g, stage, chunk_numel, optimizer, offload_dir, offload_params, mine, overlap.value_or(memory::OverlapUpdate::off));
+    if (overlap) {
+      EXPECT_EQ(zs->overlaps_update(), *overlap == memory::OverlapUpdate::on);
+    }
     const int64_t chunks = zs->store().layout().chunks();
     if (auto hook = zs->block_hook()) {   // ZeRO-3 gathers and releases around each block
       auto chain = std::make_shared<nn::BlockHooks>();
@@ -409,9 +419,15 @@ std::vector<Weights> train_ranks(int stage, int64_t world, int64_t micro, int64_
           EXPECT_EQ(g.take_counters().calls, stage == 2 || m == micro - 1 ? chunks : 0) << "stage " << stage << " micro " << m;
         }
       }
-      EXPECT_GT(zs->clip_grad_norm(0.05), 0.05);   // clipping acts
-      zs->step(1e-2);
-      zs->zero_grad();
+      if (overlap) {
+        const auto report = zs->optimizer_step(1e-2, 0.05);
+        EXPECT_GT(report.grad_norm, 0.05);   // clipping acts
+        EXPECT_EQ(report.overlapped, zs->overlaps_update());
+      } else {
+        EXPECT_GT(zs->clip_grad_norm(0.05), 0.05);   // clipping acts
+        zs->step(1e-2);
+        zs->zero_grad();
+      }
       g.take_counters();
     }
     // The bytes each rank holds are the ZeRO formulas over the chunked elements (padding included).
@@ -617,6 +633,160 @@ TEST(GeminiPlacement, ADeviceBudgetEvictsByFurthestNextUseAndIsNeverExceeded) {
   });
   EXPECT_NE(error.find("device_memory_limit_gb: block 0's forward in the first step held "), std::string::npos) << error;
   EXPECT_NE(error.find("over the budget of 64.00 KiB"), std::string::npos) << error;
+}
+
+TEST(GeminiOverlap, TheUpdateBesideTheNextForwardGivesTheSameWeightsBitForBit) {
+  // The same steps through optimizer_step with each update in place and beside the next forward: every
+  // chunk's arithmetic is the same, so the weights are identical, at one rank and under ZeRO-3 at two,
+  // with the states in memory, in host memory (placement cpu, auto under a budget) and on NVMe.
+  colossal::test::TempDir dir;
+  using memory::OverlapUpdate;
+  using memory::PlacementMode;
+  using memory::Residence;
+  auto expect_identical = [](const std::vector<Weights>& got, const std::vector<Weights>& want, const std::string& what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t r = 0; r < got.size(); ++r)
+      for (const auto& [name, t] : want[r]) EXPECT_TRUE(at::equal(got[r].at(name), t)) << what << ", rank " << r << ", " << name;
+  };
+  memory::PlacementOptions device, cpu, automatic;
+  cpu.mode = PlacementMode::cpu;
+  cpu.homes = {Residence::host, Residence::host};
+  automatic.mode = PlacementMode::automatic;
+  automatic.homes = cpu.homes;
+  automatic.device_limit = int64_t{1} << 30;
+  auto both = [&](int64_t world, const std::string& optimizer, const std::string& nvme, const memory::PlacementOptions& placement,
+                  const std::string& what) {
+    expect_identical(train_ranks(3, world, 2, 3, 1000, optimizer, nvme, false, placement, nullptr, OverlapUpdate::on),
+                     train_ranks(3, world, 2, 3, 1000, optimizer, nvme, false, placement, nullptr, OverlapUpdate::off),
+                     what + " at " + std::to_string(world) + " rank(s)");
+  };
+  for (int64_t world : {1, 2}) {
+    both(world, "adamw", "", device, "states in memory");
+    both(world, "adamw", "", cpu, "placement cpu");
+    both(world, "adamw", dir.path(), device, "states on NVMe");
+  }
+  both(1, "adamw", "", automatic, "placement auto under a budget");
+  both(1, "lamb", "", device, "LAMB, a chunk's tensors whole in each update call");
+  both(1, "lamb", dir.path(), device, "LAMB with states on NVMe");
+}
+
+namespace {
+
+// AdamW that, in its first update of a chunk of the last block's tensors, waits (up to 20 s) for the next step's
+// forward to reach block 0, and records whether it did: only an update running beside that forward
+// can see it. Or it throws there instead.
+class ProbingAdamW : public optim::Optimizer {
+ public:
+  explicit ProbingAdamW(std::unique_ptr<optim::Optimizer> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  std::vector<std::string> state_names() const override { return inner_->state_names(); }
+  bool elementwise() const override { return inner_->elementwise(); }
+  bool folds_grad_scale() const override { return inner_->folds_grad_scale(); }
+  void update(std::vector<optim::ParamPiece>& pieces, const optim::StepContext& ctx) override {
+    inner_->set_steps(steps());
+    // A chunk of the last block's tensors alone (the one holding the final norm too is read first)
+    const bool last = !pieces.empty() && std::all_of(pieces.begin(), pieces.end(), [&](const optim::ParamPiece& p) {
+      return last_block.count(p.tensor) > 0;
+    });
+    if (steps() == 1 && last && !probed) {
+      probed = true;
+      if (fail) throw Error("probe: the update of the last block failed");
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (forwards.load() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      saw_next_forward = forwards.load() >= 2;
+    }
+    inner_->update(pieces, ctx);
+  }
+  std::set<int64_t> last_block;   // its tensors' slots
+  std::atomic<int> forwards{0};   // forwards that reached block 0
+  std::atomic<bool> saw_next_forward{false};
+  bool fail = false, probed = false;
+
+ private:
+  std::unique_ptr<optim::Optimizer> inner_;
+};
+
+struct CountsForwards : nn::BlockHook {
+  std::atomic<int>* forwards = nullptr;
+  void before_forward(int64_t block) override {
+    if (block == 0) ++*forwards;
+  }
+};
+
+// Two training steps of ZeRO-3 at one rank with each update beside the next forward, through the probe.
+void two_overlapped_steps(ProbingAdamW*& probe, bool fail) {
+  auto model = make_replica();
+  Group alone("dp");
+  OptimConfig c;
+  auto optimizer = std::make_unique<ProbingAdamW>(optim::make_optimizer(c));
+  probe = optimizer.get();
+  probe->fail = fail;
+  memory::ZeroOptions o{3, 1000, 0.1};
+  o.overlap_update = memory::OverlapUpdate::on;
+  memory::ZeroStrategy zs(*model, o, alone, std::move(optimizer));
+  const int64_t last = static_cast<int64_t>(model->blocks().size()) - 1;
+  for (int64_t i = 0; i < static_cast<int64_t>(zs.store().layout().slots.size()); ++i)
+    if (zs.store().block_of_slot(i) == last) probe->last_block.insert(i);
+  auto chain = std::make_shared<nn::BlockHooks>();
+  chain->add(zs.block_hook());
+  auto counter = std::make_shared<CountsForwards>();
+  counter->forwards = &probe->forwards;
+  chain->add(counter);
+  model->set_block_hooks(chain);
+  for (int64_t step = 0; step < 2; ++step) {
+    const at::Tensor b = global_batch(step);
+    zs.before_forward();
+    zs.before_backward(true);
+    model->loss(b.narrow(1, 0, 16), b.narrow(1, 1, 16)).backward();
+    zs.after_backward();
+    EXPECT_TRUE(zs.optimizer_step(1e-2, 0).overlapped);
+  }
+  zs.gather_all();
+}
+
+}  // namespace
+
+TEST(GeminiOverlap, TheNextForwardRunsWhileTheLastBlocksUpdateIsStillGoing) {
+  ProbingAdamW* probe = nullptr;
+  two_overlapped_steps(probe, false);
+  EXPECT_TRUE(probe->saw_next_forward) << "the first update's last block finished before the next forward began";
+  EXPECT_EQ(probe->forwards.load(), 2);
+}
+
+TEST(GeminiOverlap, AnUpdateThatFailsBesideTheForwardEndsThatForwardWithItsError) {
+  ProbingAdamW* probe = nullptr;
+  try {
+    two_overlapped_steps(probe, true);
+    ADD_FAILURE() << "the failed update went unnoticed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("probe: the update of the last block failed"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GeminiOverlap, AskedForWhereItCannotRunItIsRefusedAndAutoChoosesWhereItPays) {
+  colossal::test::TempDir dir;
+  Group alone("dp");
+  auto with = [&](int stage, const std::string& nvme, bool params_on_nvme, memory::OverlapUpdate overlap) {
+    auto model = make_replica();
+    return zero(*model, alone, stage, 1000, "adamw", nvme, params_on_nvme, {}, overlap)->overlaps_update();
+  };
+  auto refused = [&](int stage, const std::string& nvme, bool params_on_nvme, const std::string& why) {
+    try {
+      with(stage, nvme, params_on_nvme, memory::OverlapUpdate::on);
+      ADD_FAILURE() << "accepted: " << why;
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("overlap_update = \"on\""), std::string::npos) << m;
+      EXPECT_NE(m.find(why), std::string::npos) << m;
+    }
+  };
+  refused(2, "", false, "zero = 3");
+  refused(3, dir.path(), true, "offload_params");
+  // On a CPU with the states in memory the update and the forward would share its cores.
+  EXPECT_FALSE(with(3, "", false, memory::OverlapUpdate::automatic));
+  EXPECT_TRUE(with(3, dir.path(), false, memory::OverlapUpdate::automatic));   // the update waits on the disk
+  EXPECT_FALSE(with(3, dir.path(), false, memory::OverlapUpdate::off));
+  EXPECT_FALSE(with(2, dir.path(), false, memory::OverlapUpdate::automatic));
 }
 
 // ---- a backend named explicitly runs even in a world of one (how NCCL is checked on one GPU) --------

@@ -149,6 +149,7 @@ TEST(DistributedTraining, OptimizerStatesOnNvmeFollowTheInMemoryRunAndResumeAcro
   std::ifstream log(dir / "a/train.log");
   const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find(" of optimizer states on NVMe, "), std::string::npos) << text;
+  EXPECT_NE(text.find(", each update beside the next forward over 2 rank(s)"), std::string::npos) << text;   // overlap_update's auto
   // bf16 compute: the fp32 master weights go to the file too, and the run is the in-memory one bit for bit.
   const std::string bf16 = "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=2 --set train.max_steps=3 --set precision.dtype=bf16";
   ASSERT_EQ(train(write_recipe(dir, "b", "[memory]\nchunk_size_mb = 0.01\n"), bf16).exit_code, 0);
@@ -158,6 +159,18 @@ TEST(DistributedTraining, OptimizerStatesOnNvmeFollowTheInMemoryRunAndResumeAcro
   std::ifstream log_c(dir / "c/train.log");
   const std::string text_c((std::istreambuf_iterator<char>(log_c)), std::istreambuf_iterator<char>());
   EXPECT_NE(text_c.find(" of optimizer states and master weights on NVMe, "), std::string::npos) << text_c;
+  // bf16 under ZeRO-3 with each update beside the next forward: the master weights stream through the
+  // update's thread, which casts them into the blocks' bf16 shards; the same run with the update in
+  // place gives the same bits.
+  const std::string zero3_bf16 = "--nproc-per-node 2 --set train.batch_size=4 --set memory.zero=3 --set train.max_steps=3 --set precision.dtype=bf16";
+  const std::string on_nvme = "[memory]\nchunk_size_mb = 0.01\noffload_optimizer = \"nvme\"\nnvme_path = \"" + nvme + "\"\n";
+  ASSERT_EQ(train(write_recipe(dir, "d", on_nvme + "overlap_update = \"off\"\n"), zero3_bf16).exit_code, 0);
+  r = train(write_recipe(dir, "e", on_nvme), zero3_bf16);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(max_relative_difference(dir / "e", dir / "d"), 0.0);
+  EXPECT_NE(colossal::test::read_file(dir / "e/train.log").find(", each update beside the next forward"), std::string::npos);
+  EXPECT_EQ(colossal::test::read_file(dir / "d/train.log").find(", each update beside the next forward"), std::string::npos);
+  EXPECT_EQ(colossal::test::metric_values(dir / "e/metrics.jsonl", "update_wait_ms").size(), 3u);
   EXPECT_TRUE(fs::is_empty(nvme));   // the offload files went with their processes
 }
 

@@ -297,6 +297,12 @@ TEST(EndToEnd, OptimizerOffloadToNvmeIsPlannedPerTierAndABadPathIsRefusedBeforeT
   expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set memory.zero=3 --set memory.offload_params=nvme" + into(dir)),
                         "offload_params: = \"nvme\" keeps the parameters in the optimizer states' file, as their master copy: set "
                         "offload_optimizer = \"nvme\" too");
+  // The update beside the next forward: ZeRO-3 only, and not while the forward reads the file it writes.
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set memory.overlap_update=on" + into(dir)),
+                        "overlap_update: = \"on\" needs zero = 3: the next forward waits for each chunk's update as its block gathers it");
+  expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --set memory.zero=3 --set memory.overlap_update=on --set memory.offload_params=nvme" +
+                                     offload + nvme + into(dir)),
+                        "overlap_update = \"on\": with offload_params = \"nvme\" the forward reads the parameters from the file the update writes");
   const std::string missing = dir / "missing";
   expect_one_line_error(run_colossal("train recipes/gpt-tiny.toml --dry-run" + offload + missing),
                         "nvme_path " + missing + ": " + missing + " does not exist");

@@ -316,6 +316,9 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& path,
   needs_zero3(r.memory.device_memory_limit_gb > 0, "device_memory_limit_gb", "",
               "below it the device holds every parameter, gradient and state, as the dry run counts them");
   r.memory.host_memory_limit_gb = mem.real("host_memory_limit_gb", r.memory.host_memory_limit_gb, 0, 1 << 20);
+  r.memory.overlap_update = mem.string("overlap_update", r.memory.overlap_update, {"auto", "on", "off"});
+  needs_zero3(r.memory.overlap_update == "on", "overlap_update", "= \"on\" ",
+              "the next forward waits for each chunk's update as its block gathers it, which only ZeRO-3 does");
   r.memory.activation_checkpoint = mem.string("activation_checkpoint", r.memory.activation_checkpoint, {"none", "full", "every_n", "auto"});
   r.memory.activation_memory_gb = mem.real("activation_memory_gb", r.memory.activation_memory_gb, 0, 1e9);
   if (r.memory.activation_checkpoint == "auto" && r.memory.activation_memory_gb <= 0)
@@ -402,7 +405,7 @@ std::string Recipe::to_toml() const {
       {"memory", toml::table{{"zero", memory.zero}, {"offload_optimizer", memory.offload_optimizer},
                                  {"offload_params", memory.offload_params}, {"nvme_path", memory.nvme_path},
                                  {"placement", memory.placement}, {"device_memory_limit_gb", memory.device_memory_limit_gb},
-                                 {"host_memory_limit_gb", memory.host_memory_limit_gb},
+                                 {"host_memory_limit_gb", memory.host_memory_limit_gb}, {"overlap_update", memory.overlap_update},
                                  {"activation_checkpoint", memory.activation_checkpoint}, {"checkpoint_every", memory.checkpoint_every},
                                  {"activation_memory_gb", memory.activation_memory_gb}}},
       {"precision", toml::table{{"dtype", precision.dtype}, {"initial_scale", precision.initial_scale},

@@ -133,6 +133,9 @@ struct MemoryConfig {               // [memory]: where parameters, gradients and
   double device_memory_limit_gb = 0; // ZeRO-3: the most the compute device may hold (0: no budget; a GPU under
                                      // auto: 90% of its memory)
   double host_memory_limit_gb = 0;   // the most the chunks may keep in host memory (0: no limit)
+  std::string overlap_update = "auto";   // auto | on | off (ZeRO-3): each step's update runs beside the next
+                                         // forward, chunk by chunk in the order it reads them; auto: where the
+                                         // two wait on different things (states on NVMe; on a GPU, in host memory)
   std::string activation_checkpoint = "none";   // none | full | every_n | auto: blocks whose activations backward
                                                 // recomputes instead of keeping (every_n: blocks 0, n, 2n, ...;
                                                 // auto: the cheapest choice within activation_memory_gb)

@@ -294,6 +294,10 @@ void apply_memory(TrainPlan& p) {
   if (r.memory.offload_optimizer == "nvme") zo.offload_dir = r.memory.nvme_path;
   zo.offload_params = r.memory.offload_params == "nvme";
   zo.placement = resolve_placement(r, p.device, p.counter);
+  // `colossal profile` measures the update as a phase of its own, so there it runs in place.
+  zo.overlap_update = p.tracer || r.memory.overlap_update == "off" ? memory::OverlapUpdate::off
+                      : r.memory.overlap_update == "on"            ? memory::OverlapUpdate::on
+                                                                   : memory::OverlapUpdate::automatic;
   zo.tensor_group = &p.runtime->group(dist::Dim::tp);
   if (p.pipeline) {
     zo.pipeline_group = &p.runtime->group(dist::Dim::pp);

@@ -337,6 +337,8 @@ int run_loop(TrainPlan& p) {
     nlohmann::json record = {{"step", state.step}, {"loss", loss_sum}, {"lr", lr}, {"grad_norm", grad_norm},
                              {"tokens_per_s", tps}, {"step_ms", step_s * 1e3}, {"mem_mb", static_cast<double>(mem) / 1048576.0},
                              {"update_ms", report.update_s * 1e3}, {"norm_ms", report.norm_s * 1e3}};   // norm, clipping and update
+    if (report.overlapped)   // the last update ran beside this step's forward: what the forward waited for it
+      record["update_wait_ms"] = report.update_wait_s * 1e3;
     if (r.memory.offload_optimizer == "nvme") {   // rank 0's offload file during the update
       record["nvme_read_mb"] = static_cast<double>(report.nvme_read) / 1048576.0;
       record["nvme_write_mb"] = static_cast<double>(report.nvme_written) / 1048576.0;

@@ -303,9 +303,12 @@ void ChunkStore::collect_grads(double inv_scale) {
 }
 
 void ChunkStore::publish() {
-  if (master_on_disk_) return;
-  for (int64_t c = 0; c < layout_.chunks(); ++c)
-    if (master_own_[static_cast<size_t>(c)]) publish_range(c, 0, master_[static_cast<size_t>(c)]);
+  for (int64_t c = 0; c < layout_.chunks(); ++c) publish_chunk(c);
+}
+
+void ChunkStore::publish_chunk(int64_t chunk) {
+  if (master_on_disk_ || !master_own_[static_cast<size_t>(chunk)]) return;
+  publish_range(chunk, 0, master_[static_cast<size_t>(chunk)]);
 }
 
 void ChunkStore::publish_range(int64_t chunk, int64_t begin, const at::Tensor& master) {

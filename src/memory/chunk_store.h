@@ -152,6 +152,7 @@ class ChunkStore {
   // The compute chunks' shards take the updated master values (nothing to do when not mixed); with the
   // master offloaded, publish_range does it for each slice while it is staged.
   void publish();
+  void publish_chunk(int64_t chunk);   // one chunk's part of publish()
   void publish_range(int64_t chunk, int64_t begin, const at::Tensor& master);
   // This rank's shard of optimizer state `name` for each chunk (zeros when first asked for); resident
   // states only (not offloaded).

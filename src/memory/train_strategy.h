@@ -35,6 +35,10 @@ class TrainStrategy {
     double loss_scale = 1;   // what this step's loss was scaled by (fp16; 1 otherwise)
     double update_s = 0;     // the norm, clipping and the update (NVMe transfers included)
     double norm_s = 0;       // of which the global norm
+    // The update ran beside the next forward (overlap_update): update_s is then the norm's and the last
+    // step's update's own time, and update_wait_s what this step waited for that update.
+    bool overlapped = false;
+    double update_wait_s = 0;
     int64_t nvme_read = 0, nvme_written = 0;   // this rank's bytes through its offload file since the last report
     int64_t device_peak = 0, evictions = 0;    // under a device budget: the most the device held, chunks evicted (since the last report)
   };

@@ -12,6 +12,8 @@ namespace colossal::memory {
 void ZeroStrategy::fetch(int64_t c) {
   const auto k = static_cast<size_t>(c);
   if (store_.present(c) || fetching_[k]) return;
+  // Updated beside this forward and not yet done: no prefetch, ensure waits for it and gathers then.
+  if (!overlapped_.done(c)) return;
   fetching_[k] = true;
   if (store_.params_on_disk(c)) {   // the master's segment only, not the states beside it
     if (disk_fetches_.empty()) disk_fetches_.resize(static_cast<size_t>(store_.layout().chunks()));
@@ -40,6 +42,7 @@ void ZeroStrategy::fetch(int64_t c) {
 }
 
 void ZeroStrategy::ensure(int64_t c) {
+  overlapped_.wait(c);
   const auto k = static_cast<size_t>(c);
   if (!fetching_[k] && store_.present(c)) return;
   fetch(c);
@@ -84,6 +87,7 @@ void ZeroStrategy::maybe_release(int64_t c) {
 }
 
 void ZeroStrategy::enter_block(int64_t b, int direction) {
+  if (direction < 0) finish_update();   // backward writes gradients the update reads and then zeroes
   placement_enter(b, direction);   // a device budget: the last window closes, room is made for this one
   for (int64_t c : block_whole_chunks_[static_cast<size_t>(b)]) wait_published(c);
   if (direction < 0 && store_.stage() >= 2) {   // the block's gradients are summed where they are computed
@@ -152,11 +156,13 @@ void ZeroStrategy::settle_chunks() {
 }
 
 void ZeroStrategy::wait_published(int64_t c) {
+  overlapped_.wait(c);
   const auto k = static_cast<size_t>(c);
   if (publishing_[k].active()) group_.wait(publishing_[k]);
 }
 
 void ZeroStrategy::wait_published() {
+  finish_update();
   for (int64_t c = 0; c < store_.layout().chunks(); ++c) wait_published(c);
 }
 

@@ -147,6 +147,7 @@ void ZeroStrategy::drop_cached() {
 }
 
 void ZeroStrategy::plan_placement() {
+  finish_update();   // chunks' homes move below
   recording_ = false;
   trace_.close(store_.layout().chunks());
   if (trace_.size() == 0) throw Error("placement: the first step ran no block (internal)");

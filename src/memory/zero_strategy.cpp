@@ -2,11 +2,13 @@
 #include "src/memory/zero_strategy.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -169,6 +171,35 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group
     fetching_.assign(chunks, false);
     if (blocks > 0) gather_hook_ = std::make_shared<GatherHook>(this);
   }
+  // The update's order for overlap_update: the chunks the forward reads first (embeddings, final norm
+  // and head at before_forward), then each block's, block by block.
+  for (int64_t c : outer_chunks_) update_order_.push_back(c);
+  for (size_t b = 0; b < block_chunks_.size(); ++b) {
+    for (int64_t c : block_whole_chunks_[b]) update_order_.push_back(c);
+    for (int64_t c : block_chunks_[b]) update_order_.push_back(c);
+  }
+  std::vector<bool> ordered(chunks, false);
+  std::vector<int64_t> order;
+  for (int64_t c : update_order_)
+    if (!ordered[static_cast<size_t>(c)]) {
+      ordered[static_cast<size_t>(c)] = true;
+      order.push_back(c);
+    }
+  for (int64_t c = 0; c < layout.chunks(); ++c)
+    if (!ordered[static_cast<size_t>(c)]) order.push_back(c);
+  update_order_ = std::move(order);
+  if (o.overlap_update != OverlapUpdate::off) {
+    const std::string blocker = overlap_blocker(o);
+    if (o.overlap_update == OverlapUpdate::on && !blocker.empty())
+      throw Error("overlap_update = \"on\": " + blocker + " (set overlap_update = \"auto\" or \"off\")");
+    // auto: where the update and the forward wait on different things (the disk and the CPU, the host
+    // and the GPU); on one CPU with the states in memory both would share its cores.
+    const bool pays = store_.offloaded() || (!store_.device().is_cpu() && o.placement.homes.states == Residence::host);
+    overlap_ = blocker.empty() && (o.overlap_update == OverlapUpdate::on || pays);
+    // On a CPU the forward keeps the cores and the update waits on the disk: one thread for it. Beside a
+    // GPU the host's cores are the update's but the one launching the forward.
+    update_threads_ = store_.device().is_cpu() ? 1 : std::max(1, at::get_num_threads() - 1);
+  }
   // One process at stage 0 has nothing to reduce; every other case moves gradients through the hooks
   // (stage 2 also at one rank: its gradients live in the shard, not in .grad).
   if (o.stage == 0 && !group_.active()) return;
@@ -185,7 +216,7 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group
 ZeroStrategy::~ZeroStrategy() {
   for (auto& [acc, key] : hooks_->installed) acc->del_post_hook(key);
   try {
-    wait_published();   // no collective left writing into the chunks
+    wait_published();   // no update or collective left writing into the chunks
   } catch (const std::exception&) {
     // The job is ending with an error already reported; the chunks die with it.
   }
@@ -205,8 +236,9 @@ std::string ZeroStrategy::describe() const {
   const std::string placement = placement_.mode == PlacementMode::cpu         ? ", placement cpu"
                                 : placement_.mode == PlacementMode::automatic ? ", placement auto"
                                                                               : "";
+  const std::string overlap = overlap_ ? ", each update beside the next forward" : "";
   const std::string budget = metered() ? " within a device budget of " + human_bytes(static_cast<double>(placement_.device_limit)) : "";
-  return "ZeRO stage " + std::to_string(store_.stage()) + (store_.stage() == 0 ? " (plain data parallelism)" : "") + placement + budget + " over " +
+  return "ZeRO stage " + std::to_string(store_.stage()) + (store_.stage() == 0 ? " (plain data parallelism)" : "") + placement + budget + overlap + " over " +
          std::to_string(group_.size()) + " rank(s): " + std::to_string(l.chunks()) + " chunk(s) of " +
          human_count(static_cast<double>(l.chunk_numel)) + " elements (" + human_bytes(static_cast<double>(l.padding()) * 4) +
          " padding); this rank holds " + human_bytes(static_cast<double>(b.params)) + " parameters, " +
@@ -256,6 +288,7 @@ void ZeroStrategy::sum_in_place(int64_t c) {
 }
 
 void ZeroStrategy::ready(int64_t slot) {
+  finish_update();   // a gradient is final: the update reading and zeroing the last ones must be done
   const auto& s = store_.layout().slots[static_cast<size_t>(slot)];
   auto& cs = sync_[static_cast<size_t>(s.chunk)];
   if (store_.stage() >= 2) {
@@ -386,13 +419,16 @@ void ZeroStrategy::free_spares() {
 
 at::Tensor ZeroStrategy::scale_loss(const at::Tensor& loss) { return scaler_ ? loss * scaler_->scale() : loss; }
 
-void ZeroStrategy::streamed_update(const optim::StepContext& ctx) {
+void ZeroStrategy::streamed_update(const optim::StepContext& ctx, const std::vector<int64_t>& order, const OverlappedUpdate::Done& done) {
   OffloadedStates& states = *store_.offloaded();
   const size_t names = optimizer_->state_names().size();
-  optimizer_->begin_step();
-  states.prefetch(0);
-  for (int64_t s = 0; s < states.slices(); ++s) {
-    states.prefetch(s + 1);
+  std::vector<int64_t> sequence;   // the slices, chunk by chunk in `order`
+  for (int64_t c : order)
+    for (int64_t s = states.first_slice(c); s < states.first_slice(c + 1); ++s) sequence.push_back(s);
+  if (!sequence.empty()) states.prefetch(sequence.front());
+  for (size_t i = 0; i < sequence.size(); ++i) {
+    const int64_t s = sequence[i];
+    if (i + 1 < sequence.size()) states.prefetch(sequence[i + 1]);
     const auto& staged = states.acquire(s, true);
     const auto& sl = states.slice(s);
     // Chunks on a GPU are updated there: the staged slice goes to the device and comes back.
@@ -409,11 +445,35 @@ void ZeroStrategy::streamed_update(const optim::StepContext& ctx) {
     if (!device.is_cpu())
       for (size_t k = 0; k < work.size(); ++k) staged[k].copy_(work[k]);
     states.writeback(s);
+    if (s + 1 == states.first_slice(sl.chunk + 1)) done(sl.chunk);
+  }
+}
+
+void ZeroStrategy::update_chunks(const optim::StepContext& ctx, const std::vector<int64_t>& order, const OverlappedUpdate::Done& done) {
+  if (store_.offloaded()) {
+    streamed_update(ctx, order, [&](int64_t c) {
+      store_.publish_chunk(c);
+      done(c);
+    });
+    return;
+  }
+  std::vector<std::vector<optim::ParamPiece>> by_chunk(static_cast<size_t>(store_.layout().chunks()));
+  for (const auto& piece : pieces_)
+    by_chunk[static_cast<size_t>(store_.layout().slots[static_cast<size_t>(piece.tensor)].chunk)].push_back(piece);
+  for (int64_t c : order) {
+    optimizer_->update(by_chunk[static_cast<size_t>(c)], ctx);
+    store_.publish_chunk(c);
+    done(c);
   }
 }
 
 TrainStrategy::StepReport ZeroStrategy::optimizer_step(double lr, double max_norm) {
   StepReport r;
+  if (overlap_) {   // the last step's update (its backward has waited for it already)
+    finish_update();
+    last_update_s_ = overlapped_.last_run_s();
+    r.update_wait_s = overlapped_.take_waited();
+  }
   free_spares();
   r.loss_scale = loss_scale();   // the scale this step's loss was multiplied by, before the scaler updates it
   store_.collect_grads(1.0 / r.loss_scale);
@@ -423,24 +483,71 @@ TrainStrategy::StepReport ZeroStrategy::optimizer_step(double lr, double max_nor
   // A non-finite norm means some gradient overflowed fp16's range: every rank sees the same norm (it
   // is reduced across shards), so every rank skips the same step.
   r.skipped = scaler_ && scaler_->update(!std::isfinite(r.grad_norm));
-  if (!r.skipped) step(lr);
-  // On a GPU the update is queued, not done: wait for it, so update_ms is the update's time. The norm
-  // has waited for the GPU already; this wait costs only the next batch's preparation overlapping the update.
-  synchronize_device(store_.device());
-  r.update_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  // Since the last report: the update's transfers and, with the parameters on NVMe, the reads of the
-  // step's forward and backward.
-  r.nvme_read = offload_read() - reported_read_;
-  r.nvme_written = offload_written() - reported_written_;
-  reported_read_ += r.nvme_read;
-  reported_written_ += r.nvme_written;
+  const bool overlapping = overlap_ && !r.skipped;
+  // Since the last report: the update's transfers (overlapped, the last step's) and, with the parameters
+  // on NVMe, the reads of the step's forward and backward.
+  const auto count_io = [&] {
+    r.nvme_read = offload_read() - reported_read_;
+    r.nvme_written = offload_written() - reported_written_;
+    reported_read_ += r.nvme_read;
+    reported_written_ += r.nvme_written;
+  };
+  if (overlapping) {
+    count_io();   // before the update thread moves the file's counters again
+    start_update(lr);   // beside the next forward; that step's report gives its time
+    r.overlapped = true;
+    r.update_s = r.norm_s + last_update_s_;
+  } else {
+    if (!r.skipped) step(lr);
+    // On a GPU the update is queued, not done: wait for it, so update_ms is the update's time. The norm
+    // has waited for the GPU already; this wait costs only the next batch's preparation overlapping the update.
+    synchronize_device(store_.device());
+    r.update_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    count_io();
+  }
   if (metered()) {
     r.device_peak = device_peak_;
     r.evictions = evictions_;
     device_peak_ = evictions_ = 0;
   }
-  zero_grad();
+  if (overlapping) {   // the update thread zeroes each chunk's gradients once it has read them
+    first_step_done_ = true;
+    grad_scale_ = 1;
+  } else {
+    zero_grad();
+  }
   return r;
+}
+
+std::string ZeroStrategy::overlap_blocker(const ZeroOptions& o) const {
+  if (o.stage != 3) return "it needs zero = 3, where each block gathers its chunks as it runs (zero = " + std::to_string(o.stage) + ")";
+  if (o.offload_params) return "with offload_params = \"nvme\" the forward reads the parameters from the file the update writes";
+  if (tensor_group_ || pipeline_group_) return "under tensor or pipeline parallelism the update's norms are collectives the forward's would cross";
+  if (group_.active() && !optimizer_->elementwise())
+    return optimizer_->name() + "'s per-tensor norms are collectives across the shards, which the forward's would cross";
+  if (metered() && store_.offloaded() && !store_.device().is_cpu())
+    return "under a device budget the update's device copies of NVMe slices would fall in the forward's measured memory";
+  return "";
+}
+
+void ZeroStrategy::start_update(double lr) {
+  at::NoGradGuard no_grad;
+  if (caching_) drop_cached();   // as in step()
+  const optim::StepContext ctx = step_context(lr);
+  optimizer_->begin_step();
+  // More ranks: the chunks kept whole are updated here and their all-gathers launched, as step() does
+  // (a collective belongs to this thread); the thread takes the rest, which the blocks gather themselves.
+  std::vector<int64_t> here, beside;
+  for (int64_t c : update_order_) (group_.active() && !store_.releasable(c) ? here : beside).push_back(c);
+  const auto zero_grads = [this](int64_t c) { store_.grad_shards()[static_cast<size_t>(c)].zero_(); };
+  update_chunks(ctx, here, zero_grads);
+  publish_whole_chunks();
+  overlapped_.start(store_.layout().chunks(), beside, store_.device(), update_threads_, [this, ctx, beside, zero_grads](const OverlappedUpdate::Done& done) {
+    update_chunks(ctx, beside, [&](int64_t c) {
+      zero_grads(c);
+      done(c);
+    });
+  });
 }
 
 std::map<std::string, std::string> ZeroStrategy::scaler_state() const { return scaler_ ? scaler_->state() : std::map<std::string, std::string>{}; }
@@ -450,6 +557,7 @@ void ZeroStrategy::load_scaler_state(const std::map<std::string, std::string>& s
 }
 
 double ZeroStrategy::clip_grad_norm(double max_norm) {
+  finish_update();
   at::NoGradGuard no_grad;
   // Squares summed in double. On the host, the kernel's one read of each gradient shard, or for other
   // host layouts one slice of a chunk at a time: a norm asked for in double converts its whole input
@@ -518,12 +626,7 @@ double ZeroStrategy::excess_squares(const std::vector<at::Tensor>& grads) const 
   return sq;
 }
 
-void ZeroStrategy::step(double lr) {
-  at::NoGradGuard no_grad;
-  // Gathered chunks kept between uses (placement auto) are copies of the shards the update is about to
-  // change: they go now, and the blocks gather the updated values as they next run (across a step's
-  // micro-batches the copies stay valid, and that is where keeping them pays).
-  if (caching_) drop_cached();
+optim::StepContext ZeroStrategy::step_context(double lr) {
   optim::StepContext ctx;
   ctx.lr = lr;
   ctx.tensors = static_cast<int64_t>(store_.layout().slots.size());
@@ -538,12 +641,30 @@ void ZeroStrategy::step(double lr) {
       t.mul_(at::tensor(slot_weight_, at::kDouble).unsqueeze(0));
       tensor_group_->all_reduce(t, dist::Reduce::sum, "optimizer norms of split tensors");
     };
+  return ctx;
+}
+
+void ZeroStrategy::step(double lr) {
+  finish_update();
+  at::NoGradGuard no_grad;
+  // Gathered chunks kept between uses (placement auto) are copies of the shards the update is about to
+  // change: they go now, and the blocks gather the updated values as they next run (across a step's
+  // micro-batches the copies stay valid, and that is where keeping them pays).
+  if (caching_) drop_cached();
+  const optim::StepContext ctx = step_context(lr);
   if (store_.offloaded()) {
-    streamed_update(ctx);
+    optimizer_->begin_step();
+    std::vector<int64_t> all(static_cast<size_t>(store_.layout().chunks()));
+    std::iota(all.begin(), all.end(), int64_t{0});
+    streamed_update(ctx, all, [](int64_t) {});
   } else {
     optimizer_->step(pieces_, ctx);
   }
   store_.publish();
+  publish_whole_chunks();
+}
+
+void ZeroStrategy::publish_whole_chunks() {
   if (store_.stage() == 0 || !group_.active()) return;
   // Every rank updated its shard; all-gather makes each chunk whole again on every rank. The gathers
   // run while the next forward starts: each chunk is waited for where it is first read.
@@ -556,6 +677,7 @@ void ZeroStrategy::step(double lr) {
 }
 
 at::Tensor ZeroStrategy::full_grad(const std::string& name) {
+  finish_update();
   const auto slot = store_.slot_of(name);
   if (!slot || store_.stage() >= 2) throw Error("zero: no whole gradient of \"" + name + "\" at stage " + std::to_string(store_.stage()) + " (internal)");
   const auto& s = store_.layout().slots[static_cast<size_t>(*slot)];
@@ -563,6 +685,7 @@ at::Tensor ZeroStrategy::full_grad(const std::string& name) {
 }
 
 void ZeroStrategy::zero_grad() {
+  finish_update();
   first_step_done_ = true;   // under a budget, the next block visit closes the first step's record and plans (auto)
   grad_scale_ = 1;   // a skipped step leaves clipping's scale unused
   if (store_.stage() <= 1)
@@ -619,6 +742,7 @@ void ZeroStrategy::for_each_owned(const OwnedFn& fn) {
 }
 
 void ZeroStrategy::load_state(int64_t slot, size_t k, const at::Tensor& full) {
+  finish_update();
   const auto part = store_.shard_part(slot);
   if (!part) return;
   const int64_t chunk = store_.layout().slots[static_cast<size_t>(slot)].chunk;

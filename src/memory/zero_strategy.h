@@ -26,6 +26,7 @@
 #include "src/memory/chunk_trace.h"
 #include "src/memory/device_copies.h"
 #include "src/memory/loss_scaler.h"
+#include "src/memory/overlapped_update.h"
 #include "src/memory/train_strategy.h"
 #include "src/nn/block_hooks.h"
 
@@ -54,6 +55,12 @@ struct PlacementOptions {
   std::shared_ptr<AllocationCounter> counter;
 };
 
+// overlap_update: whether a step's update runs beside the next forward (overlapped_update.h). auto: where
+// it pays, which is where the update does not compete with the forward for the same resource: the
+// optimizer states on NVMe (the update waits on the disk), or on a GPU the states in host memory (the
+// host updates while the GPU computes).
+enum class OverlapUpdate { off, on, automatic };
+
 struct ZeroOptions {
   int stage = 0;
   int64_t chunk_numel = 1 << 20;
@@ -65,6 +72,7 @@ struct ZeroOptions {
   int64_t offload_slice = kOffloadSliceNumel;    // elements staged at once (layer-wise optimizers: whole chunks)
   bool offload_params = false;                   // ZeRO-3: block chunks' parameters on NVMe too (needs offload_dir)
   PlacementOptions placement;
+  OverlapUpdate overlap_update = OverlapUpdate::off;
   // Tensor parallelism: the ranks holding the other pieces of the split parameters (nn::ShardSpec).
   // Norms (clipping's, and layer-wise optimizers' per tensor) sum over it, each piece counted once
   // however many ranks hold it. Null: no tensor parallelism.
@@ -91,7 +99,10 @@ class ZeroStrategy : public TrainStrategy {
   void load_scaler_state(const std::map<std::string, std::string>& state, const std::string& where) override;
   double loss_scale() const override { return scaler_ ? scaler_->scale() : 1.0; }
   int64_t skipped_steps() const override { return scaler_ ? scaler_->skipped() : 0; }
-  ChunkStore& store() override { return store_; }
+  ChunkStore& store() override {   // its values are read: the update running beside the forward ends first
+    finish_update();
+    return store_;
+  }
 
   // The hook for the model's block-hook chain (stages 1-3 on a model with blocks): waits for a block's
   // updated parameters before its forward; ZeRO-3 gathers its chunks before its forward and its backward
@@ -102,6 +113,8 @@ class ZeroStrategy : public TrainStrategy {
   void gather_all();
   void settle_chunks();
 
+  // Whether optimizer_step's updates run beside the next forward (ZeroOptions::overlap_update).
+  bool overlaps_update() const { return overlap_; }
   // optimizer_step's parts, for tests that set gradients by hand (not mixed, no scaler): the global
   // norm of the gradients with clipping, the update with parameters made whole, and zeroing.
   double clip_grad_norm(double max_norm);
@@ -149,8 +162,21 @@ class ZeroStrategy : public TrainStrategy {
   void wait_published(int64_t chunk);   // the all-gather after the last update, if still running
   void wait_published();
   // The update with the optimizer states on NVMe: slice by slice, the next slice's states read and the
-  // last one's written back while this one is updated.
-  void streamed_update(const optim::StepContext& ctx);
+  // last one's written back while this one is updated; the chunks in `order`, `done(c)` after each.
+  void streamed_update(const optim::StepContext& ctx, const std::vector<int64_t>& order, const OverlappedUpdate::Done& done);
+  optim::StepContext step_context(double lr);
+  void update_chunks(const optim::StepContext& ctx, const std::vector<int64_t>& order, const OverlappedUpdate::Done& done);
+  void publish_whole_chunks();   // more ranks: the all-gathers of the chunks ZeRO-3 keeps whole
+  // overlap_update: the update on its own thread, in the order the next forward reads the chunks
+  // (update_order_); the forward waits for each chunk where it first reads it (wait_published, ensure).
+  std::string overlap_blocker(const ZeroOptions& o) const;   // why the update cannot overlap here ("": it can)
+  void start_update(double lr);
+  void finish_update() { overlapped_.finish(); }
+  bool overlap_ = false;
+  int update_threads_ = 1;
+  std::vector<int64_t> update_order_;
+  OverlappedUpdate overlapped_;
+  double last_update_s_ = 0;   // the last overlapped update's own seconds, for the next step report
   std::string offload_how() const;   // "io_uring, O_DIRECT"
   int64_t offload_read() const;      // bytes through the offload file so far
   int64_t offload_written() const;
