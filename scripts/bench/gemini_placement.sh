@@ -29,7 +29,9 @@ usage: scripts/bench/gemini_placement.sh [--shape tiny|124m|350m|774m|3b] [--rep
   --repeat     alternating rounds, medians over them; default 2
   --steps      steps each run makes, the first 3 untimed; default 8
   --budget-gb  auto's device budget; default 1.5 times the dry run's least
-  --modes      comma-separated, from device,cpu,auto,nvme-optim,nvme-params; default all
+  --modes      comma-separated, from device,cpu,auto,nvme-optim,nvme-params; default all. A mode with
+               -inplace appended runs with overlap_update = "off" (each update before the next forward;
+               the plain modes take the recipe's "auto", which overlaps nvme-optim, and cpu and auto on a GPU)
   --nvme       the directory for the offload files; default a new one under /var/tmp
   --device     where the timed runs train (train.device); default cpu
   --dtype      precision.dtype, what the model computes in (fp32 master weights either way); default fp32
@@ -73,7 +75,7 @@ T="${seq_len:-$T}" B="${batch:-$B}"
 [ -z "$budget" ] || [[ "$budget" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "gemini_placement: error: --budget-gb '$budget' is not a number" >&2; exit 2; }
 IFS=, read -r -a mode_list <<<"$modes"
 for m in "${mode_list[@]}"; do
-  case "$m" in device|cpu|auto|nvme-optim|nvme-params) ;; *) echo "gemini_placement: error: unknown mode '$m'" >&2; exit 2 ;; esac
+  case "${m%-inplace}" in device|cpu|auto|nvme-optim|nvme-params) ;; *) echo "gemini_placement: error: unknown mode '$m'" >&2; exit 2 ;; esac
 done
 [ -x "$COLOSSAL" ] || { echo "gemini_placement: error: $COLOSSAL not found; build it with scripts/build.sh" >&2; exit 1; }
 PY=.venv/bin/python
@@ -101,7 +103,8 @@ EOF
 )"
 fi
 flags() {
-  case "$1" in
+  [[ "$1" == *-inplace ]] && echo "--set memory.overlap_update=off"
+  case "${1%-inplace}" in
     device) echo "--set memory.placement=device" ;;
     cpu) echo "--set memory.placement=cpu" ;;
     auto) echo "--set memory.placement=auto --set memory.device_memory_limit_gb=$budget" ;;
@@ -138,22 +141,26 @@ def run(mode, r):
             "evictions": med(x.get("evictions", 0) for x in steps),
             # a step's time, and of it the norm, clipping and update (the rest is forward and backward)
             "step": med(x["step_ms"] for x in steps), "update": med(x["update_ms"] for x in steps),
+            # overlapped: what the step waited for the last update, which ran beside its forward
+            "wait": med(x.get("update_wait_ms", 0) for x in steps), "overlapped": "update_wait_ms" in steps[0],
             "disk": med(x.get("nvme_read_mb", 0) + x.get("nvme_write_mb", 0) for x in steps)}
 res = {m: [run(m, r) for r in range(1, repeat + 1)] for m in modes}
-fig = {m: {k: med(x[k] for x in res[m]) for k in res[m][0]} for m in modes}
+fig = {m: {k: med(x[k] for x in res[m]) if k != "overlapped" else res[m][0][k] for k in res[m][0]} for m in modes}
 ref = fig.get("device", fig[modes[0]])["tps"]
 name = {"tiny": "gpt-tiny", "3b": "gpt2-3b (36x2560)"}.get(shape, f"gpt2-{shape}")
 how = (f", {dtype}" if dtype != "fp32" else "") + (", cuda" if cuda else "")
 peak = "peak GPU | peak RSS" if cuda else "peak RSS"
-print(f"| {name} T={T} B={B}{how}, ZeRO-3, 1 process | tokens/s | vs device | step | of which update | {peak} | device window (auto) | evictions/step | disk/step |")
+print(f"| {name} T={T} B={B}{how}, ZeRO-3, 1 process | tokens/s | vs device | step | of which update (overlapped: beside the forward, of which waited for) | {peak} | device window (auto) | evictions/step | disk/step |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if cuda else ""))
 for m in modes:
     f = fig[m]
-    window = f"{f['window']:.0f} of {float(budget) * 1024:.0f} MiB" if m == "auto" else ""
-    evictions = f"{f['evictions']:.0f}" if m == "auto" else ""
+    auto = m.startswith("auto")
+    window = f"{f['window']:.0f} of {float(budget) * 1024:.0f} MiB" if auto else ""
+    evictions = f"{f['evictions']:.0f}" if auto else ""
+    update = f"{f['update']:.0f} ms" + (f" beside, {f['wait']:.0f} ms waited" if f["overlapped"] else "")
     disk = f"{f['disk'] / 1024:.2f} GiB" if f["disk"] else ""
     gpu = (f"{f['gpu']:.0f} MiB | " if f["gpu"] else "n/a | ") if cuda else ""
-    print(f"| {m} | {f['tps']:.0f} | {f['tps'] / ref:.2f}x | {f['step']:.0f} ms | {f['update']:.0f} ms | {gpu}{f['rss']:.0f} MiB | {window} | {evictions} | {disk} |")
+    print(f"| {m} | {f['tps']:.0f} | {f['tps'] / ref:.2f}x | {f['step']:.0f} ms | {update} | {gpu}{f['rss']:.0f} MiB | {window} | {evictions} | {disk} |")
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown CPU")
 gpu = ""
 if cuda:
