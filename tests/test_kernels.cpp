@@ -21,6 +21,7 @@
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemv.h"
+#include "kernels/cpu/accumulate.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/isa_kernels.h"
 #include "src/nn/cached_attention.h"
@@ -293,6 +294,29 @@ TEST(CpuKernels, AdamWFollowsThePublishedRuleOnEveryInstructionSet) {
     }
     EXPECT_LT(max_abs_diff(pd, ref), 1e-12) << kernels::isa_name(isa);
     EXPECT_LT(max_abs_diff(pf, ref), 1e-5) << kernels::isa_name(isa);
+  }
+}
+
+TEST(CpuKernels, HalfGradientsAddIntoFp32ShardsAsAtensMixedAddOnEveryInstructionSet) {
+  // Several threads' blocks and a ragged tail; normals, subnormals, zeros of both signs, infinities and
+  // NaNs of both 16-bit formats, against ATen's fp32.add_(half) bit for bit (NaNs as NaNs).
+  const int64_t n = 4 * 65536 + 1037;
+  at::manual_seed(3);
+  const at::Tensor base = at::randn({n}) * 4;
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    at::Tensor part = (at::randn({n}) * at::pow(10.0, at::randint(-8, 4, {n}).to(at::kFloat))).to(dtype);
+    const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 6e-8f, -6e-8f, 3e-5f, 1e-40f, 65504.0f, -2.5f};
+    for (int64_t i = 0; i < static_cast<int64_t>(std::size(specials)); ++i) part[i * 7 + 1] = specials[i];
+    const at::Tensor want = base.clone().add_(part);
+    for (Isa isa : kernels::runnable_isas()) {
+      kernels::ScopedIsa cap(isa);
+      at::Tensor got = base.clone();
+      kernels::accumulate_half(got.mutable_data_ptr<float>(), static_cast<const uint16_t*>(part.const_data_ptr()), n,
+                               dtype == at::kBFloat16 ? kernels::Half16::bf16 : kernels::Half16::fp16);
+      EXPECT_TRUE(at::equal(got.isnan(), want.isnan())) << kernels::isa_name(isa) << " " << dtype;
+      EXPECT_TRUE(at::equal(got.nan_to_num(0), want.nan_to_num(0))) << kernels::isa_name(isa) << " " << dtype;
+      EXPECT_TRUE(at::equal(got.nan_to_num(0).signbit(), want.nan_to_num(0).signbit())) << kernels::isa_name(isa) << " " << dtype;   // -0.0
+    }
   }
 }
 

@@ -20,6 +20,8 @@ void adamw_chunk_f32(float* p, const float* g, float* m, float* v, int64_t n, co
 void adamw_chunk_f64(double* p, const double* g, double* m, double* v, int64_t n, const AdamWConsts<double>& c);
 double sum_squares_f32(const float* x, int64_t n);
 double sum_squares_f64(const double* x, int64_t n);
+void accumulate_bf16(float* dst, const uint16_t* src, int64_t n);
+void accumulate_fp16(float* dst, const uint16_t* src, int64_t n);
 void gemv(const float* x, int64_t rows, int64_t in, const float* w, const float* bias, float* y, int64_t ldy,
           int64_t o_begin, int64_t o_end);
 void gemv_t(const float* x, int64_t rows, int64_t in, const float* wt, int64_t ldw, const float* bias, float* y, int64_t ldy,

@@ -88,6 +88,9 @@ struct IsaKernels {
   // gemv with W stored transposed: wt [in][out] row-major, rows `ldw` apart (see gemv.h's gemv_t).
   void (*gemv_t)(const float* x, int64_t rows, int64_t in, const float* wt, int64_t ldw, const float* bias, float* y, int64_t ldy,
                  int64_t o_begin, int64_t o_end);
+  // dst[i] += float(src[i]) over 16-bit floats' bits (accumulate.h).
+  void (*accumulate_bf16)(float* dst, const uint16_t* src, int64_t n);
+  void (*accumulate_fp16)(float* dst, const uint16_t* src, int64_t n);
   // Columns [n_begin, n_end) of a quantized GEMM (qgemm.h); null in sets without VNNI, whose prompts
   // take the fp32 GEMM with the weights dequantized as it packs them.
   void (*qgemm_columns)(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* scratch) = nullptr;
