@@ -284,6 +284,14 @@ TEST(Cuda, GeminiPlacementsOnTheGpuFollowTheDeviceRunAndStayWithinTheirBudget) {
   const auto peaks = colossal::test::metric_values(a / "metrics.jsonl", "device_peak_mb");
   EXPECT_EQ(peaks.size(), 8u);
   for (double mb : peaks) EXPECT_LE(mb, budget_mb);
+  // On a GPU with the states in host memory each host update runs beside the next forward
+  // (overlap_update's auto); in place, the same host arithmetic follows the same losses.
+  TempDir c2;
+  const auto cpu_in_place = losses(c2.path(), {"memory.placement=cpu", "memory.overlap_update=off"});
+  EXPECT_EQ(colossal::test::metric_values(c / "metrics.jsonl", "update_wait_ms").size(), 8u);
+  EXPECT_TRUE(colossal::test::metric_values(c2 / "metrics.jsonl", "update_wait_ms").empty());
+  ASSERT_EQ(cpu_in_place.size(), cpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(cpu[i], cpu_in_place[i], 1e-5 * cpu_in_place[i]) << "step " << i + 1;
 }
 
 TEST(Cuda, SideStreamCopiesComeAfterTheQueuedComputeAndBeforeWhatWaitsForThem) {

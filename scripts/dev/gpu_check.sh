@@ -138,9 +138,10 @@ fi
 if benched gemini && in_time "Gemini benchmark"; then
   step "benchmark: Gemini on the GPU within a device budget"
   # a 3.0B GPT in bf16: every chunk in host memory (placement cpu: all transfers on the side stream),
-  # placement auto within 8 GB, and everything on the GPU (51 GiB planned); a table per placement, so
-  # a lease that ends early keeps the ones done
-  for m in cpu auto device; do
+  # placement auto within 8 GB, each with the host update beside the next forward and in place
+  # (-inplace), and everything on the GPU (51 GiB planned); a table per placement, so a lease that
+  # ends early keeps the ones done
+  for m in cpu cpu-inplace auto device auto-inplace; do
     in_time "Gemini benchmark, placement $m" || break
     timeout "$(left)" bash scripts/bench/gemini_placement.sh --device cuda --colossal "$build/colossal" --shape 3b --dtype bf16 \
       --modes "$m" --budget-gb 8 --repeat 1 --steps 5 2>&1 | tee -a "$out/bench-gemini.txt"
