@@ -490,6 +490,13 @@ void expect_same(const std::vector<Weights>& got, const Weights& expected, doubl
     }
 }
 
+// Every rank's weights equal `want`'s bit for bit.
+void expect_identical(const std::vector<Weights>& got, const std::vector<Weights>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t r = 0; r < got.size(); ++r)
+    for (const auto& [name, t] : want[r]) EXPECT_TRUE(at::equal(got[r].at(name), t)) << what << ", rank " << r << ", " << name;
+}
+
 }  // namespace
 
 TEST(Zero, PlainDataParallelAtTwoAndFourRanksEqualsOneProcessOnTheGlobalBatch) {
@@ -532,11 +539,6 @@ TEST(ZeroOffload, OptimizerStatesOnNvmeGiveTheSameWeightsBitForBit) {
   // step reads, evicts and writes back, and AdamW's tensors reach it in pieces (LAMB's whole, a chunk at
   // a time); the arithmetic is the in-memory update's, so the weights are identical.
   colossal::test::TempDir dir;
-  auto expect_identical = [](const std::vector<Weights>& got, const std::vector<Weights>& want, const std::string& what) {
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t r = 0; r < got.size(); ++r)
-      for (const auto& [name, t] : want[r]) EXPECT_TRUE(at::equal(got[r].at(name), t)) << what << ", rank " << r << ", " << name;
-  };
   expect_identical(train_ranks(0, 1, 2, 3, 1000, "adamw", dir.path()), train_ranks(0, 1, 2, 3, 1000), "one rank");
   const auto zero3_one = train_ranks(3, 1, 2, 3, 1000), zero3_two = train_ranks(3, 2, 2, 3, 1000);
   expect_identical(train_ranks(3, 2, 2, 3, 1000, "adamw", dir.path()), zero3_two, "ZeRO-3 at two ranks");
@@ -552,11 +554,6 @@ TEST(ZeroOffload, OptimizerStatesOnNvmeGiveTheSameWeightsBitForBit) {
 
 TEST(GeminiPlacement, CpuAndAutoPlacementsAndAHostOptimizerGiveTheSameWeightsBitForBit) {
   // Block chunks of 1000 elements: every block spans several, and a chunk may span two blocks.
-  auto expect_identical = [](const std::vector<Weights>& got, const std::vector<Weights>& want, const std::string& what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    for (size_t r = 0; r < got.size(); ++r)
-      for (const auto& [name, t] : want[r]) EXPECT_TRUE(at::equal(got[r].at(name), t)) << what << ", rank " << r << ", " << name;
-  };
   using memory::PlacementMode;
   using memory::Residence;
   memory::PlacementOptions cpu, host_optimizer, host_params, automatic;
@@ -643,11 +640,6 @@ TEST(GeminiOverlap, TheUpdateBesideTheNextForwardGivesTheSameWeightsBitForBit) {
   using memory::OverlapUpdate;
   using memory::PlacementMode;
   using memory::Residence;
-  auto expect_identical = [](const std::vector<Weights>& got, const std::vector<Weights>& want, const std::string& what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    for (size_t r = 0; r < got.size(); ++r)
-      for (const auto& [name, t] : want[r]) EXPECT_TRUE(at::equal(got[r].at(name), t)) << what << ", rank " << r << ", " << name;
-  };
   memory::PlacementOptions device, cpu, automatic;
   cpu.mode = PlacementMode::cpu;
   cpu.homes = {Residence::host, Residence::host};
@@ -713,13 +705,18 @@ struct CountsForwards : nn::BlockHook {
   }
 };
 
-// Two training steps of ZeRO-3 at one rank with each update beside the next forward, through the probe.
-void two_overlapped_steps(ProbingAdamW*& probe, bool fail) {
+// Two training steps of ZeRO-3 at one rank with each update beside the next forward, through the
+// probe; what it saw, read before the strategy (which owns it) goes.
+struct ProbeSaw {
+  bool next_forward = false;
+  int forwards = 0;
+};
+ProbeSaw two_overlapped_steps(bool fail) {
   auto model = make_replica();
   Group alone("dp");
   OptimConfig c;
   auto optimizer = std::make_unique<ProbingAdamW>(optim::make_optimizer(c));
-  probe = optimizer.get();
+  ProbingAdamW* probe = optimizer.get();
   probe->fail = fail;
   memory::ZeroOptions o{3, 1000, 0.1};
   o.overlap_update = memory::OverlapUpdate::on;
@@ -742,21 +739,20 @@ void two_overlapped_steps(ProbingAdamW*& probe, bool fail) {
     EXPECT_TRUE(zs.optimizer_step(1e-2, 0).overlapped);
   }
   zs.gather_all();
+  return {probe->saw_next_forward.load(), probe->forwards.load()};
 }
 
 }  // namespace
 
 TEST(GeminiOverlap, TheNextForwardRunsWhileTheLastBlocksUpdateIsStillGoing) {
-  ProbingAdamW* probe = nullptr;
-  two_overlapped_steps(probe, false);
-  EXPECT_TRUE(probe->saw_next_forward) << "the first update's last block finished before the next forward began";
-  EXPECT_EQ(probe->forwards.load(), 2);
+  const ProbeSaw saw = two_overlapped_steps(false);
+  EXPECT_TRUE(saw.next_forward) << "the first update's last block finished before the next forward began";
+  EXPECT_EQ(saw.forwards, 2);
 }
 
 TEST(GeminiOverlap, AnUpdateThatFailsBesideTheForwardEndsThatForwardWithItsError) {
-  ProbingAdamW* probe = nullptr;
   try {
-    two_overlapped_steps(probe, true);
+    two_overlapped_steps(true);
     ADD_FAILURE() << "the failed update went unnoticed";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("probe: the update of the last block failed"), std::string::npos) << e.what();
