@@ -34,7 +34,6 @@ class OverlappedUpdate {
   // the caller's current stream of `device` (so its kernels queue in order with the forward's). The
   // last run must be finished.
   void start(int64_t chunks, const std::vector<int64_t>& pending, c10::Device device, int threads, std::function<void(const Done&)> run);
-  bool running() const { return thread_.joinable(); }
   bool done(int64_t chunk);   // without waiting (true while no run is going)
   void wait(int64_t chunk);   // until chunk's update is done (nothing while no run is going)
   void finish();              // until the whole run is done; joins its thread

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <map>
-#include <numeric>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -187,21 +186,17 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group
   }
   // The update's order for overlap_update: the chunks the forward reads first (embeddings, final norm
   // and head at before_forward), then each block's, block by block.
-  for (int64_t c : outer_chunks_) update_order_.push_back(c);
-  for (size_t b = 0; b < block_chunks_.size(); ++b) {
-    for (int64_t c : block_whole_chunks_[b]) update_order_.push_back(c);
-    for (int64_t c : block_chunks_[b]) update_order_.push_back(c);
-  }
   std::vector<bool> ordered(chunks, false);
-  std::vector<int64_t> order;
-  for (int64_t c : update_order_)
-    if (!ordered[static_cast<size_t>(c)]) {
-      ordered[static_cast<size_t>(c)] = true;
-      order.push_back(c);
-    }
-  for (int64_t c = 0; c < layout.chunks(); ++c)
-    if (!ordered[static_cast<size_t>(c)]) order.push_back(c);
-  update_order_ = std::move(order);
+  const auto add = [&](int64_t c) {
+    if (!ordered[static_cast<size_t>(c)]) update_order_.push_back(c);
+    ordered[static_cast<size_t>(c)] = true;
+  };
+  for (int64_t c : outer_chunks_) add(c);
+  for (size_t b = 0; b < block_chunks_.size(); ++b) {
+    for (int64_t c : block_whole_chunks_[b]) add(c);
+    for (int64_t c : block_chunks_[b]) add(c);
+  }
+  for (int64_t c = 0; c < layout.chunks(); ++c) add(c);
   if (o.overlap_update != OverlapUpdate::off) {
     const std::string blocker = overlap_blocker(o);
     if (o.overlap_update == OverlapUpdate::on && !blocker.empty())
@@ -668,9 +663,7 @@ void ZeroStrategy::step(double lr) {
   const optim::StepContext ctx = step_context(lr);
   if (store_.offloaded()) {
     optimizer_->begin_step();
-    std::vector<int64_t> all(static_cast<size_t>(store_.layout().chunks()));
-    std::iota(all.begin(), all.end(), int64_t{0});
-    streamed_update(ctx, all, [](int64_t) {});
+    streamed_update(ctx, update_order_, [](int64_t) {});
   } else {
     optimizer_->step(pieces_, ctx);
   }
