@@ -11,6 +11,7 @@
 #include <numeric>
 #include <ATen/core/grad_mode.h>
 
+#include "kernels/cpu/decode_block.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/qgemm.h"
@@ -554,4 +555,64 @@ TEST(QuantizedMatmul, APrefillWhoseRowsTheGemmCannotTakeWholeSplitsOffTheTailAnd
       EXPECT_LT(max_abs_diff(y, ref), 2e-6 * in + 1e-5) << kernels::isa_name(isa) << " " << quant::scheme_name(c.scheme);
     }
   }
+}
+
+TEST(DecodeBlock, AFusedStepGivesTheOpByOpStepsBitsForEachFamilyWeightKindBatchAndMask) {
+  // kernels/cpu/decode_block.h runs a pre-norm block's decoding step in one parallel region on the same
+  // loops as the op-by-op path; with every kernel fixed to ours (no timing), the two must agree bit for bit.
+  const nn::KernelPath ours = nn::KernelPath::Ours;
+  struct Reset {
+    ~Reset() { nn::set_kernel_policy({}); }
+  } reset;
+  auto decode = [&](nn::CausalLM& model, const at::Tensor& ids, bool masked, bool fused) {
+    nn::KernelPolicy policy{ours, ours, ours, ours, ours, ours};
+    policy.fused_decode_block = fused;
+    nn::set_kernel_policy(policy);
+    const int64_t b = ids.size(0), t = ids.size(1);
+    auto cache = model.make_cache(b, t, c10::Device(c10::kCPU));
+    nn::ForwardOptions o;
+    o.cache = &cache;
+    // Masked: the first sequence's first two positions left out (left padding), the rule the fused
+    // attention takes as valid bytes.
+    auto keys = at::ones({b, 1, 1, t}, at::kBool);
+    keys[0].narrow(-1, 0, 2).fill_(false);
+    auto mask_for = [&](int64_t from, int64_t n) {
+      auto causal = at::ones({n, from + n}, at::kBool).tril(from);
+      return (keys.narrow(-1, 0, from + n) & causal.view({1, 1, n, from + n})).contiguous();
+    };
+    if (masked) o.mask = mask_for(0, 6);
+    std::vector<at::Tensor> steps{model.forward(ids.narrow(1, 0, 6), o)};
+    for (int64_t s = 6; s < t; ++s) {
+      if (masked) o.mask = mask_for(s, 1);
+      steps.push_back(model.forward(ids.narrow(1, s, 1), o));
+    }
+    return at::cat(steps, 1);
+  };
+  const quant::QuantConfig schemes[] = {{quant::Scheme::int8_weight, 0}, {quant::Scheme::int4_weight, 32}};
+  for (const std::string family : {"gpt", "opt"})   // BLOOM's ALiBi stays op by op
+    for (const auto& c : schemes) {
+      const auto m = quantized_pair(family, c);
+      // fp32 layers (the plain factory's: the dequantized copy) twice: their weights as they are, and with
+      // the QKV weight a transposed view of W^T (GPT-2's Conv1D layout read in place: the fused step's
+      // column-split product).
+      auto transposed = quantized_pair(family, c).dequantized;
+      for (auto& p : transposed->named_parameters())
+        if (p.key().find("qkv.weight") != std::string::npos) p.value().set_data(p.value().t().contiguous().t());
+      const std::pair<std::string, std::shared_ptr<nn::CausalLM>> models[] = {
+          {"fp32", m.dequantized}, {"fp32 W^T", transposed}, {quant::scheme_name(c.scheme), m.quantized}};
+      for (const auto& [kind, model] : models)
+        for (const int64_t batch : {1, 3})
+          for (const bool masked : {false, true}) {
+            if (masked && batch == 1) continue;
+            at::NoGradGuard no_grad;
+            at::manual_seed(5);
+            const auto ids = at::randint(0, 96, {batch, 11}, at::kLong);
+            const std::string what = family + " " + kind + " B=" + std::to_string(batch) + (masked ? " masked" : "");
+            const auto by_ops = decode(*model, ids, masked, false);
+            const uint64_t before = kernels::decode_block_steps();
+            const auto fused = decode(*model, ids, masked, true);
+            EXPECT_EQ(kernels::decode_block_steps() - before, 2u * 5) << what << ": 2 blocks x 5 steps take the fused path";
+            EXPECT_TRUE(at::equal(fused, by_ops)) << what << ": max diff " << max_abs_diff(fused, by_ops);
+          }
+    }
 }

@@ -41,9 +41,11 @@ at::Tensor ours(const at::Tensor& x) {
 }
 
 // Whether our kernel runs for x's size (kernel_choice.h), timed on a detached copy of x.
+std::string choice_shape(int64_t n, bool grad) { return "n=" + std::to_string(n) + (grad ? " fwd+bwd" : " fwd"); }
+
 bool fused_gelu_chosen(const at::Tensor& x) {
   const bool grad = at::GradMode::is_enabled();
-  const std::string shape = "n=" + std::to_string(x.numel()) + (grad ? " fwd+bwd" : " fwd");
+  const std::string shape = choice_shape(x.numel(), grad);
   if (auto d = decided_ours("gelu", kernel_policy().gelu, shape)) return *d;
   const at::Tensor input = x.detach().clone().requires_grad_(grad);
   const at::Tensor dy = at::ones_like(input);
@@ -59,6 +61,10 @@ bool fused_gelu_chosen(const at::Tensor& x) {
 at::Tensor gelu_tanh(const at::Tensor& x) {
   if (x.is_cpu() && x.scalar_type() == at::kFloat && fused_gelu_chosen(x)) return ours(x);
   return at::gelu(x, "tanh");
+}
+
+bool gelu_tanh_decided(int64_t n) {
+  return !at::GradMode::is_enabled() && decided_ours("gelu", kernel_policy().gelu, choice_shape(n, false)).value_or(false);
 }
 
 at::Tensor activate(Act act, const at::Tensor& x) {

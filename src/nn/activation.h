@@ -8,6 +8,9 @@
 namespace colossal::nn {
 
 at::Tensor gelu_tanh(const at::Tensor& x);
+// Whether gelu_tanh of n CPU floats with no gradient mode runs the kernel, as already decided (false
+// while undecided).
+bool gelu_tanh_decided(int64_t n);
 // `act` applied to x: what an MLP's hidden layer and a head's transform compute.
 at::Tensor activate(Act act, const at::Tensor& x);
 

@@ -70,6 +70,20 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
   return p > 0 ? cut_->dropout(y, p) : y;
 }
 
+bool Attention::decode_parts(int64_t rows, const LayerKv& kv, int64_t offset, const at::Tensor& mask, DecodeParts& parts) {
+  if (is_training() || spec_.alibi || !spec_.causal || sequence_ || kv.paged || heads_.count != spec_.heads ||
+      (mask.defined() && mask_rows_))
+    return false;
+  if (!decode_cache_applies(rows, kv, offset, mask) || kv.k.size(1) != heads_.count || kv.k.size(3) != head_dim() ||
+      !decode_attention_decided(rows, heads_.count, head_dim()))
+    return false;
+  auto qkv = qkv_->decode_product(rows), proj = proj_->decode_product(rows);
+  if (!qkv || !proj || qkv->in != spec_.width || qkv->out != 3 * spec_.width || proj->in != spec_.width || proj->out != spec_.width)
+    return false;
+  parts = {*qkv, *proj};
+  return true;
+}
+
 at::Tensor Attention::attention_dropping(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                                          bool causal, double p) {
   // softmax(q k^T / sqrt(D) + mask) with dropout, then v: [B, H, T, D] x [B, H, S, D] -> [B, H, T, D]

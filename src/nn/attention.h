@@ -44,6 +44,15 @@ class Attention : public Module {
   int64_t heads() const { return heads_.count; }   // computed here (all, unless tensor-parallel)
   int64_t head_dim() const { return spec_.width / spec_.heads; }
 
+  // What a fused decoding step (TransformerBlock, kernels/cpu/decode_block.h) takes from this layer for
+  // `rows` new tokens against kv at `offset`: where forward would run the QKV and output products on the
+  // decoding kernels and the CPU decoding attention (already chosen at these shapes), with no ALiBi, no
+  // split sequence or heads and a mask that kernel takes. False elsewhere.
+  struct DecodeParts {
+    kernels::DecodeProduct qkv, proj;
+  };
+  bool decode_parts(int64_t rows, const LayerKv& kv, int64_t offset, const at::Tensor& mask, DecodeParts& parts);
+
  private:
   // Serving's rows against their sequences' blocks (kv.paged): packed [N, 1, 3C] -> [N, 1, C], on the
   // CPU kernel for CPU float, on ATen elsewhere (paged_attention_aten.h).

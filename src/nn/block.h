@@ -33,6 +33,11 @@ class TransformerBlock : public Module {
   const StreamCut& stream() const { return *cut_; }
 
  private:
+  // A pre-norm block's one-token step on CPU in one parallel region (kernels/cpu/decode_block.h), where
+  // each of its parts would run our decoding kernels op by op; undefined elsewhere (forward then goes
+  // op by op). The same bits either way.
+  at::Tensor fused_decode(const at::Tensor& x, LayerKv& kv, int64_t offset, const at::Tensor& mask);
+
   bool pre_norm_;
   std::shared_ptr<const StreamCut> cut_;
   std::shared_ptr<LayerNorm> ln_1, ln_2;

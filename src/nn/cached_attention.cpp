@@ -26,14 +26,17 @@ at::Tensor aten_cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t off
   return y.transpose(1, 2).reshape({b, t, c});                                        // [B, T, C]
 }
 
-bool decode_step_applies(const at::Tensor& qkv, const LayerKv& kv, int64_t offset, const at::Tensor& mask) {
-  const int64_t b = qkv.size(0);
+bool decode_cache_applies(int64_t b, const LayerKv& kv, int64_t offset, const at::Tensor& mask) {
   const bool mask_ok = !mask.defined() || (mask.scalar_type() == at::kBool && mask.dim() == 4 && mask.size(0) == b &&
                                            mask.size(1) == 1 && mask.size(2) == 1 && mask.size(3) == offset + 1 &&
                                            mask.is_cpu() && mask.is_contiguous());
-  return qkv.is_cpu() && qkv.scalar_type() == at::kFloat && qkv.dim() == 3 && qkv.size(1) == 1 && mask_ok &&
-         kv.k.is_cpu() && kv.k.scalar_type() == at::kFloat && kv.k.is_contiguous() && kv.v.is_contiguous() &&
+  return mask_ok && kv.k.is_cpu() && kv.k.scalar_type() == at::kFloat && kv.k.is_contiguous() && kv.v.is_contiguous() &&
          kv.v.sizes() == kv.k.sizes() && kv.k.dim() == 4 && kv.k.size(0) == b && offset < kv.k.size(2);
+}
+
+bool decode_step_applies(const at::Tensor& qkv, const LayerKv& kv, int64_t offset, const at::Tensor& mask) {
+  return qkv.is_cpu() && qkv.scalar_type() == at::kFloat && qkv.dim() == 3 && qkv.size(1) == 1 &&
+         decode_cache_applies(qkv.size(0), kv, offset, mask);
 }
 
 namespace {
@@ -62,12 +65,22 @@ at::Tensor fused_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t of
   return decode_step(qkv, kv, offset, heads, mask);
 }
 
+namespace {
+
+std::string decode_shape(int64_t b, int64_t heads, int64_t d) {
+  return "decode B=" + std::to_string(b) + " H=" + std::to_string(heads) + " D=" + std::to_string(d);
+}
+
+}  // namespace
+
+bool decode_attention_decided(int64_t b, int64_t heads, int64_t d) {
+  return decided_ours("attention", kernel_policy().attention, decode_shape(b, heads, d)).value_or(false);
+}
+
 at::Tensor cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads, const at::Tensor& mask) {
   if (decode_step_applies(qkv, kv, offset, mask)) {
     // Both sides write the same key and value at `offset`, so timing them on the real cache is harmless.
-    const std::string shape = "decode B=" + std::to_string(qkv.size(0)) + " H=" + std::to_string(heads) +
-                              " D=" + std::to_string(qkv.size(2) / 3 / heads);
-    if (use_ours("attention", kernel_policy().attention, shape,
+    if (use_ours("attention", kernel_policy().attention, decode_shape(qkv.size(0), heads, qkv.size(2) / 3 / heads),
                  [&] { decode_step(qkv, kv, offset, heads, mask); },
                  [&] { aten_cached_attention(qkv, kv, offset, heads, mask); }))
       return decode_step(qkv, kv, offset, heads, mask);

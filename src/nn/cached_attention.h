@@ -19,6 +19,10 @@ at::Tensor cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, 
 at::Tensor aten_cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
                                  const at::Tensor& mask);
 bool decode_step_applies(const at::Tensor& qkv, const LayerKv& kv, int64_t offset, const at::Tensor& mask);
+// The cache's and the mask's part of that: a one-token step of b sequences at `offset`.
+bool decode_cache_applies(int64_t b, const LayerKv& kv, int64_t offset, const at::Tensor& mask);
+// Whether a one-token step of b sequences runs the fused path, as already decided (false while undecided).
+bool decode_attention_decided(int64_t b, int64_t heads, int64_t d);
 at::Tensor fused_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
                                   const at::Tensor& mask);
 

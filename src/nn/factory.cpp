@@ -22,6 +22,16 @@ class DenseLinear : public Linear {
   }
   at::Tensor forward(const at::Tensor& x) override { return linear_forward(x, weight_, bias_); }
   at::Tensor& weight() override { return weight_; }
+  std::optional<kernels::DecodeProduct> decode_product(int64_t rows) override {
+    if (!gemv_decided(rows, weight_, bias_)) return std::nullopt;
+    kernels::DecodeProduct p;
+    p.kind = weight_.is_contiguous() ? kernels::DecodeProduct::Kind::f32 : kernels::DecodeProduct::Kind::f32_t;
+    p.w = weight_.const_data_ptr<float>();
+    p.bias = bias_.defined() ? bias_.const_data_ptr<float>() : nullptr;
+    p.in = weight_.size(1);
+    p.out = weight_.size(0);
+    return p;
+  }
 
  private:
   at::Tensor weight_, bias_;

@@ -7,7 +7,9 @@
 #include <ATen/core/Tensor.h>
 #include <functional>
 #include <memory>
+#include <optional>
 
+#include "kernels/cpu/decode_block.h"
 #include "src/nn/module.h"
 
 namespace colossal::nn {
@@ -36,6 +38,10 @@ class Linear : public Module {
  public:
   virtual at::Tensor forward(const at::Tensor& x) = 0;   // [..., in] -> [..., out]
   virtual at::Tensor& weight() = 0;
+  // This layer's product for a decoding step of `rows` sequences (x [rows, 1, in], CPU float, no
+  // gradient mode) as kernels/cpu/decode_block.h runs it, where forward(x) would run that same decoding
+  // kernel (already chosen at this shape); none elsewhere (the step then goes op by op).
+  virtual std::optional<kernels::DecodeProduct> decode_product(int64_t /*rows*/) { return std::nullopt; }
 };
 
 class Embedding : public Module {

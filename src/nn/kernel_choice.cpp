@@ -2,6 +2,7 @@
 #include "src/nn/kernel_choice.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <spdlog/spdlog.h>
@@ -14,6 +15,7 @@ namespace {
 std::mutex g_mutex;
 KernelPolicy g_policy;
 std::map<std::string, bool> g_choices;   // "kernel shape" -> ours
+std::atomic<uint64_t> g_epoch{0};   // kernel_choice_epoch()
 constexpr int kTimedRounds = 5;           // timed calls per side after the warm-ups; the fastest counts
 // Best times this close (the slower over the faster) are a near tie: kExtraRounds more alternating calls
 // each, so that one noisy sample does not decide it.
@@ -53,7 +55,10 @@ void set_kernel_policy(const KernelPolicy& policy) {
   std::lock_guard lock(g_mutex);
   g_policy = policy;
   g_choices.clear();
+  g_epoch.fetch_add(1);
 }
+
+uint64_t kernel_choice_epoch() { return g_epoch.load(); }
 
 KernelPolicy kernel_policy() {
   std::lock_guard lock(g_mutex);
@@ -115,6 +120,7 @@ void restore_kernel_choices(const std::map<std::string, std::string>& choices) {
       throw std::invalid_argument("kernel choice \"" + k + "\" = \"" + v + "\" (valid: fused, aten)");
     g_choices[k] = v == "fused";
   }
+  g_epoch.fetch_add(1);
 }
 
 }  // namespace colossal::nn

@@ -9,6 +9,7 @@
 // section or `infer --kernels` can force either side. Choices travel in checkpoints, so a resumed run
 // computes with the kernels the original run chose.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -30,6 +31,10 @@ struct KernelPolicy {
   // later runs (engine/kernel_cache.h: `infer` sets it then); a one-shot `infer` without that cache
   // prefills once, so it keeps ATen's rather than time every shape of its single prefill.
   KernelPath inference_gemm = KernelPath::Aten;
+  // A pre-norm block's one-token decoding step on CPU runs as one parallel region
+  // (kernels/cpu/decode_block.h) where every part of it runs our decoding kernels; false: op by op (the
+  // same kernels and bits; tests and benchmarks compare the two).
+  bool fused_decode_block = true;
 };
 
 // "auto" | "fused" | "aten" (the recipe's and the flag's spelling); throws std::invalid_argument.
@@ -38,6 +43,9 @@ const char* kernel_path_name(KernelPath path);
 
 void set_kernel_policy(const KernelPolicy& policy);   // also forgets earlier timed choices
 KernelPolicy kernel_policy();
+// Counts the changes that can turn a decided choice around (a new policy, restored choices): a caller
+// that keeps what the choices implied for a shape keeps it while this stays the same.
+uint64_t kernel_choice_epoch();
 
 // The choice for `kernel` at `shape` (e.g. "B=16 T=128 H=4 D=32 fwd+bwd") when it needs no timing:
 // `forced` unless Auto, else the remembered one. Callers check this first, so the inputs a timing

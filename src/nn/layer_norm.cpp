@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <typeinfo>
+
 #include "kernels/cpu/layer_norm.h"
 #include "src/nn/kernel_choice.h"
 
@@ -64,11 +66,14 @@ bool all_cpu_float(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b
 }
 
 // Whether ours runs at x's shape (kernel_choice.h), timed on detached copies of x and the parameters.
+std::string choice_shape(int64_t rows, int64_t cols, bool grad) {
+  return "rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + (grad ? " fwd+bwd" : " fwd");
+}
+
 bool fused_layer_norm_chosen(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps) {
   const bool grad = at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || b.requires_grad());
   const int64_t cols = x.size(-1);
-  const std::string shape = "rows=" + std::to_string(x.numel() / cols) + " cols=" + std::to_string(cols) +
-                            (grad ? " fwd+bwd" : " fwd");
+  const std::string shape = choice_shape(x.numel() / cols, cols, grad);
   if (auto d = decided_ours("layer_norm", kernel_policy().layer_norm, shape)) return *d;
   const at::Tensor xi = x.detach().clone().requires_grad_(grad), wi = w.detach().clone().requires_grad_(grad),
                    bi = b.detach().clone().requires_grad_(grad);
@@ -101,6 +106,17 @@ LayerNorm::LayerNorm(int64_t local, double eps, const LayerFactory& f, const Sha
 }
 
 at::Tensor LayerNorm::forward(const at::Tensor& x) { return normalise(x, weight, bias); }
+
+bool LayerNorm::kernel_params(int64_t rows, const float*& gamma, const float*& beta, float& eps) const {
+  if (typeid(*this) != typeid(LayerNorm) || at::GradMode::is_enabled() || rows < 1) return false;
+  for (const auto* t : {&weight, &bias})
+    if (!t->defined() || !t->is_cpu() || t->scalar_type() != at::kFloat || !t->is_contiguous() || t->numel() != dim_) return false;
+  if (!decided_ours("layer_norm", kernel_policy().layer_norm, choice_shape(rows, dim_, false)).value_or(false)) return false;
+  gamma = weight.const_data_ptr<float>();
+  beta = bias.const_data_ptr<float>();
+  eps = static_cast<float>(eps_);
+  return true;
+}
 
 at::Tensor LayerNorm::normalise(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == dim_, "LayerNorm over ", dim_, " features got input ", x.sizes());

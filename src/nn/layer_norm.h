@@ -14,6 +14,10 @@ class LayerNorm : public Module {
  public:
   LayerNorm(int64_t dim, double eps, const LayerFactory& f);   // parameters from f (values: the model's init rules)
   virtual at::Tensor forward(const at::Tensor& x);   // [..., dim] -> [..., dim]
+  // The parameters as the CPU kernel takes them, when forward(x) of `rows` CPU float rows in no gradient
+  // mode runs that kernel, as already decided at that shape (kernel_choice.h); false elsewhere, and for a
+  // split layout's LayerNorm (a subclass).
+  bool kernel_params(int64_t rows, const float*& gamma, const float*& beta, float& eps) const;
 
   at::Tensor weight, bias;
 

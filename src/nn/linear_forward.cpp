@@ -20,10 +20,18 @@ bool records_grad(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
 
 // A decoding step's operands for a GEMV, W [out, in] either contiguous or the transposed view of a
 // contiguous [in, out] (a weight viewed in place where the file holds W^T).
+bool decoding_weight(const at::Tensor& w, const at::Tensor& b) {
+  return w.is_cpu() && w.scalar_type() == at::kFloat && (!b.defined() || (b.scalar_type() == at::kFloat && b.is_contiguous())) &&
+         w.dim() == 2 && (w.is_contiguous() || w.t().is_contiguous());
+}
 bool decoding_shape(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  return !records_grad(x, w, b) && x.is_cpu() && w.is_cpu() && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
-         (!b.defined() || (b.scalar_type() == at::kFloat && b.is_contiguous())) && x.dim() >= 2 && x.size(-2) == 1 && w.dim() == 2 &&
-         x.size(-1) == w.size(1) && x.numel() / x.size(-1) <= kGemvMaxRows && (w.is_contiguous() || w.t().is_contiguous());
+  return !records_grad(x, w, b) && x.is_cpu() && x.scalar_type() == at::kFloat && decoding_weight(w, b) && x.dim() >= 2 &&
+         x.size(-2) == 1 && x.size(-1) == w.size(1) && x.numel() / x.size(-1) <= kGemvMaxRows;
+}
+
+// The decoding GEMV's kernel_choice.h shape: the weight's, whatever the rows.
+std::string gemv_shape(const at::Tensor& w) {
+  return "in=" + std::to_string(w.size(1)) + " out=" + std::to_string(w.size(0)) + (w.is_contiguous() ? "" : " transposed");
 }
 
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
@@ -83,6 +91,11 @@ bool gemm_operands(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b
 
 }  // namespace
 
+bool gemv_decided(int64_t rows, const at::Tensor& weight, const at::Tensor& bias) {
+  return !at::GradMode::is_enabled() && rows >= 1 && rows <= kGemvMaxRows && decoding_weight(weight, bias) &&
+         decided_ours("gemv", kernel_policy().gemv, gemv_shape(weight)).value_or(false);
+}
+
 void DeferredWeightGrads::run() {
   for (auto& w : work_) w();
   work_.clear();
@@ -92,9 +105,7 @@ void defer_weight_grads(DeferredWeightGrads* queue) { t_deferred = queue; }
 
 at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (decoding_shape(x, weight, bias)) {
-    const std::string shape = "in=" + std::to_string(weight.size(1)) + " out=" + std::to_string(weight.size(0)) +
-                              (weight.is_contiguous() ? "" : " transposed");
-    if (use_ours("gemv", kernel_policy().gemv, shape, [&] { gemv(x, weight, bias); },
+    if (use_ours("gemv", kernel_policy().gemv, gemv_shape(weight), [&] { gemv(x, weight, bias); },
                  [&] { at::linear(x, weight, bias); }))
       return gemv(x, weight, bias);
   }

@@ -24,6 +24,10 @@ inline constexpr int64_t kGemvMaxRows = 32;
 // x [..., in], weight [out, in], bias [out] or undefined -> [..., out]
 at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
+// Whether linear_forward runs the decoding GEMV for x [rows, 1, in] (CPU float, no gradient mode), as
+// already decided for this weight's shape (false while undecided: the first step at a shape times it).
+bool gemv_decided(int64_t rows, const at::Tensor& weight, const at::Tensor& bias);
+
 // Zero-bubble pipeline schedules run a backward in two passes: the input's gradient, which the stage
 // before waits for, then the weights' gradients, which nobody waits for and which fill the schedule's
 // idle time. While a queue is set on the thread, the training path's dense layers compute their input's

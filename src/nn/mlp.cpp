@@ -18,4 +18,22 @@ at::Tensor Mlp::forward(const at::Tensor& x) {
   return p > 0 ? cut_->dropout(y, p) : y;
 }
 
+bool Mlp::decode_parts(int64_t rows, DecodeParts& parts) {
+  if (is_training()) return false;
+  if (spec_.act == Act::GeluTanh) {
+    if (!gelu_tanh_decided(rows * spec_.hidden)) return false;
+    parts.act = kernels::DecodeActivation::gelu_tanh;
+  } else if (spec_.act == Act::Relu) {
+    parts.act = kernels::DecodeActivation::relu;
+  } else {
+    return false;
+  }
+  auto fc = fc_->decode_product(rows), proj = proj_->decode_product(rows);
+  if (!fc || !proj || fc->in != spec_.width || fc->out != spec_.hidden || proj->in != spec_.hidden || proj->out != spec_.width)
+    return false;
+  parts.fc = *fc;
+  parts.proj = *proj;
+  return true;
+}
+
 }  // namespace colossal::nn

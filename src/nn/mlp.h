@@ -13,6 +13,15 @@ class Mlp : public Module {
   Mlp(const MlpSpec& spec, LayerFactory& factory);
   at::Tensor forward(const at::Tensor& x);   // [B, T, C] -> [B, T, C]
 
+  // What a fused decoding step (TransformerBlock, kernels/cpu/decode_block.h) takes from this MLP for
+  // `rows` new tokens: where forward would run both products on the decoding kernels and the activation
+  // is GELU (tanh, our kernel chosen) or ReLU, at inference. False elsewhere.
+  struct DecodeParts {
+    kernels::DecodeProduct fc, proj;
+    kernels::DecodeActivation act;
+  };
+  bool decode_parts(int64_t rows, DecodeParts& parts);
+
  private:
   MlpSpec spec_;
   std::shared_ptr<const StreamCut> cut_;   // dropout on the layout's piece of the stream

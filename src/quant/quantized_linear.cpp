@@ -221,6 +221,23 @@ at::Tensor QuantizedLinear::smoothquant_gemm(const at::Tensor& xs) const {
   return y.view(sizes);
 }
 
+std::optional<kernels::DecodeProduct> QuantizedLinear::decode_product(int64_t rows) {
+  if (packed_ || smooth_.defined() || at::GradMode::is_enabled() || !qweight_.is_cpu() || rows < 1 || rows > kQgemvMaxRows || !qweight_.is_contiguous() ||
+      !scales_.is_contiguous() || (bias_.defined() && (!bias_.is_contiguous() || bias_.scalar_type() != at::kFloat)))
+    return std::nullopt;
+  using Kind = kernels::DecodeProduct::Kind;
+  kernels::DecodeProduct p;
+  p.group = config_.group_for(in_);
+  p.kind = config_.scheme == Scheme::int4_weight ? Kind::int4_q8x : kernels::qgemv_integer_path(in_, p.group) ? Kind::int8_q8x : Kind::int8;
+  p.w = qweight_.const_data_ptr();
+  p.scales = scales_.const_data_ptr<float>();
+  p.bias = bias_.defined() ? bias_.const_data_ptr<float>() : nullptr;
+  p.in = in_;
+  p.out = out_;
+  if (!kernels::decode_product_supported(p)) return std::nullopt;
+  return p;
+}
+
 at::Tensor QuantizedLinear::forward(const at::Tensor& x_in) {
   if (packed_) return packed_matmul(x_in, qweight_, scales_, config_, in_, out_, bias_);
   if (!smooth_.defined()) return quantized_matmul(x_in, qweight_, scales_, config_, in_, bias_);

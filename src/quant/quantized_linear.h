@@ -35,6 +35,8 @@ class QuantizedLinear : public nn::Linear {
   // only: a checkpoint saved afterwards would hold the panels. Returns whether it packed.
   bool pack_for_cpu();
   bool packed() const { return packed_; }
+  // The decoding GEMV's product (qgemv.h) where forward(x) runs it: unpacked weight-only layers on CPU.
+  std::optional<kernels::DecodeProduct> decode_product(int64_t rows) override;
 
  private:
   at::Tensor smoothquant_gemm(const at::Tensor& x_smoothed) const;

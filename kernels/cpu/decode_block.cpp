@@ -1,0 +1,196 @@
+// A pre-norm block's decoding step in one parallel region: see decode_block.h.
+#include "kernels/cpu/decode_block.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <omp.h>
+#include <vector>
+
+#include "kernels/cpu/isa_kernels.h"
+#include "kernels/cpu/qgemv.h"
+#include "kernels/cpu/stretches.h"
+#include "kernels/cpu/thread_scratch.h"
+
+namespace colossal::kernels {
+namespace {
+
+using Kind = DecodeProduct::Kind;
+
+std::atomic<uint64_t> g_steps{0};
+
+bool quantizes_x(const DecodeProduct& p) { return p.kind == Kind::int8_q8x || p.kind == Kind::int4_q8x; }
+
+// A product's input: the float rows, and where the product takes them quantized, their int8 blocks
+// (quantized once by one thread, then read by all).
+struct Input {
+  const float* x = nullptr;
+  std::vector<int8_t> q;
+  std::vector<uint8_t> a;
+  std::vector<float> s, c;
+  std::vector<int32_t> sum;
+
+  void reserve(int64_t n) {
+    if (static_cast<int64_t>(q.size()) >= n) return;
+    q.resize(n), a.resize(n), s.resize(n / kQ8Block), c.resize(n / kQ8Block), sum.resize(n / kQ8Block);
+  }
+  void quantize(const IsaKernels& k, int64_t rows, int64_t in) {
+    k.quantize_rows_q8(x, rows * in / kQ8Block, q.data(), a.data(), s.data(), c.data(), sum.data());
+  }
+};
+
+// Outputs [o_begin, o_end) of product p for every row.
+void product_range(const IsaKernels& k, const DecodeProduct& p, const Input& in, int64_t rows, float* y, int64_t o_begin, int64_t o_end) {
+  switch (p.kind) {
+    case Kind::f32:
+      k.gemv(in.x, rows, p.in, static_cast<const float*>(p.w), p.bias, y, p.out, o_begin, o_end);
+      break;
+    case Kind::f32_t:
+      k.gemv_t(in.x, rows, p.in, static_cast<const float*>(p.w), p.out, p.bias, y, p.out, o_begin, o_end);
+      break;
+    case Kind::int8:
+      k.qgemv_int8(in.x, rows, p.in, static_cast<const int8_t*>(p.w), p.scales, p.group, p.bias, y, p.out, o_begin, o_end);
+      break;
+    case Kind::int8_q8x:
+      k.qgemv_q8x_int8(in.q.data(), in.a.data(), in.s.data(), in.c.data(), rows, p.in, static_cast<const int8_t*>(p.w), p.scales,
+                       p.group, p.bias, y, p.out, o_begin, o_end);
+      break;
+    case Kind::int4_q8x:
+      k.qgemv_q8x_int4(in.q.data(), in.a.data(), in.s.data(), in.c.data(), rows, p.in, static_cast<const uint8_t*>(p.w), p.scales,
+                       p.group, p.bias, y, p.out, o_begin, o_end);
+      break;
+  }
+}
+
+int64_t groups_of(const DecodeProduct& p) { return (p.out + 15) / 16; }   // outputs in 16-row groups, as row_groups.h
+
+// Product p's 16-output groups shared among the region's threads (stretches.h), then `after(o_begin,
+// o_end)` on each piece (the stage's elementwise tail, on outputs this thread has just written). Ends
+// with the threads' barrier.
+template <class After>
+void shared_product(const IsaKernels& k, Stretches& share, const DecodeProduct& p, const Input& in, int64_t rows, float* y,
+                    const After& after) {
+  share.work(omp_get_thread_num(), [&](int64_t g_begin, int64_t g_end) {
+    const int64_t b = g_begin * 16, e = std::min(p.out, g_end * 16);
+    product_range(k, p, in, rows, y, b, e);
+    after(b, e);
+  });
+#pragma omp barrier
+}
+
+// The block's buffers, kept by the calling thread across steps (every layer of every step comes here).
+struct Buffers {
+  std::vector<float> normed, qkv, attended, h, pre, hidden, stats;
+  Input input;
+  Stretches qkv_share, heads_share, proj_share, fc_share, fc2_share;
+};
+
+}  // namespace
+
+bool decode_product_supported(const DecodeProduct& p) {
+  if (!p.w || p.in <= 0 || p.out <= 0) return false;
+  if (p.kind == Kind::f32 || p.kind == Kind::f32_t) return true;
+  if (!p.scales || p.group <= 0 || p.in % p.group != 0) return false;
+  if (p.kind == Kind::int8) return true;
+  return qgemv_integer_path(p.in, p.group);
+}
+
+uint64_t decode_block_steps() { return g_steps.load(std::memory_order_relaxed); }
+
+void decode_block_step(const DecodeBlockStep& s) {
+  g_steps.fetch_add(1, std::memory_order_relaxed);
+  const auto& k = active_kernels();
+  const int64_t rows = s.rows, c = s.width, tasks = s.rows * s.heads, d = s.head_dim;
+  thread_local Buffers kept;
+  Buffers& buf = kept;   // the calling thread's: inside the region, `kept` would name each thread's own
+  auto fit = [](std::vector<float>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+    return v.data();
+  };
+  float* normed = fit(buf.normed, rows * c);
+  float* qkv = fit(buf.qkv, rows * 3 * c);
+  float* attended = fit(buf.attended, rows * c);
+  float* h = fit(buf.h, rows * c);
+  float* pre = fit(buf.pre, rows * s.hidden);   // the MLP's first product, then `hidden` its activation
+  float* hidden = fit(buf.hidden, rows * s.hidden);
+  float* stats = fit(buf.stats, 2 * rows);
+  Input& input = buf.input;
+  input.reserve(rows * std::max(c, s.hidden));
+
+  // One thread's serial stretch: LayerNorm (kernels/cpu/layer_norm.cpp's blocks of 32 rows) and, for a
+  // product over quantized x, the rows' int8 blocks.
+  auto norm = [&](const float* x, const float* gamma, const float* beta, float eps) {
+    for (int64_t r = 0; r < rows; r += 32) {
+      const int64_t n = std::min<int64_t>(32, rows - r);
+      k.layer_norm_forward(x + r * c, gamma, beta, normed + r * c, stats + r, stats + rows + r, n, c, eps);
+    }
+  };
+  auto feed = [&](const float* x, const DecodeProduct& p) {
+    input.x = x;
+    if (quantizes_x(p)) input.quantize(k, rows, p.in);
+  };
+  auto nothing = [](int64_t, int64_t) {};
+  const int threads = omp_get_max_threads();
+  buf.qkv_share.reset(groups_of(s.qkv), threads);
+  buf.heads_share.reset(tasks, threads);
+  buf.proj_share.reset(groups_of(s.proj), threads);
+  buf.fc_share.reset(groups_of(s.fc), threads);
+  buf.fc2_share.reset(groups_of(s.fc2), threads);
+
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp single
+    {
+      norm(s.x, s.ln1_gamma, s.ln1_beta, s.ln1_eps);
+      feed(normed, s.qkv);
+    }
+    shared_product(k, buf.qkv_share, s.qkv, input, rows, qkv, nothing);
+
+    float* scores = thread_scratch(static_cast<size_t>(s.length));
+    buf.heads_share.work(omp_get_thread_num(), [&](int64_t t_begin, int64_t t_end) {
+      for (int64_t task = t_begin; task < t_end; ++task) {   // decode_attention.cpp's task, one (sequence, head)
+        const int64_t b = task / s.heads, hd = task % s.heads;
+        const float* q = qkv + b * 3 * c + hd * d;
+        float* kc = s.k_cache + task * s.capacity * d;
+        float* vc = s.v_cache + task * s.capacity * d;
+        std::memcpy(kc + (s.length - 1) * d, q + c, static_cast<size_t>(d) * sizeof(float));
+        std::memcpy(vc + (s.length - 1) * d, q + 2 * c, static_cast<size_t>(d) * sizeof(float));
+        k.attention_decode_head(q, kc, vc, s.length, d, s.scale, s.valid ? s.valid + b * s.valid_stride : nullptr, scores,
+                                attended + b * c + hd * d);
+      }
+    });
+#pragma omp barrier
+
+#pragma omp single
+    feed(attended, s.proj);
+    float* y = s.out;   // the projection's output, then the residual stream h = x + y
+    shared_product(k, buf.proj_share, s.proj, input, rows, y, [&](int64_t b, int64_t e) {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t o = b; o < e; ++o) h[r * c + o] = s.x[r * c + o] + y[r * c + o];
+    });
+
+#pragma omp single
+    {
+      norm(h, s.ln2_gamma, s.ln2_beta, s.ln2_eps);
+      feed(normed, s.fc);
+    }
+    shared_product(k, buf.fc_share, s.fc, input, rows, pre, [&](int64_t b, int64_t e) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* u = pre + r * s.hidden;
+        float* v = hidden + r * s.hidden;
+        if (s.act == DecodeActivation::gelu_tanh) k.gelu_tanh_forward(u + b, v + b, e - b);
+        else
+          for (int64_t o = b; o < e; ++o) v[o] = u[o] < 0.0f ? 0.0f : u[o];   // ATen's relu, NaN aside
+      }
+    });
+
+#pragma omp single
+    feed(hidden, s.fc2);
+    shared_product(k, buf.fc2_share, s.fc2, input, rows, s.out, [&](int64_t b, int64_t e) {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t o = b; o < e; ++o) s.out[r * c + o] = h[r * c + o] + s.out[r * c + o];
+    });
+  }
+}
+
+}  // namespace colossal::kernels
