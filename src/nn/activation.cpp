@@ -63,9 +63,7 @@ at::Tensor gelu_tanh(const at::Tensor& x) {
   return at::gelu(x, "tanh");
 }
 
-bool gelu_tanh_decided(int64_t n) {
-  return !at::GradMode::is_enabled() && decided_ours("gelu", kernel_policy().gelu, choice_shape(n, false)).value_or(false);
-}
+std::optional<bool> gelu_tanh_decision(int64_t n) { return decided_ours("gelu", kernel_policy().gelu, choice_shape(n, false)); }
 
 at::Tensor activate(Act act, const at::Tensor& x) {
   switch (act) {

@@ -75,7 +75,7 @@ bool Attention::decode_parts(int64_t rows, const LayerKv& kv, int64_t offset, co
       (mask.defined() && mask_rows_))
     return false;
   if (!decode_cache_applies(rows, kv, offset, mask) || kv.k.size(1) != heads_.count || kv.k.size(3) != head_dim() ||
-      !decode_attention_decided(rows, heads_.count, head_dim()))
+      !decode_choice_.get(rows, [&] { return decode_attention_decision(rows, heads_.count, head_dim()); }))
     return false;
   auto qkv = qkv_->decode_product(rows), proj = proj_->decode_product(rows);
   if (!qkv || !proj || qkv->in != spec_.width || qkv->out != 3 * spec_.width || proj->in != spec_.width || proj->out != spec_.width)

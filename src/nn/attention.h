@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "src/nn/factory.h"
+#include "src/nn/kernel_choice.h"
 #include "src/nn/module.h"
 
 namespace colossal::nn {
@@ -72,6 +73,7 @@ class Attention : public Module {
   std::shared_ptr<const StreamCut> cut_;   // dropout on the layout's piece of the stream
   std::shared_ptr<Linear> qkv_, proj_;
   at::Tensor alibi_slopes_;   // [local heads] on the CPU, when spec_.alibi
+  ChoiceMemo decode_choice_;  // decode_parts' lookup of the decoding attention's choice, keyed by the rows
 };
 
 }  // namespace colossal::nn

@@ -31,7 +31,8 @@ at::Tensor TransformerBlock::forward(const at::Tensor& x, LayerKv* kv, int64_t o
 }
 
 at::Tensor TransformerBlock::fused_decode(const at::Tensor& x, LayerKv& kv, int64_t offset, const at::Tensor& mask) {
-  if (!pre_norm_ || !kernel_policy().fused_decode_block || at::GradMode::is_enabled() || !x.is_cpu() ||
+  if (!pre_norm_ || !fused_choice_.get(0, [] { return std::optional<bool>(kernel_policy().fused_decode_block); }) ||
+      at::GradMode::is_enabled() || !x.is_cpu() ||
       x.scalar_type() != at::kFloat || x.dim() != 3 || x.size(1) != 1 || x.size(0) < 1 || x.size(0) > kGemvMaxRows)
     return {};
   const int64_t rows = x.size(0), width = x.size(2);

@@ -9,6 +9,7 @@
 
 #include "src/nn/attention.h"
 #include "src/nn/factory.h"
+#include "src/nn/kernel_choice.h"
 #include "src/nn/layer_norm.h"
 #include "src/nn/mlp.h"
 #include "src/nn/module.h"
@@ -39,6 +40,7 @@ class TransformerBlock : public Module {
   at::Tensor fused_decode(const at::Tensor& x, LayerKv& kv, int64_t offset, const at::Tensor& mask);
 
   bool pre_norm_;
+  ChoiceMemo fused_choice_;   // KernelPolicy::fused_decode_block, looked up once per policy
   std::shared_ptr<const StreamCut> cut_;
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<Attention> attn;

@@ -73,8 +73,8 @@ std::string decode_shape(int64_t b, int64_t heads, int64_t d) {
 
 }  // namespace
 
-bool decode_attention_decided(int64_t b, int64_t heads, int64_t d) {
-  return decided_ours("attention", kernel_policy().attention, decode_shape(b, heads, d)).value_or(false);
+std::optional<bool> decode_attention_decision(int64_t b, int64_t heads, int64_t d) {
+  return decided_ours("attention", kernel_policy().attention, decode_shape(b, heads, d));
 }
 
 at::Tensor cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads, const at::Tensor& mask) {

@@ -4,6 +4,7 @@
 // (kernel_choice.h, kernel "attention", shape "decode B H D", timed once on the first step).
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <optional>
 
 #include "src/nn/attention.h"
 
@@ -21,8 +22,8 @@ at::Tensor aten_cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t off
 bool decode_step_applies(const at::Tensor& qkv, const LayerKv& kv, int64_t offset, const at::Tensor& mask);
 // The cache's and the mask's part of that: a one-token step of b sequences at `offset`.
 bool decode_cache_applies(int64_t b, const LayerKv& kv, int64_t offset, const at::Tensor& mask);
-// Whether a one-token step of b sequences runs the fused path, as already decided (false while undecided).
-bool decode_attention_decided(int64_t b, int64_t heads, int64_t d);
+// Whether a one-token step of b sequences runs the fused path: the decided choice, or nullopt while undecided.
+std::optional<bool> decode_attention_decision(int64_t b, int64_t heads, int64_t d);
 at::Tensor fused_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
                                   const at::Tensor& mask);
 

@@ -2,9 +2,11 @@
 #include "src/nn/factory.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "src/nn/attention.h"
 #include "src/nn/embedding_lookup.h"
+#include "src/nn/kernel_choice.h"
 #include "src/nn/layer_norm.h"
 #include "src/nn/linear_forward.h"
 #include "src/nn/lm_head_loss.h"
@@ -23,7 +25,9 @@ class DenseLinear : public Linear {
   at::Tensor forward(const at::Tensor& x) override { return linear_forward(x, weight_, bias_); }
   at::Tensor& weight() override { return weight_; }
   std::optional<kernels::DecodeProduct> decode_product(int64_t rows) override {
-    if (!gemv_decided(rows, weight_, bias_)) return std::nullopt;
+    if (at::GradMode::is_enabled() || rows < 1 || rows > kGemvMaxRows || !gemv_takes(weight_, bias_) ||
+        !gemv_choice_.get(weight_.is_contiguous(), [&] { return gemv_decision(weight_, bias_); }))
+      return std::nullopt;
     kernels::DecodeProduct p;
     p.kind = weight_.is_contiguous() ? kernels::DecodeProduct::Kind::f32 : kernels::DecodeProduct::Kind::f32_t;
     p.w = weight_.const_data_ptr<float>();
@@ -35,6 +39,7 @@ class DenseLinear : public Linear {
 
  private:
   at::Tensor weight_, bias_;
+  ChoiceMemo gemv_choice_;   // keyed by the layout (W or W^T), which names the shape
 };
 
 class DenseEmbedding : public Embedding {

@@ -47,6 +47,29 @@ KernelPolicy kernel_policy();
 // that keeps what the choices implied for a shape keeps it while this stays the same.
 uint64_t kernel_choice_epoch();
 
+// A decision its owner looks up once per key (its compact form of a shape) and kernel_choice_epoch():
+// a decoding step asks the same few questions of every layer, and building the choice's shape string and
+// searching the map for each cost a block 20-40 us of a 0.4 ms int4 step (its cache lines evicted by the
+// weights streamed in between). `decide` returns the choice, or nullopt while it is undecided (asked again
+// next time). For one caller thread at a time, as a module's forward is.
+class ChoiceMemo {
+ public:
+  template <class Decide>
+  bool get(int64_t key, const Decide& decide) {
+    const uint64_t epoch = kernel_choice_epoch();
+    if (known_ && epoch == epoch_ && key == key_) return value_;
+    const std::optional<bool> d = decide();
+    if (!d) return false;
+    known_ = true, epoch_ = epoch, key_ = key, value_ = *d;
+    return value_;
+  }
+
+ private:
+  bool known_ = false, value_ = false;
+  uint64_t epoch_ = 0;
+  int64_t key_ = 0;
+};
+
 // The choice for `kernel` at `shape` (e.g. "B=16 T=128 H=4 D=32 fwd+bwd") when it needs no timing:
 // `forced` unless Auto, else the remembered one. Callers check this first, so the inputs a timing
 // needs are built only on a shape's first call.

@@ -111,7 +111,8 @@ bool LayerNorm::kernel_params(int64_t rows, const float*& gamma, const float*& b
   if (typeid(*this) != typeid(LayerNorm) || at::GradMode::is_enabled() || rows < 1) return false;
   for (const auto* t : {&weight, &bias})
     if (!t->defined() || !t->is_cpu() || t->scalar_type() != at::kFloat || !t->is_contiguous() || t->numel() != dim_) return false;
-  if (!decided_ours("layer_norm", kernel_policy().layer_norm, choice_shape(rows, dim_, false)).value_or(false)) return false;
+  if (!kernel_choice_.get(rows, [&] { return decided_ours("layer_norm", kernel_policy().layer_norm, choice_shape(rows, dim_, false)); }))
+    return false;
   gamma = weight.const_data_ptr<float>();
   beta = bias.const_data_ptr<float>();
   eps = static_cast<float>(eps_);

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "src/nn/factory.h"
+#include "src/nn/kernel_choice.h"
 #include "src/nn/module.h"
 
 namespace colossal::nn {
@@ -29,6 +30,7 @@ class LayerNorm : public Module {
   at::Tensor normalise(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
   int64_t dim_;
   double eps_;
+  mutable ChoiceMemo kernel_choice_;   // kernel_params' lookup, keyed by the rows
 };
 
 // The two paths alone (for tests and timing): ours needs a CPU float input.

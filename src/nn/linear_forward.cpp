@@ -91,10 +91,12 @@ bool gemm_operands(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b
 
 }  // namespace
 
-bool gemv_decided(int64_t rows, const at::Tensor& weight, const at::Tensor& bias) {
-  return !at::GradMode::is_enabled() && rows >= 1 && rows <= kGemvMaxRows && decoding_weight(weight, bias) &&
-         decided_ours("gemv", kernel_policy().gemv, gemv_shape(weight)).value_or(false);
+std::optional<bool> gemv_decision(const at::Tensor& weight, const at::Tensor& bias) {
+  if (!decoding_weight(weight, bias)) return false;
+  return decided_ours("gemv", kernel_policy().gemv, gemv_shape(weight));
 }
+
+bool gemv_takes(const at::Tensor& weight, const at::Tensor& bias) { return decoding_weight(weight, bias); }
 
 void DeferredWeightGrads::run() {
   for (auto& w : work_) w();

@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <optional>
 #include <vector>
 
 namespace colossal::nn {
@@ -24,9 +25,12 @@ inline constexpr int64_t kGemvMaxRows = 32;
 // x [..., in], weight [out, in], bias [out] or undefined -> [..., out]
 at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
-// Whether linear_forward runs the decoding GEMV for x [rows, 1, in] (CPU float, no gradient mode), as
-// already decided for this weight's shape (false while undecided: the first step at a shape times it).
-bool gemv_decided(int64_t rows, const at::Tensor& weight, const at::Tensor& bias);
+// Whether linear_forward runs the decoding GEMV for x [rows, 1, in] (CPU float, no gradient mode, rows at
+// most kGemvMaxRows) against this weight: false where it cannot, nullopt while its shape is undecided
+// (the first step at a shape times it), else the decided choice.
+std::optional<bool> gemv_decision(const at::Tensor& weight, const at::Tensor& bias);
+// The same, nothing looked up: whether this weight and bias are ones the decoding GEMV takes.
+bool gemv_takes(const at::Tensor& weight, const at::Tensor& bias);
 
 // Zero-bubble pipeline schedules run a backward in two passes: the input's gradient, which the stage
 // before waits for, then the weights' gradients, which nobody waits for and which fill the schedule's

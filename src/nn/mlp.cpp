@@ -2,6 +2,7 @@
 #include "src/nn/mlp.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "src/nn/activation.h"
 
@@ -21,7 +22,8 @@ at::Tensor Mlp::forward(const at::Tensor& x) {
 bool Mlp::decode_parts(int64_t rows, DecodeParts& parts) {
   if (is_training()) return false;
   if (spec_.act == Act::GeluTanh) {
-    if (!gelu_tanh_decided(rows * spec_.hidden)) return false;
+    const int64_t n = rows * spec_.hidden;
+    if (at::GradMode::is_enabled() || !gelu_choice_.get(n, [&] { return gelu_tanh_decision(n); })) return false;
     parts.act = kernels::DecodeActivation::gelu_tanh;
   } else if (spec_.act == Act::Relu) {
     parts.act = kernels::DecodeActivation::relu;

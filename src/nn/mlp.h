@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "src/nn/factory.h"
+#include "src/nn/kernel_choice.h"
 #include "src/nn/module.h"
 
 namespace colossal::nn {
@@ -26,6 +27,7 @@ class Mlp : public Module {
   MlpSpec spec_;
   std::shared_ptr<const StreamCut> cut_;   // dropout on the layout's piece of the stream
   std::shared_ptr<Linear> fc_, proj_;
+  ChoiceMemo gelu_choice_;   // decode_parts' lookup, keyed by the activation's size
 };
 
 }  // namespace colossal::nn
