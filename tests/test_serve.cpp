@@ -7,15 +7,19 @@
 #include <ATen/ATen.h>
 #include <cmath>
 
+#include "kernels/cpu/decode_block.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/paged_attention.h"
 #include "models/registry.h"
 #include "src/core/error.h"
 #include "src/engine/generator.h"
 #include "src/engine/sampling.h"
+#include "src/nn/kernel_choice.h"
 #include "src/nn/paged_attention_aten.h"
 #include "src/serve/batch_engine.h"
 #include "src/serve/completion_api.h"
+#include "src/serve/kv_blocks.h"
+#include "src/serve/step_plan.h"
 #include "support/test_support.h"
 
 using namespace colossal;
@@ -237,6 +241,57 @@ TEST_P(ServeFamilies, TheEngineOnAtensPagedAttentionGivesTheGeneratorsGreedyToke
   for (int s = 0; s < 2000 && engine.step(); ++s) {}
   EXPECT_GT(engine.stats().preemptions, 0) << "the pool was meant to force preemption";
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(done[i].text, gen.generate({prompts[i]}, greedy)[0].text) << GetParam() << " request " << i;
+}
+
+TEST_P(ServeFamilies, AFusedBlockStepOverPagedBlocksGivesTheOpByOpStepsBits) {
+  // Serving's steps of prompt chunks and decoding tokens ([N, 1, C], paged_attention.h) through
+  // kernels/cpu/decode_block.h and op by op, each over its own pool: the same logits, bit for bit, and
+  // the same keys and values left in the blocks (BLOOM's ALiBi included, which the paged kernel adds).
+  const auto model = random_model(GetParam());
+  const nn::KernelPath ours = nn::KernelPath::Ours;
+  struct Reset {
+    ~Reset() { nn::set_kernel_policy({}); }
+  } reset;
+  serve::KvBlocks fused_pool(*model, 8, 4), ops_pool(*model, 8, 4);
+  std::vector<int32_t> t0, t1;   // the two sequences' tables, the same blocks in both pools
+  ASSERT_TRUE(fused_pool.grow(t0, 9) && fused_pool.grow(t1, 7));
+  std::vector<int32_t> u0, u1;
+  ASSERT_TRUE(ops_pool.grow(u0, 9) && ops_pool.grow(u1, 7));
+  ASSERT_EQ(t0, u0);
+  ASSERT_EQ(t1, u1);
+  at::manual_seed(4);
+  const auto ids0 = at::randint(0, 512, {9}, at::kLong), ids1 = at::randint(0, 512, {7}, at::kLong);
+  // (sequence, first position, tokens) a step: chunks of both prompts, then a chunk beside a decoding token, then decoding.
+  const std::vector<std::vector<std::array<int64_t, 3>>> steps = {{{0, 0, 3}, {1, 0, 2}}, {{0, 3, 1}, {1, 2, 3}}, {{0, 4, 1}, {1, 5, 1}},
+                                                                  {{0, 5, 1}, {1, 6, 1}}};
+  for (size_t k = 0; k < steps.size(); ++k) {
+    serve::StepPlan plan;
+    plan.tables = {t0, t1};
+    for (const auto& [seq, from, n] : steps[k]) {
+      for (int64_t p = from; p < from + n; ++p) {
+        plan.ids.push_back((seq == 0 ? ids0 : ids1)[p].item<int64_t>());
+        plan.positions.push_back(p);
+        plan.table_of.push_back(seq);
+      }
+      plan.logit_rows.push_back(static_cast<int64_t>(plan.ids.size()) - 1);
+    }
+    auto run = [&](serve::KvBlocks& pool, bool fused) {
+      nn::KernelPolicy policy{ours, ours, ours, ours, ours, ours};
+      policy.fused_decode_block = fused;
+      nn::set_kernel_policy(policy);
+      return serve::forward_plan(*model, pool, plan);
+    };
+    const uint64_t before = kernels::decode_block_steps();
+    const auto fused = run(fused_pool, true);
+    EXPECT_EQ(kernels::decode_block_steps() - before, 2u) << GetParam() << " step " << k << ": both blocks fused";
+    const auto by_ops = run(ops_pool, false);
+    EXPECT_TRUE(at::equal(fused, by_ops)) << GetParam() << " step " << k << ": max diff " << (fused - by_ops).abs().max().item<float>();
+  }
+  nn::PagedRows none;
+  const auto fused_cache = fused_pool.cache_for(none), ops_cache = ops_pool.cache_for(none);
+  for (size_t l = 0; l < fused_cache.layers.size(); ++l)
+    EXPECT_TRUE(at::equal(fused_cache.layers[l].k, ops_cache.layers[l].k) && at::equal(fused_cache.layers[l].v, ops_cache.layers[l].v))
+        << GetParam() << " layer " << l << ": the pools' keys and values";
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ServeFamilies, ::testing::Values("gpt", "opt", "bloom"),

@@ -78,6 +78,51 @@ void shared_product(const IsaKernels& k, Stretches& share, const DecodeProduct& 
 #pragma omp barrier
 }
 
+// decode_attention.cpp's work inside the region: one task per (sequence, head), each writing its key and
+// value at length - 1 and attending over [0, length).
+void cached_attention_stage(const IsaKernels& k, const DecodeBlockStep& s, const float* qkv, float* attended, Stretches& share) {
+  const int64_t c = s.width, d = s.head_dim;
+  float* scores = thread_scratch(static_cast<size_t>(s.length));
+  share.work(omp_get_thread_num(), [&](int64_t t_begin, int64_t t_end) {
+    for (int64_t task = t_begin; task < t_end; ++task) {
+      const int64_t b = task / s.heads, hd = task % s.heads;
+      const float* q = qkv + b * 3 * c + hd * d;
+      float* kc = s.k_cache + task * s.capacity * d;
+      float* vc = s.v_cache + task * s.capacity * d;
+      std::memcpy(kc + (s.length - 1) * d, q + c, static_cast<size_t>(d) * sizeof(float));
+      std::memcpy(vc + (s.length - 1) * d, q + 2 * c, static_cast<size_t>(d) * sizeof(float));
+      k.attention_decode_head(q, kc, vc, s.length, d, s.scale, s.valid ? s.valid + b * s.valid_stride : nullptr, scores,
+                              attended + b * c + hd * d);
+    }
+  });
+}
+
+// paged_attention.cpp's work inside the region: every token's key and value into its slot by one thread
+// (a chunk's later tokens read its earlier ones), then one task per (token, head) shared out.
+void paged_attention_stage(const IsaKernels& k, const DecodeBlockStep& s, const float* qkv, float* attended, Stretches& share) {
+  const int64_t h = s.heads, d = s.head_dim, c = h * d, bs = s.block_size, block_stride = h * bs * d;
+#pragma omp single
+  for (int64_t i = 0; i < s.rows; ++i) {
+    const int64_t p = s.positions[i], block = s.tables[i][p / bs], slot = p % bs;
+    for (int64_t head = 0; head < h; ++head) {
+      const int64_t at = block * block_stride + (head * bs + slot) * d;
+      std::memcpy(s.k_cache + at, qkv + i * 3 * c + c + head * d, static_cast<size_t>(d) * sizeof(float));
+      std::memcpy(s.v_cache + at, qkv + i * 3 * c + 2 * c + head * d, static_cast<size_t>(d) * sizeof(float));
+    }
+  }
+  int64_t longest = 0;
+  for (int64_t i = 0; i < s.rows; ++i) longest = std::max(longest, s.positions[i] + 1);
+  float* scores = thread_scratch(static_cast<size_t>(longest));
+  share.work(omp_get_thread_num(), [&](int64_t t_begin, int64_t t_end) {
+    for (int64_t task = t_begin; task < t_end; ++task) {
+      const int64_t i = task / h, head = task % h;
+      k.attention_paged_head(qkv + i * 3 * c + head * d, s.k_cache + head * bs * d, s.v_cache + head * bs * d, s.tables[i],
+                             s.positions[i] + 1, bs, block_stride, d, s.scale, s.alibi_slopes ? s.alibi_slopes[head] : 0.0f,
+                             scores, attended + i * c + head * d);
+    }
+  });
+}
+
 // The block's buffers, kept by the calling thread across steps (every layer of every step comes here).
 struct Buffers {
   std::vector<float> normed, qkv, attended, h, pre, hidden, stats;
@@ -100,7 +145,7 @@ uint64_t decode_block_steps() { return g_steps.load(std::memory_order_relaxed); 
 void decode_block_step(const DecodeBlockStep& s) {
   g_steps.fetch_add(1, std::memory_order_relaxed);
   const auto& k = active_kernels();
-  const int64_t rows = s.rows, c = s.width, tasks = s.rows * s.heads, d = s.head_dim;
+  const int64_t rows = s.rows, c = s.width, tasks = s.rows * s.heads;
   thread_local Buffers kept;
   Buffers& buf = kept;   // the calling thread's: inside the region, `kept` would name each thread's own
   auto fit = [](std::vector<float>& v, int64_t n) {
@@ -146,19 +191,8 @@ void decode_block_step(const DecodeBlockStep& s) {
     }
     shared_product(k, buf.qkv_share, s.qkv, input, rows, qkv, nothing);
 
-    float* scores = thread_scratch(static_cast<size_t>(s.length));
-    buf.heads_share.work(omp_get_thread_num(), [&](int64_t t_begin, int64_t t_end) {
-      for (int64_t task = t_begin; task < t_end; ++task) {   // decode_attention.cpp's task, one (sequence, head)
-        const int64_t b = task / s.heads, hd = task % s.heads;
-        const float* q = qkv + b * 3 * c + hd * d;
-        float* kc = s.k_cache + task * s.capacity * d;
-        float* vc = s.v_cache + task * s.capacity * d;
-        std::memcpy(kc + (s.length - 1) * d, q + c, static_cast<size_t>(d) * sizeof(float));
-        std::memcpy(vc + (s.length - 1) * d, q + 2 * c, static_cast<size_t>(d) * sizeof(float));
-        k.attention_decode_head(q, kc, vc, s.length, d, s.scale, s.valid ? s.valid + b * s.valid_stride : nullptr, scores,
-                                attended + b * c + hd * d);
-      }
-    });
+    if (s.tables) paged_attention_stage(k, s, qkv, attended, buf.heads_share);
+    else cached_attention_stage(k, s, qkv, attended, buf.heads_share);
 #pragma omp barrier
 
 #pragma omp single

@@ -10,7 +10,8 @@
 // layer_norm.h, gelu.h), whose results do not depend on how outputs are shared among threads, so a block
 // step here gives the op-by-op path's bits.
 //
-// Layouts (row-major float): x and out [rows, width]; the caches as decode_attention.h lays them out.
+// Layouts (row-major float): x and out [rows, width]; the caches as decode_attention.h lays them out, or
+// the block pools of paged_attention.h.
 #pragma once
 #include <cstdint>
 
@@ -45,12 +46,19 @@ struct DecodeBlockStep {
   float ln1_eps = 1e-5f, ln2_eps = 1e-5f;
   DecodeProduct qkv, proj, fc, fc2;   // qkv.out == 3 * width, q | k | v
   DecodeActivation act = DecodeActivation::gelu_tanh;
-  float *k_cache = nullptr, *v_cache = nullptr;   // [rows, heads, capacity, head_dim]
+  float *k_cache = nullptr, *v_cache = nullptr;   // [rows, heads, capacity, head_dim]; paged: the block pools
   int64_t capacity = 0;
   int64_t length = 0;                 // positions attended, the new one (written at length - 1) included
   const uint8_t* valid = nullptr;     // [rows, valid_stride] or null (decode_attention.h)
   int64_t valid_stride = 0;
   float scale = 0;                    // usually 1 / sqrt(head_dim)
+  // Paged (serving, paged_attention.h) where `tables` is given: row i is a token at positions[i] of the
+  // sequence whose block table is tables[i], in pools [num_blocks, heads, block_size, head_dim]; rows of
+  // one prompt chunk see each other. ALiBi's slopes [heads] or null. capacity, length and valid unused.
+  const int64_t* positions = nullptr;
+  const int32_t* const* tables = nullptr;
+  int64_t block_size = 0;
+  const float* alibi_slopes = nullptr;
 };
 
 // Whether a product of this shape and kind can run here (the integer kinds need whole blocks of 32 inputs).

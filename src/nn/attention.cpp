@@ -71,16 +71,24 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
 }
 
 bool Attention::decode_parts(int64_t rows, const LayerKv& kv, int64_t offset, const at::Tensor& mask, DecodeParts& parts) {
-  if (is_training() || spec_.alibi || !spec_.causal || sequence_ || kv.paged || heads_.count != spec_.heads ||
-      (mask.defined() && mask_rows_))
+  if (is_training() || !spec_.causal || sequence_ || heads_.count != spec_.heads || (mask.defined() && mask_rows_)) return false;
+  if (kv.paged) {   // paged_forward's CPU kernel
+    const auto& r = *kv.paged;
+    if (mask.defined() || !kv.k.is_cpu() || kv.k.scalar_type() != at::kFloat || !kv.k.is_contiguous() || !kv.v.is_contiguous() ||
+        kv.v.sizes() != kv.k.sizes() || kv.k.dim() != 4 || kv.k.size(1) != heads_.count || kv.k.size(2) != r.block_size ||
+        kv.k.size(3) != head_dim() || static_cast<int64_t>(r.positions.size()) != rows || static_cast<int64_t>(r.tables.size()) != rows)
+      return false;
+    parts.alibi_slopes = spec_.alibi ? alibi_slopes_.const_data_ptr<float>() : nullptr;
+  } else if (spec_.alibi || !decode_cache_applies(rows, kv, offset, mask) || kv.k.size(1) != heads_.count ||
+             kv.k.size(3) != head_dim() ||
+             !decode_choice_.get(rows, [&] { return decode_attention_decision(rows, heads_.count, head_dim()); })) {
     return false;
-  if (!decode_cache_applies(rows, kv, offset, mask) || kv.k.size(1) != heads_.count || kv.k.size(3) != head_dim() ||
-      !decode_choice_.get(rows, [&] { return decode_attention_decision(rows, heads_.count, head_dim()); }))
-    return false;
+  }
   auto qkv = qkv_->decode_product(rows), proj = proj_->decode_product(rows);
   if (!qkv || !proj || qkv->in != spec_.width || qkv->out != 3 * spec_.width || proj->in != spec_.width || proj->out != spec_.width)
     return false;
-  parts = {*qkv, *proj};
+  parts.qkv = *qkv;
+  parts.proj = *proj;
   return true;
 }
 

@@ -47,10 +47,12 @@ class Attention : public Module {
 
   // What a fused decoding step (TransformerBlock, kernels/cpu/decode_block.h) takes from this layer for
   // `rows` new tokens against kv at `offset`: where forward would run the QKV and output products on the
-  // decoding kernels and the CPU decoding attention (already chosen at these shapes), with no ALiBi, no
-  // split sequence or heads and a mask that kernel takes. False elsewhere.
+  // decoding kernels and the CPU attention kernel (the decoding one already chosen at these shapes, or the
+  // paged one of serving), with no split sequence or heads, a mask that kernel takes, and ALiBi only
+  // against paged blocks (the CPU kernel that has it). False elsewhere.
   struct DecodeParts {
     kernels::DecodeProduct qkv, proj;
+    const float* alibi_slopes = nullptr;
   };
   bool decode_parts(int64_t rows, const LayerKv& kv, int64_t offset, const at::Tensor& mask, DecodeParts& parts);
 

@@ -20,7 +20,7 @@ TransformerBlock::TransformerBlock(const BlockSpec& s, LayerFactory& f) : pre_no
 }
 
 at::Tensor TransformerBlock::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, const at::Tensor& mask) {
-  if (kv && !kv->paged)
+  if (kv)
     if (auto y = fused_decode(x, *kv, offset, mask); y.defined()) return y;
   if (pre_norm_) {
     auto h = x + attn->forward(ln_1->forward(x), kv, offset, mask);   // [B, T, C]
@@ -58,10 +58,17 @@ at::Tensor TransformerBlock::fused_decode(const at::Tensor& x, LayerKv& kv, int6
   s.act = m.act;
   s.k_cache = kv.k.mutable_data_ptr<float>();
   s.v_cache = kv.v.mutable_data_ptr<float>();
-  s.capacity = kv.k.size(2);
-  s.length = offset + 1;
-  s.valid = mask.defined() ? reinterpret_cast<const uint8_t*>(mask.const_data_ptr<bool>()) : nullptr;
-  s.valid_stride = offset + 1;
+  if (kv.paged) {
+    s.positions = kv.paged->positions.data();
+    s.tables = kv.paged->tables.data();
+    s.block_size = kv.paged->block_size;
+    s.alibi_slopes = a.alibi_slopes;
+  } else {
+    s.capacity = kv.k.size(2);
+    s.length = offset + 1;
+    s.valid = mask.defined() ? reinterpret_cast<const uint8_t*>(mask.const_data_ptr<bool>()) : nullptr;
+    s.valid_stride = offset + 1;
+  }
   s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));   // cached_attention.cpp's
   kernels::decode_block_step(s);
   return y;
