@@ -14,6 +14,8 @@
 #include <gtest/gtest.h>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 #include <torch/csrc/autograd/function.h>
 
 #include "kernels/cpu/adamw.h"
@@ -24,6 +26,7 @@
 #include "kernels/cpu/accumulate.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/isa_kernels.h"
+#include "kernels/cpu/stretches.h"
 #include "src/nn/cached_attention.h"
 #include "src/nn/fused_attention.h"
 #include "src/nn/kernel_choice.h"
@@ -631,6 +634,37 @@ TEST(KernelChoice, RestoredChoicesAreUsedAndBadOnesRejected) {
   EXPECT_THROW(nn::restore_kernel_choices({{"gelu n=1", "fast"}}), std::invalid_argument);
   EXPECT_EQ(nn::parse_kernel_path("fused"), nn::KernelPath::Ours);
   EXPECT_EQ(what_of([] { nn::parse_kernel_path("cuda"); }), "\"cuda\" is not a kernel choice (valid: auto, fused, aten)");
+}
+
+TEST(Stretches, EveryItemIsTakenOnceInRunsWhateverTheThreadsAndTheirSpeeds) {
+  // The decoding GEMVs' and block steps' split (stretches.h): each thread takes its own stretch from the
+  // front and then the others' backs; every item must run exactly once, also when one thread is slow
+  // and the others take most of its stretch, when a thread never comes, and reused across calls.
+  kernels::Stretches share;
+  for (const int threads : {1, 2, 3, 4})
+    for (const int64_t items : {0, 1, 5, 37, 1000})
+      for (const int absent : {-1, threads - 1}) {
+        if (absent >= 0 && threads == 1) continue;   // someone must come
+        std::vector<std::atomic<int>> seen(static_cast<size_t>(items));
+        std::atomic<int64_t> runs{0};
+        share.reset(items, threads);
+        std::vector<std::thread> pool;
+        for (int t = 0; t < threads; ++t) {
+          if (t == absent) continue;
+          pool.emplace_back([&, t] {
+            share.work(t, [&](int64_t b, int64_t e) {
+              EXPECT_LT(b, e);
+              if (t == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));   // a slow core
+              for (int64_t i = b; i < e; ++i) seen[static_cast<size_t>(i)].fetch_add(1);
+              runs.fetch_add(1);
+            });
+          });
+        }
+        for (auto& th : pool) th.join();
+        for (int64_t i = 0; i < items; ++i)
+          ASSERT_EQ(seen[static_cast<size_t>(i)].load(), 1) << "item " << i << " of " << items << ", " << threads << " threads, absent " << absent;
+        if (items >= 37 && threads == 1) EXPECT_LT(runs.load(), items) << "one thread takes its stretch in runs, not item by item";
+      }
 }
 
 TEST(LinearForward, DecodingRowsTakeTheGemvAndABatchDecodesLikeEachSequenceAlone) {
