@@ -17,24 +17,27 @@ constexpr int64_t kParallelWork = 1 << 15;
 
 }  // namespace
 
+void decode_attention_task(const float* qkv, float* k_cache, float* v_cache, const uint8_t* valid, int64_t valid_stride,
+                           float* out, const DecodeAttentionDims& a, int64_t task, float* scores) {
+  const int64_t c = a.heads * a.head_dim, d = a.head_dim, b = task / a.heads, h = task % a.heads;
+  const float* q = qkv + b * 3 * c + h * d;
+  float* k = k_cache + task * a.capacity * d;
+  float* v = v_cache + task * a.capacity * d;
+  std::memcpy(k + (a.length - 1) * d, q + c, static_cast<size_t>(d) * sizeof(float));
+  std::memcpy(v + (a.length - 1) * d, q + 2 * c, static_cast<size_t>(d) * sizeof(float));
+  active_kernels().attention_decode_head(q, k, v, a.length, d, a.scale, valid ? valid + b * valid_stride : nullptr, scores,
+                                         out + b * c + h * d);
+}
+
 void decode_attention(const float* qkv, float* k_cache, float* v_cache, const uint8_t* valid, int64_t valid_stride,
                       float* out, const DecodeAttentionDims& a) {
-  const int64_t c = a.heads * a.head_dim, tasks = a.batch * a.heads, d = a.head_dim;
-  const auto head = active_kernels().attention_decode_head;
-  const bool parallel = tasks > 1 && 2 * tasks * a.length * d >= kParallelWork;
+  const int64_t tasks = a.batch * a.heads;
+  const bool parallel = tasks > 1 && 2 * tasks * a.length * a.head_dim >= kParallelWork;
 #pragma omp parallel if (parallel)
   {
     float* scores = thread_scratch(static_cast<size_t>(a.length));   // every layer of every decoding step comes here
 #pragma omp for schedule(static)
-    for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t b = task / a.heads, h = task % a.heads;
-      const float* q = qkv + b * 3 * c + h * d;
-      float* k = k_cache + task * a.capacity * d;
-      float* v = v_cache + task * a.capacity * d;
-      std::memcpy(k + (a.length - 1) * d, q + c, static_cast<size_t>(d) * sizeof(float));
-      std::memcpy(v + (a.length - 1) * d, q + 2 * c, static_cast<size_t>(d) * sizeof(float));
-      head(q, k, v, a.length, d, a.scale, valid ? valid + b * valid_stride : nullptr, scores, out + b * c + h * d);
-    }
+    for (int64_t task = 0; task < tasks; ++task) decode_attention_task(qkv, k_cache, v_cache, valid, valid_stride, out, a, task, scores);
   }
 }
 

@@ -24,4 +24,9 @@ struct DecodeAttentionDims {
 void decode_attention(const float* qkv, float* k_cache, float* v_cache, const uint8_t* valid, int64_t valid_stride,
                       float* out, const DecodeAttentionDims& dims);
 
+// Its task `task` = sequence * heads + head alone, `scores` dims.length floats of the caller's: for a caller
+// that shares the tasks among its own threads (decode_block.h).
+void decode_attention_task(const float* qkv, float* k_cache, float* v_cache, const uint8_t* valid, int64_t valid_stride,
+                           float* out, const DecodeAttentionDims& dims, int64_t task, float* scores);
+
 }  // namespace colossal::kernels

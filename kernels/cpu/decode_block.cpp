@@ -7,7 +7,9 @@
 #include <omp.h>
 #include <vector>
 
+#include "kernels/cpu/decode_attention.h"
 #include "kernels/cpu/isa_kernels.h"
+#include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/qgemv.h"
 #include "kernels/cpu/stretches.h"
 #include "kernels/cpu/thread_scratch.h"
@@ -78,47 +80,24 @@ void shared_product(const IsaKernels& k, Stretches& share, const DecodeProduct& 
 #pragma omp barrier
 }
 
-// decode_attention.cpp's work inside the region: one task per (sequence, head), each writing its key and
-// value at length - 1 and attending over [0, length).
-void cached_attention_stage(const IsaKernels& k, const DecodeBlockStep& s, const float* qkv, float* attended, Stretches& share) {
-  const int64_t c = s.width, d = s.head_dim;
-  float* scores = thread_scratch(static_cast<size_t>(s.length));
-  share.work(omp_get_thread_num(), [&](int64_t t_begin, int64_t t_end) {
-    for (int64_t task = t_begin; task < t_end; ++task) {
-      const int64_t b = task / s.heads, hd = task % s.heads;
-      const float* q = qkv + b * 3 * c + hd * d;
-      float* kc = s.k_cache + task * s.capacity * d;
-      float* vc = s.v_cache + task * s.capacity * d;
-      std::memcpy(kc + (s.length - 1) * d, q + c, static_cast<size_t>(d) * sizeof(float));
-      std::memcpy(vc + (s.length - 1) * d, q + 2 * c, static_cast<size_t>(d) * sizeof(float));
-      k.attention_decode_head(q, kc, vc, s.length, d, s.scale, s.valid ? s.valid + b * s.valid_stride : nullptr, scores,
-                              attended + b * c + hd * d);
-    }
-  });
-}
-
-// paged_attention.cpp's work inside the region: every token's key and value into its slot by one thread
-// (a chunk's later tokens read its earlier ones), then one task per (token, head) shared out.
-void paged_attention_stage(const IsaKernels& k, const DecodeBlockStep& s, const float* qkv, float* attended, Stretches& share) {
-  const int64_t h = s.heads, d = s.head_dim, c = h * d, bs = s.block_size, block_stride = h * bs * d;
+// The attention stage inside the region: decode_attention.h's tasks over the cache, or paged_attention.h's
+// (every token's key and value written first by one thread: a chunk's later tokens read its earlier
+// ones), shared out by `share`.
+void attention_stage(const DecodeBlockStep& s, const float* qkv, float* attended, Stretches& share) {
+  const PagedAttentionDims paged{s.rows, s.heads, s.head_dim, s.block_size, s.scale};
+  const DecodeAttentionDims cached{s.rows, s.heads, s.head_dim, s.capacity, s.length, s.scale};
+  int64_t longest = s.length;
+  if (s.tables) {
 #pragma omp single
-  for (int64_t i = 0; i < s.rows; ++i) {
-    const int64_t p = s.positions[i], block = s.tables[i][p / bs], slot = p % bs;
-    for (int64_t head = 0; head < h; ++head) {
-      const int64_t at = block * block_stride + (head * bs + slot) * d;
-      std::memcpy(s.k_cache + at, qkv + i * 3 * c + c + head * d, static_cast<size_t>(d) * sizeof(float));
-      std::memcpy(s.v_cache + at, qkv + i * 3 * c + 2 * c + head * d, static_cast<size_t>(d) * sizeof(float));
-    }
+    paged_write_keys_values(qkv, s.k_cache, s.v_cache, s.positions, s.tables, paged);
+    longest = 0;
+    for (int64_t i = 0; i < s.rows; ++i) longest = std::max(longest, s.positions[i] + 1);
   }
-  int64_t longest = 0;
-  for (int64_t i = 0; i < s.rows; ++i) longest = std::max(longest, s.positions[i] + 1);
   float* scores = thread_scratch(static_cast<size_t>(longest));
   share.work(omp_get_thread_num(), [&](int64_t t_begin, int64_t t_end) {
     for (int64_t task = t_begin; task < t_end; ++task) {
-      const int64_t i = task / h, head = task % h;
-      k.attention_paged_head(qkv + i * 3 * c + head * d, s.k_cache + head * bs * d, s.v_cache + head * bs * d, s.tables[i],
-                             s.positions[i] + 1, bs, block_stride, d, s.scale, s.alibi_slopes ? s.alibi_slopes[head] : 0.0f,
-                             scores, attended + i * c + head * d);
+      if (s.tables) paged_attention_task(qkv, s.k_cache, s.v_cache, s.positions, s.tables, s.alibi_slopes, attended, paged, task, scores);
+      else decode_attention_task(qkv, s.k_cache, s.v_cache, s.valid, s.valid_stride, attended, cached, task, scores);
     }
   });
 }
@@ -191,8 +170,7 @@ void decode_block_step(const DecodeBlockStep& s) {
     }
     shared_product(k, buf.qkv_share, s.qkv, input, rows, qkv, nothing);
 
-    if (s.tables) paged_attention_stage(k, s, qkv, attended, buf.heads_share);
-    else cached_attention_stage(k, s, qkv, attended, buf.heads_share);
+    attention_stage(s, qkv, attended, buf.heads_share);
 #pragma omp barrier
 
 #pragma omp single

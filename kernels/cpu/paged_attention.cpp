@@ -10,11 +10,11 @@
 
 namespace colossal::kernels {
 
-void paged_attention(const float* qkv, float* k_pool, float* v_pool, const int64_t* positions, const int32_t* const* tables,
-                     const float* alibi_slopes, float* out, const PagedAttentionDims& a) {
+int64_t paged_write_keys_values(const float* qkv, float* k_pool, float* v_pool, const int64_t* positions,
+                                const int32_t* const* tables, const PagedAttentionDims& a) {
   const int64_t h = a.heads, d = a.head_dim, c = h * d, bs = a.block_size, block_stride = h * bs * d;
-  int64_t longest = 0, work = 0;
-  for (int64_t i = 0; i < a.tokens; ++i) {   // keys and values first: a chunk's later tokens read its earlier ones
+  int64_t longest = 0;
+  for (int64_t i = 0; i < a.tokens; ++i) {
     const int64_t p = positions[i], block = tables[i][p / bs], slot = p % bs;
     for (int64_t head = 0; head < h; ++head) {
       const int64_t at = block * block_stride + (head * bs + slot) * d;
@@ -22,19 +22,31 @@ void paged_attention(const float* qkv, float* k_pool, float* v_pool, const int64
       std::memcpy(v_pool + at, qkv + i * 3 * c + 2 * c + head * d, static_cast<size_t>(d) * sizeof(float));
     }
     longest = p + 1 > longest ? p + 1 : longest;
-    work += 2 * (p + 1) * c;
   }
-  const auto head_fn = active_kernels().attention_paged_head;
-  const int64_t tasks = a.tokens * h;
+  return longest;
+}
+
+void paged_attention_task(const float* qkv, const float* k_pool, const float* v_pool, const int64_t* positions,
+                          const int32_t* const* tables, const float* alibi_slopes, float* out, const PagedAttentionDims& a,
+                          int64_t task, float* scores) {
+  const int64_t h = a.heads, d = a.head_dim, c = h * d, bs = a.block_size, i = task / h, head = task % h;
+  active_kernels().attention_paged_head(qkv + i * 3 * c + head * d, k_pool + head * bs * d, v_pool + head * bs * d, tables[i],
+                                        positions[i] + 1, bs, h * bs * d, d, a.scale, alibi_slopes ? alibi_slopes[head] : 0.0f, scores,
+                                        out + i * c + head * d);
+}
+
+void paged_attention(const float* qkv, float* k_pool, float* v_pool, const int64_t* positions, const int32_t* const* tables,
+                     const float* alibi_slopes, float* out, const PagedAttentionDims& a) {
+  // keys and values first: a chunk's later tokens read its earlier ones
+  const int64_t longest = paged_write_keys_values(qkv, k_pool, v_pool, positions, tables, a);
+  int64_t work = 0;
+  for (int64_t i = 0; i < a.tokens; ++i) work += 2 * (positions[i] + 1) * a.heads * a.head_dim;
+  const int64_t tasks = a.tokens * a.heads;
 #pragma omp parallel if (tasks > 1 && work >= (1 << 15))
   {
     float* scores = thread_scratch(static_cast<size_t>(longest));
 #pragma omp for schedule(static)
-    for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t i = task / h, head = task % h;
-      head_fn(qkv + i * 3 * c + head * d, k_pool + head * bs * d, v_pool + head * bs * d, tables[i], positions[i] + 1, bs,
-              block_stride, d, a.scale, alibi_slopes ? alibi_slopes[head] : 0.0f, scores, out + i * c + head * d);
-    }
+    for (int64_t task = 0; task < tasks; ++task) paged_attention_task(qkv, k_pool, v_pool, positions, tables, alibi_slopes, out, a, task, scores);
   }
 }
 
