@@ -11,6 +11,7 @@
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/qgemv.h"
+#include "kernels/cpu/quantized_rows.h"
 #include "kernels/cpu/stretches.h"
 #include "kernels/cpu/thread_scratch.h"
 
@@ -24,21 +25,11 @@ std::atomic<uint64_t> g_steps{0};
 bool quantizes_x(const DecodeProduct& p) { return p.kind == Kind::int8_q8x || p.kind == Kind::int4_q8x; }
 
 // A product's input: the float rows, and where the product takes them quantized, their int8 blocks
-// (quantized once by one thread, then read by all).
+// (quantize_rows' buffers of the one thread that quantized them, read by all until that thread's next
+// quantization, a stage later at the earliest).
 struct Input {
   const float* x = nullptr;
-  std::vector<int8_t> q;
-  std::vector<uint8_t> a;
-  std::vector<float> s, c;
-  std::vector<int32_t> sum;
-
-  void reserve(int64_t n) {
-    if (static_cast<int64_t>(q.size()) >= n) return;
-    q.resize(n), a.resize(n), s.resize(n / kQ8Block), c.resize(n / kQ8Block), sum.resize(n / kQ8Block);
-  }
-  void quantize(const IsaKernels& k, int64_t rows, int64_t in) {
-    k.quantize_rows_q8(x, rows * in / kQ8Block, q.data(), a.data(), s.data(), c.data(), sum.data());
-  }
+  const QuantizedRows* q = nullptr;
 };
 
 // Outputs [o_begin, o_end) of product p for every row.
@@ -54,12 +45,12 @@ void product_range(const IsaKernels& k, const DecodeProduct& p, const Input& in,
       k.qgemv_int8(in.x, rows, p.in, static_cast<const int8_t*>(p.w), p.scales, p.group, p.bias, y, p.out, o_begin, o_end);
       break;
     case Kind::int8_q8x:
-      k.qgemv_q8x_int8(in.q.data(), in.a.data(), in.s.data(), in.c.data(), rows, p.in, static_cast<const int8_t*>(p.w), p.scales,
-                       p.group, p.bias, y, p.out, o_begin, o_end);
+      k.qgemv_q8x_int8(in.q->q.data(), in.q->a.data(), in.q->s.data(), in.q->c.data(), rows, p.in, static_cast<const int8_t*>(p.w),
+                       p.scales, p.group, p.bias, y, p.out, o_begin, o_end);
       break;
     case Kind::int4_q8x:
-      k.qgemv_q8x_int4(in.q.data(), in.a.data(), in.s.data(), in.c.data(), rows, p.in, static_cast<const uint8_t*>(p.w), p.scales,
-                       p.group, p.bias, y, p.out, o_begin, o_end);
+      k.qgemv_q8x_int4(in.q->q.data(), in.q->a.data(), in.q->s.data(), in.q->c.data(), rows, p.in, static_cast<const uint8_t*>(p.w),
+                       p.scales, p.group, p.bias, y, p.out, o_begin, o_end);
       break;
   }
 }
@@ -139,7 +130,6 @@ void decode_block_step(const DecodeBlockStep& s) {
   float* hidden = fit(buf.hidden, rows * s.hidden);
   float* stats = fit(buf.stats, 2 * rows);
   Input& input = buf.input;
-  input.reserve(rows * std::max(c, s.hidden));
 
   // One thread's serial stretch: LayerNorm (kernels/cpu/layer_norm.cpp's blocks of 32 rows) and, for a
   // product over quantized x, the rows' int8 blocks.
@@ -151,7 +141,7 @@ void decode_block_step(const DecodeBlockStep& s) {
   };
   auto feed = [&](const float* x, const DecodeProduct& p) {
     input.x = x;
-    if (quantizes_x(p)) input.quantize(k, rows, p.in);
+    input.q = quantizes_x(p) ? &quantize_rows(k, x, rows, p.in) : nullptr;
   };
   auto nothing = [](int64_t, int64_t) {};
   const int threads = omp_get_max_threads();
