@@ -40,9 +40,10 @@ at::Tensor ours(const at::Tensor& x) {
   return y;
 }
 
-// Whether our kernel runs for x's size (kernel_choice.h), timed on a detached copy of x.
+// The kernel choice's shape for n elements.
 std::string choice_shape(int64_t n, bool grad) { return "n=" + std::to_string(n) + (grad ? " fwd+bwd" : " fwd"); }
 
+// Whether our kernel runs for x's size (kernel_choice.h), timed on a detached copy of x.
 bool fused_gelu_chosen(const at::Tensor& x) {
   const bool grad = at::GradMode::is_enabled();
   const std::string shape = choice_shape(x.numel(), grad);

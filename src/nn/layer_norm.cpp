@@ -65,11 +65,12 @@ bool all_cpu_float(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b
   return x.numel() > 0;
 }
 
-// Whether ours runs at x's shape (kernel_choice.h), timed on detached copies of x and the parameters.
+// The kernel choice's shape for rows x cols.
 std::string choice_shape(int64_t rows, int64_t cols, bool grad) {
   return "rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + (grad ? " fwd+bwd" : " fwd");
 }
 
+// Whether ours runs at x's shape (kernel_choice.h), timed on detached copies of x and the parameters.
 bool fused_layer_norm_chosen(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps) {
   const bool grad = at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || b.requires_grad());
   const int64_t cols = x.size(-1);

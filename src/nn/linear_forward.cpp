@@ -18,8 +18,8 @@ bool records_grad(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
   return at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()));
 }
 
-// A decoding step's operands for a GEMV, W [out, in] either contiguous or the transposed view of a
-// contiguous [in, out] (a weight viewed in place where the file holds W^T).
+// A decoding step's operands for a GEMV: W [out, in] either contiguous or the transposed view of a
+// contiguous [in, out] (a weight viewed in place where the file holds W^T), and x [..., 1, in].
 bool decoding_weight(const at::Tensor& w, const at::Tensor& b) {
   return w.is_cpu() && w.scalar_type() == at::kFloat && (!b.defined() || (b.scalar_type() == at::kFloat && b.is_contiguous())) &&
          w.dim() == 2 && (w.is_contiguous() || w.t().is_contiguous());

@@ -222,8 +222,10 @@ at::Tensor QuantizedLinear::smoothquant_gemm(const at::Tensor& xs) const {
 }
 
 std::optional<kernels::DecodeProduct> QuantizedLinear::decode_product(int64_t rows) {
-  if (packed_ || smooth_.defined() || at::GradMode::is_enabled() || !qweight_.is_cpu() || rows < 1 || rows > kQgemvMaxRows || !qweight_.is_contiguous() ||
-      !scales_.is_contiguous() || (bias_.defined() && (!bias_.is_contiguous() || bias_.scalar_type() != at::kFloat)))
+  // quantized_matmul's decoding rows on the CPU: integer_kernel's GEMV (packed layers take the GEMM's panels,
+  // SmoothQuant divides x first)
+  if (packed_ || smooth_.defined() || at::GradMode::is_enabled() || !qweight_.is_cpu() || rows < 1 || rows > kQgemvMaxRows ||
+      !qweight_.is_contiguous() || !scales_.is_contiguous() || (bias_.defined() && (!bias_.is_contiguous() || bias_.scalar_type() != at::kFloat)))
     return std::nullopt;
   using Kind = kernels::DecodeProduct::Kind;
   kernels::DecodeProduct p;
