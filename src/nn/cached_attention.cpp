@@ -41,6 +41,11 @@ bool decode_step_applies(const at::Tensor& qkv, const LayerKv& kv, int64_t offse
 
 namespace {
 
+// The kernel choice's shape of a one-token step.
+std::string decode_shape(int64_t b, int64_t heads, int64_t d) {
+  return "decode B=" + std::to_string(b) + " H=" + std::to_string(heads) + " D=" + std::to_string(d);
+}
+
 // The fused step on inputs decode_step_applies has accepted.
 at::Tensor decode_step(const at::Tensor& qkv_in, LayerKv& kv, int64_t offset, int64_t heads, const at::Tensor& mask) {
   const auto qkv = qkv_in.contiguous();
@@ -64,14 +69,6 @@ at::Tensor fused_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t of
               qkv.sizes(), " cache ", kv.k.sizes(), " offset ", offset);
   return decode_step(qkv, kv, offset, heads, mask);
 }
-
-namespace {
-
-std::string decode_shape(int64_t b, int64_t heads, int64_t d) {
-  return "decode B=" + std::to_string(b) + " H=" + std::to_string(heads) + " D=" + std::to_string(d);
-}
-
-}  // namespace
 
 std::optional<bool> decode_attention_decision(int64_t b, int64_t heads, int64_t d) {
   return decided_ours("attention", kernel_policy().attention, decode_shape(b, heads, d));
