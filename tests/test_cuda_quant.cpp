@@ -150,6 +150,20 @@ TEST(CudaQuant, EachFamilyAndSchemePrefillsAndDecodesOnTheGpuAsOnTheCpu) {
       const auto gpu = test::prefill_then_decode(*m.quantized, ids.to(kGpu));
       const std::string what = family + " " + quant::scheme_name(c.scheme);
       ASSERT_TRUE(gpu.is_cuda()) << what;
-      EXPECT_LT(max_abs_diff(gpu, cpu), 2e-4 * max_abs(cpu)) << what;
+      // Sequence by sequence. A decoding row rounds x per block of 32 on both devices, and the float sums
+      // before that rounding differ in their last bits between them, so an element next to a rounding
+      // boundary can go the other way: one quantum, carried into that sequence's later steps. On the CPU
+      // alone, ATen's layer norm and attention in place of ours did that to 1 sequence in 36 cases (6e-3
+      // of the logits; an H200 run met it in opt int4 at 2e-3). A path that differs, float x on one device
+      // and rounded x on the other, moves every sequence: so every prompt agrees, and all decoding steps
+      // but one sequence's.
+      const double tol = 2e-4 * max_abs(cpu);
+      const int64_t prompt = 8, n = ids.size(0);
+      int64_t off = 0;
+      for (int64_t s = 0; s < n; ++s) {
+        EXPECT_LT(max_abs_diff(gpu[s].narrow(0, 0, prompt), cpu[s].narrow(0, 0, prompt)), tol) << what << ", prompt of sequence " << s;
+        off += max_abs_diff(gpu[s].narrow(0, prompt, ids.size(1) - prompt), cpu[s].narrow(0, prompt, ids.size(1) - prompt)) >= tol;
+      }
+      EXPECT_LE(off, 1) << what << ": the decoding steps of " << off << " of " << n << " sequences differ";
     }
 }
