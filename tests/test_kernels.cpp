@@ -27,6 +27,7 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/stretches.h"
+#include "src/nn/alibi.h"
 #include "src/nn/cached_attention.h"
 #include "src/nn/fused_attention.h"
 #include "src/nn/kernel_choice.h"
@@ -136,14 +137,16 @@ TEST(CpuKernels, AttentionMatchesDoublePrecisionSdpaOnEveryInstructionSet) {
 
 TEST(CpuKernels, DecodeAttentionMatchesDoublePrecisionSdpaOverTheCacheOnEveryInstructionSet) {
   // Vector-multiple head sizes (64, 128: register-held outputs; 16) and odd ones (24, 5); cache lengths
-  // 1 to 40 through successive steps; with and without a padding mask (the generator's left padding).
+  // 1 to 40 through successive steps; with and without a padding mask (the generator's left padding);
+  // with and without ALiBi's distance bias (BLOOM; the reference adds alibi.h's bias tensor).
   const std::array<int64_t, 4> shapes[] = {{1, 40, 12, 64}, {3, 17, 2, 24}, {2, 9, 3, 128}, {1, 6, 1, 5}, {4, 21, 2, 16}};
   for (Isa isa : kernels::runnable_isas()) {
     kernels::ScopedIsa cap(isa);
     at::manual_seed(13);
     for (auto [b, steps, h, d] : shapes) {
-      for (bool masked : {false, true}) {
+      for (auto [masked, alibi] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
         const int64_t c = h * d;
+        const at::Tensor slopes = alibi ? nn::alibi_slopes(h) : at::Tensor();
         nn::LayerKv kv{at::zeros({b, h, steps, d}), at::zeros({b, h, steps, d})};
         nn::LayerKv ref{kv.k.to(at::kDouble), kv.v.to(at::kDouble)};
         auto pad = at::randint(0, 3, {b}, at::kLong);   // sequence i's first pad[i] positions are padding
@@ -152,11 +155,14 @@ TEST(CpuKernels, DecodeAttentionMatchesDoublePrecisionSdpaOverTheCacheOnEveryIns
           at::Tensor mask;
           if (masked) mask = (at::arange(step + 1).view({1, 1, 1, step + 1}) >= pad.view({b, 1, 1, 1})).contiguous();
           ASSERT_TRUE(nn::decode_step_applies(qkv, kv, step, mask));
-          auto y = nn::fused_decode_attention(qkv, kv, step, h, mask);
-          auto want = nn::aten_cached_attention(qkv.to(at::kDouble), ref, step, h, mask);
+          auto y = nn::fused_decode_attention(qkv, kv, step, h, mask, slopes);
+          // ALiBi's reference: the bias of one query at position `step` over keys 0..step, -inf where masked
+          const at::Tensor ref_mask =
+              alibi ? nn::alibi_bias(slopes.to(at::kDouble), 1, step, step + 1, mask, /*causal=*/true) : mask;
+          auto want = nn::aten_cached_attention(qkv.to(at::kDouble), ref, step, h, ref_mask);
           const std::string where = std::string(kernels::isa_name(isa)) + " B=" + std::to_string(b) + " H=" +
                                     std::to_string(h) + " D=" + std::to_string(d) + " step " + std::to_string(step) +
-                                    (masked ? " masked" : "");
+                                    (masked ? " masked" : "") + (alibi ? " alibi" : "");
           // A sequence whose every position so far is padding attends to nothing: ours gives zeros there.
           auto live = masked ? (pad <= step).view({b, 1, 1}) : at::ones({b, 1, 1}, at::kBool);
           want = at::where(live, want, at::zeros_like(want));

@@ -564,8 +564,8 @@ TEST(DecodeBlock, AFusedStepGivesTheOpByOpStepsBitsForEachFamilyWeightKindBatchA
   struct Reset {
     ~Reset() { nn::set_kernel_policy({}); }
   } reset;
-  auto decode = [&](nn::CausalLM& model, const at::Tensor& ids, bool masked, bool fused) {
-    nn::KernelPolicy policy{ours, ours, ours, ours, ours, ours};
+  auto decode = [&](nn::CausalLM& model, const at::Tensor& ids, bool masked, bool fused, nn::KernelPath attention) {
+    nn::KernelPolicy policy{attention, ours, ours, ours, ours, ours};
     policy.fused_decode_block = fused;
     nn::set_kernel_policy(policy);
     const int64_t b = ids.size(0), t = ids.size(1);
@@ -589,7 +589,7 @@ TEST(DecodeBlock, AFusedStepGivesTheOpByOpStepsBitsForEachFamilyWeightKindBatchA
     return at::cat(steps, 1);
   };
   const quant::QuantConfig schemes[] = {{quant::Scheme::int8_weight, 0}, {quant::Scheme::int4_weight, 32}};
-  for (const std::string family : {"gpt", "opt"})   // BLOOM's ALiBi stays op by op
+  for (const std::string family : {"gpt", "opt", "bloom"})
     for (const auto& c : schemes) {
       const auto m = quantized_pair(family, c);
       // fp32 layers (the plain factory's: the dequantized copy) twice: their weights as they are, and with
@@ -608,11 +608,15 @@ TEST(DecodeBlock, AFusedStepGivesTheOpByOpStepsBitsForEachFamilyWeightKindBatchA
             at::manual_seed(5);
             const auto ids = at::randint(0, 96, {batch, 11}, at::kLong);
             const std::string what = family + " " + kind + " B=" + std::to_string(batch) + (masked ? " masked" : "");
-            const auto by_ops = decode(*model, ids, masked, false);
+            const auto by_ops = decode(*model, ids, masked, false, ours);
             const uint64_t before = kernels::decode_block_steps();
-            const auto fused = decode(*model, ids, masked, true);
+            const auto fused = decode(*model, ids, masked, true, ours);
             EXPECT_EQ(kernels::decode_block_steps() - before, 2u * 5) << what << ": 2 blocks x 5 steps take the fused path";
             EXPECT_TRUE(at::equal(fused, by_ops)) << what << ": max diff " << max_abs_diff(fused, by_ops);
+            if (family == "bloom") {   // ALiBi in the kernel against ATen's attention with alibi.h's bias tensor
+              const auto aten = decode(*model, ids, masked, false, nn::KernelPath::Aten);
+              EXPECT_LT(max_abs_diff(fused, aten), 1e-5 * fused.abs().max().item<double>()) << what << ": against ATen's ALiBi";
+            }
           }
     }
 }

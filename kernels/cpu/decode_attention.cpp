@@ -25,8 +25,8 @@ void decode_attention_task(const float* qkv, float* k_cache, float* v_cache, con
   float* v = v_cache + task * a.capacity * d;
   std::memcpy(k + (a.length - 1) * d, q + c, static_cast<size_t>(d) * sizeof(float));
   std::memcpy(v + (a.length - 1) * d, q + 2 * c, static_cast<size_t>(d) * sizeof(float));
-  active_kernels().attention_decode_head(q, k, v, a.length, d, a.scale, valid ? valid + b * valid_stride : nullptr, scores,
-                                         out + b * c + h * d);
+  active_kernels().attention_decode_head(q, k, v, a.length, d, a.scale, a.alibi_slopes ? a.alibi_slopes[h] : 0.0f,
+                                         valid ? valid + b * valid_stride : nullptr, scores, out + b * c + h * d);
 }
 
 void decode_attention(const float* qkv, float* k_cache, float* v_cache, const uint8_t* valid, int64_t valid_stride,

@@ -18,6 +18,7 @@ struct DecodeAttentionDims {
   int64_t capacity;   // positions the cache holds
   int64_t length;     // positions attended, the new one included (it is written at length - 1)
   float scale;        // usually 1/sqrt(head_dim)
+  const float* alibi_slopes = nullptr;   // [heads]: ALiBi's slope * (j - (length - 1)) on key j's score (BLOOM); or null
 };
 
 // A sequence with no valid position gets a zero output.

@@ -79,11 +79,20 @@ void weighted_values(const float* __restrict p, const float* __restrict v, int64
   for (int i = 0; i < NV; ++i) store_u(out + i * kLanes, acc[i] * inv);
 }
 
+// ALiBi's distance bias slope * (j - (n - 1)) added to the scores of a query at position n - 1 (none at
+// slope 0), the same expression over a cache and over blocks, so both give a key the same bits.
+COLOSSAL_INLINE void add_alibi(float slope, int64_t n, float* __restrict s) {
+  if (slope != 0.0f)
+    for (int64_t j = 0; j < n; ++j) s[j] += slope * static_cast<float>(j - (n - 1));
+}
+
 }  // namespace
 
 void attention_decode_head(const float* __restrict q, const float* __restrict k, const float* __restrict v, int64_t n,
-                           int64_t d, float scale, const uint8_t* valid, float* __restrict s, float* __restrict out) {
+                           int64_t d, float scale, float slope, const uint8_t* valid, float* __restrict s,
+                           float* __restrict out) {
   scores(q, k, n, d, scale, s);
+  add_alibi(slope, n, s);
   bool any = !valid;
   if (valid) {
     for (int64_t j = 0; j < n; ++j) {
@@ -128,8 +137,7 @@ void attention_paged_head(const float* __restrict q, const float* __restrict k_b
                           float scale, float slope, float* __restrict s, float* __restrict out) {
   for (int64_t b = 0, j0 = 0; j0 < n; ++b, j0 += block_size)
     scores(q, k_base + table[b] * block_stride, n - j0 < block_size ? n - j0 : block_size, d, scale, s + j0);
-  if (slope != 0.0f)
-    for (int64_t j = 0; j < n; ++j) s[j] += slope * static_cast<float>(j - (n - 1));
+  add_alibi(slope, n, s);
   float max;
   const float inv = 1.0f / exp_shifted_inplace(s, n, max);
   int64_t c = 0;

@@ -76,7 +76,7 @@ void shared_product(const IsaKernels& k, Stretches& share, const DecodeProduct& 
 // ones), shared out by `share`.
 void attention_stage(const DecodeBlockStep& s, const float* qkv, float* attended, Stretches& share) {
   const PagedAttentionDims paged{s.rows, s.heads, s.head_dim, s.block_size, s.scale};
-  const DecodeAttentionDims cached{s.rows, s.heads, s.head_dim, s.capacity, s.length, s.scale};
+  const DecodeAttentionDims cached{s.rows, s.heads, s.head_dim, s.capacity, s.length, s.scale, s.alibi_slopes};
   int64_t longest = s.length;
   if (s.tables) {
 #pragma omp single

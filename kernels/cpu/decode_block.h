@@ -54,11 +54,11 @@ struct DecodeBlockStep {
   float scale = 0;                    // usually 1 / sqrt(head_dim)
   // Paged (serving, paged_attention.h) where `tables` is given: row i is a token at positions[i] of the
   // sequence whose block table is tables[i], in pools [num_blocks, heads, block_size, head_dim]; rows of
-  // one prompt chunk see each other. ALiBi's slopes [heads] or null. capacity, length and valid unused.
+  // one prompt chunk see each other. capacity, length and valid unused.
   const int64_t* positions = nullptr;
   const int32_t* const* tables = nullptr;
   int64_t block_size = 0;
-  const float* alibi_slopes = nullptr;
+  const float* alibi_slopes = nullptr;   // ALiBi's slopes [heads] (BLOOM), over the cache or the blocks; or null
 };
 
 // Whether a product of this shape and kind can run here (the integer kinds need whole blocks of 32 inputs).

@@ -63,10 +63,11 @@ struct IsaKernels {
   void (*qgemv_q8x_int4)(const int8_t* xq, const uint8_t* xa, const float* xs, const float* xc, int64_t rows, int64_t in, const uint8_t* q,
                          const float* scales, int64_t group, const float* bias, float* y, int64_t ldy, int64_t o_begin,
                          int64_t o_end);
-  // One decoding query q[d] against n cached keys and values ([n][d] rows), positions with valid[j] == 0
-  // (when valid is given) left out: out[d] = softmax(scale q k^T) v. s: n floats of scratch.
+  // One decoding query q[d] at position n - 1 against n cached keys and values ([n][d] rows), positions
+  // with valid[j] == 0 (when valid is given) left out: out[d] = softmax(scale q k^T + bias) v, where
+  // slope != 0 makes bias ALiBi's slope * (j - (n - 1)) (else none). s: n floats of scratch.
   void (*attention_decode_head)(const float* q, const float* k, const float* v, int64_t n, int64_t d, float scale,
-                                const uint8_t* valid, float* s, float* out);
+                                float slope, const uint8_t* valid, float* s, float* out);
   // The same for a query at position n - 1 whose keys and values live in blocks (paged_attention.h): this
   // head's block b starts at k_base + table[b] * block_stride (v_base alike), block_size rows of d;
   // slope != 0 adds ALiBi's slope * (j - (n - 1)).

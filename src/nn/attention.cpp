@@ -49,7 +49,10 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
     return p > 0 ? cut_->dropout(y, p) : y;
   }
   if (spec_.alibi) {
-    auto y = proj_->forward(alibi_forward(packed, kv, offset, mask, p_attn));
+    std::optional<at::Tensor> attended;   // a decoding step on the CPU: the fused step with the slopes
+    if (kv && p_attn == 0)
+      attended = alibi_decode_attention(packed, *kv, offset, h, mask, alibi_slopes_, [&] { alibi_forward(packed, kv, offset, mask, 0.0); });
+    auto y = proj_->forward(attended ? *attended : alibi_forward(packed, kv, offset, mask, p_attn));
     return p > 0 ? cut_->dropout(y, p) : y;
   }
   if (!kv && !mask.defined() && spec_.causal && p == 0 && p_attn == 0 && fused_attention_applies(packed) &&
@@ -78,12 +81,11 @@ bool Attention::decode_parts(int64_t rows, const LayerKv& kv, int64_t offset, co
         kv.v.sizes() != kv.k.sizes() || kv.k.dim() != 4 || kv.k.size(1) != heads_.count || kv.k.size(2) != r.block_size ||
         kv.k.size(3) != head_dim() || static_cast<int64_t>(r.positions.size()) != rows || static_cast<int64_t>(r.tables.size()) != rows)
       return false;
-    parts.alibi_slopes = spec_.alibi ? alibi_slopes_.const_data_ptr<float>() : nullptr;
-  } else if (spec_.alibi || !decode_cache_applies(rows, kv, offset, mask) || kv.k.size(1) != heads_.count ||
-             kv.k.size(3) != head_dim() ||
-             !decode_choice_.get(rows, [&] { return decode_attention_decision(rows, heads_.count, head_dim()); })) {
+  } else if (!decode_cache_applies(rows, kv, offset, mask) || kv.k.size(1) != heads_.count || kv.k.size(3) != head_dim() ||
+             !decode_choice_.get(rows, [&] { return decode_attention_decision(rows, heads_.count, head_dim(), spec_.alibi); })) {
     return false;
   }
+  parts.alibi_slopes = spec_.alibi ? alibi_slopes_.const_data_ptr<float>() : nullptr;
   auto qkv = qkv_->decode_product(rows), proj = proj_->decode_product(rows);
   if (!qkv || !proj || qkv->in != spec_.width || qkv->out != 3 * spec_.width || proj->in != spec_.width || proj->out != spec_.width)
     return false;

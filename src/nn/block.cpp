@@ -62,13 +62,13 @@ at::Tensor TransformerBlock::fused_decode(const at::Tensor& x, LayerKv& kv, int6
     s.positions = kv.paged->positions.data();
     s.tables = kv.paged->tables.data();
     s.block_size = kv.paged->block_size;
-    s.alibi_slopes = a.alibi_slopes;
   } else {
     s.capacity = kv.k.size(2);
     s.length = offset + 1;
     s.valid = mask.defined() ? reinterpret_cast<const uint8_t*>(mask.const_data_ptr<bool>()) : nullptr;
     s.valid_stride = offset + 1;
   }
+  s.alibi_slopes = a.alibi_slopes;
   s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));   // cached_attention.cpp's
   kernels::decode_block_step(s);
   return y;

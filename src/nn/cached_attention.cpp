@@ -42,19 +42,24 @@ bool decode_step_applies(const at::Tensor& qkv, const LayerKv& kv, int64_t offse
 namespace {
 
 // The kernel choice's shape of a one-token step.
-std::string decode_shape(int64_t b, int64_t heads, int64_t d) {
-  return "decode B=" + std::to_string(b) + " H=" + std::to_string(heads) + " D=" + std::to_string(d);
+std::string decode_shape(int64_t b, int64_t heads, int64_t d, bool alibi = false) {
+  return "decode B=" + std::to_string(b) + " H=" + std::to_string(heads) + " D=" + std::to_string(d) + (alibi ? " alibi" : "");
 }
 
 // The fused step on inputs decode_step_applies has accepted.
-at::Tensor decode_step(const at::Tensor& qkv_in, LayerKv& kv, int64_t offset, int64_t heads, const at::Tensor& mask) {
+at::Tensor decode_step(const at::Tensor& qkv_in, LayerKv& kv, int64_t offset, int64_t heads, const at::Tensor& mask,
+                       const at::Tensor& alibi_slopes = {}) {
   const auto qkv = qkv_in.contiguous();
   const int64_t b = qkv.size(0), c = qkv.size(2) / 3, d = c / heads;
   TORCH_CHECK(kv.k.size(1) == heads && kv.k.size(3) == d, "fused_decode_attention: cache ", kv.k.sizes(),
               " does not hold ", heads, " heads of ", d);
+  TORCH_CHECK(!alibi_slopes.defined() || (alibi_slopes.is_cpu() && alibi_slopes.scalar_type() == at::kFloat &&
+                                           alibi_slopes.is_contiguous() && alibi_slopes.numel() == heads),
+              "fused_decode_attention: ALiBi slopes ", alibi_slopes.sizes(), " for ", heads, " heads (float, CPU)");
   auto y = at::empty({b, 1, c}, qkv.options());
   const kernels::DecodeAttentionDims dims{b, heads, d, kv.k.size(2), offset + 1,
-                                         static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)))};
+                                         static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))),
+                                         alibi_slopes.defined() ? alibi_slopes.const_data_ptr<float>() : nullptr};
   const auto* valid = mask.defined() ? reinterpret_cast<const uint8_t*>(mask.const_data_ptr<bool>()) : nullptr;
   kernels::decode_attention(qkv.const_data_ptr<float>(), kv.k.mutable_data_ptr<float>(), kv.v.mutable_data_ptr<float>(),
                             valid, offset + 1, y.mutable_data_ptr<float>(), dims);
@@ -64,14 +69,25 @@ at::Tensor decode_step(const at::Tensor& qkv_in, LayerKv& kv, int64_t offset, in
 }  // namespace
 
 at::Tensor fused_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
-                                  const at::Tensor& mask) {
+                                  const at::Tensor& mask, const at::Tensor& alibi_slopes) {
   TORCH_CHECK(decode_step_applies(qkv, kv, offset, mask), "fused_decode_attention: unsupported inputs, qkv ",
               qkv.sizes(), " cache ", kv.k.sizes(), " offset ", offset);
-  return decode_step(qkv, kv, offset, heads, mask);
+  return decode_step(qkv, kv, offset, heads, mask, alibi_slopes);
 }
 
-std::optional<bool> decode_attention_decision(int64_t b, int64_t heads, int64_t d) {
-  return decided_ours("attention", kernel_policy().attention, decode_shape(b, heads, d));
+std::optional<bool> decode_attention_decision(int64_t b, int64_t heads, int64_t d, bool alibi) {
+  return decided_ours("attention", kernel_policy().attention, decode_shape(b, heads, d, alibi));
+}
+
+std::optional<at::Tensor> alibi_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
+                                                 const at::Tensor& mask, const at::Tensor& alibi_slopes,
+                                                 const std::function<void()>& aten) {
+  if (!decode_step_applies(qkv, kv, offset, mask)) return std::nullopt;
+  // As in cached_attention: both sides write the same key and value at `offset`.
+  if (!use_ours("attention", kernel_policy().attention, decode_shape(qkv.size(0), heads, qkv.size(2) / 3 / heads, true),
+                [&] { decode_step(qkv, kv, offset, heads, mask, alibi_slopes); }, aten))
+    return std::nullopt;
+  return decode_step(qkv, kv, offset, heads, mask, alibi_slopes);
 }
 
 at::Tensor cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads, const at::Tensor& mask) {

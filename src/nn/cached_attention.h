@@ -4,6 +4,7 @@
 // (kernel_choice.h, kernel "attention", shape "decode B H D", timed once on the first step).
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <functional>
 #include <optional>
 
 #include "src/nn/attention.h"
@@ -22,9 +23,17 @@ at::Tensor aten_cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t off
 bool decode_step_applies(const at::Tensor& qkv, const LayerKv& kv, int64_t offset, const at::Tensor& mask);
 // The cache's and the mask's part of that: a one-token step of b sequences at `offset`.
 bool decode_cache_applies(int64_t b, const LayerKv& kv, int64_t offset, const at::Tensor& mask);
-// Whether a one-token step of b sequences runs the fused path: the decided choice, or nullopt while undecided.
-std::optional<bool> decode_attention_decision(int64_t b, int64_t heads, int64_t d);
+// Whether a one-token step of b sequences runs the fused path (with ALiBi's slopes where `alibi`): the
+// decided choice, or nullopt while undecided.
+std::optional<bool> decode_attention_decision(int64_t b, int64_t heads, int64_t d, bool alibi = false);
+// `alibi_slopes` [heads] (float, CPU) or undefined: ALiBi's slope * (key - query position) on each score.
 at::Tensor fused_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
-                                  const at::Tensor& mask);
+                                  const at::Tensor& mask, const at::Tensor& alibi_slopes = {});
+// BLOOM's one-token step: the fused step with ALiBi's slopes [heads] where decode_step_applies and it wins
+// against `aten`, the layer's own ATen path, which builds the bias as a tensor (timed once per shape, as
+// "decode B H D alibi"). nullopt where that ATen path is to run instead.
+std::optional<at::Tensor> alibi_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
+                                                 const at::Tensor& mask, const at::Tensor& alibi_slopes,
+                                                 const std::function<void()>& aten);
 
 }  // namespace colossal::nn
