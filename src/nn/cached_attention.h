@@ -1,7 +1,8 @@
 // Attention that reads and extends a layer's KV cache (generation). Prefill and masked steps run on
 // ATen's scaled_dot_product_attention; a one-token step on CPU float tensors runs
 // kernels/cpu/decode_attention (cache write and attention in one call) when it wins at that shape
-// (kernel_choice.h, kernel "attention", shape "decode B H D", timed once on the first step).
+// (kernel_choice.h, kernel "attention", shape "decode B H D", or "decode B H D alibi" with BLOOM's
+// distance bias, timed once on the first step).
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <functional>
