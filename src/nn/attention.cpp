@@ -51,7 +51,8 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
   if (spec_.alibi) {
     std::optional<at::Tensor> attended;   // a decoding step on the CPU: the fused step with the slopes
     if (kv && p_attn == 0)
-      attended = alibi_decode_attention(packed, *kv, offset, h, mask, alibi_slopes_, [&] { alibi_forward(packed, kv, offset, mask, 0.0); });
+      attended = chosen_decode_attention(packed, *kv, offset, h, mask, alibi_slopes_,
+                                         [&] { alibi_forward(packed, kv, offset, mask, 0.0); });
     auto y = proj_->forward(attended ? *attended : alibi_forward(packed, kv, offset, mask, p_attn));
     return p > 0 ? cut_->dropout(y, p) : y;
   }

@@ -79,25 +79,21 @@ std::optional<bool> decode_attention_decision(int64_t b, int64_t heads, int64_t 
   return decided_ours("attention", kernel_policy().attention, decode_shape(b, heads, d, alibi));
 }
 
-std::optional<at::Tensor> alibi_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
-                                                 const at::Tensor& mask, const at::Tensor& alibi_slopes,
-                                                 const std::function<void()>& aten) {
+std::optional<at::Tensor> chosen_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
+                                                  const at::Tensor& mask, const at::Tensor& alibi_slopes,
+                                                  const std::function<void()>& aten) {
   if (!decode_step_applies(qkv, kv, offset, mask)) return std::nullopt;
-  // As in cached_attention: both sides write the same key and value at `offset`.
-  if (!use_ours("attention", kernel_policy().attention, decode_shape(qkv.size(0), heads, qkv.size(2) / 3 / heads, true),
+  // Both sides write the same key and value at `offset`, so timing them on the real cache is harmless.
+  if (!use_ours("attention", kernel_policy().attention,
+                decode_shape(qkv.size(0), heads, qkv.size(2) / 3 / heads, alibi_slopes.defined()),
                 [&] { decode_step(qkv, kv, offset, heads, mask, alibi_slopes); }, aten))
     return std::nullopt;
   return decode_step(qkv, kv, offset, heads, mask, alibi_slopes);
 }
 
 at::Tensor cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads, const at::Tensor& mask) {
-  if (decode_step_applies(qkv, kv, offset, mask)) {
-    // Both sides write the same key and value at `offset`, so timing them on the real cache is harmless.
-    if (use_ours("attention", kernel_policy().attention, decode_shape(qkv.size(0), heads, qkv.size(2) / 3 / heads),
-                 [&] { decode_step(qkv, kv, offset, heads, mask); },
-                 [&] { aten_cached_attention(qkv, kv, offset, heads, mask); }))
-      return decode_step(qkv, kv, offset, heads, mask);
-  }
+  if (auto y = chosen_decode_attention(qkv, kv, offset, heads, mask, {}, [&] { aten_cached_attention(qkv, kv, offset, heads, mask); }))
+    return *y;
   return aten_cached_attention(qkv, kv, offset, heads, mask);
 }
 

@@ -30,11 +30,12 @@ std::optional<bool> decode_attention_decision(int64_t b, int64_t heads, int64_t 
 // `alibi_slopes` [heads] (float, CPU) or undefined: ALiBi's slope * (key - query position) on each score.
 at::Tensor fused_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
                                   const at::Tensor& mask, const at::Tensor& alibi_slopes = {});
-// BLOOM's one-token step: the fused step with ALiBi's slopes [heads] where decode_step_applies and it wins
-// against `aten`, the layer's own ATen path, which builds the bias as a tensor (timed once per shape, as
-// "decode B H D alibi"). nullopt where that ATen path is to run instead.
-std::optional<at::Tensor> alibi_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
-                                                 const at::Tensor& mask, const at::Tensor& alibi_slopes,
-                                                 const std::function<void()>& aten);
+// A one-token step on the fused path, with ALiBi's slopes [heads] where defined (BLOOM), where
+// decode_step_applies and it wins against `aten`, the caller's ATen path (timed once per shape, as
+// "decode B H D", or "decode B H D alibi" with slopes, against the ALiBi layer's own path, which builds the
+// bias as a tensor). nullopt where the caller's ATen path is to run instead.
+std::optional<at::Tensor> chosen_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
+                                                  const at::Tensor& mask, const at::Tensor& alibi_slopes,
+                                                  const std::function<void()>& aten);
 
 }  // namespace colossal::nn
