@@ -77,14 +77,11 @@ void shared_product(const IsaKernels& k, Stretches& share, const DecodeProduct& 
 void attention_stage(const DecodeBlockStep& s, const float* qkv, float* attended, Stretches& share) {
   const PagedAttentionDims paged{s.rows, s.heads, s.head_dim, s.block_size, s.scale};
   const DecodeAttentionDims cached{s.rows, s.heads, s.head_dim, s.capacity, s.length, s.scale, s.alibi_slopes};
-  int64_t longest = s.length;
   if (s.tables) {
 #pragma omp single
     paged_write_keys_values(qkv, s.k_cache, s.v_cache, s.positions, s.tables, paged);
-    longest = 0;
-    for (int64_t i = 0; i < s.rows; ++i) longest = std::max(longest, s.positions[i] + 1);
   }
-  float* scores = thread_scratch(static_cast<size_t>(longest));
+  float* scores = thread_scratch(static_cast<size_t>(s.tables ? paged_longest(s.positions, s.rows) : s.length));
   share.work(omp_get_thread_num(), [&](int64_t t_begin, int64_t t_end) {
     for (int64_t task = t_begin; task < t_end; ++task) {
       if (s.tables) paged_attention_task(qkv, s.k_cache, s.v_cache, s.positions, s.tables, s.alibi_slopes, attended, paged, task, scores);

@@ -10,10 +10,9 @@
 
 namespace colossal::kernels {
 
-int64_t paged_write_keys_values(const float* qkv, float* k_pool, float* v_pool, const int64_t* positions,
-                                const int32_t* const* tables, const PagedAttentionDims& a) {
+void paged_write_keys_values(const float* qkv, float* k_pool, float* v_pool, const int64_t* positions,
+                             const int32_t* const* tables, const PagedAttentionDims& a) {
   const int64_t h = a.heads, d = a.head_dim, c = h * d, bs = a.block_size, block_stride = h * bs * d;
-  int64_t longest = 0;
   for (int64_t i = 0; i < a.tokens; ++i) {
     const int64_t p = positions[i], block = tables[i][p / bs], slot = p % bs;
     for (int64_t head = 0; head < h; ++head) {
@@ -21,8 +20,12 @@ int64_t paged_write_keys_values(const float* qkv, float* k_pool, float* v_pool, 
       std::memcpy(k_pool + at, qkv + i * 3 * c + c + head * d, static_cast<size_t>(d) * sizeof(float));
       std::memcpy(v_pool + at, qkv + i * 3 * c + 2 * c + head * d, static_cast<size_t>(d) * sizeof(float));
     }
-    longest = p + 1 > longest ? p + 1 : longest;
   }
+}
+
+int64_t paged_longest(const int64_t* positions, int64_t tokens) {
+  int64_t longest = 0;
+  for (int64_t i = 0; i < tokens; ++i) longest = positions[i] + 1 > longest ? positions[i] + 1 : longest;
   return longest;
 }
 
@@ -38,7 +41,8 @@ void paged_attention_task(const float* qkv, const float* k_pool, const float* v_
 void paged_attention(const float* qkv, float* k_pool, float* v_pool, const int64_t* positions, const int32_t* const* tables,
                      const float* alibi_slopes, float* out, const PagedAttentionDims& a) {
   // keys and values first: a chunk's later tokens read its earlier ones
-  const int64_t longest = paged_write_keys_values(qkv, k_pool, v_pool, positions, tables, a);
+  paged_write_keys_values(qkv, k_pool, v_pool, positions, tables, a);
+  const int64_t longest = paged_longest(positions, a.tokens);
   int64_t work = 0;
   for (int64_t i = 0; i < a.tokens; ++i) work += 2 * (positions[i] + 1) * a.heads * a.head_dim;
   const int64_t tasks = a.tokens * a.heads;

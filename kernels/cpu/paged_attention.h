@@ -25,10 +25,11 @@ void paged_attention(const float* qkv, float* k_pool, float* v_pool, const int64
                      const float* alibi_slopes, float* out, const PagedAttentionDims& dims);
 
 // Its two parts, for a caller that shares the tasks among its own threads (decode_block.h): every
-// token's key and value into its slot (returns the longest sequence attended, the scores' floats a task
-// needs), then task `task` = token * heads + head.
-int64_t paged_write_keys_values(const float* qkv, float* k_pool, float* v_pool, const int64_t* positions,
-                                const int32_t* const* tables, const PagedAttentionDims& dims);
+// token's key and value into its slot, then task `task` = token * heads + head, whose `scores` hold
+// paged_longest(positions, tokens) floats (the longest sequence attended).
+void paged_write_keys_values(const float* qkv, float* k_pool, float* v_pool, const int64_t* positions,
+                             const int32_t* const* tables, const PagedAttentionDims& dims);
+int64_t paged_longest(const int64_t* positions, int64_t tokens);
 void paged_attention_task(const float* qkv, const float* k_pool, const float* v_pool, const int64_t* positions,
                           const int32_t* const* tables, const float* alibi_slopes, float* out, const PagedAttentionDims& dims,
                           int64_t task, float* scores);

@@ -14,6 +14,18 @@
 #include "src/nn/sequence_attention.h"
 
 namespace colossal::nn {
+namespace {
+
+// Whether kernels/cpu/paged_attention's kernel takes kv for `rows` tokens of `heads` heads of d: float
+// pools on the CPU, each [blocks, heads, block_size, d], and a position and a block table per token.
+bool paged_kernel_takes(const LayerKv& kv, int64_t rows, int64_t heads, int64_t d) {
+  const auto& r = *kv.paged;
+  return kv.k.is_cpu() && kv.k.scalar_type() == at::kFloat && kv.k.is_contiguous() && kv.v.is_contiguous() &&
+         kv.v.sizes() == kv.k.sizes() && kv.k.dim() == 4 && kv.k.size(1) == heads && kv.k.size(2) == r.block_size &&
+         kv.k.size(3) == d && static_cast<int64_t>(r.positions.size()) == rows && static_cast<int64_t>(r.tables.size()) == rows;
+}
+
+}  // namespace
 
 Attention::Attention(const AttentionSpec& spec, LayerFactory& factory)
     : spec_(spec),
@@ -77,11 +89,7 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
 bool Attention::decode_parts(int64_t rows, const LayerKv& kv, int64_t offset, const at::Tensor& mask, DecodeParts& parts) {
   if (is_training() || !spec_.causal || sequence_ || heads_.count != spec_.heads || (mask.defined() && mask_rows_)) return false;
   if (kv.paged) {   // paged_forward's CPU kernel
-    const auto& r = *kv.paged;
-    if (mask.defined() || !kv.k.is_cpu() || kv.k.scalar_type() != at::kFloat || !kv.k.is_contiguous() || !kv.v.is_contiguous() ||
-        kv.v.sizes() != kv.k.sizes() || kv.k.dim() != 4 || kv.k.size(1) != heads_.count || kv.k.size(2) != r.block_size ||
-        kv.k.size(3) != head_dim() || static_cast<int64_t>(r.positions.size()) != rows || static_cast<int64_t>(r.tables.size()) != rows)
-      return false;
+    if (mask.defined() || !paged_kernel_takes(kv, rows, heads_.count, head_dim())) return false;
   } else if (!decode_cache_applies(rows, kv, offset, mask) || kv.k.size(1) != heads_.count || kv.k.size(3) != head_dim() ||
              !decode_choice_.get(rows, [&] { return decode_attention_decision(rows, heads_.count, head_dim(), spec_.alibi); })) {
     return false;
@@ -113,11 +121,7 @@ at::Tensor Attention::paged_forward(const at::Tensor& packed_in, LayerKv& kv) {
     return aten_paged_attention(packed_in, kv, heads_.count, spec_.alibi ? alibi_slopes_ : at::Tensor());
   const auto packed = packed_in.contiguous();
   const int64_t n = packed.size(0), c = packed.size(2) / 3, h = heads_.count, d = c / h;
-  TORCH_CHECK(!is_training() && packed.is_cpu() && packed.scalar_type() == at::kFloat && packed.size(1) == 1 &&
-                  static_cast<int64_t>(rows.positions.size()) == n && static_cast<int64_t>(rows.tables.size()) == n &&
-                  kv.k.is_contiguous() && kv.v.is_contiguous() && kv.k.size(1) == h && kv.k.size(2) == rows.block_size &&
-                  kv.k.size(3) == d,
-              "paged attention: rows ", packed.sizes(), " against a pool ", kv.k.sizes(), " (CPU float inference only)");
+  TORCH_CHECK(!is_training() && packed.size(1) == 1 && paged_kernel_takes(kv, n, h, d), "paged attention: rows ", packed.sizes(), " against a pool ", kv.k.sizes(), " (CPU float inference only)");
   auto y = at::empty({n, 1, c}, packed.options());
   const kernels::PagedAttentionDims dims{n, h, d, rows.block_size, static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)))};
   kernels::paged_attention(packed.const_data_ptr<float>(), kv.k.mutable_data_ptr<float>(), kv.v.mutable_data_ptr<float>(),

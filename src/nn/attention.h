@@ -48,8 +48,8 @@ class Attention : public Module {
   // What a fused decoding step (TransformerBlock, kernels/cpu/decode_block.h) takes from this layer for
   // `rows` new tokens against kv at `offset`: where forward would run the QKV and output products on the
   // decoding kernels and the CPU attention kernel (the decoding one already chosen at these shapes, or the
-  // paged one of serving), with no split sequence or heads, a mask that kernel takes, and ALiBi only
-  // against paged blocks (the CPU kernel that has it). False elsewhere.
+  // paged one of serving; either with ALiBi's slopes), with no split sequence or heads and a mask that
+  // kernel takes. False elsewhere.
   struct DecodeParts {
     kernels::DecodeProduct qkv, proj;
     const float* alibi_slopes = nullptr;
