@@ -329,6 +329,47 @@ TEST(CpuKernels, HalfGradientsAddIntoFp32ShardsAsAtensMixedAddOnEveryInstruction
   }
 }
 
+TEST(CpuKernels, AdamWOverHalfGradientsGivesTheBitsOfItsWidenedScaledCopyOnEveryInstructionSet) {
+  // Compact gradient shards: 16-bit gradients widened and times their factor as the kernel reads them
+  // must update exactly as the fp32 kernel over `half.to(float).mul_(factor)` does, with clipping's
+  // scale on top. Several threads' grains, a ragged tail, subnormal fp16 values and zeros of both signs;
+  // factors of a loss scale (a power of two) and of anything else; three steps so the moments matter.
+  const int64_t n = 3 * 32768 + 1037;
+  at::manual_seed(5);
+  const at::Tensor p0 = at::randn({n});
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    for (double factor : {1.0, 1.0 / 1024, 0.37}) {
+      std::vector<at::Tensor> grads;
+      for (int s = 0; s < 3; ++s) {
+        at::Tensor g = (at::randn({n}) * at::pow(10.0, at::randint(-6, 2, {n}).to(at::kFloat))).to(dtype);
+        const float specials[] = {0.0f, -0.0f, 6e-8f, -6e-8f, 3e-5f, 1e-40f, -2.5f};
+        for (int64_t i = 0; i < static_cast<int64_t>(std::size(specials)); ++i) g[i * 5 + 3] = specials[i];
+        grads.push_back(g.contiguous());
+      }
+      for (Isa isa : kernels::runnable_isas()) {
+        kernels::ScopedIsa cap(isa);
+        at::Tensor p = p0.clone(), m = at::zeros({n}), v = at::zeros({n});
+        at::Tensor pr = p0.clone(), mr = at::zeros({n}), vr = at::zeros({n});
+        for (int s = 0; s < 3; ++s) {
+          const kernels::AdamWHyper h{1e-2, 0.9, 0.95, 1e-8, 0.1, s + 1, s == 1 ? 0.7 : 1.0};
+          kernels::adamw_step_half(p.mutable_data_ptr<float>(), static_cast<const uint16_t*>(grads[s].const_data_ptr()),
+                                   dtype == at::kBFloat16 ? kernels::Half16::bf16 : kernels::Half16::fp16, m.mutable_data_ptr<float>(),
+                                   v.mutable_data_ptr<float>(), n, h, factor);
+          at::Tensor wide = grads[s].to(at::kFloat);
+          if (factor != 1.0) wide.mul_(factor);
+          kernels::adamw_step<float>(pr.mutable_data_ptr<float>(), wide.const_data_ptr<float>(), mr.mutable_data_ptr<float>(),
+                                     vr.mutable_data_ptr<float>(), n, h);
+        }
+        const std::string what = std::string(kernels::isa_name(isa)) + " " + c10::toString(dtype) + " factor " + std::to_string(factor);
+        EXPECT_TRUE(at::equal(p, pr)) << what;
+        EXPECT_TRUE(at::equal(m, mr)) << what;
+        EXPECT_TRUE(at::equal(v, vr)) << what;
+        EXPECT_FALSE(at::equal(p, p0)) << what;   // it did update
+      }
+    }
+  }
+}
+
 TEST(CpuKernels, SumOfSquaresIsTheDoubleSumOnEveryInstructionSetWhateverTheThreads) {
   // Several blocks and a ragged tail; values spread over six decades so float accumulation would drift.
   const int64_t n = 5 * 65536 + 1234;
@@ -346,6 +387,29 @@ TEST(CpuKernels, SumOfSquaresIsTheDoubleSumOnEveryInstructionSetWhateverTheThrea
     EXPECT_EQ(one, many) << kernels::isa_name(isa) << ": the sum depends on the thread count";
     EXPECT_NEAR(kernels::sum_squares(xd.const_data_ptr<double>(), n), ref, 1e-11 * ref) << kernels::isa_name(isa);
     EXPECT_EQ(kernels::sum_squares(x.const_data_ptr<float>(), 0), 0.0);
+  }
+  at::set_num_threads(threads);
+}
+
+TEST(CpuKernels, SumOfSquaresOfHalfValuesIsThatOfTheirFp32CopyOnEveryInstructionSet) {
+  // Compact gradient shards' norm: the bits the same gradients give in fp32 shards, whatever the threads.
+  const int64_t n = 5 * 65536 + 1234;
+  const int threads = at::get_num_threads();
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    at::Tensor x = (at::randn({n}) * at::pow(10.0, at::randint(-3, 3, {n}).to(at::kFloat))).to(dtype);
+    x[3] = 6e-8f;   // an fp16 subnormal
+    const at::Tensor wide = x.to(at::kFloat);
+    const auto kind = dtype == at::kBFloat16 ? kernels::Half16::bf16 : kernels::Half16::fp16;
+    const auto* bits = static_cast<const uint16_t*>(x.const_data_ptr());
+    for (Isa isa : kernels::runnable_isas()) {
+      kernels::ScopedIsa cap(isa);
+      const double want = kernels::sum_squares(wide.const_data_ptr<float>(), n);
+      at::set_num_threads(1);
+      EXPECT_EQ(kernels::sum_squares_half(bits, n, kind), want) << kernels::isa_name(isa) << " " << dtype;
+      at::set_num_threads(std::max(2, threads));
+      EXPECT_EQ(kernels::sum_squares_half(bits, n, kind), want) << kernels::isa_name(isa) << " " << dtype;
+      EXPECT_NEAR(want, wide.to(at::kDouble).pow(2).sum().item<double>(), 1e-11 * want);
+    }
   }
   at::set_num_threads(threads);
 }

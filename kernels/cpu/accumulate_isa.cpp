@@ -1,42 +1,12 @@
 // One instruction set's loops of accumulate.h: 16-bit floats widened exactly and added into fp32.
-#include <bit>
-
 #include "kernels/cpu/isa_entry.h"
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
+#include "kernels/cpu/half_widen.h"
 
 namespace colossal::kernels::COLOSSAL_ISA {
-namespace {
-
-// IEEE half to float, exactly (subnormals, infinities and NaNs included): the tail of F16C's loop, and
-// the whole loop without F16C.
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-  uint32_t bits = 0;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {   // subnormal: shift the leading one into the implicit bit
-    uint32_t shifts = 0;
-    while (!(mantissa & 0x400u)) {
-      mantissa <<= 1;
-      ++shifts;
-    }
-    bits = sign | ((113 - shifts) << 23) | ((mantissa & 0x3ffu) << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
-
-}  // namespace
 
 void accumulate_bf16(float* __restrict dst, const uint16_t* __restrict src, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] += std::bit_cast<float>(static_cast<uint32_t>(src[i]) << 16);
+  for (int64_t i = 0; i < n; ++i) dst[i] += bf16_to_float(src[i]);
 }
 
 void accumulate_fp16(float* __restrict dst, const uint16_t* __restrict src, int64_t n) {

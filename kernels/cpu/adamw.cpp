@@ -39,12 +39,25 @@ void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n, c
   }
 }
 
-template <typename T>
-double sum_squares(const T* x, int64_t n) {
-  const auto block_sum = [] {
-    if constexpr (std::is_same_v<T, float>) return active_kernels().sum_squares_f32;
-    else return active_kernels().sum_squares_f64;
-  }();
+void adamw_step_half(float* param, const uint16_t* grad, Half16 kind, float* exp_avg, float* exp_avg_sq, int64_t n,
+                     const AdamWHyper& h, double grad_factor) {
+  const AdamWConsts<float> c = adamw_consts<float>(h);
+  const auto chunk = kind == Half16::bf16 ? active_kernels().adamw_f32_bf16 : active_kernels().adamw_f32_fp16;
+  const auto factor = static_cast<float>(grad_factor);
+  constexpr int64_t kGrain = 1 << 15;   // adamw_step's
+#pragma omp parallel for schedule(static) if (n > 2 * kGrain)
+  for (int64_t start = 0; start < n; start += kGrain) {
+    const int64_t len = start + kGrain < n ? kGrain : n - start;
+    chunk(param + start, grad + start, exp_avg + start, exp_avg_sq + start, len, c, factor);
+  }
+}
+
+namespace {
+
+// Fixed blocks, each summed by `block_sum` on some thread, added in block order: the result does not
+// depend on the number of threads.
+template <typename T, typename BlockSum>
+double block_sums(const T* x, int64_t n, BlockSum block_sum) {
   constexpr int64_t kBlock = 1 << 16;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   std::vector<double> sums(static_cast<size_t>(blocks));
@@ -53,6 +66,18 @@ double sum_squares(const T* x, int64_t n) {
   double total = 0;
   for (double s : sums) total += s;
   return total;
+}
+
+}  // namespace
+
+template <typename T>
+double sum_squares(const T* x, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) return block_sums(x, n, active_kernels().sum_squares_f32);
+  else return block_sums(x, n, active_kernels().sum_squares_f64);
+}
+
+double sum_squares_half(const uint16_t* x, int64_t n, Half16 kind) {
+  return block_sums(x, n, kind == Half16::bf16 ? active_kernels().sum_squares_bf16 : active_kernels().sum_squares_fp16);
 }
 
 template double sum_squares<float>(const float*, int64_t);

@@ -6,6 +6,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/cpu/accumulate.h"   // Half16
+
 namespace colossal::kernels {
 
 struct AdamWHyper {
@@ -30,9 +32,17 @@ AdamWConsts<T> adamw_consts(const AdamWHyper& h);
 template <typename T>
 void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n, const AdamWHyper& h);
 
+// The same update reading gradients kept in 16 bits (Half16's bf16 or fp16, as raw bits), each taken as
+// float(grad[i]) * float(grad_factor) and then times h.grad_scale: the bits adamw_step gives on the
+// widened gradients after an fp32 `mul_(grad_factor)`, with no fp32 copy of them.
+void adamw_step_half(float* param, const uint16_t* grad, Half16 kind, float* exp_avg, float* exp_avg_sq, int64_t n,
+                     const AdamWHyper& h, double grad_factor);
+
 // The sum of x[i]^2 in double: one read of the buffer, on OpenMP threads over fixed blocks whose sums
 // are added in block order, so the result does not depend on the number of threads.
 template <typename T>
 double sum_squares(const T* x, int64_t n);
+// The same over 16-bit values (Half16's bits): exactly sum_squares<float> of their widened copy.
+double sum_squares_half(const uint16_t* x, int64_t n, Half16 kind);
 
 }  // namespace colossal::kernels

@@ -18,8 +18,12 @@ void gelu_forward_grad_chunk(const float* x, float* y, float* dydx, int64_t n);
 float softmax_ce_row(float* row, int64_t target, int64_t cols, float grad_scale);
 void adamw_chunk_f32(float* p, const float* g, float* m, float* v, int64_t n, const AdamWConsts<float>& c);
 void adamw_chunk_f64(double* p, const double* g, double* m, double* v, int64_t n, const AdamWConsts<double>& c);
+void adamw_chunk_f32_bf16(float* p, const uint16_t* g, float* m, float* v, int64_t n, const AdamWConsts<float>& c, float factor);
+void adamw_chunk_f32_fp16(float* p, const uint16_t* g, float* m, float* v, int64_t n, const AdamWConsts<float>& c, float factor);
 double sum_squares_f32(const float* x, int64_t n);
 double sum_squares_f64(const double* x, int64_t n);
+double sum_squares_bf16(const uint16_t* x, int64_t n);
+double sum_squares_fp16(const uint16_t* x, int64_t n);
 void accumulate_bf16(float* dst, const uint16_t* src, int64_t n);
 void accumulate_fp16(float* dst, const uint16_t* src, int64_t n);
 void gemv(const float* x, int64_t rows, int64_t in, const float* w, const float* bias, float* y, int64_t ldy,

@@ -92,6 +92,12 @@ struct IsaKernels {
   // dst[i] += float(src[i]) over 16-bit floats' bits (accumulate.h).
   void (*accumulate_bf16)(float* dst, const uint16_t* src, int64_t n);
   void (*accumulate_fp16)(float* dst, const uint16_t* src, int64_t n);
+  // adamw_f32 reading 16-bit gradients (bf16, fp16), each widened and multiplied by `factor` first.
+  void (*adamw_f32_bf16)(float* p, const uint16_t* g, float* m, float* v, int64_t n, const AdamWConsts<float>& c, float factor);
+  void (*adamw_f32_fp16)(float* p, const uint16_t* g, float* m, float* v, int64_t n, const AdamWConsts<float>& c, float factor);
+  // sum_squares_f32 over 16-bit values widened (the same bits as over their fp32 copy).
+  double (*sum_squares_bf16)(const uint16_t* x, int64_t n);
+  double (*sum_squares_fp16)(const uint16_t* x, int64_t n);
   // Columns [n_begin, n_end) of a quantized GEMM (qgemm.h); null in sets without VNNI, whose prompts
   // take the fp32 GEMM with the weights dequantized as it packs them.
   void (*qgemm_columns)(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* scratch) = nullptr;

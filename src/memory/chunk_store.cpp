@@ -368,10 +368,11 @@ at::Tensor ChunkStore::master_grad(int64_t chunk, int64_t begin, int64_t numel) 
 }
 
 std::vector<optim::ParamPiece> ChunkStore::range_pieces(int64_t chunk, int64_t begin, int64_t numel, const at::Tensor& master,
-                                                        const std::vector<at::Tensor>& states, double weight_decay) {
+                                                        const std::vector<at::Tensor>& states, double weight_decay, bool half_grads) {
   const auto c = static_cast<size_t>(chunk);
   std::vector<optim::ParamPiece> out;
-  const at::Tensor grad = master_grad(chunk, begin, numel);
+  const bool as_stored = half_grads && compact_grads() && grad_shards_[c].is_cpu();
+  const at::Tensor grad = as_stored ? grad_shards_[c].narrow(0, begin, numel) : master_grad(chunk, begin, numel);
   for (int64_t i : layout_.chunk_slots[c]) {
     const auto part = shard_part(i);
     if (!part) continue;
@@ -380,6 +381,7 @@ std::vector<optim::ParamPiece> ChunkStore::range_pieces(int64_t chunk, int64_t b
     optim::ParamPiece piece;
     piece.param = master.narrow(0, lo - begin, hi - lo);
     piece.grad = grad.narrow(0, lo - begin, hi - lo);
+    if (as_stored) piece.grad_factor = grad_factor_;
     for (const auto& st : states) piece.state.push_back(st.narrow(0, lo - begin, hi - lo));
     piece.weight_decay = layout_.slots[static_cast<size_t>(i)].decay ? weight_decay : 0.0;
     piece.tensor = i;

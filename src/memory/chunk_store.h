@@ -161,9 +161,11 @@ class ChunkStore {
   // The pieces of every tensor inside this rank's shards, with `state_names` states, for the optimizer.
   std::vector<optim::ParamPiece> pieces(const std::vector<std::string>& state_names, double weight_decay);
   // The pieces of the tensors in [begin, begin + numel) of this rank's shard of chunk c, with `master`
-  // and `states` (one per state) views of that range.
+  // and `states` (one per state) views of that range. `half_grads`: the optimizer reads 16-bit
+  // gradients (Optimizer::reads_half_grads), so compact shards on the host are handed over as they are,
+  // with the factor they owe in ParamPiece::grad_factor, instead of as a converted fp32 copy.
   std::vector<optim::ParamPiece> range_pieces(int64_t chunk, int64_t begin, int64_t numel, const at::Tensor& master,
-                                              const std::vector<at::Tensor>& states, double weight_decay);
+                                              const std::vector<at::Tensor>& states, double weight_decay, bool half_grads = false);
 
   // The offload file (StoreOffload), or null. Segments of a slice: the states in state_names order,
   // then the master when master_on_disk.

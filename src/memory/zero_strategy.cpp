@@ -448,7 +448,7 @@ void ZeroStrategy::streamed_update(const optim::StepContext& ctx, const std::vec
     // The master: staged with the states when it lives on disk, else the parameters' own shard.
     const at::Tensor master = store_.master_on_disk() ? work.back() : store_.master_chunk(sl.chunk).narrow(0, sl.begin, sl.numel);
     const std::vector<at::Tensor> slice_states(work.begin(), work.begin() + static_cast<std::ptrdiff_t>(names));
-    auto pieces = store_.range_pieces(sl.chunk, sl.begin, sl.numel, master, slice_states, weight_decay_);
+    auto pieces = store_.range_pieces(sl.chunk, sl.begin, sl.numel, master, slice_states, weight_decay_, optimizer_->reads_half_grads());
     optimizer_->update(pieces, ctx);
     store_.publish_range(sl.chunk, sl.begin, master);   // mixed precision: the compute chunk takes it while it is staged
     if (!device.is_cpu())
@@ -589,6 +589,9 @@ double ZeroStrategy::clip_grad_norm(double max_norm) {
       host_sq += kernels::sum_squares(g.const_data_ptr<float>(), g.numel());
     } else if (g.is_contiguous() && g.scalar_type() == at::kDouble) {
       host_sq += kernels::sum_squares(g.const_data_ptr<double>(), g.numel());
+    } else if (g.is_contiguous() && (g.scalar_type() == at::kBFloat16 || g.scalar_type() == at::kHalf)) {   // compact shards
+      host_sq += kernels::sum_squares_half(static_cast<const uint16_t*>(g.const_data_ptr()), g.numel(),
+                                           g.scalar_type() == at::kBFloat16 ? kernels::Half16::bf16 : kernels::Half16::fp16);
     } else {
       for (int64_t from = 0; from < g.numel(); from += kSlice)
         slices_sq.add_(at::linalg_vector_norm(g.narrow(0, from, std::min(kSlice, g.numel() - from)), 2, c10::nullopt, false, at::kDouble).square());

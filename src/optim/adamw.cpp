@@ -55,6 +55,19 @@ void AdamW::update(std::vector<ParamPiece>& pieces, const StepContext& ctx) {
   for (auto& piece : pieces) {
     at::Tensor &p = piece.param, &grad = piece.grad, &m = piece.state[0], &v = piece.state[1];
     const kernels::AdamWHyper h{lr, opt_.beta1, opt_.beta2, opt_.eps, piece.weight_decay, step_, ctx.grad_scale};
+    const bool half = grad.scalar_type() == at::kBFloat16 || grad.scalar_type() == at::kHalf;
+    if (half && p.is_cpu() && grad.is_cpu() && p.scalar_type() == at::kFloat && p.is_contiguous() && grad.is_contiguous() &&
+        m.is_contiguous() && v.is_contiguous()) {
+      kernels::adamw_step_half(p.data_ptr<float>(), static_cast<const uint16_t*>(grad.const_data_ptr()),
+                               grad.scalar_type() == at::kBFloat16 ? kernels::Half16::bf16 : kernels::Half16::fp16, m.data_ptr<float>(),
+                               v.data_ptr<float>(), p.numel(), h, piece.grad_factor);
+      continue;
+    }
+    if (half) {   // elsewhere: the fp32 copy the kernel above avoids
+      at::NoGradGuard no_grad;
+      grad = grad.to(p.options());
+      if (piece.grad_factor != 1.0) grad.mul_(piece.grad_factor);
+    }
     if (cuda_kernel_takes(piece)) {
       on_gpu.push_back(&piece);
     } else if (p.is_cpu() && p.scalar_type() == at::kFloat) {

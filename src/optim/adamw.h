@@ -18,6 +18,7 @@ class AdamW : public Optimizer {
   void update(std::vector<ParamPiece>& pieces, const StepContext& ctx) override;
   bool elementwise() const override { return true; }
   bool folds_grad_scale() const override { return true; }
+  bool reads_half_grads() const override { return true; }
 
  private:
   void update_on_gpu(const std::vector<ParamPiece*>& pieces, const StepContext& ctx);

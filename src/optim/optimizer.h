@@ -16,6 +16,9 @@ struct ParamPiece {
   std::vector<at::Tensor> state;   // one view per Optimizer::state_names(), same length
   double weight_decay = 0.0;       // the piece's tensor takes weight decay (matrices, embeddings) or not
   int64_t tensor = 0;              // which tensor it belongs to (layer-wise rules reduce norms per tensor)
+  // A 16-bit gradient (bf16 or fp16, handed only to an optimizer that reads_half_grads) is read as
+  // float(grad) * grad_factor, before StepContext::grad_scale: what a compact gradient shard still owes.
+  double grad_factor = 1.0;
 };
 
 // What one step needs besides the pieces.
@@ -53,6 +56,9 @@ class Optimizer {
   virtual void update(std::vector<ParamPiece>& pieces, const StepContext& ctx) = 0;
   // Applies ctx.grad_scale itself, in the pass it makes anyway (AdamW's fused kernel).
   virtual bool folds_grad_scale() const { return false; }
+  // Takes pieces whose gradients are bf16 or fp16 with a ParamPiece::grad_factor (fp32 parameters),
+  // widening them as it reads them (AdamW's fused kernel): no fp32 copy of a compact shard's gradients.
+  virtual bool reads_half_grads() const { return false; }
   // Each element's update depends on that element alone (no per-tensor norms), so a tensor may reach
   // update() in pieces across several calls.
   virtual bool elementwise() const = 0;
