@@ -168,6 +168,11 @@ BlockSplit block_split(const ModelConfig& m, double parameters) {
 
 }  // namespace
 
+bool compact_gradient_shards(const Recipe& r, bool states_off_device) {
+  return states_off_device && r.precision.dtype != "fp32" && r.memory.zero >= 2 && r.train.grad_accum == 1 && r.parallel.pipeline == 1 &&
+         optim::make_optimizer(r.optim)->reads_half_grads();
+}
+
 MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters, int64_t dp) {
   MemoryEstimate e;
   e.parameters = parameters;
@@ -182,7 +187,11 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters, int
   const double compute = mixed ? 2 : 4;
   const double master = mixed ? 4 * p / sharded : 0;
   e.weights = (stage >= 3 ? compute * p / shards : compute * p) + master;
-  e.gradients = stage >= 2 ? 4 * p / shards : compute * p + (mixed ? 4 * p / sharded : 0);
+  const auto& mem = r.memory;
+  const bool states_off_device = mem.placement == "cpu" || mem.offload_optimizer != "none" ||
+                                 (mem.placement == "auto" && stage == 3 && (mem.device_memory_limit_gb > 0 || r.train.device == "cuda"));
+  e.gradients = stage >= 2 ? (compact_gradient_shards(r, states_off_device) ? compute : 4) * p / shards
+                           : compute * p + (mixed ? 4 * p / sharded : 0);
   const auto optimizer = optim::make_optimizer(r.optim);
   const auto states = static_cast<double>(optimizer->state_names().size());
   e.optimizer = 4 * p * states / sharded;

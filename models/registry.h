@@ -47,6 +47,15 @@ struct MemoryEstimate {
 };
 MemoryEstimate estimate_training_memory(const Recipe& recipe, int64_t parameters, int64_t dp = 1);
 
+// Whether the recipe's gradient shards stay in the compute dtype (memory::ZeroOptions::compact_grads):
+// bf16 or fp16 at zero = 2 or 3, one micro-batch a step (no accumulation, no pipeline), an optimizer
+// that reads 16-bit gradients (AdamW), and the optimizer states off the compute device
+// (`states_off_device`: the train plan knows it from the resolved placement; the memory estimate, which
+// has no device, takes placement cpu, offload_optimizer = "cpu" or "nvme", and placement auto at zero = 3
+// with a device budget or train.device = "cuda"; auto on a GPU picked by device = "auto" it counts at
+// 4 bytes, above what the run then holds).
+bool compact_gradient_shards(const Recipe& recipe, bool states_off_device);
+
 // ZeRO-3 under a device budget: the least the compute device can train the model with. With the chunks'
 // data in host memory (placement cpu or auto), each block's chunks gathered only while it runs: the
 // embeddings, final norm and head whole with their gradient buffer, the running block's chunks and the

@@ -227,21 +227,25 @@ TEST(ChunkStore, TheDryRunsBytesPerRankAreWhatTheStoreHoldsAtEveryStageAndPrecis
   Recipe r;
   r.model.family = "gpt";
   r.model.n_layer = 4, r.model.n_head = 2, r.model.n_embd = 64, r.model.block_size = 32, r.model.vocab_size = 512;
+  // offload_optimizer = "cpu": the states in host memory, where bf16 and fp16 keep compact gradient shards.
+  for (const char* offload : {"none", "cpu"})
   for (const char* dtype : {"fp32", "bf16", "fp16"})
     for (int stage : {0, 1, 2})
       for (int64_t shards : {1, 4}) {
         r.precision.dtype = dtype;
         r.memory.zero = stage;
+        r.memory.offload_optimizer = offload;
         nn::LayerFactory f;
         auto model = build_model(r.model, f);
         const auto compute = std::string(dtype) == "fp32" ? std::nullopt
                              : std::optional<at::ScalarType>(std::string(dtype) == "bf16" ? at::kBFloat16 : at::kHalf);
         const int64_t chunk = choose_chunk_numel(chunk_specs(*model), 0, shards, stage);   // "auto", as runs choose
-        ChunkStore store(*model, stage, chunk, shards, 0, compute, parameter_blocks(*model));
+        ChunkStore store(*model, stage, chunk, shards, 0, compute, parameter_blocks(*model), std::nullopt, std::nullopt, {},
+                         compact_gradient_shards(r, std::string(offload) == "cpu"));
         store.pieces({"exp_avg", "exp_avg_sq"}, 0.1);   // AdamW's states, allocated as the strategy does
         const ChunkBytes held = store.bytes();
         const MemoryEstimate plan = estimate_training_memory(r, store.layout().total_numel(), stage == 0 ? 1 : shards);
-        const std::string where = std::string(dtype) + " stage " + std::to_string(stage) + " over " + std::to_string(shards);
+        const std::string where = std::string(offload) + " " + dtype + " stage " + std::to_string(stage) + " over " + std::to_string(shards);
         EXPECT_EQ(plan.weights, static_cast<double>(held.params)) << where;
         EXPECT_EQ(plan.gradients, static_cast<double>(held.grads)) << where;
         EXPECT_EQ(plan.optimizer, static_cast<double>(held.optimizer)) << where;

@@ -202,6 +202,32 @@ TEST(DistributedTraining, ParametersOnNvmeFollowTheInMemoryRunAndResume) {
   EXPECT_TRUE(fs::is_empty(nvme));   // the offload files went with their processes
 }
 
+TEST(DistributedTraining, Bf16GradientShardsBesideHostStatesFollowTheFp32ShardsRunBitForBit) {
+  // Optimizer states in host memory under bf16 with one micro-batch a step: the gradient shards stay
+  // bf16 (2 bytes a parameter, not 4) and AdamW widens them as it reads them, with clipping that acts.
+  // Placement cpu at ZeRO-3 and offload_optimizer = "cpu" at ZeRO-2, each over 2 ranks, give the bits of
+  // the same run with fp32 shards on the compute device; accumulating two micro-batches keeps fp32 shards.
+  TempDir dir;
+  const std::string common = "--nproc-per-node 2 --set train.batch_size=4 --set train.max_steps=3 --set precision.dtype=bf16 "
+                             "--set train.grad_clip=0.05 --set memory.chunk_size_mb=0.01";
+  const std::string compact = "(gradient shards kept in the compute dtype)";
+  for (int stage : {3, 2}) {
+    const std::string at = " --set memory.zero=" + std::to_string(stage), name = "z" + std::to_string(stage);
+    auto r = train(write_recipe(dir, name), common + at);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(colossal::test::read_file(dir / (name + "/train.log")).find(compact), std::string::npos);
+    const std::string host = stage == 3 ? " --set memory.placement=cpu" : " --set memory.offload_optimizer=cpu";
+    r = train(write_recipe(dir, name + "-host"), common + at + host);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(colossal::test::read_file(dir / (name + "-host/train.log")).find(compact), std::string::npos) << name;
+    EXPECT_EQ(max_relative_difference(dir / (name + "-host"), dir / name), 0.0) << name;
+    for (double n : colossal::test::metric_values(dir / (name + "-host/metrics.jsonl"), "grad_norm")) EXPECT_GT(n, 0.05);   // clipping acted
+  }
+  auto r = train(write_recipe(dir, "accumulating"), common + " --set memory.zero=3 --set memory.placement=cpu --set train.grad_accum=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(colossal::test::read_file(dir / "accumulating/train.log").find(compact), std::string::npos);
+}
+
 TEST(DistributedTraining, MaskedLmAtTwoRanksEqualsOneProcessOnTheGlobalBatch) {
   // Each rank masks a different number of positions; the loss divides by the count over both ranks.
   TempDir dir;

@@ -294,6 +294,7 @@ void apply_memory(TrainPlan& p) {
   if (r.memory.offload_optimizer == "nvme") zo.offload_dir = r.memory.nvme_path;
   zo.offload_params = r.memory.offload_params == "nvme";
   zo.placement = resolve_placement(r, p.device, p.counter);
+  zo.compact_grads = compact_gradient_shards(r, zo.placement.homes.states == memory::Residence::host || !zo.offload_dir.empty());
   // `colossal profile` measures the update as a phase of its own, so there it runs in place.
   zo.overlap_update = p.tracer || r.memory.overlap_update == "off" ? memory::OverlapUpdate::off
                       : r.memory.overlap_update == "on"            ? memory::OverlapUpdate::on

@@ -44,8 +44,9 @@ constexpr size_t kSpareBuffers = 4;
 
 ChunkStore::ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64_t shards, int64_t rank,
                        std::optional<at::ScalarType> compute, const std::function<int64_t(const at::Tensor&)>& block_of,
-                       std::optional<c10::Device> device, const std::optional<StoreOffload>& offload, StoreHomes homes)
-    : stage_(stage), rank_(stage == 0 ? 0 : rank), spare_limit_(kSpareBuffers) {
+                       std::optional<c10::Device> device, const std::optional<StoreOffload>& offload, StoreHomes homes,
+                       bool compact)
+    : stage_(stage), rank_(stage == 0 ? 0 : rank), compact_asked_(compact), spare_limit_(kSpareBuffers) {
   if (stage < 0 || stage > 3) throw Error("chunk store: ZeRO stage " + std::to_string(stage) + " (internal: 0 to 3)");
   if (stage == 3 && !block_of) throw Error("chunk store: ZeRO-3 needs the model's blocks (internal)");
   const auto specs = chunk_specs(module);
@@ -371,7 +372,7 @@ std::vector<optim::ParamPiece> ChunkStore::range_pieces(int64_t chunk, int64_t b
                                                         const std::vector<at::Tensor>& states, double weight_decay, bool half_grads) {
   const auto c = static_cast<size_t>(chunk);
   std::vector<optim::ParamPiece> out;
-  const bool as_stored = half_grads && compact_grads() && grad_shards_[c].is_cpu();
+  const bool as_stored = half_grads && compact_grads();
   const at::Tensor grad = as_stored ? grad_shards_[c].narrow(0, begin, numel) : master_grad(chunk, begin, numel);
   for (int64_t i : layout_.chunk_slots[c]) {
     const auto part = shard_part(i);
@@ -390,10 +391,10 @@ std::vector<optim::ParamPiece> ChunkStore::range_pieces(int64_t chunk, int64_t b
   return out;
 }
 
-std::vector<optim::ParamPiece> ChunkStore::pieces(const std::vector<std::string>& state_names, double weight_decay) {
+std::vector<optim::ParamPiece> ChunkStore::pieces(const std::vector<std::string>& state_names, double weight_decay, bool half_grads) {
   std::vector<optim::ParamPiece> out;
   for (int64_t c = 0; c < layout_.chunks(); ++c)
-    for (auto& piece : range_pieces(c, 0, shard_numel(c), master_chunk(c), chunk_states(c, state_names), weight_decay))
+    for (auto& piece : range_pieces(c, 0, shard_numel(c), master_chunk(c), chunk_states(c, state_names), weight_decay, half_grads))
       out.push_back(std::move(piece));
   return out;
 }

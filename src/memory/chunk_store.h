@@ -80,12 +80,13 @@ class ChunkStore {
   // `block_of`: the block a parameter belongs to, or -1 (ZeRO-3 releases chunks of block tensors only).
   // `device`: where the chunks live (undefined: where the parameters are; deferred ones are nowhere).
   // `offload`: what goes to NVMe (none: everything in memory). `homes`: where every chunk's persistent
-  // data starts (set_homes moves it later).
+  // data starts (set_homes moves it later). `compact`: under mixed precision at stage 2 or 3, keep the
+  // gradient shards in the compute dtype (compact_grads) although the parameters are in memory.
   ChunkStore(nn::Module& module, int stage, int64_t chunk_numel, int64_t shards, int64_t rank,
              std::optional<at::ScalarType> compute = std::nullopt,
              const std::function<int64_t(const at::Tensor&)>& block_of = {},
              std::optional<c10::Device> device = std::nullopt, const std::optional<StoreOffload>& offload = std::nullopt,
-             StoreHomes homes = {});
+             StoreHomes homes = {}, bool compact = false);
 
   // Slot's tensor takes `value` (its full value, any dtype and device) in whatever this rank holds of
   // it: the whole tensor in a present chunk, its part of a ZeRO-3 shard, its part of the fp32 master.
@@ -137,12 +138,14 @@ class ChunkStore {
   std::vector<at::Tensor>& master_grads() { return master_grads_; }
   // master_grads = grad_shards * inv_scale (a loss scale undone, or 1).
   void collect_grads(double inv_scale);
-  // Parameters on NVMe in mixed precision: the gradient shards stay in the compute dtype (2 bytes per
-  // parameter instead of 4, what decides the largest model when parameters and states are on disk, as
-  // in DeepSpeed's ZeRO-3) and become master-dtype values a slice at a time, as the update reads
-  // them; master_grads() is then empty and collect_grads only notes the factor. One micro-batch per
-  // step gives the same values as fp32 shards; accumulating several sums in the compute dtype.
-  bool compact_grads() const { return params_on_disk_ && mixed_; }
+  // Parameters on NVMe in mixed precision, or asked for (the constructor's `compact`): the gradient
+  // shards stay in the compute dtype (2 bytes per parameter instead of 4, what decides the largest
+  // model when parameters and states are on disk, as in DeepSpeed's ZeRO-3, and a quarter of the host's
+  // bytes a parameter when Gemini keeps the states there) and become master-dtype values as the update
+  // reads them (widened in its pass by an optimizer that reads_half_grads, else a slice at a time);
+  // master_grads() is then empty and collect_grads only notes the factor. One micro-batch per step
+  // gives the same values as fp32 shards; accumulating several sums in the compute dtype.
+  bool compact_grads() const { return (params_on_disk_ || compact_asked_) && mixed_ && stage_ >= 2; }
   // The gradients the update reads for [begin, begin + numel) of chunk c's shard: a view of
   // master_grads, or a converted copy (compact_grads).
   at::Tensor master_grad(int64_t chunk, int64_t begin, int64_t numel) const;
@@ -159,7 +162,8 @@ class ChunkStore {
   std::vector<at::Tensor>& state(const std::string& name);
 
   // The pieces of every tensor inside this rank's shards, with `state_names` states, for the optimizer.
-  std::vector<optim::ParamPiece> pieces(const std::vector<std::string>& state_names, double weight_decay);
+  // `half_grads` as for range_pieces.
+  std::vector<optim::ParamPiece> pieces(const std::vector<std::string>& state_names, double weight_decay, bool half_grads = false);
   // The pieces of the tensors in [begin, begin + numel) of this rank's shard of chunk c, with `master`
   // and `states` (one per state) views of that range. `half_grads`: the optimizer reads 16-bit
   // gradients (Optimizer::reads_half_grads), so compact shards on the host are handed over as they are,
@@ -235,6 +239,7 @@ class ChunkStore {
   std::unique_ptr<OffloadedStates> offloaded_;   // the states on NVMe instead (optimizer offload)
   std::vector<std::string> offloaded_names_;
   bool master_on_disk_ = false, params_on_disk_ = false;
+  bool compact_asked_ = false;   // the constructor's `compact`
   double grad_factor_ = 1.0;   // compact_grads: the factor their values still need
   std::map<size_t, std::vector<at::DataPtr>> spare_;   // released chunks' memory by size, for the next gather
   size_t spare_limit_;

@@ -187,7 +187,7 @@ void ZeroStrategy::plan_placement() {
     store_.set_homes(c, {params ? Residence::device : store_.param_home(c), states ? Residence::device : store_.state_home(c)});
     spare -= moved[k];
   }
-  if (!store_.offloaded()) pieces_ = store_.pieces(optimizer_->state_names(), weight_decay_);   // the moved tensors' views
+  if (!store_.offloaded()) pieces_ = store_.pieces(optimizer_->state_names(), weight_decay_, optimizer_->reads_half_grads());   // the moved tensors' views
   caching_ = true;
 }
 

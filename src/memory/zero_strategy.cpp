@@ -86,7 +86,8 @@ std::optional<StoreOffload> offload_plan(const ZeroOptions& o, const optim::Opti
 }
 
 // shard += part: a gradient reduced in the compute dtype added into its fp32 shard in host memory
-// through accumulate.h's loop (6.5x ATen's mixed-dtype add), else by ATen.
+// through accumulate.h's loop (6.5x ATen's mixed-dtype add), else by ATen (a compact shard in the
+// compute dtype: one micro-batch's reduced gradient lands on zeros, exactly).
 void accumulate_grad(at::Tensor& shard, const at::Tensor& part) {
   const bool half = part.scalar_type() == at::kBFloat16 || part.scalar_type() == at::kHalf;
   if (half && shard.is_cpu() && part.is_cpu() && shard.scalar_type() == at::kFloat && shard.is_contiguous() && part.is_contiguous() &&
@@ -116,7 +117,7 @@ class ZeroStrategy::GatherHook : public nn::BlockHook {
 ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group& group, std::unique_ptr<optim::Optimizer> optimizer)
     : group_(group),
       store_(module, o.stage, o.chunk_numel, group.size(), group.rank(), o.compute, block_map(module, o.stage), o.device,
-             offload_plan(o, *optimizer), o.placement.homes),
+             offload_plan(o, *optimizer), o.placement.homes, o.compact_grads && optimizer->reads_half_grads()),
       optimizer_(std::move(optimizer)),
       scaler_(o.loss_scale ? std::make_unique<LossScaler>(*o.loss_scale) : nullptr),
       spare_grads_(kStage2InFlight + 1),
@@ -139,7 +140,7 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, const ZeroOptions& o, dist::Group
     for (const auto& name : o.pipeline_copies)
       if (auto slot = store_.slot_of(name)) pipeline_copies_.push_back(*slot);
   }
-  if (!store_.offloaded()) pieces_ = store_.pieces(optimizer_->state_names(), o.weight_decay);
+  if (!store_.offloaded()) pieces_ = store_.pieces(optimizer_->state_names(), o.weight_decay, optimizer_->reads_half_grads());
   placement_ = o.placement;
   if (placement_.mode != PlacementMode::device && o.stage != 3)
     throw Error("zero: a placement other than \"device\" needs stage 3: chunks are brought to the device block by block (internal)");
@@ -258,7 +259,8 @@ std::string ZeroStrategy::describe() const {
                            (store_.params_offloaded() ? "; block parameters read from there as each block runs" : "") +
                            (store_.compact_grads() ? "; gradient shards kept in the compute dtype" : "") + ", " +
                            offload_how() + ")"
-                     : "");
+                     : store_.compact_grads() ? " (gradient shards kept in the compute dtype)"
+                                              : "");
 }
 
 void ZeroStrategy::before_backward(bool last) {
@@ -644,6 +646,8 @@ optim::StepContext ZeroStrategy::step_context(double lr) {
   ctx.tensors = static_cast<int64_t>(store_.layout().slots.size());
   ctx.grad_scale = grad_scale_;   // clipping's, when the optimizer folds it into its pass
   grad_scale_ = 1;
+  if (store_.compact_grads())   // the pieces read compact shards as they are: with this step's factor
+    for (auto& piece : pieces_) piece.grad_factor = store_.grad_factor();
   const bool straddles = store_.stage() > 0 && group_.active();   // a tensor may straddle two ranks' shards
   if (straddles || tensor_group_)
     ctx.sum_across_shards = [this, straddles](at::Tensor& t) {

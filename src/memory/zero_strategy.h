@@ -71,6 +71,11 @@ struct ZeroOptions {
   std::string offload_dir;                       // optimizer states on NVMe in a file here ("": in memory)
   int64_t offload_slice = kOffloadSliceNumel;    // elements staged at once (layer-wise optimizers: whole chunks)
   bool offload_params = false;                   // ZeRO-3: block chunks' parameters on NVMe too (needs offload_dir)
+  // Mixed precision at stage 2 or 3 with one micro-batch a step: gradient shards in the compute dtype
+  // (ChunkStore::compact_grads), taken where the optimizer reads_half_grads. The train plan asks for
+  // it where the optimizer states live in host memory, whose bytes a parameter decide Gemini's largest
+  // model; one micro-batch keeps the values those of fp32 shards (a reduced gradient lands on zeros).
+  bool compact_grads = false;
   PlacementOptions placement;
   OverlapUpdate overlap_update = OverlapUpdate::off;
   // Tensor parallelism: the ranks holding the other pieces of the split parameters (nn::ShardSpec).
