@@ -38,6 +38,33 @@ TEST(CudaJobs, ProfileCountsTheGpusBytesOfEveryBlock) {
   EXPECT_GT(p["peak"]["bytes"].get<int64_t>(), t["params"].get<int64_t>() + t["grads"].get<int64_t>() + t["optimizer"].get<int64_t>());
 }
 
+TEST(CudaJobs, Bf16GradientShardsInHostMemoryFollowTheDeviceRun) {
+  SKIP_WITHOUT_GPU();
+  // bf16 under placement cpu with one micro-batch a step: the reduced gradients come back into bf16
+  // shards in host memory (2 bytes a parameter) and the host's AdamW widens them as it reads them. The
+  // same losses and norms as the device run, whose fp32 shards and AdamW are on the GPU (the norms sum
+  // in other orders: close, not bit for bit).
+  TempDir dir;
+  auto train = [&](const std::string& name, const std::string& placement) {
+    const auto r = run_colossal("train recipes/gpt-tiny.toml --quiet --set train.device=cuda --set precision.dtype=bf16 --set memory.zero=3 "
+                                "--set memory.chunk_size_mb=0.01 --set train.grad_accum=1 --set train.max_steps=6 --set optim.warmup_steps=1 "
+                                "--set train.eval_every=0 --set train.eval_batches=1 --set checkpoint.every=0 --set model.dropout=0 "
+                                "--set memory.placement=" + placement + " --set output.dir=" + (dir / name) + " --set data.tokenizer=" +
+                                (dir / "tok.model") + " --set data.dataset=" + (dir / "data.h5"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return test::read_file(dir / name + "/train.log").find("gradient shards kept in the compute dtype") != std::string::npos;
+  };
+  EXPECT_FALSE(train("device", "device"));
+  EXPECT_TRUE(train("cpu", "cpu"));
+  for (const char* metric : {"loss", "grad_norm"}) {
+    const auto device = test::metric_values(dir / "device/metrics.jsonl", metric);
+    const auto cpu = test::metric_values(dir / "cpu/metrics.jsonl", metric);
+    ASSERT_EQ(device.size(), 6u) << metric;
+    ASSERT_EQ(cpu.size(), device.size()) << metric;
+    for (size_t i = 0; i < device.size(); ++i) EXPECT_NEAR(cpu[i], device[i], 1e-3 * device[i]) << metric << ", step " << i + 1;
+  }
+}
+
 TEST(CudaJobs, RanksThatOutnumberTheGpusTrainOnTheCpuUnderAutoAndAreRefusedUnderCuda) {
   SKIP_WITHOUT_GPU();
   if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v != nullptr && *v != '\0')
