@@ -140,8 +140,8 @@ class ChunkStore {
   void collect_grads(double inv_scale);
   // Parameters on NVMe in mixed precision, or asked for (the constructor's `compact`): the gradient
   // shards stay in the compute dtype (2 bytes per parameter instead of 4, what decides the largest
-  // model when parameters and states are on disk, as in DeepSpeed's ZeRO-3, and a quarter of the host's
-  // bytes a parameter when Gemini keeps the states there) and become master-dtype values as the update
+  // model when parameters and states are on disk, as in DeepSpeed's ZeRO-3, and 16 bytes a parameter
+  // become 14 on the host when Gemini keeps the states there) and become master-dtype values as the update
   // reads them (widened in its pass by an optimizer that reads_half_grads, else a slice at a time);
   // master_grads() is then empty and collect_grads only notes the factor. One micro-batch per step
   // gives the same values as fp32 shards; accumulating several sums in the compute dtype.
@@ -166,8 +166,9 @@ class ChunkStore {
   std::vector<optim::ParamPiece> pieces(const std::vector<std::string>& state_names, double weight_decay, bool half_grads = false);
   // The pieces of the tensors in [begin, begin + numel) of this rank's shard of chunk c, with `master`
   // and `states` (one per state) views of that range. `half_grads`: the optimizer reads 16-bit
-  // gradients (Optimizer::reads_half_grads), so compact shards on the host are handed over as they are,
-  // with the factor they owe in ParamPiece::grad_factor, instead of as a converted fp32 copy.
+  // gradients (Optimizer::reads_half_grads), so compact shards are handed over as they are, with the
+  // factor they owe in ParamPiece::grad_factor (ZeroStrategy::step_context refreshes it in the pieces it
+  // keeps), instead of as a converted fp32 copy.
   std::vector<optim::ParamPiece> range_pieces(int64_t chunk, int64_t begin, int64_t numel, const at::Tensor& master,
                                               const std::vector<at::Tensor>& states, double weight_decay, bool half_grads = false);
 
