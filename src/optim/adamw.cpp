@@ -63,10 +63,15 @@ void AdamW::update(std::vector<ParamPiece>& pieces, const StepContext& ctx) {
                                v.data_ptr<float>(), p.numel(), h, piece.grad_factor);
       continue;
     }
-    if (half) {   // elsewhere: the fp32 copy the kernel above avoids
+    if (half) {   // elsewhere (a compact shard on a GPU): the fp32 copy the kernel above avoids, in a piece
+      // of its own, since the caller keeps its pieces' views of the shard from step to step
       at::NoGradGuard no_grad;
-      grad = grad.to(p.options());
-      if (piece.grad_factor != 1.0) grad.mul_(piece.grad_factor);
+      std::vector<ParamPiece> widened{piece};
+      widened[0].grad = grad.to(p.options());
+      if (piece.grad_factor != 1.0) widened[0].grad.mul_(piece.grad_factor);
+      widened[0].grad_factor = 1.0;
+      update(widened, ctx);
+      continue;
     }
     if (cuda_kernel_takes(piece)) {
       on_gpu.push_back(&piece);
