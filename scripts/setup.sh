@@ -43,9 +43,17 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+  # The wheels (torch and its CUDA libraries) unpack to about 5.4 GB, and pip holds their downloads
+  # beside them until it is done: say so before starting rather than fail half-way with ENOSPC.
+  free_kb=$(df -Pk "$VENV" | awk 'NR == 2 {print $4}')
+  if [ "${free_kb:-0}" -lt $((7 * 1024 * 1024)) ]; then
+    echo "setup: error: $((free_kb / 1024 / 1024)) GiB free at $VENV; installing torch==$TORCH_VERSION needs about 7 GiB (free some space, or set COLOSSAL_VENV to a larger disk)" >&2
+    exit 1
+  fi
   echo "setup: installing torch==$TORCH_VERSION into $VENV (about 2 minutes, 5.4 GB)"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION"
+  # No wheel cache: a second copy of the downloads would stay on the disk after the install.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir "torch==$TORCH_VERSION"
 fi
 # Python is for fixtures and benchmark peers only (never for building or running colossal).
 if ! "$VENV/bin/python" -c "import numpy, h5py" 2>/dev/null; then
