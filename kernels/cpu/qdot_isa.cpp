@@ -30,17 +30,18 @@ constexpr int kOutputs = kRegs >= 32 ? 2 : 1;
 // Weight rows per pass for one sequence of int4. Unpacking and the per-block conversion make that pass
 // compute-bound, paced by an output's chain of multiply-adds (one per block, each waiting for the one
 // before); passes over several rows run as many chains side by side: 8 take 0.6x the time of one on
-// AVX-512, 4 (all AVX2's registers hold) 0.75x. int8 at one sequence streams its weights at memory
-// speed, and there 4 streams a pass took 1.3x the time of one.
-constexpr int kInt4OneRowOutputs = kRegs >= 32 ? 8 : 4;
+// AVX-512, 4 (all AVX2's registers hold) 0.75x. But each row is a stream from memory, and a core
+// reads several interleaved streams slower than one: int8 at one sequence streams its weights at memory
+// speed, and there 4 streams a pass took 1.3x the time of one; on a Zen 3 (AVX2, about 10 GB/s a core)
+// int4 over the 124M shape's 48 block layers ran 1.2x faster at 2 rows a pass than at 4, though 4 are
+// faster where the weights sit in cache. The AVX-512 machines measured had twice the bandwidth a core.
+constexpr int kInt4OneRowOutputs = kRegs >= 32 ? 8 : 2;
 typedef Vec<8>::type f8;
 
 // The 32 weights of one block as bytes: int8's signed values, or int4's stored nibbles (value + 8).
 template <bool Int4>
-COLOSSAL_INLINE __m256i block_weights(const void* qrow, int64_t i) {
+COLOSSAL_INLINE __m256i block_weights(const uint8_t* q) {
   if constexpr (Int4) {
-    const uint8_t* q = static_cast<const uint8_t*>(qrow) + i / 2;
-    __builtin_prefetch(q + kPrefetchBytes, 0, 3);
     // The 16 bytes in both halves (one broadcast load), the upper half shifted down a nibble, then one
     // mask: two vector operations where two masks, a shift and an insert took four (the one-sequence
     // pass is compute-bound).
@@ -48,8 +49,6 @@ COLOSSAL_INLINE __m256i block_weights(const void* qrow, int64_t i) {
     const __m256i halves = _mm256_srlv_epi32(b, _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0));
     return _mm256_and_si256(halves, _mm256_set1_epi8(0x0F));   // inputs 0..15 | 16..31
   } else {
-    const int8_t* q = static_cast<const int8_t*>(qrow) + i;
-    __builtin_prefetch(q + kPrefetchBytes, 0, 3);
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
   }
 }
@@ -75,26 +74,52 @@ COLOSSAL_INLINE void row(const int8_t* __restrict xq, const uint8_t* __restrict 
                          const float* __restrict xc, int64_t in, const void* __restrict qrow, int64_t row_bytes,
                          const float* __restrict scale, int64_t group, const float* __restrict bias, float* __restrict y,
                          int64_t ldy) {
+  constexpr int64_t kBlockBytes = Int4 ? kBlock / 2 : kBlock;
+  // Blocks a 64-byte line of a weight row holds. Each row is asked for once a line, kPrefetchBytes
+  // ahead, and the line's blocks then run without a branch between them: asking at every block (four
+  // times a line for int4) spent load slots that the compute-bound one-sequence int4 pass needs.
+  constexpr int64_t kLineBlocks = 64 / kBlockBytes;
   const int64_t blocks = in / kBlock, groups = in / group;
+  // Pointers stepped block by block: indexing by the input (i / 2 of a signed count) cost a handful of
+  // scalar instructions a block in a loop of about thirty.
+  const uint8_t* w = static_cast<const uint8_t*>(qrow);
+  const int8_t* xqb = xq;
+  const uint8_t* xab = xa;
+  int64_t b = 0;
   f8 total[O][R] = {};
   float offset[O][R] = {};   // int4: the nibbles' +8, scaled, summed over the groups
-  for (int64_t g0 = 0, gi = 0; g0 < in; g0 += group, ++gi) {
-    f8 acc[O][R] = {};
-    float corr[R] = {};
-    for (int64_t i = g0; i < g0 + group; i += kBlock) {
-      __m256i w[O];
-      for (int o = 0; o < O; ++o) w[o] = block_weights<Int4>(static_cast<const uint8_t*>(qrow) + o * row_bytes, i);
-      const int64_t b = i / kBlock;
-      for (int r = 0; r < R; ++r) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * in + i));
-        const __m256i ax = Int4 ? x : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xa + r * in + i));
-        const f8 xsr = xs[r * blocks + b] - f8{};
-        for (int o = 0; o < O; ++o) {
-          const f8 d = (f8)_mm256_cvtepi32_ps(block_dot<Int4>(w[o], x, ax));
-          acc[o][r] = fmadd<8>(d, xsr, acc[o][r]);
-        }
-        if constexpr (Int4) corr[r] += xc[r * blocks + b];
+  f8 acc[O][R];
+  float corr[R];
+  const auto prefetch = [&]() __attribute__((always_inline)) {
+    for (int o = 0; o < O; ++o) __builtin_prefetch(w + o * row_bytes + kPrefetchBytes, 0, 3);
+  };
+  const auto block = [&]() __attribute__((always_inline)) {
+    __m256i wv[O];
+    for (int o = 0; o < O; ++o) wv[o] = block_weights<Int4>(w + o * row_bytes);
+    for (int r = 0; r < R; ++r) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xqb + r * in));
+      const __m256i ax = Int4 ? x : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xab + r * in));
+      const f8 xsr = xs[r * blocks + b] - f8{};
+      for (int o = 0; o < O; ++o) {
+        const f8 d = (f8)_mm256_cvtepi32_ps(block_dot<Int4>(wv[o], x, ax));
+        acc[o][r] = fmadd<8>(d, xsr, acc[o][r]);
       }
+      if constexpr (Int4) corr[r] += xc[r * blocks + b];
+    }
+    ++b, w += kBlockBytes, xqb += kBlock, xab += kBlock;
+  };
+  const bool whole_lines = group % (kLineBlocks * kBlock) == 0;
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    for (int o = 0; o < O; ++o)
+      for (int r = 0; r < R; ++r) acc[o][r] = f8{};
+    for (int r = 0; r < R; ++r) corr[r] = 0.0f;
+    if (whole_lines) {
+      for (int64_t k = 0; k < group; k += kLineBlocks * kBlock) {
+        prefetch();
+        for (int64_t j = 0; j < kLineBlocks; ++j) block();
+      }
+    } else {
+      for (int64_t k = 0; k < group; k += kBlock) prefetch(), block();
     }
     for (int o = 0; o < O; ++o) {
       const float so = scale[o * groups + gi];
