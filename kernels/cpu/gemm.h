@@ -20,8 +20,15 @@ inline constexpr int64_t kGemmColumnMultiple = 16;
 inline constexpr int64_t kGemmDepthBlock = 256;   // reduction steps per pass over a B block
 inline constexpr int64_t kGemmPanel = 256;        // columns per B block: 256 x 256 floats stay in L2
 inline constexpr int64_t kGemmTileRowsMax = 8;    // the most rows any set's tile has
-// Per-thread scratch: one packed B block and one packed A tile.
-inline constexpr int64_t kGemmScratchFloats = kGemmDepthBlock * (kGemmPanel + kGemmTileRowsMax);
+// A with a strided depth axis (the weight gradient's dY, read down its columns) is packed for a whole
+// depth block of a thread's rows at once, up to this many rows; above it (an LM head's gradient, tens
+// of thousands of rows) one register tile at a time.
+inline constexpr int64_t kGemmPackedRowsMax = 4096;
+// Per-thread scratch for `rows` rows of C: one packed B block and the packed A (every tile of the rows,
+// or one tile).
+inline constexpr int64_t gemm_scratch_floats(int64_t rows) {
+  return kGemmDepthBlock * (kGemmPanel + (rows <= kGemmPackedRowsMax ? rows + kGemmTileRowsMax : kGemmTileRowsMax));
+}
 
 // B(r, n) read from a quantized linear layer's weight instead of floats: W[n][r] of qgemv.h's layouts
 // (int8, or packed int4 in blocks of 32, a scale per `group` inputs), dequantized as B is packed, so the
