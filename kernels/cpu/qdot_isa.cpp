@@ -33,7 +33,7 @@ constexpr int kOutputs = kRegs >= 32 ? 2 : 1;
 // AVX-512, 4 (all AVX2's registers hold) 0.75x. But each row is a stream from memory, and a core
 // reads several interleaved streams slower than one: int8 at one sequence streams its weights at memory
 // speed, and there 4 streams a pass took 1.3x the time of one; on a Zen 3 (AVX2, about 10 GB/s a core)
-// int4 over the 124M shape's 48 block layers ran 1.2x faster at 2 rows a pass than at 4, though 4 are
+// int4 over the 124M shape's 48 block layers ran 1.1-1.2x faster at 2 rows a pass than at 4, though 4 are
 // faster where the weights sit in cache. The AVX-512 machines measured had twice the bandwidth a core.
 constexpr int kInt4OneRowOutputs = kRegs >= 32 ? 8 : 2;
 typedef Vec<8>::type f8;
@@ -75,10 +75,11 @@ COLOSSAL_INLINE void row(const int8_t* __restrict xq, const uint8_t* __restrict 
                          const float* __restrict scale, int64_t group, const float* __restrict bias, float* __restrict y,
                          int64_t ldy) {
   constexpr int64_t kBlockBytes = Int4 ? kBlock / 2 : kBlock;
-  // Blocks a 64-byte line of a weight row holds. Each row is asked for once a line, kPrefetchBytes
-  // ahead, and the line's blocks then run without a branch between them: asking at every block (four
-  // times a line for int4) spent load slots that the compute-bound one-sequence int4 pass needs.
-  constexpr int64_t kLineBlocks = 64 / kBlockBytes;
+  // Blocks between two requests for each weight row, kPrefetchBytes ahead, the blocks between running
+  // without a branch. int4: once a 64-byte line (four blocks), where asking at every block spent load
+  // slots the compute-bound one-sequence pass needs. int8: every block (half a line), as before: once a
+  // line streamed the 124M shape's block layers at 0.93-0.97 of that rate (Zen 3, 2 threads).
+  constexpr int64_t kPrefetchBlocks = Int4 ? 64 / kBlockBytes : 1;
   const int64_t blocks = in / kBlock, groups = in / group;
   // Pointers stepped block by block: indexing by the input (i / 2 of a signed count) cost a handful of
   // scalar instructions a block in a loop of about thirty.
@@ -108,15 +109,15 @@ COLOSSAL_INLINE void row(const int8_t* __restrict xq, const uint8_t* __restrict 
     }
     ++b, w += kBlockBytes, xqb += kBlock, xab += kBlock;
   };
-  const bool whole_lines = group % (kLineBlocks * kBlock) == 0;
+  const bool whole_spans = group % (kPrefetchBlocks * kBlock) == 0;
   for (int64_t gi = 0; gi < groups; ++gi) {
     for (int o = 0; o < O; ++o)
       for (int r = 0; r < R; ++r) acc[o][r] = f8{};
     for (int r = 0; r < R; ++r) corr[r] = 0.0f;
-    if (whole_lines) {
-      for (int64_t k = 0; k < group; k += kLineBlocks * kBlock) {
+    if (whole_spans) {
+      for (int64_t k = 0; k < group; k += kPrefetchBlocks * kBlock) {
         prefetch();
-        for (int64_t j = 0; j < kLineBlocks; ++j) block();
+        for (int64_t j = 0; j < kPrefetchBlocks; ++j) block();
       }
     } else {
       for (int64_t k = 0; k < group; k += kBlock) prefetch(), block();
