@@ -24,10 +24,11 @@ inline constexpr int64_t kGemmTileRowsMax = 8;    // the most rows any set's til
 // depth block of a thread's rows at once, up to this many rows; above it (an LM head's gradient, tens
 // of thousands of rows) one register tile at a time.
 inline constexpr int64_t kGemmPackedRowsMax = 4096;
-// Per-thread scratch for `rows` rows of C: one packed B block and the packed A (every tile of the rows,
-// or one tile).
-inline constexpr int64_t gemm_scratch_floats(int64_t rows) {
-  return kGemmDepthBlock * (kGemmPanel + (rows <= kGemmPackedRowsMax ? rows + kGemmTileRowsMax : kGemmTileRowsMax));
+// Per-thread scratch for `rows` rows of C: one packed B block and, for a strided A, its packing (every
+// tile of the rows, or one tile).
+inline constexpr int64_t gemm_scratch_floats(int64_t rows, bool strided_a) {
+  const bool whole = strided_a && rows <= kGemmPackedRowsMax;
+  return kGemmDepthBlock * (kGemmPanel + (whole ? rows + kGemmTileRowsMax : kGemmTileRowsMax));
 }
 
 // B(r, n) read from a quantized linear layer's weight instead of floats: W[n][r] of qgemv.h's layouts

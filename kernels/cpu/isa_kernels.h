@@ -80,7 +80,7 @@ struct IsaKernels {
   void (*layer_norm_backward)(const float* dy, const float* x, const float* mean, const float* rstd,
                               const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t cols);
   // Rows [m_begin, m_end) and columns [n_begin, n_end) of a GEMM's C (see gemm.h); n_begin a multiple
-  // of kGemmColumnMultiple. scratch: gemm_scratch_floats(m_end - m_begin) of the calling thread's own.
+  // of kGemmColumnMultiple. scratch: gemm_scratch_floats(m_end - m_begin, p.a_depth != 1) of the calling thread's own.
   void (*gemm_rows)(const GemmProblem& p, int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end, float* scratch);
   int gemm_tile_rows;   // rows of gemm_rows' register tile: threads split C's rows in multiples of it
   // The sum of x[i]^2 in double (the gradient norm's pass).
