@@ -562,8 +562,8 @@ TEST(CpuKernels, GemmGivesTheSameBitsOnAnyThreadCount) {
   at::manual_seed(29);
   // 203 rows: C's rows split among the threads. 5 rows (one tile): its columns split instead, 1040 of
   // them (65 units of 16, uneven among 2 or 3 threads, past four 256-column panels); the weight
-  // gradient of that shape has 1040 rows again. A weight gradient of 4208 rows packs dY tile by tile on
-  // one thread (past kGemmPackedRowsMax) and a whole depth block of each thread's rows on 2 or 3.
+  // gradient of that shape has 1040 rows again. A weight gradient of 4208 rows packs dY in two stretches
+  // of rows on one thread (past kGemmPackedRowsMax) and in one on 2 or 3.
   static_assert(kernels::kGemmPackedRowsMax < 4208 && kernels::kGemmPackedRowsMax >= 4208 / 2 + 8);
   for (auto [m, in, out] : {std::array<int64_t, 3>{203, 96, 272}, std::array<int64_t, 3>{5, 512, 1040}, std::array<int64_t, 3>{20, 32, 4208}}) {
     auto x = at::randn({m, in}), w = at::randn({out, in}), b = at::randn({out}), dy = at::randn({m, out});

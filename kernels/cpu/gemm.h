@@ -21,14 +21,12 @@ inline constexpr int64_t kGemmDepthBlock = 256;   // reduction steps per pass ov
 inline constexpr int64_t kGemmPanel = 256;        // columns per B block: 256 x 256 floats stay in L2
 inline constexpr int64_t kGemmTileRowsMax = 8;    // the most rows any set's tile has
 // A with a strided depth axis (the weight gradient's dY, read down its columns) is packed for a whole
-// depth block of a thread's rows at once, up to this many rows; above it (an LM head's gradient, tens
-// of thousands of rows) one register tile at a time.
+// depth block of a thread's rows at once, in stretches of at most this many rows (an LM head's gradient
+// has tens of thousands).
 inline constexpr int64_t kGemmPackedRowsMax = 4096;
-// Per-thread scratch for `rows` rows of C: one packed B block and, for a strided A, its packing (every
-// tile of the rows, or one tile).
+// Per-thread scratch for `rows` rows of C: one packed B block and, for a strided A, its packing.
 inline constexpr int64_t gemm_scratch_floats(int64_t rows, bool strided_a) {
-  const bool whole = strided_a && rows <= kGemmPackedRowsMax;
-  return kGemmDepthBlock * (kGemmPanel + (whole ? rows + kGemmTileRowsMax : kGemmTileRowsMax));
+  return kGemmDepthBlock * (kGemmPanel + (strided_a ? (rows < kGemmPackedRowsMax ? rows : kGemmPackedRowsMax) + kGemmTileRowsMax : 0));
 }
 
 // B(r, n) read from a quantized linear layer's weight instead of floats: W[n][r] of qgemv.h's layouts
