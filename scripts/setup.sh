@@ -43,11 +43,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
-  # The wheels (torch and its CUDA libraries) unpack to about 5.4 GB, and pip holds their downloads
-  # beside them until it is done: say so before starting rather than fail half-way with ENOSPC.
+  # The wheels (torch and its CUDA libraries) unpack to about 5.4 GB (5.0 GiB), more while pip holds
+  # their downloads in TMPDIR: say so before starting rather than fail half-way with ENOSPC.
   free_kb=$(df -Pk "$VENV" | awk 'NR == 2 {print $4}')
-  if [ "${free_kb:-0}" -lt $((7 * 1024 * 1024)) ]; then
-    echo "setup: error: $((free_kb / 1024 / 1024)) GiB free at $VENV; installing torch==$TORCH_VERSION needs about 7 GiB (free some space, or set COLOSSAL_VENV to a larger disk)" >&2
+  if [ "${free_kb:-0}" -lt $((6 * 1024 * 1024)) ]; then
+    echo "setup: error: $((free_kb / 1024 / 1024)) GiB free at $VENV; installing torch==$TORCH_VERSION needs at least 6 GiB (free some space, or set COLOSSAL_VENV to a larger disk)" >&2
     exit 1
   fi
   echo "setup: installing torch==$TORCH_VERSION into $VENV (about 2 minutes, 5.4 GB)"
