@@ -182,7 +182,8 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t parameters, int
   // As the chunk store holds it (src/memory/chunk_store.h): the model's parameters in the compute dtype
   // (bf16/fp16: 2 bytes), and under mixed precision fp32 master weights sharded like the optimizer
   // states; gradients in the compute dtype while whole (stages 0-1, plus an fp32 copy of this rank's
-  // shard for the update), in fp32 shards from stage 2.
+  // shard for the update), in fp32 shards from stage 2, or in compute-dtype shards where
+  // compact_gradient_shards holds (the states off the device, as registry.h says this estimate sees it).
   const bool mixed = r.precision.dtype != "fp32";
   const double compute = mixed ? 2 : 4;
   const double master = mixed ? 4 * p / sharded : 0;
