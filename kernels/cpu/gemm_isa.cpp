@@ -8,6 +8,7 @@
 // 6 x 4, 8 x 3, 4 x 4 and 14 x 2 measured within noise of 8 x 2 at GPT-2's shapes: the multiply-add
 // units, not the loads, are the limit there.
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/cpu/isa_entry.h"
 #include "kernels/cpu/simd.h"
@@ -135,6 +136,32 @@ void pack_b(const GemmProblem& p, int64_t r0, int64_t depth, int64_t n0, int64_t
   }
 }
 
+// A(m, r) for the rows [m_begin, m_begin + m_rows) and steps [r0, r0 + depth), A's depth axis strided
+// (the weight gradient's dY, read down its columns), packed per register tile as [depth][kTileRows]
+// (tile t at dst + t * depth * kTileRows; a last tile of fewer rows leaves its other slots unwritten,
+// and the tile reads only its rows). Eight steps at a time across all tiles: each of the eight rows
+// of dY is read as one contiguous run, and each tile's destination takes 8 x kTileRows consecutive
+// floats. Step by step across all tiles (one row of dY at a time), every tile's slot lay depth x
+// kTileRows floats from the last, the same offset within a 4 KB page for a depth block of 256: on an
+// Intel Xeon the packing then took a quarter of the weight gradient's time (tiny GPT shapes), and the
+// product ran 1.1-1.4x faster this way.
+void pack_strided_a(const GemmProblem& p, int64_t m_begin, int64_t m_rows, int64_t r0, int64_t depth, float* __restrict dst) {
+  constexpr int64_t kSteps = 8;
+  for (int64_t rb = 0; rb < depth; rb += kSteps) {
+    const int64_t re = std::min(depth, rb + kSteps);
+    for (int64_t t = 0; t * kTileRows < m_rows; ++t) {
+      float* tile_dst = dst + t * depth * kTileRows;
+      const int64_t rows = std::min<int64_t>(kTileRows, m_rows - t * kTileRows);
+      const float* a = p.a + (m_begin + t * kTileRows) * p.a_row + r0 * p.a_depth;
+      if (rows == kTileRows && p.a_row == 1)   // the tile's rows are adjacent in each step: one copy
+        for (int64_t r = rb; r < re; ++r) std::memcpy(tile_dst + r * kTileRows, a + r * p.a_depth, kTileRows * sizeof(float));
+      else
+        for (int64_t r = rb; r < re; ++r)
+          for (int64_t i = 0; i < rows; ++i) tile_dst[r * kTileRows + i] = a[r * p.a_depth + i * p.a_row];
+    }
+  }
+}
+
 }  // namespace
 
 const int gemm_tile_rows = kTileRows;
@@ -151,26 +178,17 @@ void gemm_rows(const GemmProblem& p, int64_t m_begin, int64_t m_end, int64_t n_b
   }
   float* b_packed = scratch;
   float* a_packed = scratch + kGemmDepthBlock * kGemmPanel;
-  // A whose depth axis is strided (the weight gradient reads dY down its columns) is packed as
-  // [depth][kTileRows] per tile, every tile of these rows once per depth block, one step of the depth at
-  // a time (a row of dY: the rows contiguous), and kept for every panel of B; A with contiguous rows is
-  // read where it lies. Packed tile by tile inside the panel loop instead, each tile re-read A's strided
-  // columns once per panel, and the weight gradient ran at 0.75 of the rate of the same product with dY
-  // transposed beforehand (Zen 3, GPT-2 124M's layers).
+  // A whose depth axis is strided (the weight gradient reads dY down its columns) is packed for every
+  // tile of these rows once per depth block (pack_strided_a) and kept for every panel of B; A with
+  // contiguous rows is read where it lies. Packed tile by tile inside the panel loop instead, each tile
+  // re-read A's strided columns once per panel, and the weight gradient ran at 0.75 of the rate of the
+  // same product with dY transposed beforehand (Zen 3, GPT-2 124M's layers).
   const int64_t m_rows = m_end - m_begin;
   for (int64_t r0 = 0; r0 < p.depth; r0 += kGemmDepthBlock) {
     const int64_t depth = std::min(kGemmDepthBlock, p.depth - r0);
     const bool load_c = r0 > 0 || p.accumulate;
     const float* bias = r0 == 0 ? p.bias : nullptr;
-    if (pack_a)
-      for (int64_t r = 0; r < depth; ++r) {
-        const float* ar = p.a + m_begin * p.a_row + (r0 + r) * p.a_depth;
-        for (int64_t t = 0; t * kTileRows < m_rows; ++t) {
-          float* dst = a_packed + (t * depth + r) * kTileRows;
-          const int64_t rows = std::min<int64_t>(kTileRows, m_rows - t * kTileRows);
-          for (int64_t i = 0; i < rows; ++i) dst[i] = ar[(t * kTileRows + i) * p.a_row];
-        }
-      }
+    if (pack_a) pack_strided_a(p, m_begin, m_rows, r0, depth, a_packed);
     for (int64_t n0 = n_begin; n0 < n_end; n0 += kGemmPanel) {
       const int64_t width = std::min(kGemmPanel, n_end - n0);
       pack_b(p, r0, depth, n0, width, b_packed);
