@@ -27,6 +27,7 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/stretches.h"
+#include "kernels/cpu/thread_scratch.h"
 #include "src/nn/alibi.h"
 #include "src/nn/cached_attention.h"
 #include "src/nn/fused_attention.h"
@@ -533,7 +534,7 @@ TEST(CpuKernels, GemmMatchesDoublePrecisionInEveryFormOnEveryInstructionSet) {
   for (Isa isa : kernels::runnable_isas()) {
     kernels::ScopedIsa cap(isa);
     for (int64_t m : {1, 7, 37, 300})
-      for (int64_t in : {16, 48, 272})
+      for (int64_t in : {16, 48, 96, 272})   // 96: a last strip of two vectors on AVX-512 (6 x 4 tiles)
         for (int64_t out : {16, 80, 304})
           for (GemmForm form : {GemmForm::Forward, GemmForm::InputGrad, GemmForm::WeightGrad}) {
             auto x = at::randn({m, in}), w = at::randn({out, in}), b = at::randn({out}), dy = at::randn({m, out});
@@ -555,6 +556,16 @@ TEST(CpuKernels, GemmMatchesDoublePrecisionInEveryFormOnEveryInstructionSet) {
             auto sum = run_gemm(form, x, w, b, dy, earlier.clone(), true);
             EXPECT_LT(max_abs_diff(sum, ref + earlier.to(at::kDouble)), tol) << where << " accumulate";
           }
+  }
+}
+
+// The GEMM packs its operands into this buffer and reads them in whole vectors: a buffer 16 bytes past
+// a cache line (std::vector's own start) split every 512-bit load in two.
+TEST(CpuKernels, ThreadScratchStartsOnACacheLineAsItGrows) {
+  for (size_t floats : {size_t{1}, size_t{1000}, size_t{1} << 20, size_t{3} << 20}) {
+    float* p = kernels::thread_scratch(floats);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % kernels::kScratchAlignBytes, 0u) << floats << " floats";
+    p[0] = 1.0f, p[floats - 1] = 2.0f;   // the whole span is the caller's (ASan would catch an overrun)
   }
 }
 

@@ -4,9 +4,12 @@
 // The register tile is kTileRows rows of C by kTileVecs vectors: per step of the reduction it loads
 // kTileVecs vectors of B and broadcasts one A element per row, for kTileRows x kTileVecs multiply-adds.
 // Sized per set so accumulators and operands fit the registers (AVX2: 6 x 2 = 12 accumulators of
-// its 16; AVX-512: 8 x 2 = 16 of its 32), the same shapes as the attention tiles. On AVX-512, 12 x 2,
-// 6 x 4, 8 x 3, 4 x 4 and 14 x 2 measured within noise of 8 x 2 at GPT-2's shapes: the multiply-add
-// units, not the loads, are the limit there.
+// its 16; AVX-512: 6 x 4 = 24 of its 32). On an AMD EPYC with AVX-512, 8 x 2, 12 x 2, 6 x 4, 8 x 3,
+// 4 x 4 and 14 x 2 measured within noise of each other at GPT-2's shapes: its multiply-add units, not
+// the loads, are the limit there. An Intel Xeon (two 512-bit multiply-add units and two loads a cycle)
+// is limited by the loads instead: 8 x 2 issues 10 loads per 16 multiply-adds, 6 x 4 10 per 24, and
+// all fifteen products of a GPT-2 124M step (2 threads, operands as training lays them out) ran
+// 1.04-1.07x faster as 6 x 4 than as 8 x 2 (12 x 2 and 14 x 2 1.03-1.05x, 7 x 4 1.03x).
 #include <algorithm>
 #include <cstring>
 
@@ -18,17 +21,24 @@ namespace colossal::kernels::COLOSSAL_ISA {
 namespace {
 
 #if defined(__AVX512F__)
-constexpr int kTileRows = 8, kTileVecs = 2;
+constexpr int kTileRows = 6, kTileVecs = 4;
 #else
 constexpr int kTileRows = 6, kTileVecs = 2;
 #endif
-constexpr int64_t kWide = kTileVecs * kLanes;   // columns of one tile
+constexpr int64_t kWide = kTileVecs * kLanes;   // columns of one full tile
 static_assert(kGemmPanel % kWide == 0 && kTileRows <= kGemmTileRowsMax);
 
 // C[R rows][V vectors] starting at c: init (bias or 0, or C's own values when load_c) plus the sum
-// over `depth` steps of A(i, r) * B(r, :).
+// over `depth` steps of A(i, r) * B(r, :). On AVX-512 not inlined: each call runs `depth` steps (256
+// in a full block), and with all the 6 x 4 set's shapes inlined into gemm_rows (24 KB of code) the
+// products ran 3% slower on an Intel Xeon than with the tiles as calls; AVX2's ran 1% slower as calls.
+#if defined(__AVX512F__)
+#define COLOSSAL_GEMM_TILE __attribute__((noinline))
+#else
+#define COLOSSAL_GEMM_TILE COLOSSAL_INLINE
+#endif
 template <int R, int V>
-COLOSSAL_INLINE void tile(const float* __restrict a, int64_t a_row, int64_t a_depth, const float* __restrict b,
+COLOSSAL_GEMM_TILE void tile(const float* __restrict a, int64_t a_row, int64_t a_depth, const float* __restrict b,
                           int64_t ldb, int64_t depth, float* __restrict c, int64_t ldc, bool load_c,
                           const float* __restrict bias) {
   vf acc[R][V];
@@ -66,8 +76,18 @@ COLOSSAL_INLINE void any_tile(int64_t rows, const float* a, int64_t a_row, int64
   else tile_rows<V>(static_cast<int>(rows), a, a_row, a_depth, b, ldb, depth, c, ldc, load_c, bias);
 }
 
-// B(r0 + r, n0 + c) for r < depth, c < width, packed as consecutive strips of kWide columns (then
-// kLanes for what is left), each strip [depth][its width]: the tile then reads B as one sequential
+// A tile over a packed strip of `vecs` vectors (kTileVecs, or fewer for the last strip of a panel).
+template <int V = kTileVecs>
+COLOSSAL_INLINE void strip_tile(int64_t vecs, int64_t rows, const float* a, int64_t a_row, int64_t a_depth, const float* b,
+                                int64_t depth, float* c, int64_t ldc, bool load_c, const float* bias) {
+  if constexpr (V >= 1) {
+    if (vecs == V) return any_tile<V>(rows, a, a_row, a_depth, b, V * kLanes, depth, c, ldc, load_c, bias);
+    strip_tile<V - 1>(vecs, rows, a, a_row, a_depth, b, depth, c, ldc, load_c, bias);
+  }
+}
+
+// B(r0 + r, n0 + c) for r < depth, c < width, packed as consecutive strips of kWide columns (the
+// last of a panel as many whole vectors as are left), each strip [depth][its width]: the tile then reads B as one sequential
 // stream whatever B's strides, so wide rows (a new page every step) and the forward's transposed
 // weight cost the same as contiguous ones. Each thread packs the block it sweeps.
 // The same from a quantized weight: each column's inputs [r0, r0 + depth) dequantized into a row (a
@@ -77,7 +97,7 @@ void pack_quantized_b(const GemmProblem& p, int64_t r0, int64_t depth, int64_t n
   const int64_t in = p.b_col, groups = in / qb.group;
   alignas(64) float rows[kWide][kGemmDepthBlock];   // the strip's columns, each dequantized as a row
   for (int64_t c = 0; c < width;) {
-    const int64_t ws = width - c >= kWide ? kWide : kLanes;
+    const int64_t ws = std::min(kWide, width - c);
     for (int64_t l = 0; l < ws; ++l) {
       const int64_t n = n0 + c + l;
       const float* scale = qb.scales + n * groups;
@@ -111,16 +131,17 @@ void pack_quantized_b(const GemmProblem& p, int64_t r0, int64_t depth, int64_t n
 void pack_b(const GemmProblem& p, int64_t r0, int64_t depth, int64_t n0, int64_t width, float* __restrict dst) {
   if (p.quantized_b) return pack_quantized_b(p, r0, depth, n0, width, dst);
   for (int64_t c = 0; c < width;) {
-    const int64_t ws = width - c >= kWide ? kWide : kLanes;
+    const int64_t ws = std::min(kWide, width - c);
     const float* src = p.b + r0 * p.b_depth + (n0 + c) * p.b_col;
     if (p.b_col == 1) {
-      // Row pieces of one or two vectors, copied in registers: as a loop over floats GCC made each a
-      // memmove call, 2% of a GPT-2 124M training step on a Zen 3.
+      // Row pieces of whole vectors, copied in registers: as a loop over floats GCC made each a memmove
+      // call, 2% of a GPT-2 124M training step on a Zen 3.
       if (ws == kWide)
         for (int64_t r = 0; r < depth; ++r)
           for (int j = 0; j < kTileVecs; ++j) store_u(dst + r * kWide + j * kLanes, load_u(src + r * p.b_depth + j * kLanes));
       else
-        for (int64_t r = 0; r < depth; ++r) store_u(dst + r * kLanes, load_u(src + r * p.b_depth));
+        for (int64_t r = 0; r < depth; ++r)
+          for (int64_t j = 0; j < ws; j += kLanes) store_u(dst + r * ws + j, load_u(src + r * p.b_depth + j));
     } else {
       int64_t r = 0;
 #if defined(__AVX2__)
@@ -201,13 +222,9 @@ void gemm_rows(const GemmProblem& p, int64_t m_begin, int64_t m_end, int64_t n_b
         const float* b = b_packed;
         for (int64_t n = 0; n < width;) {
           const float* bn = bias ? bias + n0 + n : nullptr;
-          if (width - n >= kWide) {
-            any_tile<kTileVecs>(rows, a, a_row, a_depth, b, kWide, depth, c + n, p.ldc, load_c, bn);
-            b += depth * kWide, n += kWide;
-          } else {   // cols is a multiple of kLanes (gemm.h)
-            any_tile<1>(rows, a, a_row, a_depth, b, kLanes, depth, c + n, p.ldc, load_c, bn);
-            b += depth * kLanes, n += kLanes;
-          }
+          const int64_t ws = std::min(kWide, width - n);   // a whole number of vectors (gemm.h)
+          strip_tile(ws / kLanes, rows, a, a_row, a_depth, b, depth, c + n, p.ldc, load_c, bn);
+          b += depth * ws, n += ws;
         }
       }
     }
