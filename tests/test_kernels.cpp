@@ -530,11 +530,12 @@ bool through_gemm(const at::Tensor& y) {
 TEST(CpuKernels, GemmMatchesDoublePrecisionInEveryFormOnEveryInstructionSet) {
   at::manual_seed(23);
   // Rows ending inside a tile (1, 7, 37), columns ending inside a tile and past a 256-column panel
-  // (16, 48, 272), depths past a 256-step block with a remainder (300, 600).
+  // (16, 48, 96, 560: last strips of one, three and two vectors for AVX-512's 6 x 4 tiles), depths past
+  // a pass over B (256 steps on AVX2, 512 on AVX-512) with a remainder (300, 560, 600).
   for (Isa isa : kernels::runnable_isas()) {
     kernels::ScopedIsa cap(isa);
-    for (int64_t m : {1, 7, 37, 300})
-      for (int64_t in : {16, 48, 96, 272})   // 96: a last strip of two vectors on AVX-512 (6 x 4 tiles)
+    for (int64_t m : {1, 7, 37, 600})
+      for (int64_t in : {16, 48, 96, 560})
         for (int64_t out : {16, 80, 304})
           for (GemmForm form : {GemmForm::Forward, GemmForm::InputGrad, GemmForm::WeightGrad}) {
             auto x = at::randn({m, in}), w = at::randn({out, in}), b = at::randn({out}), dy = at::randn({m, out});
