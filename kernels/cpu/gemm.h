@@ -6,7 +6,8 @@
 // rows (the activations in the forward, dY in the input gradient: the large operand) is read where
 // it lies, one broadcast per element, where BLAS packs it on every call (at GPT-2's small widths a
 // tenth of MKL's time); a strided A (dY down its columns) is packed per register tile. B is packed
-// per thread in blocks of up to kGemmDepthBlock x kGemmPanel that stay in L2 while the thread's rows sweep them.
+// per thread in blocks of up to kGemmDepthBlock x kGemmPanel that stay in L2 while the thread's rows
+// sweep them.
 //
 // Every output is the same fixed sequence of multiply-adds whatever the thread count or the rows a
 // thread gets, so results do not depend on threads. Columns must be a multiple of kGemmColumnMultiple
@@ -19,7 +20,7 @@ namespace colossal::kernels {
 inline constexpr int64_t kGemmColumnMultiple = 16;
 // The most reduction steps per pass over a B block: the AVX-512 copy's; AVX2's takes half (gemm_isa.cpp).
 inline constexpr int64_t kGemmDepthBlock = 512;
-inline constexpr int64_t kGemmPanel = 256;        // columns per B block: 256 x 256 floats stay in L2
+inline constexpr int64_t kGemmPanel = 256;        // columns per B block: its 256-512 x 256 floats stay in L2
 inline constexpr int64_t kGemmTileRowsMax = 8;    // the most rows any set's tile has
 // A with a strided depth axis (the weight gradient's dY, read down its columns) is packed for a whole
 // depth block of a thread's rows at once, in stretches of at most this many rows (an LM head's gradient

@@ -43,8 +43,9 @@ static_assert(kDepthBlock <= kGemmDepthBlock && kDepthBlock % 32 == 0);
 
 // C[R rows][V vectors] starting at c: init (bias or 0, or C's own values when load_c) plus the sum
 // over `depth` steps of A(i, r) * B(r, :). On AVX-512 not inlined: each call runs `depth` steps (a
-// full block's kDepthBlock), and with all the 6 x 4 set's shapes inlined into gemm_rows (24 KB of code) the
-// products ran 3% slower on an Intel Xeon than with the tiles as calls; AVX2's ran 1% slower as calls.
+// full block's kDepthBlock), and with all the 6 x 4 set's shapes inlined into gemm_rows (24 KB of
+// code) the products ran 3% slower on an Intel Xeon than with the tiles as calls; AVX2's ran 1% slower
+// as calls.
 #if defined(__AVX512F__)
 #define COLOSSAL_GEMM_TILE __attribute__((noinline))
 #else
@@ -100,9 +101,9 @@ COLOSSAL_INLINE void strip_tile(int64_t vecs, int64_t rows, const float* a, int6
 }
 
 // B(r0 + r, n0 + c) for r < depth, c < width, packed as consecutive strips of kWide columns (the
-// last of a panel as many whole vectors as are left), each strip [depth][its width]: the tile then reads B as one sequential
-// stream whatever B's strides, so wide rows (a new page every step) and the forward's transposed
-// weight cost the same as contiguous ones. Each thread packs the block it sweeps.
+// last of a panel as many whole vectors as are left), each strip [depth][its width]: the tile then
+// reads B as one sequential stream whatever B's strides, so wide rows (a new page every step) and the
+// forward's transposed weight cost the same as contiguous ones. Each thread packs the block it sweeps.
 // The same from a quantized weight: each column's inputs [r0, r0 + depth) dequantized into a row (a
 // contiguous read of the integers), then laid into the strip.
 void pack_quantized_b(const GemmProblem& p, int64_t r0, int64_t depth, int64_t n0, int64_t width, float* __restrict dst) {
