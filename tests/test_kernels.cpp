@@ -531,10 +531,11 @@ TEST(CpuKernels, GemmMatchesDoublePrecisionInEveryFormOnEveryInstructionSet) {
   at::manual_seed(23);
   // Rows ending inside a tile (1, 7, 37), columns ending inside a tile and past a 256-column panel
   // (16, 48, 96, 560: last strips of one, three and two vectors for AVX-512's 6 x 4 tiles), depths past
-  // a pass over B (256 steps on AVX2, 512 on AVX-512) with a remainder (300, 560, 600).
+  // a pass over B with a remainder (300, 560: 256-step passes on AVX2, one pass on AVX-512; 1100:
+  // 512-step passes there).
   for (Isa isa : kernels::runnable_isas()) {
     kernels::ScopedIsa cap(isa);
-    for (int64_t m : {1, 7, 37, 600})
+    for (int64_t m : {1, 7, 37, 1100})
       for (int64_t in : {16, 48, 96, 560})
         for (int64_t out : {16, 80, 304})
           for (GemmForm form : {GemmForm::Forward, GemmForm::InputGrad, GemmForm::WeightGrad}) {

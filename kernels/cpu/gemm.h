@@ -18,9 +18,10 @@
 namespace colossal::kernels {
 
 inline constexpr int64_t kGemmColumnMultiple = 16;
-// The most reduction steps per pass over a B block: the AVX-512 copy's; AVX2's takes half (gemm_isa.cpp).
-inline constexpr int64_t kGemmDepthBlock = 512;
-inline constexpr int64_t kGemmPanel = 256;        // columns per B block: its 256-512 x 256 floats stay in L2
+// The most reduction steps in one pass over a B block: the AVX-512 copy's single pass over a depth of up
+// to 768; longer reductions take 512-step passes there and 256-step ones with AVX2 (gemm_isa.cpp).
+inline constexpr int64_t kGemmDepthBlock = 768;
+inline constexpr int64_t kGemmPanel = 256;        // columns per B block: its 256-768 x 256 floats stay in L2
 inline constexpr int64_t kGemmTileRowsMax = 8;    // the most rows any set's tile has
 // A with a strided depth axis (the weight gradient's dY, read down its columns) is packed for a whole
 // depth block of a thread's rows at once, in stretches of at most this many rows (an LM head's gradient

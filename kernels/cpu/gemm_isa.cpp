@@ -34,12 +34,17 @@ static_assert(kGemmPanel % kWide == 0 && kTileRows <= kGemmTileRowsMax);
 // 1.05x faster than 256 (1.00-1.08x each), and 1024 lost on the weight gradients. AVX2's 256 keeps the
 // block in half of a Zen 3's 512 KB. The passes continue each output's multiply-add chain through
 // C (adding 0 to it, which only turns a -0 into +0), so the block size does not change a result.
+// A reduction of up to kOnePassDepth steps is one pass (not quantized B: its packing's row buffer is
+// sized by kDepthBlock): GPT-2 124M's 768-step forwards had run as a 512-step pass and a short 256-step
+// one that read and wrote C again; as one pass they ran 1.02-1.18x faster on the Intel Xeon (the
+// 50304-column LM head 1.07-1.11x, which took it past MKL's), and the 768-step input gradients
+// 1.04-1.05x.
 #if defined(__AVX512F__)
-constexpr int64_t kDepthBlock = 512;
+constexpr int64_t kDepthBlock = 512, kOnePassDepth = 768;
 #else
-constexpr int64_t kDepthBlock = 256;
+constexpr int64_t kDepthBlock = 256, kOnePassDepth = 256;
 #endif
-static_assert(kDepthBlock <= kGemmDepthBlock && kDepthBlock % 32 == 0);
+static_assert(kDepthBlock <= kOnePassDepth && kOnePassDepth <= kGemmDepthBlock && kDepthBlock % 32 == 0);
 
 // C[R rows][V vectors] starting at c: init (bias or 0, or C's own values when load_c) plus the sum
 // over `depth` steps of A(i, r) * B(r, :). On AVX-512 not inlined: each call runs `depth` steps (a
@@ -212,15 +217,16 @@ void gemm_rows(const GemmProblem& p, int64_t m_begin, int64_t m_end, int64_t n_b
     return;
   }
   float* b_packed = scratch;
-  float* a_packed = scratch + kDepthBlock * kGemmPanel;
+  const int64_t block = !p.quantized_b && p.depth <= kOnePassDepth ? p.depth : kDepthBlock;
+  float* a_packed = scratch + block * kGemmPanel;
   // A whose depth axis is strided (the weight gradient reads dY down its columns) is packed for every
   // tile of these rows once per depth block (pack_strided_a) and kept for every panel of B; A with
   // contiguous rows is read where it lies. Packed tile by tile inside the panel loop instead, each tile
   // re-read A's strided columns once per panel, and the weight gradient ran at 0.75 of the rate of the
   // same product with dY transposed beforehand (Zen 3, GPT-2 124M's layers).
   const int64_t m_rows = m_end - m_begin;
-  for (int64_t r0 = 0; r0 < p.depth; r0 += kDepthBlock) {
-    const int64_t depth = std::min(kDepthBlock, p.depth - r0);
+  for (int64_t r0 = 0; r0 < p.depth; r0 += block) {
+    const int64_t depth = std::min(block, p.depth - r0);
     const bool load_c = r0 > 0 || p.accumulate;
     const float* bias = r0 == 0 ? p.bias : nullptr;
     if (pack_a) pack_strided_a(p, m_begin, m_rows, r0, depth, a_packed);
