@@ -30,6 +30,7 @@ void gemm(const GemmProblem& p) {
   const auto& k = active_kernels();
   const int64_t tiles = (p.rows + k.gemm_tile_rows - 1) / k.gemm_tile_rows;
   const int64_t units = p.cols / kGemmColumnMultiple;
+  const int64_t pass_depth = k.gemm_pass_depth(p);
   // Below ~4 MFLOP a second thread's wake-up costs about what it saves.
 #pragma omp parallel if (p.rows * p.cols * p.depth >= (1 << 21) && (tiles > 1 || units > 1))
   {
@@ -38,11 +39,11 @@ void gemm(const GemmProblem& p) {
       // Whole tiles, as evenly as they divide: 128 rows in 24-row grains gave one thread 72 and the other 56.
       const int64_t begin = std::min(p.rows, tiles * t / threads * k.gemm_tile_rows);
       const int64_t end = std::min(p.rows, tiles * (t + 1) / threads * k.gemm_tile_rows);
-      if (begin < end) k.gemm_rows(p, begin, end, 0, p.cols, thread_scratch(gemm_scratch_floats(end - begin, p.a_depth != 1)));
+      if (begin < end) k.gemm_rows(p, begin, end, 0, p.cols, thread_scratch(gemm_scratch_floats(end - begin, pass_depth, p.a_depth != 1)));
     } else {
       const int64_t begin = units * t / threads * kGemmColumnMultiple;
       const int64_t end = units * (t + 1) / threads * kGemmColumnMultiple;   // cols is whole units (gemm.h)
-      if (begin < end) k.gemm_rows(p, 0, p.rows, begin, end, thread_scratch(gemm_scratch_floats(p.rows, p.a_depth != 1)));
+      if (begin < end) k.gemm_rows(p, 0, p.rows, begin, end, thread_scratch(gemm_scratch_floats(p.rows, pass_depth, p.a_depth != 1)));
     }
   }
 }

@@ -18,8 +18,8 @@
 namespace colossal::kernels {
 
 inline constexpr int64_t kGemmColumnMultiple = 16;
-// The most reduction steps in one pass over a B block: the AVX-512 copy's single pass over a depth of up
-// to 768; longer reductions take 512-step passes there and 256-step ones with AVX2 (gemm_isa.cpp).
+// The most reduction steps in one pass over a B block (the AVX-512 copy's single pass over a depth of up
+// to 768); each copy says how many it takes for a given product (isa_kernels.h's gemm_pass_depth).
 inline constexpr int64_t kGemmDepthBlock = 768;
 inline constexpr int64_t kGemmPanel = 256;        // columns per B block: its 256-768 x 256 floats stay in L2
 inline constexpr int64_t kGemmTileRowsMax = 8;    // the most rows any set's tile has
@@ -27,9 +27,10 @@ inline constexpr int64_t kGemmTileRowsMax = 8;    // the most rows any set's til
 // depth block of a thread's rows at once, in stretches of at most this many rows (an LM head's gradient
 // has tens of thousands).
 inline constexpr int64_t kGemmPackedRowsMax = 4096;
-// Per-thread scratch for `rows` rows of C: one packed B block and, for a strided A, its packing.
-inline constexpr int64_t gemm_scratch_floats(int64_t rows, bool strided_a) {
-  return kGemmDepthBlock * (kGemmPanel + (strided_a ? (rows < kGemmPackedRowsMax ? rows : kGemmPackedRowsMax) + kGemmTileRowsMax : 0));
+// Per-thread scratch for `rows` rows of C in passes of `pass_depth` steps: one packed B block and, for a
+// strided A, its packing.
+inline constexpr int64_t gemm_scratch_floats(int64_t rows, int64_t pass_depth, bool strided_a) {
+  return pass_depth * (kGemmPanel + (strided_a ? (rows < kGemmPackedRowsMax ? rows : kGemmPackedRowsMax) + kGemmTileRowsMax : 0));
 }
 
 // B(r, n) read from a quantized linear layer's weight instead of floats: W[n][r] of qgemv.h's layouts

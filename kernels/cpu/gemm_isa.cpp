@@ -155,12 +155,8 @@ void pack_b(const GemmProblem& p, int64_t r0, int64_t depth, int64_t n0, int64_t
     if (p.b_col == 1) {
       // Row pieces of whole vectors, copied in registers: as a loop over floats GCC made each a memmove
       // call, 2% of a GPT-2 124M training step on a Zen 3.
-      if (ws == kWide)
-        for (int64_t r = 0; r < depth; ++r)
-          for (int j = 0; j < kTileVecs; ++j) store_u(dst + r * kWide + j * kLanes, load_u(src + r * p.b_depth + j * kLanes));
-      else
-        for (int64_t r = 0; r < depth; ++r)
-          for (int64_t j = 0; j < ws; j += kLanes) store_u(dst + r * ws + j, load_u(src + r * p.b_depth + j));
+      for (int64_t r = 0; r < depth; ++r)
+        for (int64_t j = 0; j < ws; j += kLanes) store_u(dst + r * ws + j, load_u(src + r * p.b_depth + j));
     } else {
       int64_t r = 0;
 #if defined(__AVX2__)
@@ -206,6 +202,8 @@ void pack_strided_a(const GemmProblem& p, int64_t m_begin, int64_t m_rows, int64
 
 const int gemm_tile_rows = kTileRows;
 
+int64_t gemm_pass_depth(const GemmProblem& p) { return !p.quantized_b && p.depth <= kOnePassDepth ? p.depth : kDepthBlock; }
+
 void gemm_rows(const GemmProblem& p, int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end, float* scratch) {
   const bool pack_a = p.a_depth != 1;
   if (pack_a && m_end - m_begin > kGemmPackedRowsMax) {
@@ -217,7 +215,7 @@ void gemm_rows(const GemmProblem& p, int64_t m_begin, int64_t m_end, int64_t n_b
     return;
   }
   float* b_packed = scratch;
-  const int64_t block = !p.quantized_b && p.depth <= kOnePassDepth ? p.depth : kDepthBlock;
+  const int64_t block = gemm_pass_depth(p);
   float* a_packed = scratch + block * kGemmPanel;
   // A whose depth axis is strided (the weight gradient reads dY down its columns) is packed for every
   // tile of these rows once per depth block (pack_strided_a) and kept for every panel of B; A with

@@ -51,5 +51,6 @@ void layer_norm_backward_rows(const float* dy, const float* x, const float* mean
                               const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t cols);
 void gemm_rows(const GemmProblem& p, int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end, float* scratch);
 extern const int gemm_tile_rows;
+int64_t gemm_pass_depth(const GemmProblem& p);
 
 }  // namespace colossal::kernels::COLOSSAL_ISA

@@ -80,9 +80,11 @@ struct IsaKernels {
   void (*layer_norm_backward)(const float* dy, const float* x, const float* mean, const float* rstd,
                               const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t cols);
   // Rows [m_begin, m_end) and columns [n_begin, n_end) of a GEMM's C (see gemm.h); n_begin a multiple
-  // of kGemmColumnMultiple. scratch: gemm_scratch_floats(m_end - m_begin, p.a_depth != 1) of the calling thread's own.
+  // of kGemmColumnMultiple. scratch: gemm_scratch_floats(m_end - m_begin, gemm_pass_depth(p), p.a_depth != 1)
+  // of the calling thread's own.
   void (*gemm_rows)(const GemmProblem& p, int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end, float* scratch);
   int gemm_tile_rows;   // rows of gemm_rows' register tile: threads split C's rows in multiples of it
+  int64_t (*gemm_pass_depth)(const GemmProblem& p);   // reduction steps per pass over B, at most kGemmDepthBlock
   // The sum of x[i]^2 in double (the gradient norm's pass).
   double (*sum_squares_f32)(const float* x, int64_t n);
   double (*sum_squares_f64)(const double* x, int64_t n);
