@@ -207,6 +207,35 @@ TEST(LmHeadCrossEntropy, MatchesAtenCrossEntropyLossAndGradients) {
   });
 }
 
+TEST(LmHeadCrossEntropy, GraphsAliveAtOnceKeepTheirOwnLogitsAndALaterStepReusesThem) {
+  // The CPU logits are kept from step to step (lm_head_loss.cpp), but only taken again once no graph
+  // holds them: a second forward while the first graph still waits for its backward must not write
+  // over the first one's saved gradient.
+  at::manual_seed(8);
+  for_each_gemm_path([](const char* gemm) {
+    auto w = at::randn({64, 32}).requires_grad_(true);
+    const auto step = [&](const at::Tensor& x, const at::Tensor& targets) {
+      auto ref_x = x.detach().to(at::kDouble).requires_grad_(true);
+      at::cross_entropy_loss(at::mm(ref_x, w.detach().to(at::kDouble).t()), targets).backward();
+      return ref_x.grad();
+    };
+    std::vector<at::Tensor> xs, targets, losses;
+    for (int i = 0; i < 3; ++i) {
+      xs.push_back(at::randn({24, 32}).requires_grad_(true));
+      targets.push_back(at::randint(0, 64, {24}, at::kLong));
+    }
+    losses.push_back(nn::lm_head_cross_entropy(xs[0], w, targets[0]));
+    losses.push_back(nn::lm_head_cross_entropy(xs[1], w, targets[1]));   // the first graph is still alive
+    for (int i = 0; i < 2; ++i) {
+      losses[i].backward();
+      EXPECT_LT((xs[i].grad().to(at::kDouble) - step(xs[i], targets[i])).abs().max().item<double>(), 1e-5) << gemm << " graph " << i;
+    }
+    losses.clear();   // both released: the next forward takes the kept buffer
+    nn::lm_head_cross_entropy(xs[2], w, targets[2]).backward();
+    EXPECT_LT((xs[2].grad().to(at::kDouble) - step(xs[2], targets[2])).abs().max().item<double>(), 1e-5) << gemm;
+  });
+}
+
 TEST(LmHeadCrossEntropy, AWeightWhoseGradIsABufferAccumulatesIntoItInPlace) {
   // As under FlatParams: the weight's .grad is a view of a flat buffer holding earlier micro-steps'
   // sums. The head's gradient must be added into that storage, scaled, and nothing else allocated.

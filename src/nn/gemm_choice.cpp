@@ -69,6 +69,16 @@ at::Tensor gemm_linear(const at::Tensor& x, const at::Tensor& weight, const at::
   return at::linear(x, weight, bias);
 }
 
+void gemm_linear_into(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& y) {
+  const auto ours = [&] { ours_linear(x, weight, bias, y); };
+  const auto aten = [&] {
+    at::Tensor target = y;   // the out= overloads take a non-const reference
+    bias.defined() ? (void)at::addmm_out(target, bias, x, weight.t()) : (void)at::mm_out(target, x, weight.t());
+  };
+  if (choose(shape_of("fwd", x.size(0), weight), ours, aten)) return ours();
+  aten();
+}
+
 at::Tensor gemm_linear_inference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   int64_t rows_class = 1;
   while (rows_class < x.size(0)) rows_class *= 2;

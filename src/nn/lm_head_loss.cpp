@@ -10,13 +10,35 @@
 namespace colossal::nn {
 namespace {
 
+// The CPU logits [N, V], kept by each thread (ranks run as threads in the tests) and reused by the next
+// step once nothing else holds them (the last graph has released its saved copy). At GPT-2's vocabulary
+// and 1024 tokens they are 206 MB: past glibc's mmap threshold (32 MB at most), so a new tensor every
+// step was mapped afresh and faulted in 4 KB at a time, 50305 page faults a step inside the head's
+// forward, and unmapped again after its backward. Keeping them costs no peak: they are the step's
+// largest activation, and outside the forward and backward nothing else of the step is live beside them.
+at::Tensor reusable_logits(int64_t n, int64_t v, const at::TensorOptions& options) {
+  thread_local at::Tensor kept;
+  if (kept.defined() && kept.use_count() == 1 && kept.storage().use_count() == 1 && kept.size(0) == n &&
+      kept.size(1) == v && kept.scalar_type() == options.dtype().toScalarType())
+    return kept;
+  kept = at::Tensor();   // freed first when unused, so a new shape does not hold both
+  kept = at::empty({n, v}, options);
+  return kept;
+}
+
 struct LmHeadCrossEntropy : public torch::autograd::Function<LmHeadCrossEntropy> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& weight,
                             const at::Tensor& targets) {
     // On CPU the head's three products go through gemm_choice.h like every dense layer's.
     const bool gemm = gemm_applies(x_in, weight);
     const at::Tensor x = gemm ? x_in.contiguous() : x_in;
-    at::Tensor logits = gemm ? gemm_linear(x, weight, {}) : at::mm(x, weight.t());   // [N, V]; becomes d(loss)/d(logits)
+    at::Tensor logits;   // [N, V]; becomes d(loss)/d(logits)
+    if (gemm) {
+      logits = reusable_logits(x.size(0), weight.size(0), x.options());
+      gemm_linear_into(x, weight, {}, logits);
+    } else {
+      logits = at::mm(x, weight.t());
+    }
     const int64_t n = logits.size(0), v = logits.size(1);
     at::Tensor loss;
     if (logits.is_cpu() && logits.scalar_type() == at::kFloat) {
