@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/cross_entropy.h"
 #include "src/nn/gemm_choice.h"
+#include "src/nn/recompute.h"
 
 namespace colossal::nn {
 namespace {
@@ -14,10 +15,18 @@ namespace {
 // step once nothing else holds them (the last graph has released its saved copy). At GPT-2's vocabulary
 // and 1024 tokens they are 206 MB: past glibc's mmap threshold (32 MB at most), so a new tensor every
 // step was mapped afresh and faulted in 4 KB at a time, 50305 page faults a step inside the head's
-// forward, and unmapped again after its backward. Keeping them costs no peak: they are the step's
-// largest activation, and outside the forward and backward nothing else of the step is live beside them.
+// forward, and unmapped again after its backward. Keeping them costs no peak where the forward's end is
+// the step's peak (they are its largest activation). Under activation checkpointing it is not: the
+// backward reruns blocks after the head's gradient is done, and kept logits would sit under every rerun
+// (gpt-tiny's live tensors at the peak rose 4 MB with every block recomputed, past recomputing every
+// other one). So a forward that recomputes any block (recompute.h) gets new logits, and the kept ones
+// are let go.
 at::Tensor reusable_logits(int64_t n, int64_t v, const at::TensorOptions& options) {
   thread_local at::Tensor kept;
+  if (take_recomputed_blocks() > 0) {
+    kept = at::Tensor();
+    return at::empty({n, v}, options);
+  }
   if (kept.defined() && kept.use_count() == 1 && kept.storage().use_count() == 1 && kept.size(0) == n &&
       kept.size(1) == v && kept.scalar_type() == options.dtype().toScalarType())
     return kept;

@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <mutex>
+#include <utility>
 
 namespace colossal::nn {
 namespace {
@@ -71,8 +72,15 @@ void set_generator_state(const c10::Device& device, const at::Tensor& state) {
 
 void set_recompute_observer(RecomputeObserver observer) { t_observer = std::move(observer); }
 
+namespace {
+thread_local int64_t g_recomputed_blocks = 0;
+}  // namespace
+
+int64_t take_recomputed_blocks() { return std::exchange(g_recomputed_blocks, 0); }
+
 at::Tensor recomputed(std::function<at::Tensor(const at::Tensor&)> forward, const at::Tensor& x) {
   if (!at::GradMode::is_enabled()) return forward(x);
+  ++g_recomputed_blocks;
   auto rerun = c10::make_intrusive<Rerun>();
   rerun->forward = std::move(forward);
   return RecomputeFn::apply(x, rerun);

@@ -24,6 +24,10 @@ at::Tensor recomputed(std::function<at::Tensor(const at::Tensor&)> forward, cons
 at::Tensor generator_state(const c10::Device& device);
 void set_generator_state(const c10::Device& device, const at::Tensor& state);
 
+// Blocks this thread has run as recomputed (under grad mode) since the last call, which resets the count:
+// the LM head asks at the end of each forward whether the backward ahead will rerun blocks.
+int64_t take_recomputed_blocks();
+
 using RecomputeObserver = std::function<void(const at::Tensor* output)>;
 void set_recompute_observer(RecomputeObserver observer);
 
