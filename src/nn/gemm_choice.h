@@ -13,8 +13,8 @@ namespace colossal::nn {
 bool gemm_applies(const at::Tensor& x, const at::Tensor& weight);
 
 at::Tensor gemm_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
-// The same into y [rows, out], contiguous: a buffer the caller keeps from step to step (the LM head's
-// logits), whose pages are already mapped. Both sides are timed writing into it.
+// The same into y [rows, out], contiguous: gemm_linear's new output, or a buffer kept from step to step
+// (the LM head's logits, whose pages are already mapped). Both sides are timed writing into it.
 void gemm_linear_into(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& y);
 // The same without a gradient to record, under the policy's inference_gemm; its row counts vary from call
 // to call, so the choice is kept per power of two of rows ("rows=64" stands for 33 to 64): a server times
