@@ -206,6 +206,40 @@ TEST(EndToEnd, ASecondInferStartsWithTheKernelChoicesTheFirstTimed) {
   EXPECT_EQ(record(second.output), record(first.output));
 }
 
+// Training keeps its timed choices too: a second run on the machine times nothing, says where its
+// choices came from, and computes with the same kernels, so its losses are the first run's bits.
+TEST(EndToEnd, ASecondTrainStartsWithTheKernelChoicesTheFirstTimedAndTrainsTheSameBits) {
+  TempDir dir;
+  const std::string cache = dir / "cache/kernel-choices.json";
+  setenv("COLOSSAL_KERNEL_CACHE", cache.c_str(), 1);
+  auto train = [&](const std::string& name) {
+    return run_colossal("train recipes/gpt-tiny.toml --set train.max_steps=2 --set optim.warmup_steps=1 --set train.eval_every=0"
+                        " --set checkpoint.every=0 --set checkpoint.at_end=false" + into(dir) + " --set output.dir=" + (dir / name));
+  };
+  auto first = train("first");
+  auto second = train("second");
+  setenv("COLOSSAL_KERNEL_CACHE", "off", 1);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(first.output.find("kernels: gemm [dw+ rows="), std::string::npos) << first.output;
+  ASSERT_TRUE(std::filesystem::exists(cache));
+  const auto saved = nlohmann::json::parse(read_file(cache))["entries"];
+  ASSERT_EQ(saved.size(), 1u) << saved.dump();
+  const auto& choices = saved.begin().value()["choices"];
+  // every form of a dense layer's GEMM, and the fused kernels', from the first step
+  for (const std::string kernel : {"gemm fwd ", "gemm dx ", "gemm dw+ ", "attention ", "layer_norm ", "gelu "}) {
+    bool found = false;
+    for (const auto& [key, value] : choices.items()) found = found || key.rfind(kernel, 0) == 0;
+    EXPECT_TRUE(found) << kernel << " in " << choices.dump();
+  }
+  EXPECT_EQ(second.output.find(" ms, ATen "), std::string::npos) << second.output;
+  EXPECT_NE(second.output.find("kernels: " + std::to_string(choices.size()) + " choices timed by an earlier run on this machine"),
+            std::string::npos) << second.output;
+  const auto loss_first = colossal::test::metric_values(dir / "first/metrics.jsonl", "loss");
+  ASSERT_EQ(loss_first.size(), 2u);
+  EXPECT_EQ(colossal::test::metric_values(dir / "second/metrics.jsonl", "loss"), loss_first);
+}
+
 TEST(EndToEnd, DryRunPrintsResolvedRecipeParametersAndMemory) {
   auto r = run_colossal("train recipes/gpt2-124m.toml --dry-run --set train.batch_size=2");
   ASSERT_EQ(r.exit_code, 0) << r.output;

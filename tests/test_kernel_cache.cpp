@@ -137,4 +137,14 @@ TEST(KernelCache, ItsFileFollowsTheEnvironmentAndOffTurnsItOff) {
   // The key names what the choices depend on.
   const std::string key = kernel_cache_key();
   for (const char* part : {" threads", "LibTorch ", " bytes, modified "}) EXPECT_NE(key.find(part), std::string::npos) << key;
+  // ATen capped to AVX2 runs other BLAS kernels: its choices are another entry.
+  ScopedEnv no_aten("ATEN_CPU_CAPABILITY", nullptr), no_onednn("ONEDNN_MAX_CPU_ISA", nullptr);
+  std::string uncapped;
+  {
+    ScopedEnv no_mkl("MKL_ENABLE_INSTRUCTIONS", nullptr);
+    uncapped = kernel_cache_key();
+  }
+  ScopedEnv mkl("MKL_ENABLE_INSTRUCTIONS", "AVX2");
+  EXPECT_NE(kernel_cache_key(), uncapped);
+  EXPECT_NE(kernel_cache_key().find("MKL_ENABLE_INSTRUCTIONS=AVX2"), std::string::npos) << kernel_cache_key();
 }

@@ -78,6 +78,15 @@ std::map<std::string, std::string> choices_of(const json& entry) {
   return out;
 }
 
+// The caps put on ATen's side (its dispatch level, MKL's and oneDNN's instruction sets), when any is
+// set: capped, ATen's GEMM is another kernel, and a choice timed against the uncapped one does not hold.
+std::string aten_caps() {
+  std::string caps;
+  for (const char* name : {"ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA"})
+    if (const char* v = std::getenv(name); v && *v) caps += std::string(caps.empty() ? " | " : " ") + name + "=" + v;
+  return caps;
+}
+
 }  // namespace
 
 std::optional<std::string> kernel_cache_path() {
@@ -90,8 +99,8 @@ std::optional<std::string> kernel_cache_path() {
 }
 
 std::string kernel_cache_key() {
-  return cpu_model() + " | " + kernels::isa_name(kernels::active_isa()) + " | " + std::to_string(at::get_num_threads()) +
-         " threads | LibTorch " + TORCH_VERSION + " | " + this_binary();
+  return cpu_model() + " | " + kernels::isa_name(kernels::active_isa()) + aten_caps() + " | " +
+         std::to_string(at::get_num_threads()) + " threads | LibTorch " + TORCH_VERSION + " | " + this_binary();
 }
 
 size_t load_kernel_cache(const std::string& file, const std::string& key) {

@@ -15,6 +15,7 @@
 #include "src/core/recipe.h"
 #include "src/dist/runtime.h"
 #include "src/engine/checkpoint.h"
+#include "src/engine/kernel_cache.h"
 #include "src/engine/pipeline_runner.h"
 #include "src/engine/trainer.h"
 #include "models/registry.h"
@@ -45,6 +46,9 @@ struct TrainPlan {
   std::shared_ptr<memory::MemoryTracer> tracer;   // `colossal profile` only: traces the last step
   std::shared_ptr<nn::BlockHooks> hooks;   // the chain around every block (the model holds it too)
   std::optional<memory::RecomputePlan> recompute_plan;   // activation_checkpoint = "auto": the measured choice
+  // The kernel choices an earlier run on this machine timed (engine/kernel_cache.h), loaded when the
+  // policy is set; this run's new ones are saved after its first step and at its end (null: cache off).
+  std::unique_ptr<KernelCacheSession> kernel_cache;
   // This process's resident memory just before the model was built, and its peak once the weights
   // were in place: what building, initialising or loading the model cost this rank.
   size_t rss_before_model = 0, peak_rss_after_setup = 0;

@@ -320,6 +320,8 @@ int run_loop(TrainPlan& p) {
     state.tokens_seen += tokens_per_step;
     state.train_loss = loss_sum;
     const double step_s = seconds_since(t0);
+    // The first step timed nearly every shape: kept now, so a run stopped early still leaves them.
+    if (steps_this_run == 1 && p.kernel_cache) p.kernel_cache->save();
     if (steps_this_run == kUntimedSteps) timed_start = Clock::now();
     if (steps_this_run > kUntimedSteps) ++timed_steps;
     const double tps = static_cast<double>(tokens_per_step) / step_s;
