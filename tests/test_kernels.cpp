@@ -473,24 +473,30 @@ TEST(CpuKernels, TransposedGemvMatchesDoublePrecisionAndGivesEachRowItsBitsAlone
 
 TEST(CpuKernels, GemvGivesEachRowTheSameBitsAloneInABatchOrOnAnyThreadCount) {
   at::manual_seed(17);
-  const int64_t in = 131, out = 1003;   // tails in both dimensions
-  auto x = at::randn({6, in}), w = at::randn({out, in}), b = at::randn({out});
-  auto run = [&](const at::Tensor& xs) {
-    auto y = at::empty({xs.size(0), out});
-    kernels::gemv(xs.const_data_ptr<float>(), xs.size(0), in, w.const_data_ptr<float>(), b.const_data_ptr<float>(),
-                  y.mutable_data_ptr<float>(), out);
-    return y;
-  };
-  for (Isa isa : kernels::runnable_isas()) {
-    kernels::ScopedIsa cap(isa);
-    auto together = run(x);
-    for (int64_t r = 0; r < 6; ++r)
-      EXPECT_TRUE(at::equal(run(x.narrow(0, r, 1).contiguous()), together.narrow(0, r, 1))) << kernels::isa_name(isa) << " row " << r;
-    const int threads = at::get_num_threads();   // LibTorch and the kernels share one OpenMP runtime
-    at::set_num_threads(1);
-    auto single_thread = run(x);
-    at::set_num_threads(threads);
-    EXPECT_TRUE(at::equal(single_thread, together)) << kernels::isa_name(isa);
+  const int64_t out = 1003;
+  // 131 inputs: whole 16-float steps and a scalar tail; 139: one 8-float vector between them. Eleven rows:
+  // AVX-512's pass of eight (one 16-lane chain a row) and a pass of three.
+  for (const int64_t in : {131, 139}) {
+    auto x = at::randn({11, in}), w = at::randn({out, in}), b = at::randn({out});
+    auto run = [&](const at::Tensor& xs) {
+      auto y = at::empty({xs.size(0), out});
+      kernels::gemv(xs.const_data_ptr<float>(), xs.size(0), in, w.const_data_ptr<float>(), b.const_data_ptr<float>(),
+                    y.mutable_data_ptr<float>(), out);
+      return y;
+    };
+    for (Isa isa : kernels::runnable_isas()) {
+      kernels::ScopedIsa cap(isa);
+      auto together = run(x);
+      for (int64_t r = 0; r < 11; ++r)
+        EXPECT_TRUE(at::equal(run(x.narrow(0, r, 1).contiguous()), together.narrow(0, r, 1)))
+            << kernels::isa_name(isa) << " in=" << in << " row " << r;
+      EXPECT_TRUE(at::equal(run(x.narrow(0, 0, 4)), together.narrow(0, 0, 4))) << kernels::isa_name(isa) << " in=" << in;
+      const int threads = at::get_num_threads();   // LibTorch and the kernels share one OpenMP runtime
+      at::set_num_threads(1);
+      auto single_thread = run(x);
+      at::set_num_threads(threads);
+      EXPECT_TRUE(at::equal(single_thread, together)) << kernels::isa_name(isa) << " in=" << in;
+    }
   }
 }
 
