@@ -717,6 +717,33 @@ TEST(KernelChoice, ANearTieIsTimedLongerAndKeepsOursUnlessAtenIsClearlyFaster) {
             (std::map<std::string, std::string>{{"gemm clear", "aten"}, {"gemm close", "aten"}, {"gemm tie", "fused"}}));
 }
 
+// A decoding GEMV's weight is evicted before every timed call (linear_forward.cpp): the preparation
+// runs before each call of either side, warm-ups included, and its time counts for neither.
+TEST(KernelChoice, APreparationRunsBeforeEveryCallUntimed) {
+  PolicyGuard guard;
+  int ours = 0, aten = 0, prepared = 0;
+  std::string order;
+  auto side = [&](char name, double ms, int& calls) {
+    return [&, name, ms, call = busy_for(ms, calls)] {
+      order += name;
+      call();
+    };
+  };
+  int idle = 0;
+  auto prepare = [&, slow = busy_for(5.0, idle)] {
+    ++prepared;
+    order += 'p';
+    if (order.size() % 4 == 1) slow();   // only before ours: counted, it would make ours 10x slower
+  };
+  EXPECT_TRUE(nn::use_ours("gemv", nn::KernelPath::Auto, "prep", side('o', 0.5, ours), side('a', 0.75, aten), prepare));
+  EXPECT_EQ(ours, 7);   // ATen clearly slower: two warm-ups and five timed calls each
+  EXPECT_EQ(aten, 7);
+  EXPECT_EQ(prepared, 14);
+  std::string expected;
+  for (int i = 0; i < 7; ++i) expected += "popa";
+  EXPECT_EQ(order, expected);
+}
+
 TEST(KernelChoice, RestoredChoicesAreUsedAndBadOnesRejected) {
   PolicyGuard guard;
   nn::restore_kernel_choices({{"attention B=1 T=8 H=1 D=8 fwd", "aten"}});

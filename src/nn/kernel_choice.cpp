@@ -73,24 +73,31 @@ std::optional<bool> decided_ours(const std::string& kernel, KernelPath forced, c
 }
 
 bool use_ours(const std::string& kernel, KernelPath forced, const std::string& shape, const std::function<void()>& ours,
-              const std::function<void()>& aten) {
+              const std::function<void()>& aten, const std::function<void()>& before_each) {
   if (auto d = decided_ours(kernel, forced, shape)) return *d;
-  return time_and_choose(kernel, shape, ours, aten);
+  return time_and_choose(kernel, shape, ours, aten, before_each);
 }
 
 bool time_and_choose(const std::string& kernel, const std::string& shape, const std::function<void()>& ours,
-                     const std::function<void()>& aten) {
+                     const std::function<void()>& aten, const std::function<void()>& before_each) {
+  const auto prepare = [&] {
+    if (before_each) before_each();
+  };
   // Two warm-ups each: first-touch allocations, caches, the thread pool, and glibc's mmap threshold,
   // which rises only once a large block has been freed (until then every large buffer is a fresh
   // mmap that the kernel zero-fills page by page, which a side allocating one more buffer pays more).
   for (int warm = 0; warm < 2; ++warm) {
+    prepare();
     ours();
+    prepare();
     aten();
   }
   double t_ours = 1e300, t_aten = 1e300;
   auto rounds = [&](int n) {
     for (int round = 0; round < n; ++round) {   // alternating, so drift on a shared machine hits both
+      prepare();
       t_ours = std::min(t_ours, seconds_of(ours));
+      prepare();
       t_aten = std::min(t_aten, seconds_of(aten));
     }
   };

@@ -75,12 +75,14 @@ class ChoiceMemo {
 // needs are built only on a shape's first call.
 std::optional<bool> decided_ours(const std::string& kernel, KernelPath forced, const std::string& shape);
 // Times `ours` against `aten` now (each runs the whole operation once per call), remembers and logs
-// the choice (the faster, ours within 3%); returns whether ours was chosen.
+// the choice (the faster, ours within 3%); returns whether ours was chosen. `before_each`, when given,
+// runs before every call of either side, untimed: it puts the operands where the real calls find them
+// (a decoding GEMV's weight out of the caches).
 bool time_and_choose(const std::string& kernel, const std::string& shape, const std::function<void()>& ours,
-                     const std::function<void()>& aten);
+                     const std::function<void()>& aten, const std::function<void()>& before_each = {});
 // Both in one: the decided choice, else the timed one.
 bool use_ours(const std::string& kernel, KernelPath forced, const std::string& shape, const std::function<void()>& ours,
-              const std::function<void()>& aten);
+              const std::function<void()>& aten, const std::function<void()>& before_each = {});
 
 // Every timed choice so far, "kernel shape" -> "fused" | "aten"; and the reverse, for resume.
 std::map<std::string, std::string> kernel_choices();
