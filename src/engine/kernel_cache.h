@@ -1,11 +1,11 @@
 // Timed kernel choices kept between processes, as cuDNN's and Triton's autotuning caches keep theirs.
 // `colossal train`, `finetune`, `infer` and `serve` time our kernels against ATen's at each new shape
 // (kernel_choice.h). Without this cache every run pays that timing again (14 of the 34 s of a 124M
-// training run's first step on a 2-core Xeon), and draws its choices afresh from the machine's noise; a one-shot infer
-// would pay more timing its prefill than it saves, and so keeps ATen's GEMM for it untimed (on an EPYC
-// our GEMM prefills a 380-token prompt in about half ATen's time). With the cache the first run on a
-// machine times and records its choices, and later runs start with them: no timing, the faster side
-// from the first call on, and the same kernels from run to run.
+// training run's first step on a 2-core Xeon) and draws its choices afresh from the machine's noise;
+// a one-shot infer would pay more timing its prefill than it saves, and so keeps ATen's GEMM for it
+// untimed (on an EPYC our GEMM prefills a 380-token prompt in about half ATen's time). With the cache
+// the first run on a machine times and records its choices, and later runs start with them: no
+// timing, the faster side from the first call on, and the same kernels from run to run.
 //
 // The file is JSON, one entry per key: the CPU model (its name, family and model numbers), the kernel
 // set in use, any caps on ATen's instruction sets, the thread count, the LibTorch version and this

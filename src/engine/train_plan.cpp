@@ -238,8 +238,8 @@ void build_model_shapes(TrainPlan& p) {
                          nn::parse_kernel_path(r.kernels.gemv), nn::parse_kernel_path(r.kernels.layer_norm),
                          nn::parse_kernel_path(r.kernels.gemm)});
   // Later runs start with the first one's choices: no timing at start-up (14 of the 34 s of a 124M
-  // run's first step on a 2-core Xeon), and the same kernels from run to run rather than a new draw of the machine's noise.
-  // A resumed run's own choices (step 6) replace these.
+  // run's first step on a 2-core Xeon), and the same kernels from run to run rather than a new draw
+  // of the machine's noise. A resumed run's own choices (step 6) replace these.
   if (kernel_cache_path()) p.kernel_cache = std::make_unique<KernelCacheSession>();
   auto factory = layout_factory(p);
   p.model = build_model(r.model, *factory);
