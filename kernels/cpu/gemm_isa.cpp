@@ -110,8 +110,11 @@ COLOSSAL_INLINE void strip_tile(int64_t vecs, int64_t rows, const float* a, int6
 // reads B as one sequential stream whatever B's strides, so wide rows (a new page every step) and the
 // forward's transposed weight cost the same as contiguous ones. Each thread packs the block it sweeps.
 // The same from a quantized weight: each column's inputs [r0, r0 + depth) dequantized into a row (a
-// contiguous read of the integers), then laid into the strip.
-void pack_quantized_b(const GemmProblem& p, int64_t r0, int64_t depth, int64_t n0, int64_t width, float* __restrict dst) {
+// contiguous read of the integers), then laid into the strip. Never inlined: inlined into the AVX2
+// copy's gemm_rows (whose tiles are inlined there too), its 16 KB row buffer and loops made every
+// float product 1.11-1.12x slower on an Intel Xeon (GPT-2 124M's and gpt-tiny's fifteen products, one
+// process, against the same code with this one attribute), although none of them runs it.
+__attribute__((noinline)) void pack_quantized_b(const GemmProblem& p, int64_t r0, int64_t depth, int64_t n0, int64_t width, float* __restrict dst) {
   const GemmQuantizedB& qb = *p.quantized_b;
   const int64_t in = p.b_col, groups = in / qb.group;
   alignas(64) float rows[kWide][kDepthBlock];   // the strip's columns, each dequantized as a row
