@@ -43,7 +43,8 @@ TMP="$(mktemp -d "${TMPDIR:-/tmp}/gemm_vs_blas.XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT
 for ((r = 1; r <= repeat; r++)); do
   echo "gemm_vs_blas: $(basename "$recipe" .toml) run $r/$repeat" >&2
-  if ! "$COLOSSAL" train "$recipe" --set train.max_steps=2 --set "train.seq_len=$T" --set "train.batch_size=$B" \
+  # The kernel cache off: a run that starts with an earlier run's choices times nothing (kernel_cache.h).
+  if ! COLOSSAL_KERNEL_CACHE=off "$COLOSSAL" train "$recipe" --set train.max_steps=2 --set "train.seq_len=$T" --set "train.batch_size=$B" \
       --set train.grad_accum=1 --set model.dropout=0 --set train.eval_every=0 --set train.eval_batches=1 \
       --set checkpoint.every=0 --set train.device=cpu --set optim.warmup_steps=1 --set kernels.gemm=auto --set "output.dir=$TMP/run-$r" \
       --quiet >"$TMP/out-$r" 2>&1; then
