@@ -6,6 +6,10 @@
 # medians over the rounds and colossal's ratio against each peer (tokens/s colossal/peer, memory colossal/peer).
 # Peak memory is the whole process's max RSS as /usr/bin/time sees it, for all four alike; with --device cuda it
 # is the GPU's peak allocated bytes as each process's caching allocator counts them (torch's own counters both).
+# Both sides keep what they tuned between processes, as a user's second run would: torch.compile its inductor
+# cache (below), colossal its kernel choices (src/engine/kernel_cache.h, the user's cache unless
+# COLOSSAL_KERNEL_CACHE says otherwise). A first run of a new colossal binary times its kernels in its first
+# step, which is untimed here but raises that round's peak memory (about 90 MB at the 124m shape).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 COMMAND="scripts/bench/train_vs_torch.sh"
