@@ -28,6 +28,8 @@
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/stretches.h"
 #include "kernels/cpu/thread_scratch.h"
+#include "src/memory/allocation_counter.h"
+#include "src/nn/activation.h"
 #include "src/nn/alibi.h"
 #include "src/nn/cached_attention.h"
 #include "src/nn/fused_attention.h"
@@ -525,11 +527,14 @@ at::Tensor run_gemm(GemmForm form, const at::Tensor& x, const at::Tensor& w, con
 }
 
 // Whether y was computed by the dense GEMM's autograd function (under the view that restores its shape).
-bool through_gemm(const at::Tensor& y) {
+// Whether y's graph, followed through each node's first input, has a node whose name contains `node`.
+bool graph_has(const at::Tensor& y, const std::string& node) {
   for (auto fn = y.grad_fn(); fn; fn = fn->next_edges().empty() ? nullptr : fn->next_edges()[0].function)
-    if (fn->name().find("DenseLinearFunction") != std::string::npos) return true;
+    if (fn->name().find(node) != std::string::npos) return true;
   return false;
 }
+
+bool through_gemm(const at::Tensor& y) { return graph_has(y, "DenseLinearFunction"); }
 
 }  // namespace
 
@@ -642,6 +647,58 @@ TEST(LinearForward, TrainingShapesMatchATenInValueAndGradientsAndSumTheWeightGra
   aten.gemm = nn::KernelPath::Aten;
   nn::set_kernel_policy(aten);
   EXPECT_FALSE(through_gemm(nn::linear_forward(x, w, b)));
+}
+
+// An MLP's projection of its GELU'd hidden layer (linear_forward_after_gelu_tanh): one node that keeps h
+// alone and computes the GELU again in backward, with the bits of the GELU node and the product node it
+// replaces, forward and backward, and two tensors of h's size fewer held between them.
+TEST(LinearForward, TheProjectionAfterGeluKeepsOnlyItsInputAndGivesTheTwoNodesBits) {
+  PolicyGuard guard;
+  nn::KernelPolicy ours;
+  ours.gelu = ours.gemm = nn::KernelPath::Ours;
+  nn::set_kernel_policy(ours);
+  at::manual_seed(41);
+  const auto h0 = at::randn({3, 37, 64}), w0 = at::randn({80, 64}), b0 = at::randn({80}), dy = at::randn({3, 37, 80});
+  struct Run {
+    at::Tensor y, dh, dw, db;
+    int64_t held;   // bytes the forward left allocated: its output and what its graph saved
+  };
+  auto run = [&](bool fused) {
+    auto h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    at::Tensor y;
+    int64_t held = 0;
+    {
+      memory::AllocationCounter counter;
+      y = fused ? nn::linear_forward_after_gelu_tanh(h, w, b) : nn::linear_forward(nn::gelu_tanh(h), w, b);
+      held = counter.live();
+    }
+    EXPECT_EQ(graph_has(y, "GeluDenseLinearFunction"), fused);
+    y.backward(dy);
+    return Run{y.detach(), h.grad(), w.grad(), b.grad(), held};
+  };
+  nn::gelu_tanh(h0.clone().requires_grad_(true));   // the GELU's choice timed outside the counted forwards
+  nn::linear_forward_after_gelu_tanh(h0.clone().requires_grad_(true), w0.clone().requires_grad_(true), b0);
+  const Run fused = run(true), two = run(false);
+  EXPECT_TRUE(at::equal(fused.y, two.y));
+  EXPECT_TRUE(at::equal(fused.dh, two.dh));
+  EXPECT_TRUE(at::equal(fused.dw, two.dw));
+  EXPECT_TRUE(at::equal(fused.db, two.db));
+  EXPECT_EQ(two.held - fused.held, 2 * h0.numel() * 4) << "the GELU's output and derivative are not kept";
+  // Against double precision, the GELU written out.
+  auto hd = h0.to(at::kDouble);
+  auto gd = 0.5 * hd * (1 + at::tanh(0.7978845608028654 * (hd + 0.044715 * hd.pow(3))));
+  EXPECT_LT(max_abs_diff(fused.y, at::linear(gd, w0.to(at::kDouble), b0.to(at::kDouble))), 1e-4);
+  // Without a gradient to record (the inference policy's GEMM), or with ATen's GEMM forced: the two
+  // nodes' path as before.
+  {
+    at::NoGradGuard no_grad;
+    EXPECT_LT(max_abs_diff(nn::linear_forward_after_gelu_tanh(h0, w0, b0), fused.y.to(at::kDouble)), 1e-4);
+  }
+  nn::KernelPolicy aten = ours;
+  aten.gemm = nn::KernelPath::Aten;
+  nn::set_kernel_policy(aten);
+  const auto y = nn::linear_forward_after_gelu_tanh(h0.clone().requires_grad_(true), w0, b0);
+  EXPECT_FALSE(graph_has(y, "GeluDenseLinearFunction"));
 }
 
 TEST(LinearForward, AutoTimesEachFormOncePerShape) {

@@ -59,8 +59,10 @@ bool fused_gelu_chosen(const at::Tensor& x) {
 
 }  // namespace
 
+bool gelu_tanh_runs_ours(const at::Tensor& x) { return x.is_cpu() && x.scalar_type() == at::kFloat && fused_gelu_chosen(x); }
+
 at::Tensor gelu_tanh(const at::Tensor& x) {
-  if (x.is_cpu() && x.scalar_type() == at::kFloat && fused_gelu_chosen(x)) return ours(x);
+  if (gelu_tanh_runs_ours(x)) return ours(x);
   return at::gelu(x, "tanh");
 }
 

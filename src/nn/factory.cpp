@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include "src/nn/activation.h"
 #include "src/nn/attention.h"
 #include "src/nn/embedding_lookup.h"
 #include "src/nn/kernel_choice.h"
@@ -23,6 +24,7 @@ class DenseLinear : public Linear {
     if (s.bias) bias_ = register_parameter("bias", f.parameter({s.out}));
   }
   at::Tensor forward(const at::Tensor& x) override { return linear_forward(x, weight_, bias_); }
+  at::Tensor forward_after_gelu_tanh(const at::Tensor& h) override { return linear_forward_after_gelu_tanh(h, weight_, bias_); }
   at::Tensor& weight() override { return weight_; }
   std::optional<kernels::DecodeProduct> decode_product(int64_t rows) override {
     if (at::GradMode::is_enabled() || rows < 1 || rows > kGemvMaxRows || !gemv_takes(weight_, bias_) ||
@@ -53,6 +55,8 @@ class DenseEmbedding : public Embedding {
 };
 
 }  // namespace
+
+at::Tensor Linear::forward_after_gelu_tanh(const at::Tensor& h) { return forward(gelu_tanh(h)); }
 
 at::Tensor StreamCut::dropout(const at::Tensor& x, double p) const { return at::dropout(x, p, true); }
 

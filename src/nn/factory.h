@@ -42,6 +42,9 @@ class Linear : public Module {
   // gradient mode) as kernels/cpu/decode_block.h runs it, where forward(x) would run that same decoding
   // kernel (already chosen at this shape); none elsewhere (the step then goes op by op).
   virtual std::optional<kernels::DecodeProduct> decode_product(int64_t /*rows*/) { return std::nullopt; }
+  // forward(gelu_tanh(h)): an MLP's projection of its hidden layer. A layer may save h alone for its
+  // backward and compute the GELU again there (DenseLinear's training path on CPU: linear_forward.h).
+  virtual at::Tensor forward_after_gelu_tanh(const at::Tensor& h);
 };
 
 class Embedding : public Module {

@@ -6,9 +6,12 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "kernels/cpu/cache_evict.h"
+#include "kernels/cpu/gelu.h"
 #include "kernels/cpu/gemv.h"
+#include "src/nn/activation.h"
 #include "src/nn/gemm_choice.h"
 #include "src/nn/kernel_choice.h"
+#include "src/nn/recompute.h"
 
 namespace colossal::nn {
 namespace {
@@ -49,6 +52,20 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   return y;
 }
 
+// A backward's weight gradient dy^T x: queued where a zero-bubble schedule defers it (summed into
+// .grad as autograd would have), else returned (undefined where it went into the .grad buffer).
+at::Tensor weight_grad(const at::Tensor& weight, const at::Tensor& dy, const at::Tensor& x) {
+  if (!t_deferred) return gemm_weight_grad_for(weight, dy, x);
+  t_deferred->add([weight, dy, x] {
+    at::NoGradGuard no_grad;
+    const at::Tensor g = gemm_weight_grad_for(weight, dy, x);
+    if (!g.defined()) return;
+    at::Tensor& held = const_cast<at::Tensor&>(weight).mutable_grad();
+    held = held.defined() ? held.add_(g) : g;
+  });
+  return {};
+}
+
 // y = x W^T + b for a training step on CPU: the forward and both gradients go through gemm_choice.h
 // (our GEMM or ATen's per form and shape), the weight's gradient into its .grad buffer when there is
 // one (grad_buffer_of).
@@ -68,19 +85,39 @@ struct DenseLinearFunction : public torch::autograd::Function<DenseLinearFunctio
     const at::Tensor dy = grad_out[0].contiguous();
     at::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) dx = gemm_input_grad(dy, weight);
-    if (ctx->needs_input_grad(1) && t_deferred) {
-      t_deferred->add([weight, dy, x] {   // summed into .grad as autograd would have
-        at::NoGradGuard no_grad;
-        const at::Tensor g = gemm_weight_grad_for(weight, dy, x);
-        if (!g.defined()) return;
-        at::Tensor& held = const_cast<at::Tensor&>(weight).mutable_grad();
-        held = held.defined() ? held.add_(g) : g;
-      });
-    } else if (ctx->needs_input_grad(1)) {
-      dw = gemm_weight_grad_for(weight, dy, x);
-    }
+    if (ctx->needs_input_grad(1)) dw = weight_grad(weight, dy, x);
     if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
     return {dx, dw, db};
+  }
+};
+
+// y = gelu_tanh(h) W^T + b for a training step on CPU with our GELU: saves h, not the GELU's output and
+// derivative, and computes both again in backward with the kernel the forward's GELU node would have
+// run (linear_forward.h). The products as DenseLinearFunction's.
+struct GeluDenseLinearFunction : public torch::autograd::Function<GeluDenseLinearFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
+                            const at::Tensor& bias) {
+    ctx->save_for_backward({h, weight});
+    const bool has_bias = bias.numel() > 0;
+    ctx->saved_data["bias"] = has_bias;
+    auto g = at::empty_like(h);
+    kernels::gelu_tanh_forward(h.const_data_ptr<float>(), g.mutable_data_ptr<float>(), h.numel());
+    return gemm_linear(g, weight, has_bias ? bias : at::Tensor());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &h = saved[0], &weight = saved[1];
+    const at::Tensor dy = grad_out[0].contiguous();
+    auto g = at::empty_like(h), dgdh = at::empty_like(h);
+    kernels::gelu_tanh_forward_with_grad(h.const_data_ptr<float>(), g.mutable_data_ptr<float>(), dgdh.mutable_data_ptr<float>(),
+                                         h.numel());
+    at::Tensor dh, dw, db;
+    if (ctx->needs_input_grad(0)) dh = gemm_input_grad(dy, weight).mul_(dgdh);   // GeluTanh's backward: dg * dgdh
+    if (ctx->needs_input_grad(1)) dw = weight_grad(weight, dy, g);
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
+    return {dh, dw, db};
   }
 };
 
@@ -105,6 +142,16 @@ void DeferredWeightGrads::run() {
 }
 
 void defer_weight_grads(DeferredWeightGrads* queue) { t_deferred = queue; }
+
+at::Tensor linear_forward_after_gelu_tanh(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias) {
+  if (!records_grad(h, weight, bias) || rerunning_for_backward() || !gemm_operands(h, weight, bias, kernel_policy().gemm) ||
+      !gelu_tanh_runs_ours(h))
+    return linear_forward(gelu_tanh(h), weight, bias);
+  auto sizes = h.sizes().vec();
+  sizes.back() = weight.size(0);
+  const at::Tensor b = bias.defined() ? bias : at::empty({0}, weight.options());
+  return GeluDenseLinearFunction::apply(h.reshape({-1, h.size(-1)}).contiguous(), weight, b).view(sizes);
+}
 
 at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (decoding_shape(x, weight, bias)) {

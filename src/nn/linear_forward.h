@@ -24,6 +24,14 @@ inline constexpr int64_t kGemvMaxRows = 32;
 
 // x [..., in], weight [out, in], bias [out] or undefined -> [..., out]
 at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+// linear_forward(gelu_tanh(h), weight, bias). Training on CPU in fp32 with our GELU and GEMM path, one
+// autograd node saves h alone and computes gelu(h) and its derivative again in its backward: the
+// GELU's output (the product's input) and its derivative were two saved tensors of h's size, a
+// quarter of a GPT block's activations, for one more pass of the GELU kernel a layer. The same
+// operations in the same order, so the same bits as the two nodes. Not in a block's rerun for its
+// backward (recompute.h): that graph is consumed at once, and recomputing again there only added
+// h-sized buffers at the backward's peak.
+at::Tensor linear_forward_after_gelu_tanh(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias = {});
 
 // Whether linear_forward runs the decoding GEMV for x [rows, 1, in] (CPU float, no gradient mode, rows at
 // most kGemvMaxRows) against this weight: false where it cannot, nullopt while its shape is undecided

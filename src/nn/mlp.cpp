@@ -14,7 +14,8 @@ Mlp::Mlp(const MlpSpec& spec, LayerFactory& factory) : spec_(spec), cut_(factory
 }
 
 at::Tensor Mlp::forward(const at::Tensor& x) {
-  auto y = proj_->forward(activate(spec_.act, fc_->forward(x)));   // through [B, T, hidden]
+  const at::Tensor h = fc_->forward(x);   // [B, T, hidden]
+  auto y = spec_.act == Act::GeluTanh ? proj_->forward_after_gelu_tanh(h) : proj_->forward(activate(spec_.act, h));
   const double p = is_training() ? spec_.dropout : 0.0;
   return p > 0 ? cut_->dropout(y, p) : y;
 }

@@ -22,6 +22,7 @@ struct Rerun : public torch::CustomClassHolder {
 };
 
 thread_local RecomputeObserver t_observer;
+thread_local bool t_rerunning = false;
 
 struct RecomputeFn : public torch::autograd::Function<RecomputeFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<Rerun> rerun) {
@@ -48,7 +49,14 @@ struct RecomputeFn : public torch::autograd::Function<RecomputeFn> {
     at::Tensor y;
     {
       at::AutoGradMode grad_mode(true);
-      y = rerun->forward(x);
+      const bool outer = std::exchange(t_rerunning, true);
+      try {
+        y = rerun->forward(x);
+      } catch (...) {
+        t_rerunning = outer;
+        throw;
+      }
+      t_rerunning = outer;
     }
     set_generator_state(input.device(), now);   // the rest of backward, and the next step, continue where they were
     torch::autograd::backward({y}, {grad[0]});   // parameters' gradients accumulate as usual
@@ -71,6 +79,8 @@ void set_generator_state(const c10::Device& device, const at::Tensor& state) {
 }
 
 void set_recompute_observer(RecomputeObserver observer) { t_observer = std::move(observer); }
+
+bool rerunning_for_backward() { return t_rerunning; }
 
 namespace {
 thread_local int64_t g_recomputed_blocks = 0;

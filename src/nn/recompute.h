@@ -24,6 +24,11 @@ at::Tensor recomputed(std::function<at::Tensor(const at::Tensor&)> forward, cons
 at::Tensor generator_state(const c10::Device& device);
 void set_generator_state(const c10::Device& device, const at::Tensor& state);
 
+// Whether this thread is rerunning a block for its backward: the graph being built is consumed at once,
+// so a layer that would save less and recompute more in its own backward (linear_forward.h's projection
+// after GELU) saves as usual instead.
+bool rerunning_for_backward();
+
 // Blocks this thread has run as recomputed (under grad mode) since the last call, which resets the count:
 // the LM head asks at the end of each forward whether the backward ahead will rerun blocks.
 int64_t take_recomputed_blocks();
