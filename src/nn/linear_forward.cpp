@@ -66,16 +66,28 @@ at::Tensor weight_grad(const at::Tensor& weight, const at::Tensor& dy, const at:
   return {};
 }
 
+// The forward's side of both nodes below: saves the product's input (or what it is computed from) and
+// the weight, and whether a bias came (an absent one arrives empty: see linear_forward); returns the
+// bias, or undefined.
+at::Tensor save_operands(torch::autograd::AutogradContext* ctx, const at::Tensor& saved, const at::Tensor& weight,
+                         const at::Tensor& bias) {
+  ctx->save_for_backward({saved, weight});
+  const bool has_bias = bias.numel() > 0;
+  ctx->saved_data["bias"] = has_bias;
+  return has_bias ? bias : at::Tensor();
+}
+
+at::Tensor bias_grad(torch::autograd::AutogradContext* ctx, const at::Tensor& dy) {
+  return ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2) ? dy.sum(0) : at::Tensor();
+}
+
 // y = x W^T + b for a training step on CPU: the forward and both gradients go through gemm_choice.h
 // (our GEMM or ATen's per form and shape), the weight's gradient into its .grad buffer when there is
 // one (grad_buffer_of).
 struct DenseLinearFunction : public torch::autograd::Function<DenseLinearFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias) {
-    ctx->save_for_backward({x, weight});
-    const bool has_bias = bias.numel() > 0;   // no bias arrives as an empty tensor (see linear_forward)
-    ctx->saved_data["bias"] = has_bias;
-    return gemm_linear(x, weight, has_bias ? bias : at::Tensor());
+    return gemm_linear(x, weight, save_operands(ctx, x, weight, bias));
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -83,11 +95,10 @@ struct DenseLinearFunction : public torch::autograd::Function<DenseLinearFunctio
     auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1];
     const at::Tensor dy = grad_out[0].contiguous();
-    at::Tensor dx, dw, db;
+    at::Tensor dx, dw;
     if (ctx->needs_input_grad(0)) dx = gemm_input_grad(dy, weight);
     if (ctx->needs_input_grad(1)) dw = weight_grad(weight, dy, x);
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
-    return {dx, dw, db};
+    return {dx, dw, bias_grad(ctx, dy)};
   }
 };
 
@@ -97,12 +108,10 @@ struct DenseLinearFunction : public torch::autograd::Function<DenseLinearFunctio
 struct GeluDenseLinearFunction : public torch::autograd::Function<GeluDenseLinearFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
                             const at::Tensor& bias) {
-    ctx->save_for_backward({h, weight});
-    const bool has_bias = bias.numel() > 0;
-    ctx->saved_data["bias"] = has_bias;
+    const at::Tensor b = save_operands(ctx, h, weight, bias);
     auto g = at::empty_like(h);
     kernels::gelu_tanh_forward(h.const_data_ptr<float>(), g.mutable_data_ptr<float>(), h.numel());
-    return gemm_linear(g, weight, has_bias ? bias : at::Tensor());
+    return gemm_linear(g, weight, b);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -110,14 +119,19 @@ struct GeluDenseLinearFunction : public torch::autograd::Function<GeluDenseLinea
     auto saved = ctx->get_saved_variables();
     const at::Tensor &h = saved[0], &weight = saved[1];
     const at::Tensor dy = grad_out[0].contiguous();
-    auto g = at::empty_like(h), dgdh = at::empty_like(h);
-    kernels::gelu_tanh_forward_with_grad(h.const_data_ptr<float>(), g.mutable_data_ptr<float>(), dgdh.mutable_data_ptr<float>(),
-                                         h.numel());
-    at::Tensor dh, dw, db;
-    if (ctx->needs_input_grad(0)) dh = gemm_input_grad(dy, weight).mul_(dgdh);   // GeluTanh's backward: dg * dgdh
+    // g for the weight's gradient; its derivative only where h's gradient is asked for (one pass either way)
+    auto g = at::empty_like(h);
+    at::Tensor dh, dw, dgdh;
+    if (ctx->needs_input_grad(0)) {
+      dgdh = at::empty_like(h);
+      kernels::gelu_tanh_forward_with_grad(h.const_data_ptr<float>(), g.mutable_data_ptr<float>(), dgdh.mutable_data_ptr<float>(),
+                                           h.numel());
+      dh = gemm_input_grad(dy, weight).mul_(dgdh);   // GeluTanh's backward: dg * dgdh
+    } else {
+      kernels::gelu_tanh_forward(h.const_data_ptr<float>(), g.mutable_data_ptr<float>(), h.numel());
+    }
     if (ctx->needs_input_grad(1)) dw = weight_grad(weight, dy, g);
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
-    return {dh, dw, db};
+    return {dh, dw, bias_grad(ctx, dy)};
   }
 };
 

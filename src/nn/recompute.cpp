@@ -22,7 +22,14 @@ struct Rerun : public torch::CustomClassHolder {
 };
 
 thread_local RecomputeObserver t_observer;
-thread_local bool t_rerunning = false;
+thread_local bool t_rerunning = false;        // rerunning_for_backward()
+thread_local int64_t t_recomputed_blocks = 0;   // take_recomputed_blocks()
+
+// t_rerunning set for a scope, and back to what it was when the scope ends (also by an exception).
+struct Rerunning {
+  bool outer = std::exchange(t_rerunning, true);
+  ~Rerunning() { t_rerunning = outer; }
+};
 
 struct RecomputeFn : public torch::autograd::Function<RecomputeFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<Rerun> rerun) {
@@ -49,14 +56,8 @@ struct RecomputeFn : public torch::autograd::Function<RecomputeFn> {
     at::Tensor y;
     {
       at::AutoGradMode grad_mode(true);
-      const bool outer = std::exchange(t_rerunning, true);
-      try {
-        y = rerun->forward(x);
-      } catch (...) {
-        t_rerunning = outer;
-        throw;
-      }
-      t_rerunning = outer;
+      Rerunning rerunning;
+      y = rerun->forward(x);
     }
     set_generator_state(input.device(), now);   // the rest of backward, and the next step, continue where they were
     torch::autograd::backward({y}, {grad[0]});   // parameters' gradients accumulate as usual
@@ -82,15 +83,11 @@ void set_recompute_observer(RecomputeObserver observer) { t_observer = std::move
 
 bool rerunning_for_backward() { return t_rerunning; }
 
-namespace {
-thread_local int64_t g_recomputed_blocks = 0;
-}  // namespace
-
-int64_t take_recomputed_blocks() { return std::exchange(g_recomputed_blocks, 0); }
+int64_t take_recomputed_blocks() { return std::exchange(t_recomputed_blocks, 0); }
 
 at::Tensor recomputed(std::function<at::Tensor(const at::Tensor&)> forward, const at::Tensor& x) {
   if (!at::GradMode::is_enabled()) return forward(x);
-  ++g_recomputed_blocks;
+  ++t_recomputed_blocks;
   auto rerun = c10::make_intrusive<Rerun>();
   rerun->forward = std::move(forward);
   return RecomputeFn::apply(x, rerun);
