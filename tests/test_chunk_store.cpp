@@ -1,11 +1,16 @@
 // The chunk layout (packing in execution order, a tensor larger than a chunk alone, shard-aligned
 // sizes), the chunk-size search's padding on the zoo's shapes (below 2%: equal chunks leave a tail where a
-// block does not fit, e.g. after GPT-2's position table), and the tensor-state transition table.
+// block does not fit, e.g. after GPT-2's position table), the tensor-state transition table, and
+// training's host heap policy.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <set>
+#include <sys/resource.h>
 
 #include <ATen/ATen.h>
 
@@ -16,6 +21,7 @@
 #include "src/core/spare_buffers.h"
 #include "src/memory/chunk_layout.h"
 #include "src/memory/chunk_store.h"
+#include "src/memory/host_heap.h"
 #include "src/memory/tensor_state.h"
 #include "src/nn/block.h"
 #include "tests/support/test_support.h"
@@ -121,6 +127,37 @@ TEST(SpareBuffers, ReusesABufferOfTheSameSizeAndTypeKeepsAFewAndDropsViews) {
   EXPECT_EQ(spares.kept(), 2u);
   spares.clear();
   EXPECT_EQ(spares.kept(), 0u);
+}
+
+// Training's heap policy: a step's worth of 12 MB blocks (the size of GPT-2 124M's MLP activations at 1024
+// tokens), freed together and taken again, come back from the heap rather than as new pages from the
+// kernel. Under glibc's moving thresholds the freed top (96 MB) is past twice the largest block freed
+// and is returned every round, so every round faults its pages in again; the first round here may fault
+// (the heap grows), the later ones must not.
+TEST(HostHeap, BlocksFreedTogetherComeBackWithoutPageFaults) {
+  ASSERT_TRUE(keep_freed_host_memory());
+  constexpr size_t kBlock = size_t{12} << 20;
+  constexpr int kBlocks = 8;
+  const long pages = static_cast<long>(kBlock * kBlocks / 4096);
+  auto faults_of_one_round = [&] {
+    rusage before{}, after{};
+    getrusage(RUSAGE_SELF, &before);
+    std::vector<char*> blocks;
+    for (int i = 0; i < kBlocks; ++i) {
+      char* p = static_cast<char*>(std::malloc(kBlock));
+      if (p == nullptr) return -1L;
+      std::memset(p, i + 1, kBlock);
+      asm volatile("" : : "r"(p) : "memory");   // the writes happen: a freed block's stores are otherwise dead
+      blocks.push_back(p);
+    }
+    for (char* p : blocks) std::free(p);
+    getrusage(RUSAGE_SELF, &after);
+    return after.ru_minflt - before.ru_minflt;
+  };
+  const long first = faults_of_one_round(), second = faults_of_one_round(), third = faults_of_one_round();
+  ASSERT_GE(std::min({first, second, third}), 0) << "malloc refused a 12 MB block";
+  EXPECT_LT(second, pages / 20) << "the first round took " << first << " faults, for " << pages << " pages";
+  EXPECT_LT(third, pages / 20);
 }
 
 TEST(TensorState, EveryTransitionOutsideTheTableIsRejectedNamingTheTensorAndBothStates) {

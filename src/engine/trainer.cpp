@@ -31,6 +31,7 @@
 #include "src/io/atomic_dir.h"
 #include "src/engine/memory_profile.h"
 #include "src/memory/allocation_counter.h"
+#include "src/memory/host_heap.h"
 #include "src/memory/offload_file.h"
 #include "src/optim/schedule.h"
 
@@ -453,6 +454,8 @@ int run_training(const Recipe& recipe, const TrainOptions& opt) {
     print_dry_run(r, resolve_device(r.train.device, r.where("train.device")), opt.launch_world);
     return 0;
   }
+  // Before the model is built: its steps' activations then come back from the heap instead of the kernel.
+  if (!memory::keep_freed_host_memory()) spdlog::debug("the C library kept its own heap thresholds");
   auto plan = build_plan(effective, opt);
   return run_loop(*plan);
 }
