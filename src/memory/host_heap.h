@@ -12,8 +12,9 @@
 namespace colossal::memory {
 
 // Allocations from kHostHeapMmapBytes up get their own mapping (and give it back when freed); below,
-// the heap, whose free top is returned to the kernel only past kHostHeapTrimBytes. Process-wide; training calls it once
-// before it builds the model. Returns false where the C library refuses either setting.
+// the heap, whose free top is returned to the kernel only past kHostHeapTrimBytes. Process-wide;
+// training calls it once before it builds the model. Returns false where the C library refuses either
+// setting.
 constexpr int64_t kHostHeapMmapBytes = int64_t{32} << 20;    // glibc's own ceiling for its moving threshold
 constexpr int64_t kHostHeapTrimBytes = int64_t{256} << 20;   // 124M's steps needed more than 32 MB, less than 64
 bool keep_freed_host_memory();

@@ -85,7 +85,8 @@ bool time_and_choose(const std::string& kernel, const std::string& shape, const 
   };
   // Two warm-ups each: first-touch allocations, caches, the thread pool, and glibc's mmap threshold,
   // which rises only once a large block has been freed (until then every large buffer is a fresh
-  // mmap that the kernel zero-fills page by page, which a side allocating one more buffer pays more).
+  // mmap that the kernel zero-fills page by page, which a side allocating one more buffer pays more;
+  // training fixes the threshold from the start, src/memory/host_heap.h, but infer and serve do not).
   for (int warm = 0; warm < 2; ++warm) {
     prepare();
     ours();
