@@ -371,17 +371,27 @@ TEST(Cuda, GreedyGenerationOnTheGpuMatchesTheCpu) {
   greedy.greedy = true;
   greedy.max_tokens = 24;
   std::vector<std::string> prompts = {"In the beginning", "And the LORD said unto Moses,"};
-  std::vector<std::string> texts[2];
-  for (int d = 0; d < 2; ++d) {
+  // the CPU; the GPU with its decoding steps as CUDA graphs (the default); the GPU op by op
+  std::vector<std::string> texts[3];
+  for (int d = 0; d < 3; ++d) {
     const c10::Device device = d == 0 ? c10::Device(c10::kCPU) : kGpu;
     nn::LayerFactory factory;
     auto model = nn::model_as<nn::CausalLM>(build_model(info.model, factory), "the test");
     load_model_state(*model, HfWeights::open(dir));
     model->to(device);
     Generator gen(model, Tokenizer::from_files(info.tokenizer_files, dir), device);
+    gen.set_captured_decoding(d != 2);
     for (auto& r : gen.generate(prompts, greedy)) texts[d].push_back(r.text);
+    const GenerationTiming& t = gen.last_timing();
+    if (d == 1) {
+      EXPECT_EQ(t.captured_steps, t.decode_steps);
+      EXPECT_GE(t.captures, 1);
+    } else {
+      EXPECT_EQ(t.captured_steps, 0);
+    }
   }
   EXPECT_EQ(texts[1], texts[0]);
+  EXPECT_EQ(texts[2], texts[0]);
 }
 
 TEST(Cuda, TensorAndSequenceParallelLayersOnAWorldOfOneNcclGroupMatchTheCpu) {

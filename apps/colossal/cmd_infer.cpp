@@ -40,6 +40,7 @@ struct InferArgs {
   bool jsonl = false;
   bool quiet = false;
   bool stream_weights = false;   // each block's weights read from the disk as it runs (src/engine/streamed_weights.h)
+  bool no_cuda_graphs = false;   // decode steps launched op by op on a GPU (src/engine/decode_graphs.h)
   std::string stream_source = "auto";      // in place from the checkpoint, or through a cache file
   std::string stream_io = "auto";          // O_DIRECT or the page cache, by what fits
   std::string stream_cache = "/var/tmp";   // where a cache file goes
@@ -177,6 +178,7 @@ void run(InferArgs& a) {
                          kernels == nn::KernelPath::Auto && !cached ? nn::KernelPath::Aten : kernels});
   KernelCacheSession kernel_cache;   // loads this machine's earlier choices; saves at the end
   Generator generator(model, tokenizer, device);
+  generator.set_captured_decoding(!a.no_cuda_graphs);
   const bool stream = prompts.size() == 1 && !a.jsonl && speak;
   bool echoed = false;   // the prompt is echoed with the first piece, after the prompts were validated
   auto echo_prompt = [&] {
@@ -212,9 +214,10 @@ void run(InferArgs& a) {
   spdlog::info("generated {} tokens for {} prompt(s) in {:.2f} s ({:.1f} tokens/s)", generated, prompts.size(), secs,
                secs > 0 ? static_cast<double>(generated) / secs : 0.0);
   const auto& t = generator.last_timing();
-  spdlog::info("timing: prefill {} tokens in {:.1f} ms | decode {} steps x {} sequences in {:.4f} s ({:.1f} tokens/s)",
+  spdlog::info("timing: prefill {} tokens in {:.1f} ms | decode {} steps x {} sequences in {:.4f} s ({:.1f} tokens/s){}",
                t.prefill_tokens, t.prefill_s * 1e3, t.decode_steps, t.batch, t.decode_s,
-               t.decode_s > 0 ? static_cast<double>(t.decode_steps * t.batch) / t.decode_s : 0.0);
+               t.decode_s > 0 ? static_cast<double>(t.decode_steps * t.batch) / t.decode_s : 0.0,
+               t.captured_steps > 0 ? fmt::format(", {} of them CUDA graph replays ({} captured)", t.captured_steps, t.captures) : std::string());
   if (streamed) {
     streamed->stop();   // the first block's read for a token that never comes
     spdlog::info("streamed weights: {} block reads, {} read ({:.2f} GiB/s over the run), at most {} blocks in memory",
@@ -242,6 +245,8 @@ void add_infer_command(CLI::App& app) {
   cmd->add_option("--kernels", a->kernels, "CPU kernels: auto (time ours against ATen per shape at first use), fused or aten")
       ->capture_default_str()->check(CLI::IsMember({"auto", "fused", "aten"}));
   cmd->add_flag("--jsonl", a->jsonl, "Print one JSON object per prompt instead of text");
+  cmd->add_flag("--no-cuda-graphs", a->no_cuda_graphs,
+                "On a GPU, launch each decoding step's kernels one by one instead of replaying the step as a captured CUDA graph");
   cmd->add_flag("--stream-weights", a->stream_weights,
                 "Keep the blocks' weights on disk: read each block as it runs, the next one while it computes (a model larger than memory)");
   cmd->add_option("--stream-source", a->stream_source,

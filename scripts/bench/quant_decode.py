@@ -81,6 +81,8 @@ def main():
     ap.add_argument("--timeout", type=int, required=True)
     ap.add_argument("--peers", required=True, help="comma-separated: transformers, ctranslate2 (or none)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--op-by-op", action="store_true",
+                    help="cuda: each scheme also with --no-cuda-graphs (its steps launched op by op), and the graphs' ratio over it")
     ap.add_argument("--command", required=True)
     a = ap.parse_args()
     dirs = {"fp32": Path(a.fp32)}
@@ -103,15 +105,17 @@ def main():
                 prompts = Path(tmp) / f"prompts-{b}.txt"
                 prompts.write_text("\n".join(PROMPTS[:b]) + "\n")
                 for scheme, d in dirs.items():
-                    _, err, rss = timed([a.colossal, "infer", str(d), "--prompts", str(prompts), "--greedy", "-n", str(a.tokens),
-                                         "--jsonl", "--device", a.device], a.threads, a.timeout, a.device)
-                    m = SPLIT.search(err)
-                    if not m:
-                        fail(f"colossal infer on {d} printed no timing line")
-                    steps, seqs, secs = int(m[3]), int(m[4]), float(m[5])
-                    if steps != a.tokens - 1 or seqs != b:
-                        fail(f"colossal infer on {d} timed {steps} steps x {seqs}, not {a.tokens - 1} x {b}")
-                    results.setdefault((scheme, b), []).append((steps * seqs / secs, rss))
+                    for op_by_op in ((False, True) if a.op_by_op else (False,)):
+                        _, err, rss = timed([a.colossal, "infer", str(d), "--prompts", str(prompts), "--greedy", "-n", str(a.tokens),
+                                             "--jsonl", "--device", a.device] + (["--no-cuda-graphs"] if op_by_op else []),
+                                            a.threads, a.timeout, a.device)
+                        m = SPLIT.search(err)
+                        if not m:
+                            fail(f"colossal infer on {d} printed no timing line")
+                        steps, seqs, secs = int(m[3]), int(m[4]), float(m[5])
+                        if steps != a.tokens - 1 or seqs != b:
+                            fail(f"colossal infer on {d} timed {steps} steps x {seqs}, not {a.tokens - 1} x {b}")
+                        results.setdefault((scheme + (" op by op" if op_by_op else ""), b), []).append((steps * seqs / secs, rss))
                 for peer in peers:
                     if peer == "transformers":
                         cmd = [a.python, "scripts/bench/hf_generate.py", "--checkpoint", str(dirs["fp32"]), "--prompts", str(prompts),
@@ -133,6 +137,9 @@ def main():
             tps = med((scheme, b), 0)
             extra = "" if scheme == "fp32" else f", {tps / med(('fp32', b), 0):.2f}x fp32, mem {med((scheme, b), 1) / med(('fp32', b), 1):.2f}x"
             cells.append(f"{scheme} {tps:.1f} tok/s {med((scheme, b), 1) / 1e9:.2f} GB ({tps / bound:.2f} of {bound:.0f}{extra})")
+            if a.op_by_op:
+                slow = med((scheme + " op by op", b), 0)
+                cells.append(f"{scheme} op by op {slow:.1f} tok/s ({slow / bound:.2f}; graphs {tps / slow:.2f}x)")
         for peer in peers:
             name = "transformers fp32" if peer == "transformers" else "ctranslate2 int8"
             tps = med((peer, b), 0)

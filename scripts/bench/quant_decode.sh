@@ -22,7 +22,7 @@ COMMAND="scripts/bench/quant_decode.sh"
 (($# == 0)) || COMMAND+="$(printf ' %q' "$@")"
 
 batches=1,8 tokens=128 threads="$(nproc)" repeat=3 checkpoint="" group=128 peers="" timeout_s=900
-device=cpu layers="" width="" schemes=fp32,int8,int4
+device=cpu layers="" width="" schemes=fp32,int8,int4 op_by_op=()
 COLOSSAL=build/colossal PY=.venv/bin/python
 while (($#)); do
   case "$1" in
@@ -37,13 +37,16 @@ while (($#)); do
     --layers) layers="${2:?}"; shift 2 ;;
     --width) width="${2:?}"; shift 2 ;;
     --schemes) schemes="${2:?}"; shift 2 ;;
+    --op-by-op) op_by_op=(--op-by-op); shift ;;
     --colossal) COLOSSAL="${2:?}"; shift 2 ;;
     --python) PY="${2:?}"; shift 2 ;;
     -h|--help)
       echo "usage: scripts/bench/quant_decode.sh [--batches 1,8] [--tokens 128] [--threads N] [--repeat 3] [--checkpoint DIR]"
       echo "                                     [--group-size 128] [--peers transformers,ctranslate2|none] [--colossal BIN] [--python PY]"
       echo "                                     [--device cpu|cuda] [--layers L --width W] [--schemes fp32,int8,int4[,int8-smoothquant]]"
+      echo "                                     [--op-by-op]"
       echo "  --peers defaults to transformers,ctranslate2 on cpu and transformers on cuda"
+      echo "  --op-by-op (cuda): each scheme also without CUDA graphs (colossal infer --no-cuda-graphs), with the graphs' ratio"
       exit 0 ;;
     *) echo "quant_decode: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -59,6 +62,7 @@ case "$device" in
         [[ "$peers" != *ctranslate2* ]] || { echo "quant_decode: error: --peers ctranslate2 runs on the CPU only; with --device cuda use --peers transformers or none" >&2; exit 2; } ;;
   *) echo "quant_decode: error: --device '$device' is not cpu or cuda" >&2; exit 2 ;;
 esac
+[ "$device" = cuda ] || ((${#op_by_op[@]} == 0)) || { echo "quant_decode: error: --op-by-op compares CUDA graphs, so it needs --device cuda" >&2; exit 2; }
 [[ "$peers" =~ ^(none|(transformers|ctranslate2)(,(transformers|ctranslate2))*)$ ]] ||
   { echo "quant_decode: error: --peers '$peers' must list transformers and/or ctranslate2, or be none" >&2; exit 2; }
 IFS=, read -r -a scheme_list <<<"$schemes"
@@ -108,4 +112,4 @@ for scheme in int8 int4 int8-smoothquant; do
 done
 exec "$PY" scripts/bench/quant_decode.py --colossal "$COLOSSAL" --python "$PY" --fp32 "$ckpt" "${quantized[@]}" \
   --ct2-cache "$base/ct2-int8" --batches "$batches" --tokens "$tokens" --threads "$threads" --repeat "$repeat" \
-  --timeout "$timeout_s" --peers "$peers" --device "$device" --command "$COMMAND"
+  --timeout "$timeout_s" --peers "$peers" --device "$device" "${op_by_op[@]}" --command "$COMMAND"

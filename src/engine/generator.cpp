@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "src/core/error.h"
+#include "src/engine/decode_graphs.h"
 #include "src/engine/text_stream.h"
 
 namespace colossal {
@@ -99,6 +100,13 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::string>
     seqs.back().result.prompt_tokens = static_cast<int64_t>(encoded[i].size());
   }
   const int64_t allowed = std::min(tokenizer_.vocab_size(), model_->vocab_size());
+  std::unique_ptr<DecodeGraphs> graphs;
+  if (captured_decoding_ && device_.is_cuda() && max_new > 1) {
+    if (const std::string why = DecodeGraphs::unsupported(*model_, device_); why.empty())
+      graphs = std::make_unique<DecodeGraphs>(*model_, cache, pad, device_);
+    else
+      spdlog::debug("decoding without CUDA graphs: {}", why);
+  }
   auto emit = [&](int64_t i, const std::string& piece) {
     if (on_text && !piece.empty()) on_text(static_cast<size_t>(i), piece);
   };
@@ -132,6 +140,18 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::string>
     }
     if (all_done) break;
     // Finished sequences keep decoding a dummy token (cheaper than reshaping the batch mid-flight).
+    ++timing_.decode_steps;
+    if (graphs) {
+      try {
+        logits = graphs->step(next);
+        ++timing_.captured_steps;
+        timing_.captures = graphs->captures();
+        continue;
+      } catch (const std::exception& e) {   // the eager step below writes this step's key and value again
+        spdlog::warn("decoding on without CUDA graphs: capturing a step failed ({})", e.what());
+        graphs.reset();
+      }
+    }
     nn::ForwardOptions decode;
     decode.cache = &cache;
     decode.last_only = true;
@@ -142,7 +162,6 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::string>
       decode.mask = (k >= pad_t.view({b, 1, 1, 1})).to(device_);                      // [B, 1, 1, S]
     }
     logits = model_->forward(next.view({b, 1}).to(device_), decode).squeeze(1);
-    ++timing_.decode_steps;
   }
   timing_.decode_s = lap();
 

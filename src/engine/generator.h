@@ -25,6 +25,7 @@ struct GenerationResult {
 struct GenerationTiming {
   double prefill_s = 0, decode_s = 0;
   int64_t batch = 0, prefill_tokens = 0, decode_steps = 0;
+  int64_t captured_steps = 0, captures = 0;   // decode steps replayed as CUDA graphs, graphs captured
 };
 
 class Generator {
@@ -36,12 +37,15 @@ class Generator {
   std::vector<GenerationResult> generate(const std::vector<std::string>& prompts, const SamplingConfig& config,
                                          const std::function<void(size_t, const std::string&)>& on_text = {});
   const GenerationTiming& last_timing() const { return timing_; }
+  // Decode steps on a GPU as captured CUDA graphs (decode_graphs.h) where they apply; on by default.
+  void set_captured_decoding(bool on) { captured_decoding_ = on; }
 
  private:
   std::shared_ptr<nn::CausalLM> model_;
   Tokenizer tokenizer_;
   c10::Device device_;
   GenerationTiming timing_;
+  bool captured_decoding_ = true;
 };
 
 }  // namespace colossal

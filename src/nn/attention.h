@@ -31,6 +31,11 @@ struct PagedRows {
 struct LayerKv {
   at::Tensor k, v;
   const PagedRows* paged = nullptr;
+  // A captured decoding step's write position (engine/decode_graphs.h): int64 [1] on the cache's device.
+  // Where defined, a one-token step writes its key and value there, not at the host's offset, and attends
+  // over [0, offset + 1) under its mask, so the step's shapes stay those of the captured graph while the
+  // position moves.
+  at::Tensor slot;
 };
 
 class Attention : public Module {
@@ -75,6 +80,7 @@ class Attention : public Module {
   std::shared_ptr<const StreamCut> cut_;   // dropout on the layout's piece of the stream
   std::shared_ptr<Linear> qkv_, proj_;
   at::Tensor alibi_slopes_;   // [local heads] on the CPU, when spec_.alibi
+  at::Tensor device_slopes_;  // alibi_slopes_ where the activations are, kept: no host copy inside a captured step
   ChoiceMemo decode_choice_;  // decode_parts' lookup of the decoding attention's choice, keyed by the rows
 };
 

@@ -9,12 +9,24 @@
 
 namespace colossal::nn {
 
+void write_keys_values(LayerKv& kv, int64_t offset, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
+  if (!kv.slot.defined()) {
+    kv.k.narrow(2, offset, k.size(2)).copy_(k);
+    kv.v.narrow(2, offset, v.size(2)).copy_(v);
+    return;
+  }
+  // A captured step: the position is on the device, and only its mask tells the window's live keys.
+  TORCH_CHECK(k.size(2) == 1 && mask.defined() && offset < kv.k.size(2), "attention: a step at a device-side slot takes one token ",
+              "and a mask (got ", k.size(2), " tokens, window ", offset + 1, " of ", kv.k.size(2), ")");
+  kv.k.index_copy_(2, kv.slot, k);
+  kv.v.index_copy_(2, kv.slot, v);
+}
+
 at::Tensor aten_cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
                                  const at::Tensor& mask) {
   const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, d = c / heads;
   auto parts = qkv.view({b, t, 3, heads, d}).permute({2, 0, 3, 1, 4});   // [3, B, H, T, D]
-  kv.k.narrow(2, offset, t).copy_(parts[1]);
-  kv.v.narrow(2, offset, t).copy_(parts[2]);
+  write_keys_values(kv, offset, parts[1], parts[2], mask);
   auto k = kv.k.narrow(2, 0, offset + t), v = kv.v.narrow(2, 0, offset + t);
   // One new query attends to every cached key; a multi-token prefill at offset 0 is plain causal.
   bool causal = !mask.defined() && t > 1;
@@ -30,7 +42,7 @@ bool decode_cache_applies(int64_t b, const LayerKv& kv, int64_t offset, const at
   const bool mask_ok = !mask.defined() || (mask.scalar_type() == at::kBool && mask.dim() == 4 && mask.size(0) == b &&
                                            mask.size(1) == 1 && mask.size(2) == 1 && mask.size(3) == offset + 1 &&
                                            mask.is_cpu() && mask.is_contiguous());
-  return mask_ok && kv.k.is_cpu() && kv.k.scalar_type() == at::kFloat && kv.k.is_contiguous() && kv.v.is_contiguous() &&
+  return mask_ok && !kv.slot.defined() && kv.k.is_cpu() && kv.k.scalar_type() == at::kFloat && kv.k.is_contiguous() && kv.v.is_contiguous() &&
          kv.v.sizes() == kv.k.sizes() && kv.k.dim() == 4 && kv.k.size(0) == b && offset < kv.k.size(2);
 }
 

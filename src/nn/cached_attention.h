@@ -18,6 +18,10 @@ namespace colossal::nn {
 // causal rule; a multi-token step at offset > 0 needs one. No dropout: generation only.
 at::Tensor cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads, const at::Tensor& mask);
 
+// Keys and values k, v [B, H, T, D] into kv at [offset, offset + T), or at kv.slot (one token, with the
+// step's mask) where a captured step set it.
+void write_keys_values(LayerKv& kv, int64_t offset, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask);
+
 // The same on ATen alone, and the fused one-token path alone (which needs decode_step_applies).
 at::Tensor aten_cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
                                  const at::Tensor& mask);
