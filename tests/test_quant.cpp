@@ -598,8 +598,11 @@ TEST(DecodeBlock, AFusedStepGivesTheOpByOpStepsBitsForEachFamilyWeightKindBatchA
       auto transposed = quantized_pair(family, c).dequantized;
       for (auto& p : transposed->named_parameters())
         if (p.key().find("qkv.weight") != std::string::npos) p.value().set_data(p.value().t().contiguous().t());
+      // and the quantized layers packed into the integer GEMM's panels where this CPU has it (VNNI), as
+      // `colossal infer` packs them
       const std::pair<std::string, std::shared_ptr<nn::CausalLM>> models[] = {
-          {"fp32", m.dequantized}, {"fp32 W^T", transposed}, {quant::scheme_name(c.scheme), m.quantized}};
+          {"fp32", m.dequantized}, {"fp32 W^T", transposed}, {quant::scheme_name(c.scheme), m.quantized},
+          {std::string(quant::scheme_name(c.scheme)) + " packed", quantized_pair(family, c, /*pack=*/true).quantized}};
       for (const auto& [kind, model] : models)
         for (const int64_t batch : {1, 3})
           for (const bool masked : {false, true}) {

@@ -10,6 +10,7 @@
 #include "kernels/cpu/decode_attention.h"
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/qgemv.h"
 #include "kernels/cpu/quantized_rows.h"
 #include "kernels/cpu/stretches.h"
@@ -22,7 +23,7 @@ using Kind = DecodeProduct::Kind;
 
 std::atomic<uint64_t> g_steps{0};
 
-bool quantizes_x(const DecodeProduct& p) { return p.kind == Kind::int8_q8x || p.kind == Kind::int4_q8x; }
+bool quantizes_x(const DecodeProduct& p) { return p.kind != Kind::f32 && p.kind != Kind::f32_t && p.kind != Kind::int8; }
 
 // A product's input: the float rows, and where the product takes them quantized, their int8 blocks
 // (quantize_rows' buffers of the one thread that quantized them, read by all until that thread's next
@@ -52,6 +53,13 @@ void product_range(const IsaKernels& k, const DecodeProduct& p, const Input& in,
       k.qgemv_q8x_int4(in.q->q.data(), in.q->a.data(), in.q->s.data(), in.q->c.data(), rows, p.in, static_cast<const uint8_t*>(p.w),
                        p.scales, p.group, p.bias, y, p.out, o_begin, o_end);
       break;
+    case Kind::int8_panels:
+    case Kind::int4_panels: {   // qgemm_packed's tiles for these outputs (16-output groups: whole tiles)
+      QgemmProblem q{in.q->q.data(), in.q->s.data(), in.q->sum.data(), rows, p.in, nullptr, p.kind == Kind::int4_panels, nullptr,
+                     p.group, p.bias, y, p.out, static_cast<const uint8_t*>(p.w), p.scales};
+      k.qgemm_columns(q, o_begin, o_end, nullptr);
+      break;
+    }
   }
 }
 
@@ -104,6 +112,7 @@ bool decode_product_supported(const DecodeProduct& p) {
   if (p.kind == Kind::f32 || p.kind == Kind::f32_t) return true;
   if (!p.scales || p.group <= 0 || p.in % p.group != 0) return false;
   if (p.kind == Kind::int8) return true;
+  if ((p.kind == Kind::int8_panels || p.kind == Kind::int4_panels) && !active_kernels().qgemm_columns) return false;
   return qgemv_integer_path(p.in, p.group);
 }
 

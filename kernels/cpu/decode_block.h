@@ -25,6 +25,10 @@ struct DecodeProduct {
     int8,       // w: int8 [out][in] with `scales`, x as it is (qgemv.h's float path)
     int8_q8x,   // the same over x quantized per block of 32 (qgemv.h's integer path)
     int4_q8x,   // w: packed int4 [out][in / 2] (qgemv.h's layout), over quantized x
+    // w: the integer GEMM's panels and `scales` its panel scales (qgemm.h, packed at load where the CPU
+    // has it), int8 or int4, over quantized x: a packed layer's own kernel, the same bits as its forward
+    int8_panels,
+    int4_panels,
   };
   Kind kind = Kind::f32;
   const void* w = nullptr;

@@ -222,15 +222,17 @@ at::Tensor QuantizedLinear::smoothquant_gemm(const at::Tensor& xs) const {
 }
 
 std::optional<kernels::DecodeProduct> QuantizedLinear::decode_product(int64_t rows) {
-  // quantized_matmul's decoding rows on the CPU: integer_kernel's GEMV (packed layers take the GEMM's panels,
-  // SmoothQuant divides x first)
-  if (packed_ || smooth_.defined() || at::GradMode::is_enabled() || !qweight_.is_cpu() || rows < 1 || rows > kQgemvMaxRows ||
+  // What forward runs for decoding rows on the CPU: integer_kernel's GEMV, or for a packed layer the GEMM
+  // over its panels (packed_matmul); SmoothQuant divides x first, so it keeps its own path.
+  if (smooth_.defined() || at::GradMode::is_enabled() || !qweight_.is_cpu() || rows < 1 || rows > kQgemvMaxRows ||
       !qweight_.is_contiguous() || !scales_.is_contiguous() || (bias_.defined() && (!bias_.is_contiguous() || bias_.scalar_type() != at::kFloat)))
     return std::nullopt;
   using Kind = kernels::DecodeProduct::Kind;
   kernels::DecodeProduct p;
   p.group = config_.group_for(in_);
-  p.kind = config_.scheme == Scheme::int4_weight ? Kind::int4_q8x : kernels::qgemv_integer_path(in_, p.group) ? Kind::int8_q8x : Kind::int8;
+  const bool int4 = config_.scheme == Scheme::int4_weight;
+  if (packed_) p.kind = int4 ? Kind::int4_panels : Kind::int8_panels;
+  else p.kind = int4 ? Kind::int4_q8x : kernels::qgemv_integer_path(in_, p.group) ? Kind::int8_q8x : Kind::int8;
   p.w = qweight_.const_data_ptr();
   p.scales = scales_.const_data_ptr<float>();
   p.bias = bias_.defined() ? bias_.const_data_ptr<float>() : nullptr;

@@ -35,7 +35,8 @@ class QuantizedLinear : public nn::Linear {
   // only: a checkpoint saved afterwards would hold the panels. Returns whether it packed.
   bool pack_for_cpu();
   bool packed() const { return packed_; }
-  // The decoding GEMV's product (qgemv.h) where forward(x) runs it: unpacked weight-only layers on CPU.
+  // The product forward(x) runs for decoding rows on the CPU, for the fused decoding block: the GEMV
+  // (qgemv.h) of an unpacked weight-only layer, or the integer GEMM over a packed layer's panels.
   std::optional<kernels::DecodeProduct> decode_product(int64_t rows) override;
 
  private:

@@ -20,7 +20,7 @@ ModelConfig tiny_family(const std::string& family) {
   return c;
 }
 
-QuantizedPair quantized_pair(const std::string& family, const quant::QuantConfig& c) {
+QuantizedPair quantized_pair(const std::string& family, const quant::QuantConfig& c, bool pack) {
   at::manual_seed(24);
   quant::CalibrationFactory recording;   // a plain fp32 model that can note its layers' input ranges
   auto fp32 = nn::model_as<nn::CausalLM>(build_model(tiny_family(family), recording), "test");
@@ -53,6 +53,7 @@ QuantizedPair quantized_pair(const std::string& family, const quant::QuantConfig
       p.value().copy_(q.at(p.key()));
   }
   for (auto* m : {fp32.get(), quantized.get(), dequantized.get()}) m->eval();
+  if (pack) qf.pack_for_cpu();   // after the round trip above read the layers' rows
   return {fp32, quantized, dequantized};
 }
 

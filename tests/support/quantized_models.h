@@ -19,7 +19,9 @@ struct QuantizedPair {
 
 // Seeded (24) fp32 weights quantized with `c` (SmoothQuant calibrated on random ids first); all three in
 // eval mode on the CPU.
-QuantizedPair quantized_pair(const std::string& family, const quant::QuantConfig& c);
+// `pack`: the quantized model's layers then hold the integer GEMM's panels where this CPU has it
+// (QuantizedLinear::pack_for_cpu, as an inference process packs them).
+QuantizedPair quantized_pair(const std::string& family, const quant::QuantConfig& c, bool pack = false);
 
 // Logits [B, T, V] of a prefill of ids' first 8 positions, then one position at a time through a KV cache
 // (each a decoding step), on ids' device.
