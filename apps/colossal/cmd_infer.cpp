@@ -217,7 +217,8 @@ void run(InferArgs& a) {
   spdlog::info("timing: prefill {} tokens in {:.1f} ms | decode {} steps x {} sequences in {:.4f} s ({:.1f} tokens/s){}",
                t.prefill_tokens, t.prefill_s * 1e3, t.decode_steps, t.batch, t.decode_s,
                t.decode_s > 0 ? static_cast<double>(t.decode_steps * t.batch) / t.decode_s : 0.0,
-               t.captured_steps > 0 ? fmt::format(", {} of them CUDA graph replays ({} captured)", t.captured_steps, t.captures) : std::string());
+               t.captured_steps > 0 ? fmt::format(", {} of them CUDA graph replays ({} captured)", t.captured_steps, t.captures)
+                                    : std::string());
   if (streamed) {
     streamed->stop();   // the first block's read for a token that never comes
     spdlog::info("streamed weights: {} block reads, {} read ({:.2f} GiB/s over the run), at most {} blocks in memory",

@@ -1,9 +1,10 @@
 // Decoding GEMV, one instruction set's copy: see gemv.h. One weight row at a time against up to four
 // x rows (eight with AVX-512's 32 registers, and then two weight rows a pass): each weight vector is
-// loaded once and used for every x row of the pass, with the accumulators in registers. Every output sums its vector lanes, then the tail past the last whole
-// vector, in one fixed order, so neither the row count nor the thread split changes a result. The
-// multiply-adds are explicit (simd.h's fmadd) and the file is compiled without contraction, so that
-// order does not rest on the compiler fusing alike in every instantiation (clang with UBSan did not).
+// loaded once and used for every x row of the pass, with the accumulators in registers. Every output
+// sums its vector lanes, then the tail past the last whole vector, in one fixed order, so neither the
+// row count nor the thread split changes a result. The multiply-adds are explicit (simd.h's fmadd)
+// and the file is compiled without contraction, so that order does not rest on the compiler fusing
+// alike in every instantiation (clang with UBSan did not).
 #include "kernels/cpu/isa_entry.h"
 #include "kernels/cpu/simd.h"
 

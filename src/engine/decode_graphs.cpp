@@ -148,8 +148,10 @@ struct DecodeGraphs::Impl {
 DecodeGraphs::DecodeGraphs(nn::CausalLM& model, nn::KvCache& cache, const std::vector<int64_t>& pad, const c10::Device& device,
                            int64_t window_step) {
   if (const std::string why = unsupported(model, device); !why.empty()) throw Error("decode graphs: " + why);
-  TORCH_CHECK(window_step > 0 && !cache.layers.empty() && cache.layers.front().k.device() == device,
-              "decode graphs: a dense cache on ", device, " and a positive window step");
+  const bool on_device = !cache.layers.empty() && cache.layers.front().k.is_cuda() &&
+                         (!device.has_index() || cache.layers.front().k.get_device() == device.index());
+  TORCH_CHECK(window_step > 0 && on_device && !cache.layers.front().paged, "decode graphs: a dense cache on ", device,
+              " and a positive window step");
   impl_ = std::make_unique<Impl>(model, cache, pad, device, window_step);
 }
 

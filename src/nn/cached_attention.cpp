@@ -42,8 +42,8 @@ bool decode_cache_applies(int64_t b, const LayerKv& kv, int64_t offset, const at
   const bool mask_ok = !mask.defined() || (mask.scalar_type() == at::kBool && mask.dim() == 4 && mask.size(0) == b &&
                                            mask.size(1) == 1 && mask.size(2) == 1 && mask.size(3) == offset + 1 &&
                                            mask.is_cpu() && mask.is_contiguous());
-  return mask_ok && !kv.slot.defined() && kv.k.is_cpu() && kv.k.scalar_type() == at::kFloat && kv.k.is_contiguous() && kv.v.is_contiguous() &&
-         kv.v.sizes() == kv.k.sizes() && kv.k.dim() == 4 && kv.k.size(0) == b && offset < kv.k.size(2);
+  return mask_ok && !kv.slot.defined() && kv.k.is_cpu() && kv.k.scalar_type() == at::kFloat && kv.k.is_contiguous() &&
+         kv.v.is_contiguous() && kv.v.sizes() == kv.k.sizes() && kv.k.dim() == 4 && kv.k.size(0) == b && offset < kv.k.size(2);
 }
 
 bool decode_step_applies(const at::Tensor& qkv, const LayerKv& kv, int64_t offset, const at::Tensor& mask) {
