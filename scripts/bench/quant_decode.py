@@ -52,16 +52,20 @@ def timed(cmd, threads, timeout, device):
         return p.stdout, p.stderr, int(Path(rss.name).read_text().split()[-1]) * 1024
 
 
-def bandwidth(py, threads, device):
-    """Read bandwidth in GB/s: the best of 8 sums of a 1 GiB float tensor, in host memory or on the GPU."""
+def bandwidth(py, threads, device, nbytes=1 << 30):
+    """Read bandwidth in GB/s: the best of 8 sums of a float tensor of nbytes (1 GiB: memory's), in host memory or
+    on the GPU. A step's working set that fits the caches reads faster than memory delivers: summed at its own size
+    (one tensor, each sum after the last, as each step reads the weights after the last step did), it gives that
+    faster rate."""
+    n = max(nbytes // 4, 1 << 16)
     if device == "cuda":
-        code = ("import time, torch\nx = torch.ones(1 << 28, device='cuda')\nx.sum()\ntorch.cuda.synchronize()\nbest = 1e9\n"
+        code = ("import time, torch\nx = torch.ones(%d, device='cuda')\nx.sum()\ntorch.cuda.synchronize()\nbest = 1e9\n"
                 "for _ in range(8):\n    t = time.perf_counter(); x.sum(); torch.cuda.synchronize(); best = min(best, time.perf_counter() - t)\n"
-                "print(x.numel() * 4 / best / 1e9)\n")
+                "print(x.numel() * 4 / best / 1e9)\n" % n)
     else:
-        code = ("import time, torch\ntorch.set_num_threads(%d)\nx = torch.ones(1 << 28)\nx.sum()\nbest = 1e9\n"
+        code = ("import time, torch\ntorch.set_num_threads(%d)\nx = torch.ones(%d)\nx.sum()\nbest = 1e9\n"
                 "for _ in range(8):\n    t = time.perf_counter(); x.sum(); best = min(best, time.perf_counter() - t)\n"
-                "print(x.numel() * 4 / best / 1e9)\n" % threads)
+                "print(x.numel() * 4 / best / 1e9)\n" % (threads, n))
     return float(subprocess.run([py, "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
@@ -97,10 +101,13 @@ def main():
     sp = spm.SentencePieceProcessor(model_file=str(dirs["fp32"] / "tokenizer.model"))
     results = {}   # (side, B) -> list of (tok/s, rss)
     bw = 0.0
+    bw_at = {k: 0.0 for k in dirs}   # each scheme's rate at its weights' size (faster where they fit a cache)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(1, a.repeat + 1):
             print(f"quant_decode: {label} round {r}/{a.repeat}", file=sys.stderr)
             bw = max(bw, bandwidth(a.python, a.threads, a.device))
+            for scheme in dirs:
+                bw_at[scheme] = max(bw_at[scheme], bandwidth(a.python, a.threads, a.device, wbytes[scheme]))
             for b in (int(x) for x in a.batches.split(",")):
                 prompts = Path(tmp) / f"prompts-{b}.txt"
                 prompts.write_text("\n".join(PROMPTS[:b]) + "\n")
@@ -136,6 +143,10 @@ def main():
             bound = bw * 1e9 / step_bytes * b
             tps = med((scheme, b), 0)
             extra = "" if scheme == "fp32" else f", {tps / med(('fp32', b), 0):.2f}x fp32, mem {med((scheme, b), 1) / med(('fp32', b), 1):.2f}x"
+            # where the weights fit a cache (their own size summed 1.2x faster than memory): the bound at that rate too
+            if bw_at[scheme] > 1.2 * bw:
+                cached = max(bw_at[scheme], bw) * 1e9 / step_bytes * b
+                extra += f"; {tps / cached:.2f} of {cached:.0f} at {bw_at[scheme]:.0f} GB/s, their size's"
             cells.append(f"{scheme} {tps:.1f} tok/s {med((scheme, b), 1) / 1e9:.2f} GB ({tps / bound:.2f} of {bound:.0f}{extra})")
             if a.op_by_op:
                 slow = med((scheme + " op by op", b), 0)
@@ -151,8 +162,9 @@ def main():
     read = ", ".join(f"{k} {v / 1e6:.0f} MB" for k, v in wbytes.items())
     gpu = f"GPU {torch.cuda.get_device_name(0)}, " if a.device == "cuda" else ""
     whose = " (the GPU's)" if gpu else ""
+    at_size = ", ".join(f"{k} {v:.1f}" for k, v in bw_at.items())
     print(f"weights read a step: {read} (all stored tensors, the tied embedding included); "
-          f"bound = {bw:.1f} GB/s{whose} over weights + KV cache")
+          f"bound = {bw:.1f} GB/s{whose} over weights + KV cache (a 1 GiB sum; summed at the weights' own sizes, GB/s: {at_size})")
     print(f"machine: {cpu}, {gpu}{a.threads} threads, torch {torch.__version__}, "
           f"{time.strftime('%Y-%m-%d')}, {a.command}, median of {a.repeat} alternating rounds")
 

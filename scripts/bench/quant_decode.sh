@@ -9,7 +9,9 @@
 # Decode tokens/s excludes the prefill and loading (colossal's timing line; the peers time the same span). The bound
 # of a scheme is this machine's read bandwidth (the best 1 GiB sum of the rounds) over what a step reads: every
 # stored weight byte once (integers, scales and the fp32 embedding, which the tied head reads) and each sequence's
-# KV cache at its mean length. Memory is the whole process's peak RSS.
+# KV cache at its mean length. Where a scheme's weights fit a cache (a sum at their own size runs 1.2x faster than
+# the 1 GiB one), its cell also gives the bound at that faster rate: quantized weights in a large L3 stream from
+# there, and the memory bound alone would put one sequence past 1. Memory is the whole process's peak RSS.
 # --device cuda decodes on the GPU (colossal infer --device cuda, transformers with the model and inputs there;
 # CTranslate2 is not a peer there), the bound's bandwidth is the GPU's (a 1 GiB sum on it), memory is still the host
 # process's RSS, and the checkpoints are still trained and quantized on the CPU. --layers L --width W: another GPT
