@@ -145,7 +145,7 @@ def main():
             extra = "" if scheme == "fp32" else f", {tps / med(('fp32', b), 0):.2f}x fp32, mem {med((scheme, b), 1) / med(('fp32', b), 1):.2f}x"
             # where the weights fit a cache (their own size summed 1.2x faster than memory): the bound at that rate too
             if bw_at[scheme] > 1.2 * bw:
-                cached = max(bw_at[scheme], bw) * 1e9 / step_bytes * b
+                cached = bw_at[scheme] * 1e9 / step_bytes * b
                 extra += f"; {tps / cached:.2f} of {cached:.0f} at {bw_at[scheme]:.0f} GB/s, their size's"
             cells.append(f"{scheme} {tps:.1f} tok/s {med((scheme, b), 1) / 1e9:.2f} GB ({tps / bound:.2f} of {bound:.0f}{extra})")
             if a.op_by_op:

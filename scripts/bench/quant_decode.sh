@@ -64,7 +64,8 @@ case "$device" in
         [[ "$peers" != *ctranslate2* ]] || { echo "quant_decode: error: --peers ctranslate2 runs on the CPU only; with --device cuda use --peers transformers or none" >&2; exit 2; } ;;
   *) echo "quant_decode: error: --device '$device' is not cpu or cuda" >&2; exit 2 ;;
 esac
-[ "$device" = cuda ] || ((${#op_by_op[@]} == 0)) || { echo "quant_decode: error: --op-by-op compares CUDA graphs, so it needs --device cuda" >&2; exit 2; }
+[ "$device" = cuda ] || ((${#op_by_op[@]} == 0)) ||
+  { echo "quant_decode: error: --op-by-op compares CUDA graphs, so it needs --device cuda" >&2; exit 2; }
 [[ "$peers" =~ ^(none|(transformers|ctranslate2)(,(transformers|ctranslate2))*)$ ]] ||
   { echo "quant_decode: error: --peers '$peers' must list transformers and/or ctranslate2, or be none" >&2; exit 2; }
 IFS=, read -r -a scheme_list <<<"$schemes"

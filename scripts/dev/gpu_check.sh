@@ -164,8 +164,8 @@ if benched quant && in_time "quantized decoding benchmark"; then
   # each scheme with its decoding steps as CUDA graphs and op by op (--no-cuda-graphs); $GPU_CHECK_QUANT_SCHEMES
   # narrows the schemes for a short lease
   timeout "$(left)" bash scripts/bench/quant_decode.sh --device cuda --python "$python" --colossal "$build/colossal" --batches 1,8 \
-    --tokens 64 --repeat 1 --schemes "${GPU_CHECK_QUANT_SCHEMES:-fp32,int8,int4,int8-smoothquant}" --layers 24 --width 1536 --op-by-op 2>&1 |
-    tee "$out/bench-quant.txt"
+    --tokens 64 --repeat 1 --schemes "${GPU_CHECK_QUANT_SCHEMES:-fp32,int8,int4,int8-smoothquant}" --layers 24 --width 1536 \
+    --op-by-op 2>&1 | tee "$out/bench-quant.txt"
 fi
 if benched cpu && in_time "CPU benchmarks"; then
   step "benchmark: the host CPU on 2 cores (training against eager PyTorch and torch.compile, GEMM against MKL, decoding)"
