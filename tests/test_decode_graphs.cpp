@@ -89,7 +89,7 @@ TEST(WindowedDecoding, TheCapturedStepsBodyFollowsTheEagerStepsOnTheCpu) {
         const at::Tensor pad_d = at::tensor(pad, at::kLong).view({b, 1, 1, 1});
         zero_unfilled(cache);   // as DecodeGraphs does: masked keys are still read (times zero)
         return [&model, &cache, pad, pad_d, b](const at::Tensor& next) {
-          const int64_t at_pos = cache.length, w = std::min<int64_t>(cache.capacity, (at_pos + 8) / 8 * 8);
+          const int64_t at_pos = cache.length, w = decode_window(at_pos, cache.capacity, 8);
           const at::Tensor positions = at::full({b, 1}, at_pos, at::kLong) - at::tensor(pad, at::kLong).view({b, 1});
           at::Tensor y = windowed_decode_step(model, cache, next.view({b, 1}), positions, at::full({1}, at_pos, at::kLong), pad_d, w);
           ++cache.length;

@@ -2,6 +2,7 @@
 #include "src/engine/decode_graphs.h"
 
 #include <ATen/ATen.h>
+#include <algorithm>
 
 #include "kernels/cuda/built.h"
 #include "src/core/error.h"
@@ -40,6 +41,10 @@ at::Tensor windowed_decode_step(nn::CausalLM& model, const nn::KvCache& cache, c
   o.mask = (keys >= pad) & (keys <= slot.view({1, 1, 1, 1}));   // [B, 1, 1, W]
   o.last_only = true;
   return model.forward(ids, o);
+}
+
+int64_t decode_window(int64_t position, int64_t capacity, int64_t step) {
+  return std::min(capacity, (position + step) / step * step);
 }
 
 void zero_unfilled(nn::KvCache& cache) {
@@ -131,14 +136,13 @@ struct DecodeGraphs::Impl {
     const int64_t* ids = nx.const_data_ptr<int64_t>();
     for (int64_t i = 0; i < b; ++i) {
       s[i] = ids[i];
-      s[b + i] = std::max<int64_t>(at_pos - pad_host[i], 0);   // the generator's positions
+      s[b + i] = at_pos - pad_host[i];   // the generator's positions (at_pos is past every prompt)
     }
     s[2 * b] = at_pos;
     const c10::cuda::CUDAGuard on_device(device);
     inputs.copy_(staging, /*non_blocking=*/true);
     copied.record(c10::cuda::getCurrentCUDAStream(device.index()));
-    const int64_t w = std::min(cache.capacity, (at_pos + 1 + window_step - 1) / window_step * window_step);
-    if (w != window) capture(w);
+    if (const int64_t w = decode_window(at_pos, cache.capacity, window_step); w != window) capture(w);
     graph->replay();
     ++cache.length;
     return logits.squeeze(1);

@@ -29,6 +29,10 @@ namespace colossal {
 at::Tensor windowed_decode_step(nn::CausalLM& model, const nn::KvCache& cache, const at::Tensor& ids, const at::Tensor& positions,
                                 const at::Tensor& slot, const at::Tensor& pad, int64_t w);
 
+// The window a step at `position` runs over: the position's count (position + 1) rounded up to `step`,
+// at most `capacity`.
+int64_t decode_window(int64_t position, int64_t capacity, int64_t step);
+
 // Zeros every layer's keys and values at positions [cache.length, capacity) (at::empty's memory may hold NaN).
 void zero_unfilled(nn::KvCache& cache);
 

@@ -19,8 +19,11 @@ at::Tensor alibi_slopes(int64_t heads) {
 }
 
 at::Tensor alibi_bias(const at::Tensor& slopes, int64_t t, int64_t offset, int64_t s, const at::Tensor& allowed, bool causal) {
-  const auto opts = slopes.options();
-  const auto distance = at::arange(s, opts).view({1, s}) - at::arange(offset, offset + t, opts).view({t, 1});   // [T, S]
+  return alibi_bias(slopes, at::arange(offset, offset + t, slopes.options()), s, allowed, causal);
+}
+
+at::Tensor alibi_bias(const at::Tensor& slopes, const at::Tensor& query_positions, int64_t s, const at::Tensor& allowed, bool causal) {
+  const auto distance = at::arange(s, slopes.options()).view({1, s}) - query_positions.to(slopes.scalar_type()).view({-1, 1});   // [T, S]
   auto bias = (slopes.view({-1, 1, 1}) * distance).unsqueeze(0);                                              // [1, H, T, S]
   const float blocked = -std::numeric_limits<float>::infinity();
   if (allowed.defined()) return bias.masked_fill(allowed.logical_not(), blocked);   // [B, H, T, S]

@@ -15,6 +15,9 @@ at::Tensor alibi_slopes(int64_t heads);
 // float [1 or B, H, T, S]. `allowed` (bool, broadcastable to [B, H, T, S], true = may attend) replaces
 // the causal rule when defined; otherwise keys after the query are masked if `causal`.
 at::Tensor alibi_bias(const at::Tensor& slopes, int64_t t, int64_t offset, int64_t s, const at::Tensor& allowed, bool causal);
+// The same for queries at `query_positions` [T] (on the slopes' device): a captured decoding step's
+// query sits at a position the device holds (LayerKv::slot), the same integer distances from there.
+at::Tensor alibi_bias(const at::Tensor& slopes, const at::Tensor& query_positions, int64_t s, const at::Tensor& allowed, bool causal);
 // The same for queries and keys at any positions (a sequence-parallel rank's chunks): float [H, Tq, Tk]
 // from int64 positions [Tq] and [Tk], -inf where a key comes after its query when `causal`.
 at::Tensor alibi_bias_at(const at::Tensor& slopes, const at::Tensor& query_positions, const at::Tensor& key_positions, bool causal);

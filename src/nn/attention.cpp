@@ -3,7 +3,6 @@
 
 #include <ATen/ATen.h>
 #include <cmath>
-#include <limits>
 
 #include "kernels/cpu/paged_attention.h"
 
@@ -145,12 +144,9 @@ at::Tensor Attention::alibi_forward(const at::Tensor& packed, LayerKv* kv, int64
   if (!device_slopes_.defined() || device_slopes_.device() != packed.device() || device_slopes_.scalar_type() != packed.scalar_type())
     device_slopes_ = alibi_slopes_.to(packed.device(), packed.scalar_type());
   const at::Tensor& slopes = device_slopes_;
-  // A captured step's query sits at the device-side slot: the same integer distances, from there.
-  const at::Tensor bias = kv && kv->slot.defined()
-                              ? alibi_bias_at(slopes, kv->slot, at::arange(offset + t, kv->slot.options()), false)
-                                    .unsqueeze(0)
-                                    .masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity())   // [B, H, 1, S]
-                              : alibi_bias(slopes, t, offset, offset + t, mask, spec_.causal);                  // [1 or B, H, T, S]
+  // A captured step's query sits at the device-side slot (its mask is then given: write_keys_values checks).
+  const at::Tensor queries = kv && kv->slot.defined() ? kv->slot : at::arange(offset, offset + t, slopes.options());
+  const at::Tensor bias = alibi_bias(slopes, queries, offset + t, mask, spec_.causal);   // [1 or B, H, T, S]
   auto y = region_random_ && p_attn > 0 ? attention_dropping(parts[0], k, v, bias, false, p_attn)   // the rank's own stream
                                         : at::scaled_dot_product_attention(parts[0], k, v, bias, p_attn, false);   // [B, H, T, D]
   return y.transpose(1, 2).reshape({b, t, c});                                          // [B, T, C]
