@@ -35,9 +35,11 @@ using Stepper = std::function<at::Tensor(const at::Tensor& next)>;
 // then decodes to `capacity`: each step's logits from `make_stepper(copy)` against the generator's eager
 // step (its positions and mask) on the first cache, both fed the eager step's greedy tokens.
 void follow_eager_steps(const std::string& family, const c10::Device& device, const std::vector<int64_t>& pad, int64_t longest,
-                        int64_t capacity, const std::function<Stepper(nn::CausalLM&, nn::KvCache&)>& make_stepper) {
+                        int64_t capacity, const std::function<Stepper(nn::CausalLM&, nn::KvCache&)>& make_stepper,
+                        std::optional<at::ScalarType> kv_dtype = std::nullopt) {
   at::NoGradGuard no_grad;
   auto model = tiny_decoder(family, device);
+  model->set_kv_dtype(kv_dtype);   // what both caches store (kv_element.h)
   const int64_t b = static_cast<int64_t>(pad.size());
   bool ragged = false;
   for (int64_t p : pad) ragged |= p > 0;
@@ -81,9 +83,12 @@ void follow_eager_steps(const std::string& family, const c10::Device& device, co
 
 TEST(WindowedDecoding, TheCapturedStepsBodyFollowsTheEagerStepsOnTheCpu) {
   // The body a graph captures, run eagerly on the CPU: positions and the write slot as tensors, the window
-  // rounded up to 8 and masked. Ragged and aligned prompts; every family (BLOOM's bias from the slot).
+  // rounded up to 8 and masked. Ragged and aligned prompts; every family (BLOOM's bias from the slot); and
+  // over a cache of fp16 (the slot's write rounds as the eager step's, the window widened for attention).
   for (const std::string family : {"gpt", "opt", "bloom"}) {
-    for (const auto& pad : {std::vector<int64_t>{0, 3, 5}, std::vector<int64_t>{0}}) {
+    for (const auto& [pad, kv] : {std::pair{std::vector<int64_t>{0, 3, 5}, std::optional<at::ScalarType>()},
+                                  {std::vector<int64_t>{0}, std::optional<at::ScalarType>()},
+                                  {std::vector<int64_t>{0, 3, 5}, std::optional(at::kHalf)}}) {
       follow_eager_steps(family, at::kCPU, pad, 6, 26, [&](nn::CausalLM& model, nn::KvCache& cache) -> Stepper {
         const int64_t b = static_cast<int64_t>(pad.size());
         const at::Tensor pad_d = at::tensor(pad, at::kLong).view({b, 1, 1, 1});
@@ -95,7 +100,7 @@ TEST(WindowedDecoding, TheCapturedStepsBodyFollowsTheEagerStepsOnTheCpu) {
           ++cache.length;
           return y.squeeze(1);
         };
-      });
+      }, kv);
     }
   }
 }

@@ -333,18 +333,21 @@ print(json.dumps({"model": model, "text": whole.choices[0].text, "finish": whole
   EXPECT_EQ(j["missing"], "NotFoundError") << "a 404 the client maps to its own error";
 }
 
-TEST(ServeEndToEnd, AQuantizedDirectoryStreamsWhatInferGeneratesFromIt) {
+TEST(ServeEndToEnd, AQuantizedDirectoryWithAnFp16KvCacheStreamsWhatInferGeneratesFromIt) {
+  // int4 weights, and keys and values kept in fp16 (--kv-cache) on both sides: infer's contiguous
+  // cache and the server's blocks round them alike.
   TempDir dir;
   const std::string model = train_tiny(dir, 40);
   auto q = run_colossal("quantize " + model + " --out " + (dir / "q4") + " --scheme int4-weight --group-size 32 --eval-tokens 0 -q");
   ASSERT_EQ(q.exit_code, 0) << q.output;
   const std::vector<std::string> prompts = {"And God said", "In the beginning God created"};
   std::vector<std::string> expected;
-  for (const auto& p : prompts) expected.push_back(greedy_completion(dir / "q4", p, 12));
+  for (const auto& p : prompts) expected.push_back(greedy_completion(dir / "q4", p, 12, " --kv-cache fp16"));
   ASSERT_FALSE(HasFailure());
-  ServerProcess server(dir / "q4", dir);
+  ServerProcess server(dir / "q4" + " --kv-cache fp16", dir);
   ASSERT_GT(server.port(), 0) << server.log();
   EXPECT_NE(server.log().find("int4-weight"), std::string::npos) << server.log();
+  EXPECT_NE(server.log().find("positions in fp16"), std::string::npos) << server.log();
   expect_streams_at_once(server.port(), prompts, expected);
 }
 

@@ -183,6 +183,67 @@ TEST(CpuKernels, DecodeAttentionMatchesDoublePrecisionSdpaOverTheCacheOnEveryIns
   EXPECT_FALSE(nn::decode_step_applies(at::randn({1, 1, 24}), kv, 8, {}));   // past the cache's capacity
 }
 
+TEST(CpuKernels, KeysAndValuesRoundInto16BitCachesAsAtensConversionOnEveryInstructionSet) {
+  // kv_element.h's store: nearest-even, ties both ways, overflow to infinity past fp16's 65504, fp16's
+  // subnormals, zeros and infinities, and lengths with a scalar tail after the vector body.
+  std::vector<float> special = {0.0f, -0.0f, 1.0f, -2.5f, 65504.0f, 65519.0f, 65520.0f, -70000.0f, 1e-5f, -6e-8f, 3e-8f, 2.9e-8f,
+                                6.1e-5f, 1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 1.0f + 1.0f / 256, 1.0f + 3.0f / 256, 3.4e38f,
+                                INFINITY, -INFINITY};
+  at::manual_seed(19);
+  const auto spread = at::randn({61}) * at::pow(10.0, at::randint(-9, 6, {61}).to(at::kFloat));
+  for (int64_t i = 0; i < spread.numel(); ++i) special.push_back(spread[i].item<float>());
+  const auto src = at::tensor(special);
+  for (Isa isa : kernels::runnable_isas()) {
+    const auto& k = kernels::isa_kernels(isa);
+    for (const auto [dtype, element] : {std::pair{at::kHalf, kernels::KvElement::fp16}, {at::kBFloat16, kernels::KvElement::bf16}})
+      for (const int64_t n : {src.numel(), int64_t{7}, int64_t{16}}) {
+        auto out = at::empty({n}, dtype);
+        k.store_kv(src.const_data_ptr<float>(), out.mutable_data_ptr(), n, element);
+        const auto want = src.narrow(0, 0, n).to(dtype);
+        const auto bits = [](const at::Tensor& t) { return t.view(at::kShort); };
+        EXPECT_TRUE(at::equal(bits(out), bits(want))) << kernels::isa_name(isa) << " " << dtype << " n=" << n << ": first differing "
+                                                      << at::nonzero(bits(out) != bits(want)).flatten().narrow(0, 0, 1);
+      }
+  }
+}
+
+TEST(CpuKernels, DecodeAttentionOverA16BitCacheGivesItsFp32CopysBitsOnEveryInstructionSet) {
+  // The same steps over an fp16 or bf16 cache and over an fp32 cache holding the same rounded keys and
+  // values: the kernel widens as it loads and computes in fp32, so the outputs agree bit for bit, and the
+  // 16-bit cache holds ATen's rounding of each new key and value. Vector-multiple head sizes and odd
+  // ones (the scalar tails); masks and ALiBi as above.
+  const std::array<int64_t, 4> shapes[] = {{2, 19, 3, 64}, {3, 11, 2, 24}, {1, 9, 2, 128}, {2, 6, 1, 5}};
+  for (Isa isa : kernels::runnable_isas()) {
+    kernels::ScopedIsa cap(isa);
+    at::manual_seed(23);
+    for (const auto dtype : {at::kHalf, at::kBFloat16})
+      for (auto [b, steps, h, d] : shapes)
+        for (auto [masked, alibi] : {std::pair{false, false}, {true, true}}) {
+          const int64_t c = h * d;
+          const at::Tensor slopes = alibi ? nn::alibi_slopes(h) : at::Tensor();
+          nn::LayerKv narrow{at::zeros({b, h, steps, d}, dtype), at::zeros({b, h, steps, d}, dtype)};
+          nn::LayerKv wide{at::zeros({b, h, steps, d}), at::zeros({b, h, steps, d})};
+          auto pad = at::randint(0, 3, {b}, at::kLong);
+          for (int64_t step = 0; step < steps; ++step) {
+            auto qkv = at::randn({b, 1, 3 * c}) * 2;
+            auto rounded = qkv.clone();   // the key and value as the narrow cache holds them
+            rounded.narrow(2, c, 2 * c).copy_(qkv.narrow(2, c, 2 * c).to(dtype).to(at::kFloat));
+            at::Tensor mask;
+            if (masked) mask = (at::arange(step + 1).view({1, 1, 1, step + 1}) >= pad.view({b, 1, 1, 1})).contiguous();
+            ASSERT_TRUE(nn::decode_step_applies(qkv, narrow, step, mask));
+            const auto y = nn::fused_decode_attention(qkv, narrow, step, h, mask, slopes);
+            const auto want = nn::fused_decode_attention(rounded, wide, step, h, mask, slopes);
+            const std::string where = std::string(kernels::isa_name(isa)) + " " + c10::toString(dtype) + " B=" + std::to_string(b) +
+                                      " H=" + std::to_string(h) + " D=" + std::to_string(d) + " step " + std::to_string(step) +
+                                      (masked ? " masked, alibi" : "");
+            ASSERT_TRUE(at::equal(y, want)) << where << ": max diff " << max_abs_diff(y, want);
+            ASSERT_TRUE(at::equal(narrow.k.narrow(2, step, 1).to(at::kFloat), wide.k.narrow(2, step, 1))) << where;
+            ASSERT_TRUE(at::equal(narrow.v.narrow(2, step, 1).to(at::kFloat), wide.v.narrow(2, step, 1))) << where;
+          }
+        }
+  }
+}
+
 TEST(CpuKernels, LayerNormAndItsGradientsMatchDoublePrecisionOnEveryInstructionSet) {
   // Vector-multiple widths (128, 768) and odd ones (24, 5); row counts across block boundaries (32 rows),
   // inputs with a large mean (the two-pass variance must not cancel).

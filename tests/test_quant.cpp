@@ -557,6 +557,38 @@ TEST(QuantizedMatmul, APrefillWhoseRowsTheGemmCannotTakeWholeSplitsOffTheTailAnd
   }
 }
 
+namespace {
+
+// A prefill of 6 tokens then one-token steps through ids [B, T] on the CPU, every kernel ours (no timing)
+// but attention's `attention`, the decoding block fused or op by op; the logits of every step, concatenated.
+// Masked: the first sequence's first two positions left out (left padding), the rule the fused attention
+// takes as valid bytes.
+at::Tensor decode_steps(nn::CausalLM& model, const at::Tensor& ids, bool masked, bool fused, nn::KernelPath attention) {
+  const nn::KernelPath ours = nn::KernelPath::Ours;
+  nn::KernelPolicy policy{attention, ours, ours, ours, ours, ours};
+  policy.fused_decode_block = fused;
+  nn::set_kernel_policy(policy);
+  const int64_t b = ids.size(0), t = ids.size(1);
+  auto cache = model.make_cache(b, t, c10::Device(c10::kCPU));
+  nn::ForwardOptions o;
+  o.cache = &cache;
+  auto keys = at::ones({b, 1, 1, t}, at::kBool);
+  keys[0].narrow(-1, 0, 2).fill_(false);
+  auto mask_for = [&](int64_t from, int64_t n) {
+    auto causal = at::ones({n, from + n}, at::kBool).tril(from);
+    return (keys.narrow(-1, 0, from + n) & causal.view({1, 1, n, from + n})).contiguous();
+  };
+  if (masked) o.mask = mask_for(0, 6);
+  std::vector<at::Tensor> steps{model.forward(ids.narrow(1, 0, 6), o)};
+  for (int64_t s = 6; s < t; ++s) {
+    if (masked) o.mask = mask_for(s, 1);
+    steps.push_back(model.forward(ids.narrow(1, s, 1), o));
+  }
+  return at::cat(steps, 1);
+}
+
+}  // namespace
+
 TEST(DecodeBlock, AFusedStepGivesTheOpByOpStepsBitsForEachFamilyWeightKindBatchAndMask) {
   // kernels/cpu/decode_block.h runs a pre-norm block's decoding step in one parallel region on the same
   // loops as the op-by-op path; with every kernel fixed to ours (no timing), the two must agree bit for bit.
@@ -564,30 +596,6 @@ TEST(DecodeBlock, AFusedStepGivesTheOpByOpStepsBitsForEachFamilyWeightKindBatchA
   struct Reset {
     ~Reset() { nn::set_kernel_policy({}); }
   } reset;
-  auto decode = [&](nn::CausalLM& model, const at::Tensor& ids, bool masked, bool fused, nn::KernelPath attention) {
-    nn::KernelPolicy policy{attention, ours, ours, ours, ours, ours};
-    policy.fused_decode_block = fused;
-    nn::set_kernel_policy(policy);
-    const int64_t b = ids.size(0), t = ids.size(1);
-    auto cache = model.make_cache(b, t, c10::Device(c10::kCPU));
-    nn::ForwardOptions o;
-    o.cache = &cache;
-    // Masked: the first sequence's first two positions left out (left padding), the rule the fused
-    // attention takes as valid bytes.
-    auto keys = at::ones({b, 1, 1, t}, at::kBool);
-    keys[0].narrow(-1, 0, 2).fill_(false);
-    auto mask_for = [&](int64_t from, int64_t n) {
-      auto causal = at::ones({n, from + n}, at::kBool).tril(from);
-      return (keys.narrow(-1, 0, from + n) & causal.view({1, 1, n, from + n})).contiguous();
-    };
-    if (masked) o.mask = mask_for(0, 6);
-    std::vector<at::Tensor> steps{model.forward(ids.narrow(1, 0, 6), o)};
-    for (int64_t s = 6; s < t; ++s) {
-      if (masked) o.mask = mask_for(s, 1);
-      steps.push_back(model.forward(ids.narrow(1, s, 1), o));
-    }
-    return at::cat(steps, 1);
-  };
   const quant::QuantConfig schemes[] = {{quant::Scheme::int8_weight, 0}, {quant::Scheme::int4_weight, 32}};
   for (const std::string family : {"gpt", "opt", "bloom"})
     for (const auto& c : schemes) {
@@ -611,15 +619,50 @@ TEST(DecodeBlock, AFusedStepGivesTheOpByOpStepsBitsForEachFamilyWeightKindBatchA
             at::manual_seed(5);
             const auto ids = at::randint(0, 96, {batch, 11}, at::kLong);
             const std::string what = family + " " + kind + " B=" + std::to_string(batch) + (masked ? " masked" : "");
-            const auto by_ops = decode(*model, ids, masked, false, ours);
+            const auto by_ops = decode_steps(*model, ids, masked, false, ours);
             const uint64_t before = kernels::decode_block_steps();
-            const auto fused = decode(*model, ids, masked, true, ours);
+            const auto fused = decode_steps(*model, ids, masked, true, ours);
             EXPECT_EQ(kernels::decode_block_steps() - before, 2u * 5) << what << ": 2 blocks x 5 steps take the fused path";
             EXPECT_TRUE(at::equal(fused, by_ops)) << what << ": max diff " << max_abs_diff(fused, by_ops);
             if (family == "bloom") {   // ALiBi in the kernel against ATen's attention with alibi.h's bias tensor
-              const auto aten = decode(*model, ids, masked, false, nn::KernelPath::Aten);
+              const auto aten = decode_steps(*model, ids, masked, false, nn::KernelPath::Aten);
               EXPECT_LT(max_abs_diff(fused, aten), 1e-5 * fused.abs().max().item<double>()) << what << ": against ATen's ALiBi";
             }
           }
     }
+}
+
+TEST(DecodeBlock, OverA16BitCacheTheFusedStepGivesTheOpByOpBitsAndFollowsTheFp32Cache) {
+  // A model whose KV cache stores fp16 or bf16 (kv_element.h): the fused block and the op-by-op kernel
+  // round each new key and value as ATen's copy_ does and widen them exactly, so they agree bit for bit;
+  // ATen's attention over the same rounded cache agrees to fp32's rounding; and against the fp32 cache
+  // the logits move, by no more than rounding K and V allows.
+  struct Reset {
+    ~Reset() { nn::set_kernel_policy({}); }
+  } reset;
+  const nn::KernelPath ours = nn::KernelPath::Ours;
+  for (const std::string family : {"gpt", "opt", "bloom"}) {
+    const auto model = quantized_pair(family, {quant::Scheme::int8_weight, 0}).dequantized;   // fp32 layers
+    at::NoGradGuard no_grad;
+    at::manual_seed(5);
+    const auto ids = at::randint(0, 96, {3, 11}, at::kLong);
+    const auto fp32_cache = decode_steps(*model, ids, true, true, ours);
+    const double scale = fp32_cache.abs().max().item<double>();
+    for (const auto [dtype, rounding] : {std::pair{at::kHalf, 1e-3}, {at::kBFloat16, 8e-3}}) {
+      const std::string what = family + " " + std::string(c10::toString(dtype)) + " cache";
+      model->set_kv_dtype(dtype);
+      ASSERT_EQ(model->make_cache(1, 4, c10::Device(c10::kCPU)).layers[0].k.scalar_type(), dtype) << what;
+      const auto by_ops = decode_steps(*model, ids, true, false, ours);
+      const uint64_t before = kernels::decode_block_steps();
+      const auto fused = decode_steps(*model, ids, true, true, ours);
+      EXPECT_EQ(kernels::decode_block_steps() - before, 2u * 5) << what << ": 2 blocks x 5 steps take the fused path";
+      EXPECT_TRUE(at::equal(fused, by_ops)) << what << ": max diff " << max_abs_diff(fused, by_ops);
+      const auto aten = decode_steps(*model, ids, true, false, nn::KernelPath::Aten);
+      EXPECT_LT(max_abs_diff(fused, aten), 1e-5 * scale) << what << ": against ATen's attention over the widened cache";
+      const double moved = max_abs_diff(fused, fp32_cache);
+      EXPECT_GT(moved, 0.0) << what << ": the cache rounds nothing";
+      EXPECT_LT(moved, rounding * scale) << what << ": against the fp32 cache";
+      model->set_kv_dtype(std::nullopt);
+    }
+  }
 }

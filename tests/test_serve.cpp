@@ -148,6 +148,69 @@ TEST(PagedAttention, AKeysScoreHasTheSameBitsWhateverBlockSizeHoldsIt) {
   }
 }
 
+TEST(PagedAttention, OverA16BitPoolTheKernelGivesItsFp32CopysBitsAndAtensPathAgrees) {
+  // A chunk of the last 3 tokens of a 29-position sequence in scattered blocks of 8, over an fp16 or bf16
+  // pool and over an fp32 pool holding the same rounded keys and values (kv_element.h): the kernel widens
+  // as it loads, so the outputs agree bit for bit, and the narrow pool holds ATen's rounding of the new
+  // keys and values; ATen's path over the narrow pool (a GPU's) agrees to fp32's rounding.
+  at::manual_seed(35);
+  const int64_t h = 2, d = 24, n = 29, bs = 8, blocks = 4, chunk = 3;
+  const auto scale = static_cast<float>(1.0 / std::sqrt(double(d)));   // ATen's path takes SDPA's
+  const std::vector<int32_t> table = {2, 0, 3, 1};
+  const auto queries = at::randn({n, h, d}), keys = at::randn({n, h, d}) * 3, values = at::randn({n, h, d});
+  const auto slopes = at::tensor({0.5f, 0.25f});   // ALiBi slopes of the two heads
+  for (const auto dtype : {at::kHalf, at::kBFloat16})
+    for (auto isa : kernels::runnable_isas()) {
+      kernels::ScopedIsa cap(isa);
+      for (const bool alibi : {false, true}) {
+        auto narrow_k = at::zeros({blocks, h, bs, d}, dtype), narrow_v = at::zeros({blocks, h, bs, d}, dtype);
+        auto wide_k = at::zeros({blocks, h, bs, d}), wide_v = at::zeros({blocks, h, bs, d});
+        for (int64_t p = 0; p < n - chunk; ++p) {
+          const int64_t block = table[static_cast<size_t>(p / bs)], slot = p % bs;
+          narrow_k.select(0, block).select(1, slot).copy_(keys[p]);
+          narrow_v.select(0, block).select(1, slot).copy_(values[p]);
+          wide_k.select(0, block).select(1, slot).copy_(keys[p].to(dtype));
+          wide_v.select(0, block).select(1, slot).copy_(values[p].to(dtype));
+        }
+        std::vector<int64_t> positions;
+        std::vector<const int32_t*> tables;
+        std::vector<at::Tensor> rows, rounded_rows;
+        for (int64_t p = n - chunk; p < n; ++p) {
+          positions.push_back(p);
+          tables.push_back(table.data());
+          rows.push_back(at::stack({queries[p], keys[p], values[p]}));
+          rounded_rows.push_back(at::stack({queries[p], keys[p].to(dtype).to(at::kFloat), values[p].to(dtype).to(at::kFloat)}));
+        }
+        const auto qkv = at::stack(rows).contiguous(), rounded = at::stack(rounded_rows).contiguous();   // [chunk, 3, H, D]
+        const auto element = dtype == at::kHalf ? kernels::KvElement::fp16 : kernels::KvElement::bf16;
+        auto out = at::empty({chunk, h, d}), want = at::empty({chunk, h, d});
+        kernels::paged_attention(qkv.const_data_ptr<float>(), narrow_k.mutable_data_ptr(), narrow_v.mutable_data_ptr(), positions.data(),
+                                 tables.data(), alibi ? slopes.const_data_ptr<float>() : nullptr, out.mutable_data_ptr<float>(),
+                                 {chunk, h, d, bs, scale, element});
+        kernels::paged_attention(rounded.const_data_ptr<float>(), wide_k.mutable_data_ptr(), wide_v.mutable_data_ptr(), positions.data(),
+                                 tables.data(), alibi ? slopes.const_data_ptr<float>() : nullptr, want.mutable_data_ptr<float>(),
+                                 {chunk, h, d, bs, scale});
+        const std::string where = std::string(kernels::isa_name(isa)) + " " + c10::toString(dtype) + (alibi ? " alibi" : "");
+        EXPECT_TRUE(at::equal(out, want)) << where << ": max diff " << (out - want).abs().max().item<double>();
+        EXPECT_TRUE(at::equal(narrow_k.to(at::kFloat), wide_k) && at::equal(narrow_v.to(at::kFloat), wide_v)) << where << ": the pools";
+        if (isa != kernels::runnable_isas().back()) continue;
+        // ATen's path over the narrow pool as it stood before the chunk (the kernel has written the chunk)
+        for (int64_t p = n - chunk; p < n; ++p) {
+          narrow_k.select(0, table[static_cast<size_t>(p / bs)]).select(1, p % bs).zero_();
+          narrow_v.select(0, table[static_cast<size_t>(p / bs)]).select(1, p % bs).zero_();
+        }
+        nn::PagedRows paged;
+        paged.block_size = bs;
+        paged.positions = positions;
+        paged.tables = tables;
+        nn::LayerKv kv{narrow_k, narrow_v, &paged};
+        const auto aten = nn::aten_paged_attention(qkv.view({chunk, 1, 3 * h * d}), kv, h, alibi ? slopes : at::Tensor());
+        EXPECT_LT((aten.view({chunk, h, d}) - want).abs().max().item<double>(), 1e-5) << where << ": ATen's path";
+        EXPECT_TRUE(at::equal(narrow_k.to(at::kFloat), wide_k) && at::equal(narrow_v.to(at::kFloat), wide_v)) << where << ": ATen's writes";
+      }
+    }
+}
+
 namespace {
 
 ModelConfig tiny(const std::string& family) {
@@ -179,38 +242,43 @@ TEST_P(ServeFamilies, ContinuousBatchingWithPreemptionGivesEachRequestItsOneAtAT
   SamplingConfig greedy;
   greedy.greedy = true;
   greedy.max_tokens = 14;
-  // The reference: each prompt alone through the generator (contiguous cache, prefill in one forward).
-  Generator gen(model, tok, at::kCPU);
-  std::vector<std::string> expected_text;
-  for (const auto& p : prompts) expected_text.push_back(gen.generate({p}, greedy)[0].text);
+  // With the model's fp32 cache, and with caches of fp16 and bf16 (kv_element.h) on both sides.
+  for (const std::optional<at::ScalarType> kv : {std::optional<at::ScalarType>(), std::optional(at::kHalf), std::optional(at::kBFloat16)}) {
+    model->set_kv_dtype(kv);
+    const std::string what = std::string(GetParam()) + (kv ? std::string(" ") + c10::toString(*kv) + " cache" : "");
+    // The reference: each prompt alone through the generator (contiguous cache, prefill in one forward).
+    Generator gen(model, tok, at::kCPU);
+    std::vector<std::string> expected_text;
+    for (const auto& p : prompts) expected_text.push_back(gen.generate({p}, greedy)[0].text);
 
-  // 14 blocks of 4 positions for 5 requests of 17 to 47 positions: preemption is certain; steps of at
-  // most 6 tokens split every prompt into chunks.
-  serve::BatchEngine engine(model, tok, {.block_size = 4, .num_blocks = 14, .max_step_tokens = 6, .max_running = 4});
-  std::vector<serve::Completion> done(prompts.size());
-  std::vector<std::string> streamed(prompts.size());
-  auto submit = [&](size_t i) {
-    serve::EngineRequest r;
-    r.prompt = tok.encode(prompts[i], /*add_special=*/true);
-    r.sampling = greedy;
-    r.on_text = [&, i](const std::string& piece) { streamed[i] += piece; };
-    r.on_done = [&, i](const serve::Completion& c) { done[i] = c; };
-    engine.submit(std::move(r));
-  };
-  submit(0), submit(1);
-  for (int s = 0; s < 3; ++s) engine.step();
-  submit(2), submit(3);
-  for (int s = 0; s < 5; ++s) engine.step();
-  submit(4);
-  for (int s = 0; s < 2000 && engine.step(); ++s) {}
-  const auto stats = engine.stats();
-  EXPECT_GT(stats.preemptions, 0) << "the pool was meant to force preemption";
-  EXPECT_EQ(stats.blocks_used, 0);
-  EXPECT_EQ(stats.running + stats.waiting, 0);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(done[i].text, expected_text[i]) << GetParam() << " request " << i;
-    EXPECT_EQ(streamed[i], done[i].text) << "request " << i << ": the streamed pieces add up to the completion";
-    EXPECT_FALSE(done[i].finish_reason.empty()) << "request " << i << " never finished";
+    // 14 blocks of 4 positions for 5 requests of 17 to 47 positions: preemption is certain; steps of at
+    // most 6 tokens split every prompt into chunks.
+    serve::BatchEngine engine(model, tok, {.block_size = 4, .num_blocks = 14, .max_step_tokens = 6, .max_running = 4});
+    std::vector<serve::Completion> done(prompts.size());
+    std::vector<std::string> streamed(prompts.size());
+    auto submit = [&](size_t i) {
+      serve::EngineRequest r;
+      r.prompt = tok.encode(prompts[i], /*add_special=*/true);
+      r.sampling = greedy;
+      r.on_text = [&, i](const std::string& piece) { streamed[i] += piece; };
+      r.on_done = [&, i](const serve::Completion& c) { done[i] = c; };
+      engine.submit(std::move(r));
+    };
+    submit(0), submit(1);
+    for (int s = 0; s < 3; ++s) engine.step();
+    submit(2), submit(3);
+    for (int s = 0; s < 5; ++s) engine.step();
+    submit(4);
+    for (int s = 0; s < 2000 && engine.step(); ++s) {}
+    const auto stats = engine.stats();
+    EXPECT_GT(stats.preemptions, 0) << what << ": the pool was meant to force preemption";
+    EXPECT_EQ(stats.blocks_used, 0);
+    EXPECT_EQ(stats.running + stats.waiting, 0);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(done[i].text, expected_text[i]) << what << " request " << i;
+      EXPECT_EQ(streamed[i], done[i].text) << "request " << i << ": the streamed pieces add up to the completion";
+      EXPECT_FALSE(done[i].finish_reason.empty()) << "request " << i << " never finished";
+    }
   }
 }
 

@@ -37,6 +37,7 @@ struct InferArgs {
   SamplingConfig sampling;
   std::string device = "auto";
   std::string kernels = "auto";
+  std::string kv_cache = "auto";   // what the KV cache stores (CausalLM::set_kv_dtype)
   bool jsonl = false;
   bool quiet = false;
   bool stream_weights = false;   // each block's weights read from the disk as it runs (src/engine/streamed_weights.h)
@@ -55,7 +56,7 @@ std::vector<std::string> worker_args(const InferArgs& a) {
   const SamplingConfig& s = a.sampling;
   out.insert(out.end(), {"--max-tokens", std::to_string(s.max_tokens), "--temperature", fmt::format("{}", s.temperature), "--top-k",
                          std::to_string(s.top_k), "--top-p", fmt::format("{}", s.top_p), "--seed", std::to_string(s.seed), "--device",
-                         a.device, "--kernels", a.kernels, "--tensor-parallel", std::to_string(a.tensor_parallel)});
+                         a.device, "--kernels", a.kernels, "--kv-cache", a.kv_cache, "--tensor-parallel", std::to_string(a.tensor_parallel)});
   if (s.greedy) out.push_back("--greedy");
   for (const auto& stop : s.stop) out.insert(out.end(), {"--stop", stop});
   if (a.jsonl) out.push_back("--jsonl");
@@ -143,6 +144,8 @@ void run(InferArgs& a) {
   } else {
     model = load_generation_model(opened, user, tensor_group, /*pack_for_cpu=*/device.is_cpu());
   }
+  model->set_kv_dtype(parse_kv_cache(a.kv_cache));
+  if (a.kv_cache != "auto") spdlog::info("KV cache: {} keys and values (attention computes in fp32)", a.kv_cache);
   std::shared_ptr<StreamedWeights> streamed;
   // The reading thread uses the model, so any read in flight ends before the model goes, however this
   // function is left (the hook chain inside the model owns the streamer too).
@@ -245,6 +248,10 @@ void add_infer_command(CLI::App& app) {
   cmd->add_option("--device", a->device, "auto | cpu | cuda (a --tensor-parallel job runs on the CPU)")->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--kernels", a->kernels, "CPU kernels: auto (time ours against ATen per shape at first use), fused or aten")
       ->capture_default_str()->check(CLI::IsMember({"auto", "fused", "aten"}));
+  cmd->add_option("--kv-cache", a->kv_cache, "What the KV cache stores: auto (the model's dtype), fp32, fp16 or bf16 (half the memory "
+                  "and the bytes a step reads from it; attention still computes in fp32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kKvCacheChoices), std::end(kKvCacheChoices))));
   cmd->add_flag("--jsonl", a->jsonl, "Print one JSON object per prompt instead of text");
   cmd->add_flag("--no-cuda-graphs", a->no_cuda_graphs,
                 "On a GPU, launch each decoding step's kernels one by one instead of replaying the step as a captured CUDA graph");

@@ -34,6 +34,7 @@ struct ServeArgs {
   serve::ServerOptions server;
   serve::EngineConfig engine;
   double kv_memory_gb = 1.0;
+  std::string kv_cache = "auto";   // what the KV blocks store (CausalLM::set_kv_dtype)
   bool quiet = false;
   int64_t tensor_parallel = 1;   // ranks the model is split across (1D tensor parallelism)
 };
@@ -42,7 +43,7 @@ struct ServeArgs {
 std::vector<std::string> worker_args(const ServeArgs& a) {
   const auto& l = a.server.limits;
   std::vector<std::string> out{"serve", a.model, "--host", a.server.host, "--port", std::to_string(a.server.port), "--device", a.device,
-                               "--kv-memory-gb", fmt::format("{}", a.kv_memory_gb), "--block-size", std::to_string(a.engine.block_size),
+                               "--kv-memory-gb", fmt::format("{}", a.kv_memory_gb), "--kv-cache", a.kv_cache, "--block-size", std::to_string(a.engine.block_size),
                                "--max-running", std::to_string(a.engine.max_running), "--max-step-tokens",
                                std::to_string(a.engine.max_step_tokens), "--max-queue", std::to_string(l.max_queue), "--max-concurrent",
                                std::to_string(a.server.max_concurrent), "--max-tokens", std::to_string(l.max_tokens), "--max-choices",
@@ -80,6 +81,7 @@ void run(ServeArgs& a) {
   auto opened = open_generation_checkpoint(a.model, "colossal serve");
   auto model = load_generation_model(opened, "colossal serve", job.tensor_group(), /*pack_for_cpu=*/device.is_cpu());
   if (!device.is_cpu()) model->to(device);
+  model->set_kv_dtype(parse_kv_cache(a.kv_cache));   // before the pool's block size is measured from it
   a.server.model_name = a.model_name.empty() ? fs::path(opened.dir).filename().string() : a.model_name;
   if (a.server.model_name.rfind("step-", 0) == 0) a.server.model_name = fs::path(opened.dir).parent_path().parent_path().filename().string();
   // The pool from --kv-memory-gb: blocks of block_size positions for every layer's keys and values.
@@ -121,12 +123,12 @@ void run(ServeArgs& a) {
   engine.set_mirror(mirror);
   serve::CompletionServer server(engine, opened.tokenizer, a.server);
   const int port = server.bind();
-  spdlog::info("serving {} as \"{}\" on http://{}:{} ({}, {}{}{} KV blocks of {} positions, {}; at most {} sequences a step)", opened.dir,
+  spdlog::info("serving {} as \"{}\" on http://{}:{} ({}, {}{}{} KV blocks of {} positions{}, {}; at most {} sequences a step)", opened.dir,
                a.server.model_name, a.server.host, port, describe_device(device),
                opened.quantized ? std::string(quant::scheme_name(opened.quantized->scheme)) + ", " : "",
                a.tensor_parallel > 1 ? fmt::format("split across {} ranks, ", a.tensor_parallel) : std::string(),
-               a.engine.num_blocks, a.engine.block_size, human_bytes(pool_bytes),
-               a.engine.max_running);
+               a.engine.num_blocks, a.engine.block_size, a.kv_cache == "auto" ? std::string() : " in " + a.kv_cache,
+               human_bytes(pool_bytes), a.engine.max_running);
   std::printf("listening on http://%s:%d\n", a.server.host.c_str(), port);
   std::fflush(stdout);
   std::atomic<bool> served{false};
@@ -160,6 +162,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--device", a->device, "cpu | cuda | auto (the GPU when one is visible; a --tensor-parallel server runs on the CPU)")->capture_default_str()
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--kv-memory-gb", a->kv_memory_gb, "Memory for the paged KV cache")->capture_default_str()->check(finite_in(0.001, 1e6));
+  cmd->add_option("--kv-cache", a->kv_cache, "What the KV blocks store: auto (the model's dtype), fp32, fp16 or bf16 (fp16 and bf16 fit "
+                  "twice an fp32 model's positions in --kv-memory-gb)")
+      ->capture_default_str()
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kKvCacheChoices), std::end(kKvCacheChoices))));
   cmd->add_option("--block-size", a->engine.block_size, "Positions a KV block holds")->capture_default_str()->check(CLI::Range(1, 1024));
   cmd->add_option("--max-running", a->engine.max_running, "Sequences in the running batch at most")->capture_default_str()->check(CLI::Range(1, 4096));
   cmd->add_option("--max-step-tokens", a->engine.max_step_tokens, "Tokens one engine step computes at most (decodes first, then prompt chunks)")

@@ -3,8 +3,6 @@
 // the active instruction set's (decode_attention_isa.cpp).
 #include "kernels/cpu/decode_attention.h"
 
-#include <cstring>
-
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/thread_scratch.h"
 
@@ -17,19 +15,21 @@ constexpr int64_t kParallelWork = 1 << 15;
 
 }  // namespace
 
-void decode_attention_task(const float* qkv, float* k_cache, float* v_cache, const uint8_t* valid, int64_t valid_stride,
+void decode_attention_task(const float* qkv, void* k_cache, void* v_cache, const uint8_t* valid, int64_t valid_stride,
                            float* out, const DecodeAttentionDims& a, int64_t task, float* scores) {
   const int64_t c = a.heads * a.head_dim, d = a.head_dim, b = task / a.heads, h = task % a.heads;
+  const auto bytes = static_cast<int64_t>(kv_element_bytes(a.element));
   const float* q = qkv + b * 3 * c + h * d;
-  float* k = k_cache + task * a.capacity * d;
-  float* v = v_cache + task * a.capacity * d;
-  std::memcpy(k + (a.length - 1) * d, q + c, static_cast<size_t>(d) * sizeof(float));
-  std::memcpy(v + (a.length - 1) * d, q + 2 * c, static_cast<size_t>(d) * sizeof(float));
-  active_kernels().attention_decode_head(q, k, v, a.length, d, a.scale, a.alibi_slopes ? a.alibi_slopes[h] : 0.0f,
-                                         valid ? valid + b * valid_stride : nullptr, scores, out + b * c + h * d);
+  char* k = static_cast<char*>(k_cache) + task * a.capacity * d * bytes;
+  char* v = static_cast<char*>(v_cache) + task * a.capacity * d * bytes;
+  const auto& kernels = active_kernels();
+  kernels.store_kv(q + c, k + (a.length - 1) * d * bytes, d, a.element);
+  kernels.store_kv(q + 2 * c, v + (a.length - 1) * d * bytes, d, a.element);
+  kernels.attention_decode_head(q, k, v, a.element, a.length, d, a.scale, a.alibi_slopes ? a.alibi_slopes[h] : 0.0f,
+                                valid ? valid + b * valid_stride : nullptr, scores, out + b * c + h * d);
 }
 
-void decode_attention(const float* qkv, float* k_cache, float* v_cache, const uint8_t* valid, int64_t valid_stride,
+void decode_attention(const float* qkv, void* k_cache, void* v_cache, const uint8_t* valid, int64_t valid_stride,
                       float* out, const DecodeAttentionDims& a) {
   const int64_t tasks = a.batch * a.heads;
   const bool parallel = tasks > 1 && 2 * tasks * a.length * a.head_dim >= kParallelWork;

@@ -1,9 +1,13 @@
 // Decoding attention, one instruction set's copy of the per-head loop: see decode_attention.h. The
 // scores take eight keys per pass over q, their horizontal sums done together; the weighted sum of
 // values keeps its output columns in registers, at most 8 vectors at a time, across all positions.
+// Every loop is written once over the cache's element (kv_element.h): 16-bit keys and values are
+// widened as they are loaded, so over them a head gives the bits it gives over their fp32 copy.
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 
+#include "kernels/cpu/half_widen.h"
 #include "kernels/cpu/isa_entry.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/vec_math.h"
@@ -11,11 +15,78 @@
 namespace colossal::kernels::COLOSSAL_ISA {
 namespace {
 
+// The cache's stored element of kind E.
+template <KvElement E>
+using Stored = std::conditional_t<E == KvElement::f32, float, uint16_t>;
+
+// One stored element widened to float, exactly.
+template <KvElement E>
+COLOSSAL_INLINE float load_kv1(const Stored<E>* p) {
+  if constexpr (E == KvElement::f32) return *p;
+  else if constexpr (E == KvElement::fp16) return half_to_float(*p);
+  else return bf16_to_float(*p);
+}
+
+// kLanes stored elements widened to a float vector, exactly: bf16 is the top half of a float (a
+// zero-extension and a shift, in vector extensions for every set); fp16 takes F16C's conversion.
+template <KvElement E>
+COLOSSAL_INLINE vf load_kv(const Stored<E>* p) {
+  if constexpr (E == KvElement::f32) {
+    return load_u(p);
+  } else if constexpr (E == KvElement::bf16) {
+    typedef uint16_t narrow __attribute__((vector_size(kLanes * 2), aligned(2)));
+    typedef uint32_t wide __attribute__((vector_size(kLanes * 4)));
+    return (vf)(__builtin_convertvector(*reinterpret_cast<const narrow*>(p), wide) << 16);
+  } else {
+#if defined(__AVX512F__)
+    // The zero-masked form under a full mask: the same instruction, where GCC 12's unmasked one starts
+    // from an undefined register it then warns about.
+    return (vf)_mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(__AVX2__)
+    return (vf)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+    float t[kLanes];
+    for (int e = 0; e < kLanes; ++e) t[e] = load_kv1<E>(p + e);
+    return load_u(t);
+#endif
+  }
+}
+
 // One key's products q * k summed into a vector, chunk by chunk in order (d a multiple of kLanes).
-COLOSSAL_INLINE vf key_lanes(const float* __restrict q, const float* __restrict k, int64_t d) {
+template <KvElement E>
+COLOSSAL_INLINE vf key_lanes(const float* __restrict q, const Stored<E>* __restrict k, int64_t d) {
   vf a{};
-  for (int64_t c = 0; c < d; c += kLanes) a += load_u(q + c) * load_u(k + c);
+  for (int64_t c = 0; c < d; c += kLanes) a += load_u(q + c) * load_kv<E>(k + c);
   return a;
+}
+
+// The scalar paths of head sizes off the vector width, in one out-of-line copy every element kind calls
+// with fp32 values (16-bit ones widened into a buffer first), so a 16-bit cache gives its fp32 copy's bits:
+// inlined into each kind's loop, the compiler vectorised the same sums differently per kind. The
+// multiply-add is spelled out: left to contraction, a loop vectorised in order multiplies in vectors and
+// adds one by one, unfused, where its scalar twin fuses. acc + sum_i a[i] * b[i * b_stride], in order.
+__attribute__((noinline)) float dot_in_order(const float* __restrict a, const float* __restrict b, int64_t b_stride, int64_t m,
+                                             float acc) {
+  for (int64_t i = 0; i < m; ++i) acc = fmadd(a[i], b[i * b_stride], acc);
+  return acc;
+}
+
+constexpr int64_t kWidenChunk = 64;   // elements widened at a time for dot_in_order
+
+// acc + sum_i a[i] * float(b[i * b_stride]) for i < m, through dot_in_order.
+template <KvElement E>
+COLOSSAL_INLINE float dot_stored(const float* __restrict a, const Stored<E>* __restrict b, int64_t b_stride, int64_t m, float acc) {
+  if constexpr (E == KvElement::f32) {
+    return dot_in_order(a, b, b_stride, m, acc);
+  } else {
+    float wide[kWidenChunk];
+    for (int64_t i0 = 0; i0 < m; i0 += kWidenChunk) {
+      const int64_t len = m - i0 < kWidenChunk ? m - i0 : kWidenChunk;
+      for (int64_t i = 0; i < len; ++i) wide[i] = load_kv1<E>(b + (i0 + i) * b_stride);
+      acc = dot_in_order(a + i0, wide, 1, len, acc);
+    }
+    return acc;
+  }
 }
 
 #if defined(__AVX2__)
@@ -45,36 +116,32 @@ COLOSSAL_INLINE __m256 sum_eight(const vf (&a)[8]) {
 #endif
 
 // s[j] = scale * q . k_j for j < n, keys d apart.
-void scores(const float* __restrict q, const float* __restrict k, int64_t n, int64_t d, float scale, float* __restrict s) {
+template <KvElement E>
+void scores(const float* __restrict q, const Stored<E>* __restrict k, int64_t n, int64_t d, float scale, float* __restrict s) {
   int64_t j = 0;
   if (d % kLanes == 0) {
 #if defined(__AVX2__)
     const __m256 vscale = _mm256_set1_ps(scale);
     for (; j + 8 <= n; j += 8) {
       vf a[8];
-      for (int i = 0; i < 8; ++i) a[i] = key_lanes(q, k + (j + i) * d, d);
+      for (int i = 0; i < 8; ++i) a[i] = key_lanes<E>(q, k + (j + i) * d, d);
       _mm256_storeu_ps(s + j, _mm256_mul_ps(sum_eight(a), vscale));
     }
 #endif
-    for (; j < n; ++j) s[j] = hsum(key_lanes(q, k + j * d, d)) * scale;
+    for (; j < n; ++j) s[j] = hsum(key_lanes<E>(q, k + j * d, d)) * scale;
     return;
   }
-  for (; j < n; ++j) {
-    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t c = 0; c < d; ++c) acc += q[c] * k[j * d + c];
-    s[j] = acc * scale;
-  }
+  for (; j < n; ++j) s[j] = dot_stored<E>(q, k + j * d, 1, d, 0.0f) * scale;   // a head size off the vector width
 }
 
 // out[0, NV * kLanes) = inv * sum_j p[j] v_j[0, NV * kLanes), rows of v d apart.
-template <int NV>
-void weighted_values(const float* __restrict p, const float* __restrict v, int64_t n, int64_t d, float inv,
+template <int NV, KvElement E>
+void weighted_values(const float* __restrict p, const Stored<E>* __restrict v, int64_t n, int64_t d, float inv,
                      float* __restrict out) {
   vf acc[NV] = {};
   for (int64_t j = 0; j < n; ++j) {
     const vf pj = splat(p[j]);
-    for (int i = 0; i < NV; ++i) acc[i] += pj * load_u(v + j * d + i * kLanes);
+    for (int i = 0; i < NV; ++i) acc[i] += pj * load_kv<E>(v + j * d + i * kLanes);
   }
   for (int i = 0; i < NV; ++i) store_u(out + i * kLanes, acc[i] * inv);
 }
@@ -86,12 +153,10 @@ COLOSSAL_INLINE void add_alibi(float slope, int64_t n, float* __restrict s) {
     for (int64_t j = 0; j < n; ++j) s[j] += slope * static_cast<float>(j - (n - 1));
 }
 
-}  // namespace
-
-void attention_decode_head(const float* __restrict q, const float* __restrict k, const float* __restrict v, int64_t n,
-                           int64_t d, float scale, float slope, const uint8_t* valid, float* __restrict s,
-                           float* __restrict out) {
-  scores(q, k, n, d, scale, s);
+template <KvElement E>
+void decode_head(const float* __restrict q, const Stored<E>* __restrict k, const Stored<E>* __restrict v, int64_t n,
+                 int64_t d, float scale, float slope, const uint8_t* valid, float* __restrict s, float* __restrict out) {
+  scores<E>(q, k, n, d, scale, s);
   add_alibi(slope, n, s);
   bool any = !valid;
   if (valid) {
@@ -118,25 +183,22 @@ void attention_decode_head(const float* __restrict q, const float* __restrict k,
   }
   const float inv = 1.0f / sum;
   int64_t c = 0;
-  for (; c + 8 * kLanes <= d; c += 8 * kLanes) weighted_values<8>(s, v + c, n, d, inv, out + c);
-  if (c + 4 * kLanes <= d) weighted_values<4>(s, v + c, n, d, inv, out + c), c += 4 * kLanes;
-  if (c + 2 * kLanes <= d) weighted_values<2>(s, v + c, n, d, inv, out + c), c += 2 * kLanes;
-  if (c + kLanes <= d) weighted_values<1>(s, v + c, n, d, inv, out + c), c += kLanes;
-  for (; c < d; ++c) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < n; ++j) acc += s[j] * v[j * d + c];
-    out[c] = acc * inv;
-  }
+  for (; c + 8 * kLanes <= d; c += 8 * kLanes) weighted_values<8, E>(s, v + c, n, d, inv, out + c);
+  if (c + 4 * kLanes <= d) weighted_values<4, E>(s, v + c, n, d, inv, out + c), c += 4 * kLanes;
+  if (c + 2 * kLanes <= d) weighted_values<2, E>(s, v + c, n, d, inv, out + c), c += 2 * kLanes;
+  if (c + kLanes <= d) weighted_values<1, E>(s, v + c, n, d, inv, out + c), c += kLanes;
+  for (; c < d; ++c) out[c] = dot_stored<E>(s, v + c, d, n, 0.0f) * inv;
 }
 
 // The same over keys and values in blocks (paged_attention.h): the scores block by block into s, ALiBi's
 // slope * (j - (n - 1)) added when slope is non-zero, the softmax over all n, the weighted values block by
 // block with the output columns in registers across every block.
-void attention_paged_head(const float* __restrict q, const float* __restrict k_base, const float* __restrict v_base,
-                          const int32_t* __restrict table, int64_t n, int64_t block_size, int64_t block_stride, int64_t d,
-                          float scale, float slope, float* __restrict s, float* __restrict out) {
+template <KvElement E>
+void paged_head(const float* __restrict q, const Stored<E>* __restrict k_base, const Stored<E>* __restrict v_base,
+                const int32_t* __restrict table, int64_t n, int64_t block_size, int64_t block_stride, int64_t d, float scale,
+                float slope, float* __restrict s, float* __restrict out) {
   for (int64_t b = 0, j0 = 0; j0 < n; ++b, j0 += block_size)
-    scores(q, k_base + table[b] * block_stride, n - j0 < block_size ? n - j0 : block_size, d, scale, s + j0);
+    scores<E>(q, k_base + table[b] * block_stride, n - j0 < block_size ? n - j0 : block_size, d, scale, s + j0);
   add_alibi(slope, n, s);
   float max;
   const float inv = 1.0f / exp_shifted_inplace(s, n, max);
@@ -145,11 +207,11 @@ void attention_paged_head(const float* __restrict q, const float* __restrict k_b
     constexpr int NV = decltype(nv)::value;
     vf acc[NV] = {};
     for (int64_t b = 0, j0 = 0; j0 < n; ++b, j0 += block_size) {
-      const float* v = v_base + table[b] * block_stride + c;
+      const Stored<E>* v = v_base + table[b] * block_stride + c;
       const int64_t m = n - j0 < block_size ? n - j0 : block_size;
       for (int64_t j = 0; j < m; ++j) {
         const vf pj = splat(s[j0 + j]);
-        for (int i = 0; i < NV; ++i) acc[i] += pj * load_u(v + j * d + i * kLanes);
+        for (int i = 0; i < NV; ++i) acc[i] += pj * load_kv<E>(v + j * d + i * kLanes);
       }
     }
     for (int i = 0; i < NV; ++i) store_u(out + c + i * kLanes, acc[i] * inv);
@@ -161,12 +223,43 @@ void attention_paged_head(const float* __restrict q, const float* __restrict k_b
   if (c + kLanes <= d) columns(std::integral_constant<int, 1>{});
   for (; c < d; ++c) {
     float acc = 0.0f;
-    for (int64_t b = 0, j0 = 0; j0 < n; ++b, j0 += block_size) {
-      const float* v = v_base + table[b] * block_stride + c;
-      const int64_t m = n - j0 < block_size ? n - j0 : block_size;
-      for (int64_t j = 0; j < m; ++j) acc += s[j0 + j] * v[j * d];
-    }
+    for (int64_t b = 0, j0 = 0; j0 < n; ++b, j0 += block_size)
+      acc = dot_stored<E>(s + j0, v_base + table[b] * block_stride + c, d, n - j0 < block_size ? n - j0 : block_size, acc);
     out[c] = acc * inv;
+  }
+}
+
+}  // namespace
+
+void attention_decode_head(const float* q, const void* k, const void* v, KvElement e, int64_t n, int64_t d, float scale,
+                           float slope, const uint8_t* valid, float* s, float* out) {
+  switch (e) {
+    case KvElement::f32: return decode_head<KvElement::f32>(q, static_cast<const float*>(k), static_cast<const float*>(v), n, d, scale, slope, valid, s, out);
+    case KvElement::fp16: return decode_head<KvElement::fp16>(q, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), n, d, scale, slope, valid, s, out);
+    case KvElement::bf16: return decode_head<KvElement::bf16>(q, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), n, d, scale, slope, valid, s, out);
+  }
+}
+
+void attention_paged_head(const float* q, const void* k_base, const void* v_base, KvElement e, const int32_t* table, int64_t n,
+                          int64_t block_size, int64_t block_stride, int64_t d, float scale, float slope, float* s, float* out) {
+  switch (e) {
+    case KvElement::f32:
+      return paged_head<KvElement::f32>(q, static_cast<const float*>(k_base), static_cast<const float*>(v_base), table, n, block_size,
+                                        block_stride, d, scale, slope, s, out);
+    case KvElement::fp16:
+      return paged_head<KvElement::fp16>(q, static_cast<const uint16_t*>(k_base), static_cast<const uint16_t*>(v_base), table, n,
+                                         block_size, block_stride, d, scale, slope, s, out);
+    case KvElement::bf16:
+      return paged_head<KvElement::bf16>(q, static_cast<const uint16_t*>(k_base), static_cast<const uint16_t*>(v_base), table, n,
+                                         block_size, block_stride, d, scale, slope, s, out);
+  }
+}
+
+void store_kv(const float* src, void* dst, int64_t n, KvElement e) {
+  switch (e) {
+    case KvElement::f32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); return;
+    case KvElement::fp16: narrow_fp16(src, static_cast<uint16_t*>(dst), n); return;
+    case KvElement::bf16: narrow_bf16(src, static_cast<uint16_t*>(dst), n); return;
   }
 }
 

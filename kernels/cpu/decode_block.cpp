@@ -83,8 +83,8 @@ void shared_product(const IsaKernels& k, Stretches& share, const DecodeProduct& 
 // (every token's key and value written first by one thread: a chunk's later tokens read its earlier
 // ones), shared out by `share`.
 void attention_stage(const DecodeBlockStep& s, const float* qkv, float* attended, Stretches& share) {
-  const PagedAttentionDims paged{s.rows, s.heads, s.head_dim, s.block_size, s.scale};
-  const DecodeAttentionDims cached{s.rows, s.heads, s.head_dim, s.capacity, s.length, s.scale, s.alibi_slopes};
+  const PagedAttentionDims paged{s.rows, s.heads, s.head_dim, s.block_size, s.scale, s.kv_element};
+  const DecodeAttentionDims cached{s.rows, s.heads, s.head_dim, s.capacity, s.length, s.scale, s.alibi_slopes, s.kv_element};
   if (s.tables) {
 #pragma omp single
     paged_write_keys_values(qkv, s.k_cache, s.v_cache, s.positions, s.tables, paged);

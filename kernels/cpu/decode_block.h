@@ -15,6 +15,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/cpu/kv_element.h"
+
 namespace colossal::kernels {
 
 // A product y = x W^T + b as the decoding GEMVs take it.
@@ -50,7 +52,8 @@ struct DecodeBlockStep {
   float ln1_eps = 1e-5f, ln2_eps = 1e-5f;
   DecodeProduct qkv, proj, fc, fc2;   // qkv.out == 3 * width, q | k | v
   DecodeActivation act = DecodeActivation::gelu_tanh;
-  float *k_cache = nullptr, *v_cache = nullptr;   // [rows, heads, capacity, head_dim]; paged: the block pools
+  void *k_cache = nullptr, *v_cache = nullptr;    // [rows, heads, capacity, head_dim]; paged: the block pools
+  KvElement kv_element = KvElement::f32;          // what they store (kv_element.h)
   int64_t capacity = 0;
   int64_t length = 0;                 // positions attended, the new one (written at length - 1) included
   const uint8_t* valid = nullptr;     // [rows, valid_stride] or null (decode_attention.h)

@@ -41,10 +41,11 @@ void qgemv_q8x_int4(const int8_t* xq, const uint8_t* xa, const float* xs, const 
                     const float* scales, int64_t group, const float* bias, float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
 void qgemm_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* scratch);   // avx512vnni only
 void qgemm_pack_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* panels, float* panel_scales);   // avx512vnni only
-void attention_decode_head(const float* q, const float* k, const float* v, int64_t n, int64_t d, float scale,
+void attention_decode_head(const float* q, const void* k, const void* v, KvElement e, int64_t n, int64_t d, float scale,
                            float slope, const uint8_t* valid, float* s, float* out);
-void attention_paged_head(const float* q, const float* k_base, const float* v_base, const int32_t* table, int64_t n,
+void attention_paged_head(const float* q, const void* k_base, const void* v_base, KvElement e, const int32_t* table, int64_t n,
                           int64_t block_size, int64_t block_stride, int64_t d, float scale, float slope, float* s, float* out);
+void store_kv(const float* src, void* dst, int64_t n, KvElement e);
 void layer_norm_forward_rows(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
                              int64_t rows, int64_t cols, float eps);
 void layer_norm_backward_rows(const float* dy, const float* x, const float* mean, const float* rstd,

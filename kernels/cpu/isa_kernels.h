@@ -8,6 +8,7 @@
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/kv_element.h"
 #include "kernels/cpu/qgemm.h"
 
 namespace colossal::kernels {
@@ -63,16 +64,16 @@ struct IsaKernels {
   void (*qgemv_q8x_int4)(const int8_t* xq, const uint8_t* xa, const float* xs, const float* xc, int64_t rows, int64_t in, const uint8_t* q,
                          const float* scales, int64_t group, const float* bias, float* y, int64_t ldy, int64_t o_begin,
                          int64_t o_end);
-  // One decoding query q[d] at position n - 1 against n cached keys and values ([n][d] rows), positions
-  // with valid[j] == 0 (when valid is given) left out: out[d] = softmax(scale q k^T + bias) v, where
-  // slope != 0 makes bias ALiBi's slope * (j - (n - 1)) (else none). s: n floats of scratch.
-  void (*attention_decode_head)(const float* q, const float* k, const float* v, int64_t n, int64_t d, float scale,
+  // One decoding query q[d] at position n - 1 against n cached keys and values ([n][d] rows of element
+  // e), positions with valid[j] == 0 (when valid is given) left out: out[d] = softmax(scale q k^T + bias) v,
+  // where slope != 0 makes bias ALiBi's slope * (j - (n - 1)) (else none). s: n floats of scratch.
+  void (*attention_decode_head)(const float* q, const void* k, const void* v, KvElement e, int64_t n, int64_t d, float scale,
                                 float slope, const uint8_t* valid, float* s, float* out);
   // The same for a query at position n - 1 whose keys and values live in blocks (paged_attention.h): this
-  // head's block b starts at k_base + table[b] * block_stride (v_base alike), block_size rows of d;
-  // slope != 0 adds ALiBi's slope * (j - (n - 1)).
-  void (*attention_paged_head)(const float* q, const float* k_base, const float* v_base, const int32_t* table, int64_t n,
-                               int64_t block_size, int64_t block_stride, int64_t d, float scale, float slope, float* s,
+  // head's block b starts at k_base + table[b] * block_stride elements (v_base alike), block_size rows of
+  // d; slope != 0 adds ALiBi's slope * (j - (n - 1)).
+  void (*attention_paged_head)(const float* q, const void* k_base, const void* v_base, KvElement e, const int32_t* table,
+                               int64_t n, int64_t block_size, int64_t block_stride, int64_t d, float scale, float slope, float* s,
                                float* out);
   // LayerNorm of `rows` rows (see layer_norm.h); the backward writes its block's dgamma and dbeta sums.
   void (*layer_norm_forward)(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
@@ -100,6 +101,8 @@ struct IsaKernels {
   // sum_squares_f32 over 16-bit values widened (the same bits as over their fp32 copy).
   double (*sum_squares_bf16)(const uint16_t* x, int64_t n);
   double (*sum_squares_fp16)(const uint16_t* x, int64_t n);
+  // n floats into a KV cache's element e at dst (kv_element.h: 16-bit kinds rounded to nearest-even).
+  void (*store_kv)(const float* src, void* dst, int64_t n, KvElement e);
   // Columns [n_begin, n_end) of a quantized GEMM (qgemm.h); null in sets without VNNI, whose prompts
   // take the fp32 GEMM with the weights dequantized as it packs them.
   void (*qgemm_columns)(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* scratch) = nullptr;

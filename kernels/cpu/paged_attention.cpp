@@ -3,22 +3,22 @@
 // (decode_attention_isa.cpp's attention_paged_head).
 #include "kernels/cpu/paged_attention.h"
 
-#include <cstring>
-
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/thread_scratch.h"
 
 namespace colossal::kernels {
 
-void paged_write_keys_values(const float* qkv, float* k_pool, float* v_pool, const int64_t* positions,
+void paged_write_keys_values(const float* qkv, void* k_pool, void* v_pool, const int64_t* positions,
                              const int32_t* const* tables, const PagedAttentionDims& a) {
   const int64_t h = a.heads, d = a.head_dim, c = h * d, bs = a.block_size, block_stride = h * bs * d;
+  const auto bytes = static_cast<int64_t>(kv_element_bytes(a.element));
+  const auto& kernels = active_kernels();
   for (int64_t i = 0; i < a.tokens; ++i) {
     const int64_t p = positions[i], block = tables[i][p / bs], slot = p % bs;
     for (int64_t head = 0; head < h; ++head) {
-      const int64_t at = block * block_stride + (head * bs + slot) * d;
-      std::memcpy(k_pool + at, qkv + i * 3 * c + c + head * d, static_cast<size_t>(d) * sizeof(float));
-      std::memcpy(v_pool + at, qkv + i * 3 * c + 2 * c + head * d, static_cast<size_t>(d) * sizeof(float));
+      const int64_t at = (block * block_stride + (head * bs + slot) * d) * bytes;
+      kernels.store_kv(qkv + i * 3 * c + c + head * d, static_cast<char*>(k_pool) + at, d, a.element);
+      kernels.store_kv(qkv + i * 3 * c + 2 * c + head * d, static_cast<char*>(v_pool) + at, d, a.element);
     }
   }
 }
@@ -29,16 +29,17 @@ int64_t paged_longest(const int64_t* positions, int64_t tokens) {
   return longest;
 }
 
-void paged_attention_task(const float* qkv, const float* k_pool, const float* v_pool, const int64_t* positions,
+void paged_attention_task(const float* qkv, const void* k_pool, const void* v_pool, const int64_t* positions,
                           const int32_t* const* tables, const float* alibi_slopes, float* out, const PagedAttentionDims& a,
                           int64_t task, float* scores) {
   const int64_t h = a.heads, d = a.head_dim, c = h * d, bs = a.block_size, i = task / h, head = task % h;
-  active_kernels().attention_paged_head(qkv + i * 3 * c + head * d, k_pool + head * bs * d, v_pool + head * bs * d, tables[i],
-                                        positions[i] + 1, bs, h * bs * d, d, a.scale, alibi_slopes ? alibi_slopes[head] : 0.0f, scores,
-                                        out + i * c + head * d);
+  const int64_t head_at = head * bs * d * static_cast<int64_t>(kv_element_bytes(a.element));   // bytes into each block
+  active_kernels().attention_paged_head(qkv + i * 3 * c + head * d, static_cast<const char*>(k_pool) + head_at,
+                                        static_cast<const char*>(v_pool) + head_at, a.element, tables[i], positions[i] + 1, bs,
+                                        h * bs * d, d, a.scale, alibi_slopes ? alibi_slopes[head] : 0.0f, scores, out + i * c + head * d);
 }
 
-void paged_attention(const float* qkv, float* k_pool, float* v_pool, const int64_t* positions, const int32_t* const* tables,
+void paged_attention(const float* qkv, void* k_pool, void* v_pool, const int64_t* positions, const int32_t* const* tables,
                      const float* alibi_slopes, float* out, const PagedAttentionDims& a) {
   // keys and values first: a chunk's later tokens read its earlier ones
   paged_write_keys_values(qkv, k_pool, v_pool, positions, tables, a);

@@ -45,7 +45,7 @@ at::Tensor Gpt::features(const at::Tensor& ids, const nn::ForwardOptions& o) {
 }
 
 nn::KvCache Gpt::make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const {
-  auto opts = at::TensorOptions().device(device).dtype(wte->output_dtype());
+  const auto opts = cache_options(device, wte->output_dtype());
   return nn::make_kv_cache(cfg_.n_layer, batch, blocks_.front()->heads(), capacity, cfg_.n_embd / cfg_.n_head, opts);
 }
 

@@ -51,4 +51,12 @@ std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& 
   return model;
 }
 
+std::optional<at::ScalarType> parse_kv_cache(const std::string& value) {
+  if (value == "auto") return std::nullopt;
+  if (value == "fp32") return at::kFloat;
+  if (value == "fp16") return at::kHalf;
+  if (value == "bf16") return at::kBFloat16;
+  throw Error("--kv-cache \"" + value + "\" is not a KV cache dtype (valid: auto, fp32, fp16, bf16)");
+}
+
 }  // namespace colossal

@@ -40,4 +40,9 @@ void check_generation_split(const std::string& path, int64_t tensor);
 std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& c, const std::string& command,
                                                     dist::Group* tensor_group = nullptr, bool pack_for_cpu = true);
 
+// --kv-cache's values: "auto" (nullopt: the model's compute dtype), "fp32", "fp16" or "bf16"
+// (CausalLM::set_kv_dtype). Anything else is an Error naming the valid ones.
+inline constexpr const char* kKvCacheChoices[] = {"auto", "fp32", "fp16", "bf16"};
+std::optional<at::ScalarType> parse_kv_cache(const std::string& value);
+
 }  // namespace colossal

@@ -16,11 +16,12 @@
 namespace colossal::nn {
 namespace {
 
-// Whether kernels/cpu/paged_attention's kernel takes kv for `rows` tokens of `heads` heads of d: float
-// pools on the CPU, each [blocks, heads, block_size, d], and a position and a block table per token.
+// Whether kernels/cpu/paged_attention's kernel takes kv for `rows` tokens of `heads` heads of d: pools on
+// the CPU of an element it stores (float, half, bfloat16), each [blocks, heads, block_size, d], and a
+// position and a block table per token.
 bool paged_kernel_takes(const LayerKv& kv, int64_t rows, int64_t heads, int64_t d) {
   const auto& r = *kv.paged;
-  return kv.k.is_cpu() && kv.k.scalar_type() == at::kFloat && kv.k.is_contiguous() && kv.v.is_contiguous() &&
+  return kv_element_of(kv.k) && kv.v.scalar_type() == kv.k.scalar_type() && kv.k.is_contiguous() && kv.v.is_contiguous() &&
          kv.v.sizes() == kv.k.sizes() && kv.k.dim() == 4 && kv.k.size(1) == heads && kv.k.size(2) == r.block_size &&
          kv.k.size(3) == d && static_cast<int64_t>(r.positions.size()) == rows && static_cast<int64_t>(r.tables.size()) == rows;
 }
@@ -123,8 +124,9 @@ at::Tensor Attention::paged_forward(const at::Tensor& packed_in, LayerKv& kv) {
   const int64_t n = packed.size(0), c = packed.size(2) / 3, h = heads_.count, d = c / h;
   TORCH_CHECK(!is_training() && packed.size(1) == 1 && paged_kernel_takes(kv, n, h, d), "paged attention: rows ", packed.sizes(), " against a pool ", kv.k.sizes(), " (CPU float inference only)");
   auto y = at::empty({n, 1, c}, packed.options());
-  const kernels::PagedAttentionDims dims{n, h, d, rows.block_size, static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)))};
-  kernels::paged_attention(packed.const_data_ptr<float>(), kv.k.mutable_data_ptr<float>(), kv.v.mutable_data_ptr<float>(),
+  const kernels::PagedAttentionDims dims{n, h, d, rows.block_size, static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))),
+                                        *kv_element_of(kv.k)};
+  kernels::paged_attention(packed.const_data_ptr<float>(), kv.k.mutable_data_ptr(), kv.v.mutable_data_ptr(),
                            rows.positions.data(), rows.tables.data(), spec_.alibi ? alibi_slopes_.const_data_ptr<float>() : nullptr,
                            y.mutable_data_ptr<float>(), dims);
   return y;
@@ -136,8 +138,8 @@ at::Tensor Attention::alibi_forward(const at::Tensor& packed, LayerKv* kv, int64
   at::Tensor k = parts[1], v = parts[2];
   if (kv) {
     write_keys_values(*kv, offset, k, v, mask);
-    k = kv->k.narrow(2, 0, offset + t);
-    v = kv->v.narrow(2, 0, offset + t);
+    k = kv->k.narrow(2, 0, offset + t).to(packed.scalar_type());   // a narrower cache widened (kv_element.h)
+    v = kv->v.narrow(2, 0, offset + t).to(packed.scalar_type());
   } else {
     offset = 0;
   }

@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 #include <cmath>
 
+#include "src/nn/cached_attention.h"
 #include "src/nn/kernel_choice.h"
 #include "src/nn/linear_forward.h"
 
@@ -56,8 +57,9 @@ at::Tensor TransformerBlock::fused_decode(const at::Tensor& x, LayerKv& kv, int6
   s.fc = m.fc;
   s.fc2 = m.proj;
   s.act = m.act;
-  s.k_cache = kv.k.mutable_data_ptr<float>();
-  s.v_cache = kv.v.mutable_data_ptr<float>();
+  s.k_cache = kv.k.mutable_data_ptr();
+  s.v_cache = kv.v.mutable_data_ptr();
+  s.kv_element = *kv_element_of(kv.k);   // decode_parts took only caches the kernels store
   if (kv.paged) {
     s.positions = kv.paged->positions.data();
     s.tables = kv.paged->tables.data();

@@ -9,8 +9,18 @@
 
 namespace colossal::nn {
 
+std::optional<kernels::KvElement> kv_element_of(const at::Tensor& cache) {
+  if (!cache.defined() || !cache.is_cpu()) return std::nullopt;
+  switch (cache.scalar_type()) {
+    case at::kFloat: return kernels::KvElement::f32;
+    case at::kHalf: return kernels::KvElement::fp16;
+    case at::kBFloat16: return kernels::KvElement::bf16;
+    default: return std::nullopt;
+  }
+}
+
 void write_keys_values(LayerKv& kv, int64_t offset, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
-  if (!kv.slot.defined()) {
+  if (!kv.slot.defined()) {   // copy_ rounds to a narrower cache's dtype
     kv.k.narrow(2, offset, k.size(2)).copy_(k);
     kv.v.narrow(2, offset, v.size(2)).copy_(v);
     return;
@@ -18,8 +28,8 @@ void write_keys_values(LayerKv& kv, int64_t offset, const at::Tensor& k, const a
   // A captured step: the position is on the device, and only its mask tells the window's live keys.
   TORCH_CHECK(k.size(2) == 1 && mask.defined() && offset < kv.k.size(2), "attention: a step at a device-side slot takes one token ",
               "and a mask (got ", k.size(2), " tokens, window ", offset + 1, " of ", kv.k.size(2), ")");
-  kv.k.index_copy_(2, kv.slot, k);
-  kv.v.index_copy_(2, kv.slot, v);
+  kv.k.index_copy_(2, kv.slot, k.to(kv.k.scalar_type()));   // index_copy_ takes only the cache's own dtype
+  kv.v.index_copy_(2, kv.slot, v.to(kv.v.scalar_type()));
 }
 
 at::Tensor aten_cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
@@ -27,7 +37,8 @@ at::Tensor aten_cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t off
   const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, d = c / heads;
   auto parts = qkv.view({b, t, 3, heads, d}).permute({2, 0, 3, 1, 4});   // [3, B, H, T, D]
   write_keys_values(kv, offset, parts[1], parts[2], mask);
-  auto k = kv.k.narrow(2, 0, offset + t), v = kv.v.narrow(2, 0, offset + t);
+  // A cache narrower than the compute dtype (kv_element.h) is widened for SDPA, which takes one dtype.
+  auto k = kv.k.narrow(2, 0, offset + t).to(qkv.scalar_type()), v = kv.v.narrow(2, 0, offset + t).to(qkv.scalar_type());
   // One new query attends to every cached key; a multi-token prefill at offset 0 is plain causal.
   bool causal = !mask.defined() && t > 1;
   TORCH_CHECK(mask.defined() || offset == 0 || t == 1, "attention: multi-token step at offset ", offset,
@@ -42,7 +53,7 @@ bool decode_cache_applies(int64_t b, const LayerKv& kv, int64_t offset, const at
   const bool mask_ok = !mask.defined() || (mask.scalar_type() == at::kBool && mask.dim() == 4 && mask.size(0) == b &&
                                            mask.size(1) == 1 && mask.size(2) == 1 && mask.size(3) == offset + 1 &&
                                            mask.is_cpu() && mask.is_contiguous());
-  return mask_ok && !kv.slot.defined() && kv.k.is_cpu() && kv.k.scalar_type() == at::kFloat && kv.k.is_contiguous() &&
+  return mask_ok && !kv.slot.defined() && kv_element_of(kv.k) && kv.v.scalar_type() == kv.k.scalar_type() && kv.k.is_contiguous() &&
          kv.v.is_contiguous() && kv.v.sizes() == kv.k.sizes() && kv.k.dim() == 4 && kv.k.size(0) == b && offset < kv.k.size(2);
 }
 
@@ -71,9 +82,10 @@ at::Tensor decode_step(const at::Tensor& qkv_in, LayerKv& kv, int64_t offset, in
   auto y = at::empty({b, 1, c}, qkv.options());
   const kernels::DecodeAttentionDims dims{b, heads, d, kv.k.size(2), offset + 1,
                                          static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))),
-                                         alibi_slopes.defined() ? alibi_slopes.const_data_ptr<float>() : nullptr};
+                                         alibi_slopes.defined() ? alibi_slopes.const_data_ptr<float>() : nullptr,
+                                         *kv_element_of(kv.k)};
   const auto* valid = mask.defined() ? reinterpret_cast<const uint8_t*>(mask.const_data_ptr<bool>()) : nullptr;
-  kernels::decode_attention(qkv.const_data_ptr<float>(), kv.k.mutable_data_ptr<float>(), kv.v.mutable_data_ptr<float>(),
+  kernels::decode_attention(qkv.const_data_ptr<float>(), kv.k.mutable_data_ptr(), kv.v.mutable_data_ptr(),
                             valid, offset + 1, y.mutable_data_ptr<float>(), dims);
   return y;
 }

@@ -8,9 +8,14 @@
 #include <functional>
 #include <optional>
 
+#include "kernels/cpu/kv_element.h"
 #include "src/nn/attention.h"
 
 namespace colossal::nn {
+
+// What a CPU cache tensor stores, as the kernels name it (float, half or bfloat16); nullopt for any other
+// tensor, which the CPU kernels do not take.
+std::optional<kernels::KvElement> kv_element_of(const at::Tensor& cache);
 
 // qkv [B, T, 3C] laid out as [B, T, 3, H, D]: keys and values of the T new positions are written into
 // kv at [offset, offset + T), then queries attend over [0, offset + T) -> y [B, T, C] (before the output

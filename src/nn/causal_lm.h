@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <functional>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -69,9 +70,25 @@ class CausalLM : public Model {
   // sit in their sequences (a sequence-parallel rank's share); undefined: 0 .. T-1.
   at::Tensor loss(const at::Tensor& ids, const at::Tensor& targets, const at::Tensor& positions = {});
 
+  // A cache's tensors hold the compute dtype, or kv_dtype where one is set.
   virtual KvCache make_cache(int64_t batch, int64_t capacity, const c10::Device& device) const = 0;
   virtual int64_t context_length() const = 0;
   virtual int64_t vocab_size() const = 0;
+
+  // What the KV caches this model makes (make_cache, and serving's pools built from it) store: a dtype
+  // narrower than the compute dtype halves the bytes a decoding step reads from its cache and the memory
+  // a sequence holds (kernels/cpu/kv_element.h); nullopt (the default) keeps the compute dtype.
+  void set_kv_dtype(std::optional<at::ScalarType> dtype) { kv_dtype_ = dtype; }
+  std::optional<at::ScalarType> kv_dtype() const { return kv_dtype_; }
+
+ protected:
+  // The options of a cache on `device` for a model computing in `compute`.
+  at::TensorOptions cache_options(const c10::Device& device, at::ScalarType compute) const {
+    return at::TensorOptions().device(device).dtype(kv_dtype_.value_or(compute));
+  }
+
+ private:
+  std::optional<at::ScalarType> kv_dtype_;
 };
 
 }  // namespace colossal::nn
