@@ -87,6 +87,8 @@ def main():
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--op-by-op", action="store_true",
                     help="cuda: each scheme also with --no-cuda-graphs (its steps launched op by op), and the graphs' ratio over it")
+    ap.add_argument("--kv-cache", choices=("fp16", "bf16"),
+                    help="each scheme also with its KV cache in 16 bits (colossal infer --kv-cache), with the ratio to the fp32 cache")
     ap.add_argument("--command", required=True)
     a = ap.parse_args()
     dirs = {"fp32": Path(a.fp32)}
@@ -112,17 +114,19 @@ def main():
                 prompts = Path(tmp) / f"prompts-{b}.txt"
                 prompts.write_text("\n".join(PROMPTS[:b]) + "\n")
                 for scheme, d in dirs.items():
-                    for op_by_op in ((False, True) if a.op_by_op else (False,)):
+                    # (name suffix, extra options): the scheme as it is; op by op; with a 16-bit KV cache
+                    variants = [("", [])] + ([(" op by op", ["--no-cuda-graphs"])] if a.op_by_op else []) + \
+                               ([(f" kv {a.kv_cache}", ["--kv-cache", a.kv_cache])] if a.kv_cache else [])
+                    for suffix, options in variants:
                         _, err, rss = timed([a.colossal, "infer", str(d), "--prompts", str(prompts), "--greedy", "-n", str(a.tokens),
-                                             "--jsonl", "--device", a.device] + (["--no-cuda-graphs"] if op_by_op else []),
-                                            a.threads, a.timeout, a.device)
+                                             "--jsonl", "--device", a.device] + options, a.threads, a.timeout, a.device)
                         m = SPLIT.search(err)
                         if not m:
                             fail(f"colossal infer on {d} printed no timing line")
                         steps, seqs, secs = int(m[3]), int(m[4]), float(m[5])
                         if steps != a.tokens - 1 or seqs != b:
                             fail(f"colossal infer on {d} timed {steps} steps x {seqs}, not {a.tokens - 1} x {b}")
-                        results.setdefault((scheme + (" op by op" if op_by_op else ""), b), []).append((steps * seqs / secs, rss))
+                        results.setdefault((scheme + suffix, b), []).append((steps * seqs / secs, rss))
                 for peer in peers:
                     if peer == "transformers":
                         cmd = [a.python, "scripts/bench/hf_generate.py", "--checkpoint", str(dirs["fp32"]), "--prompts", str(prompts),
@@ -151,6 +155,15 @@ def main():
             if a.op_by_op:
                 slow = med((scheme + " op by op", b), 0)
                 cells.append(f"{scheme} op by op {slow:.1f} tok/s ({slow / bound:.2f}; graphs {tps / slow:.2f}x)")
+            if a.kv_cache:   # the same weights, half the cache's bytes a step
+                key = (f"{scheme} kv {a.kv_cache}", b)
+                half = med(key, 0)
+                half_bound = bw * 1e9 / (wbytes[scheme] + b * ctx * kv_per_token / 2) * b
+                # the cache the generator allocates: every sequence at the longest prompt's length plus the new tokens (peak RSS
+                # hardly moves with it: loading the weights sets the peak, and the cache grows into the memory it freed)
+                cache_mb = b * (max(len(sp.encode(p)) for p in PROMPTS[:b]) + a.tokens) * kv_per_token / 1e6
+                cells.append(f"{scheme} kv {a.kv_cache} {half:.1f} tok/s {med(key, 1) / 1e9:.2f} GB ({half / half_bound:.2f} of {half_bound:.0f}; "
+                             f"{half / tps:.2f}x the fp32 cache; cache {cache_mb / 2:.0f} MB against {cache_mb:.0f})")
         for peer in peers:
             name = "transformers fp32" if peer == "transformers" else "ctranslate2 int8"
             tps = med((peer, b), 0)

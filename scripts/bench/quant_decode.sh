@@ -16,7 +16,9 @@
 # CTranslate2 is not a peer there), the bound's bandwidth is the GPU's (a 1 GiB sum on it), memory is still the host
 # process's RSS, and the checkpoints are still trained and quantized on the CPU. --layers L --width W: another GPT
 # shape (default_checkpoint.sh), trained once. --schemes picks the colossal sides; int8-smoothquant (W8A8, its
-# smoothing vectors counted among the weights read) is a fourth, quantized like the others.
+# smoothing vectors counted among the weights read) is a fourth, quantized like the others. --kv-cache fp16|bf16
+# measures each scheme again with its KV cache in 16 bits (colossal infer --kv-cache), against its bound with the
+# cache's bytes halved, with the ratio to the same scheme's fp32 cache in the same round.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/bench/default_checkpoint.sh
@@ -24,7 +26,7 @@ COMMAND="scripts/bench/quant_decode.sh"
 (($# == 0)) || COMMAND+="$(printf ' %q' "$@")"
 
 batches=1,8 tokens=128 threads="$(nproc)" repeat=3 checkpoint="" group=128 peers="" timeout_s=900
-device=cpu layers="" width="" schemes=fp32,int8,int4 op_by_op=()
+device=cpu layers="" width="" schemes=fp32,int8,int4 op_by_op=() kv_cache=()
 COLOSSAL=build/colossal PY=.venv/bin/python
 while (($#)); do
   case "$1" in
@@ -40,15 +42,17 @@ while (($#)); do
     --width) width="${2:?}"; shift 2 ;;
     --schemes) schemes="${2:?}"; shift 2 ;;
     --op-by-op) op_by_op=(--op-by-op); shift ;;
+    --kv-cache) kv_cache=(--kv-cache "${2:?}"); shift 2 ;;
     --colossal) COLOSSAL="${2:?}"; shift 2 ;;
     --python) PY="${2:?}"; shift 2 ;;
     -h|--help)
       echo "usage: scripts/bench/quant_decode.sh [--batches 1,8] [--tokens 128] [--threads N] [--repeat 3] [--checkpoint DIR]"
       echo "                                     [--group-size 128] [--peers transformers,ctranslate2|none] [--colossal BIN] [--python PY]"
       echo "                                     [--device cpu|cuda] [--layers L --width W] [--schemes fp32,int8,int4[,int8-smoothquant]]"
-      echo "                                     [--op-by-op]"
+      echo "                                     [--op-by-op] [--kv-cache fp16|bf16]"
       echo "  --peers defaults to transformers,ctranslate2 on cpu and transformers on cuda"
       echo "  --op-by-op (cuda): each scheme also without CUDA graphs (colossal infer --no-cuda-graphs), with the graphs' ratio"
+      echo "  --kv-cache: each scheme also with its KV cache in 16 bits (colossal infer --kv-cache), with the ratio to the fp32 cache"
       exit 0 ;;
     *) echo "quant_decode: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -66,6 +70,8 @@ case "$device" in
 esac
 [ "$device" = cuda ] || ((${#op_by_op[@]} == 0)) ||
   { echo "quant_decode: error: --op-by-op compares CUDA graphs, so it needs --device cuda" >&2; exit 2; }
+((${#kv_cache[@]} == 0)) || [[ "${kv_cache[1]}" =~ ^(fp16|bf16)$ ]] ||
+  { echo "quant_decode: error: --kv-cache '${kv_cache[1]}' is not fp16 or bf16 (the fp32 cache is always measured)" >&2; exit 2; }
 [[ "$peers" =~ ^(none|(transformers|ctranslate2)(,(transformers|ctranslate2))*)$ ]] ||
   { echo "quant_decode: error: --peers '$peers' must list transformers and/or ctranslate2, or be none" >&2; exit 2; }
 IFS=, read -r -a scheme_list <<<"$schemes"
@@ -115,4 +121,4 @@ for scheme in int8 int4 int8-smoothquant; do
 done
 exec "$PY" scripts/bench/quant_decode.py --colossal "$COLOSSAL" --python "$PY" --fp32 "$ckpt" "${quantized[@]}" \
   --ct2-cache "$base/ct2-int8" --batches "$batches" --tokens "$tokens" --threads "$threads" --repeat "$repeat" \
-  --timeout "$timeout_s" --peers "$peers" --device "$device" "${op_by_op[@]}" --command "$COMMAND"
+  --timeout "$timeout_s" --peers "$peers" --device "$device" "${op_by_op[@]}" "${kv_cache[@]}" --command "$COMMAND"

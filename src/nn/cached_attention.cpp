@@ -65,8 +65,10 @@ bool decode_step_applies(const at::Tensor& qkv, const LayerKv& kv, int64_t offse
 namespace {
 
 // The kernel choice's shape of a one-token step.
-std::string decode_shape(int64_t b, int64_t heads, int64_t d, bool alibi = false) {
-  return "decode B=" + std::to_string(b) + " H=" + std::to_string(heads) + " D=" + std::to_string(d) + (alibi ? " alibi" : "");
+// The cache's element is part of it: a 16-bit cache halves the kernel's reads, and ATen's side widens it.
+std::string decode_shape(int64_t b, int64_t heads, int64_t d, bool alibi, kernels::KvElement element) {
+  const char* kv = element == kernels::KvElement::fp16 ? " kv=fp16" : element == kernels::KvElement::bf16 ? " kv=bf16" : "";
+  return "decode B=" + std::to_string(b) + " H=" + std::to_string(heads) + " D=" + std::to_string(d) + (alibi ? " alibi" : "") + kv;
 }
 
 // The fused step on inputs decode_step_applies has accepted.
@@ -99,8 +101,8 @@ at::Tensor fused_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t of
   return decode_step(qkv, kv, offset, heads, mask, alibi_slopes);
 }
 
-std::optional<bool> decode_attention_decision(int64_t b, int64_t heads, int64_t d, bool alibi) {
-  return decided_ours("attention", kernel_policy().attention, decode_shape(b, heads, d, alibi));
+std::optional<bool> decode_attention_decision(int64_t b, int64_t heads, int64_t d, bool alibi, kernels::KvElement element) {
+  return decided_ours("attention", kernel_policy().attention, decode_shape(b, heads, d, alibi, element));
 }
 
 std::optional<at::Tensor> chosen_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
@@ -109,7 +111,7 @@ std::optional<at::Tensor> chosen_decode_attention(const at::Tensor& qkv, LayerKv
   if (!decode_step_applies(qkv, kv, offset, mask)) return std::nullopt;
   // Both sides write the same key and value at `offset`, so timing them on the real cache is harmless.
   if (!use_ours("attention", kernel_policy().attention,
-                decode_shape(qkv.size(0), heads, qkv.size(2) / 3 / heads, alibi_slopes.defined()),
+                decode_shape(qkv.size(0), heads, qkv.size(2) / 3 / heads, alibi_slopes.defined(), *kv_element_of(kv.k)),
                 [&] { decode_step(qkv, kv, offset, heads, mask, alibi_slopes); }, aten))
     return std::nullopt;
   return decode_step(qkv, kv, offset, heads, mask, alibi_slopes);

@@ -1,8 +1,9 @@
 // Attention that reads and extends a layer's KV cache (generation). Prefill and masked steps run on
-// ATen's scaled_dot_product_attention; a one-token step on CPU float tensors runs
+// ATen's scaled_dot_product_attention (a cache narrower than the compute dtype widened for it); a
+// one-token step on CPU float tensors, over a cache of float, half or bfloat16, runs
 // kernels/cpu/decode_attention (cache write and attention in one call) when it wins at that shape
 // (kernel_choice.h, kernel "attention", shape "decode B H D", or "decode B H D alibi" with BLOOM's
-// distance bias, timed once on the first step).
+// distance bias, " kv=fp16" or " kv=bf16" added over such a cache, timed once on the first step).
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <functional>
@@ -33,16 +34,17 @@ at::Tensor aten_cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t off
 bool decode_step_applies(const at::Tensor& qkv, const LayerKv& kv, int64_t offset, const at::Tensor& mask);
 // The cache's and the mask's part of that: a one-token step of b sequences at `offset`.
 bool decode_cache_applies(int64_t b, const LayerKv& kv, int64_t offset, const at::Tensor& mask);
-// Whether a one-token step of b sequences runs the fused path (with ALiBi's slopes where `alibi`): the
-// decided choice, or nullopt while undecided.
-std::optional<bool> decode_attention_decision(int64_t b, int64_t heads, int64_t d, bool alibi = false);
+// Whether a one-token step of b sequences runs the fused path (with ALiBi's slopes where `alibi`) over a
+// cache of `element`: the decided choice, or nullopt while undecided.
+std::optional<bool> decode_attention_decision(int64_t b, int64_t heads, int64_t d, bool alibi = false,
+                                              kernels::KvElement element = kernels::KvElement::f32);
 // `alibi_slopes` [heads] (float, CPU) or undefined: ALiBi's slope * (key - query position) on each score.
 at::Tensor fused_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
                                   const at::Tensor& mask, const at::Tensor& alibi_slopes = {});
 // A one-token step on the fused path, with ALiBi's slopes [heads] where defined (BLOOM), where
-// decode_step_applies and it wins against `aten`, the caller's ATen path (timed once per shape, as
-// "decode B H D", or "decode B H D alibi" with slopes, against the ALiBi layer's own path, which builds the
-// bias as a tensor). nullopt where the caller's ATen path is to run instead.
+// decode_step_applies and it wins against `aten`, the caller's ATen path (timed once per shape as above,
+// with slopes against the ALiBi layer's own path, which builds the bias as a tensor). nullopt where the
+// caller's ATen path is to run instead.
 std::optional<at::Tensor> chosen_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
                                                   const at::Tensor& mask, const at::Tensor& alibi_slopes,
                                                   const std::function<void()>& aten);
