@@ -12,6 +12,7 @@
 #include "kernels/cpu/paged_attention.h"
 #include "models/registry.h"
 #include "src/core/error.h"
+#include "src/engine/generation_checkpoint.h"
 #include "src/engine/generator.h"
 #include "src/engine/sampling.h"
 #include "src/nn/kernel_choice.h"
@@ -368,6 +369,25 @@ INSTANTIATE_TEST_SUITE_P(Families, ServeFamilies, ::testing::Values("gpt", "opt"
 // The nucleus as the whole vocabulary sorted gives it, against nucleus_logits, which sorts only the
 // largest logits while they can hold it: peaked rows (a nucleus of a few tokens), flat ones (most of a
 // 20000-token vocabulary, past every candidate count) and rows with tokens already masked out.
+TEST(KvCacheOption, EachChoiceNamesItsDtypeAndAnythingElseIsRefusedWithTheValidOnes) {
+  EXPECT_EQ(parse_kv_cache("auto"), std::nullopt);
+  EXPECT_EQ(parse_kv_cache("fp32"), at::kFloat);
+  EXPECT_EQ(parse_kv_cache("fp16"), at::kHalf);
+  EXPECT_EQ(parse_kv_cache("bf16"), at::kBFloat16);
+  try {
+    parse_kv_cache("fp8");
+    ADD_FAILURE() << "fp8 was taken";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "--kv-cache \"fp8\" is not a KV cache dtype (valid: auto, fp32, fp16, bf16)");
+  }
+  // The pool a 16-bit cache gets from the same memory: twice the blocks of an fp32 model's.
+  const auto model = random_model("gpt");
+  const int64_t fp32_block = serve::KvBlocks::block_bytes(*model, 16);
+  model->set_kv_dtype(at::kHalf);
+  EXPECT_EQ(serve::KvBlocks::block_bytes(*model, 16) * 2, fp32_block);
+  EXPECT_EQ(serve::KvBlocks(*model, 3, 16).cache_for({}).layers[0].k.scalar_type(), at::kHalf);
+}
+
 TEST(Sampling, TheNucleusFromTheLargestLogitsIsTheOneTheWholeSortGives) {
   at::manual_seed(11);
   const auto whole_sort = [](const at::Tensor& logits, double top_p) {

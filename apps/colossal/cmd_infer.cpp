@@ -56,7 +56,8 @@ std::vector<std::string> worker_args(const InferArgs& a) {
   const SamplingConfig& s = a.sampling;
   out.insert(out.end(), {"--max-tokens", std::to_string(s.max_tokens), "--temperature", fmt::format("{}", s.temperature), "--top-k",
                          std::to_string(s.top_k), "--top-p", fmt::format("{}", s.top_p), "--seed", std::to_string(s.seed), "--device",
-                         a.device, "--kernels", a.kernels, "--kv-cache", a.kv_cache, "--tensor-parallel", std::to_string(a.tensor_parallel)});
+                         a.device, "--kernels", a.kernels, "--kv-cache", a.kv_cache, "--tensor-parallel",
+                         std::to_string(a.tensor_parallel)});
   if (s.greedy) out.push_back("--greedy");
   for (const auto& stop : s.stop) out.insert(out.end(), {"--stop", stop});
   if (a.jsonl) out.push_back("--jsonl");

@@ -43,7 +43,8 @@ struct ServeArgs {
 std::vector<std::string> worker_args(const ServeArgs& a) {
   const auto& l = a.server.limits;
   std::vector<std::string> out{"serve", a.model, "--host", a.server.host, "--port", std::to_string(a.server.port), "--device", a.device,
-                               "--kv-memory-gb", fmt::format("{}", a.kv_memory_gb), "--kv-cache", a.kv_cache, "--block-size", std::to_string(a.engine.block_size),
+                               "--kv-memory-gb", fmt::format("{}", a.kv_memory_gb), "--kv-cache", a.kv_cache, "--block-size",
+                               std::to_string(a.engine.block_size),
                                "--max-running", std::to_string(a.engine.max_running), "--max-step-tokens",
                                std::to_string(a.engine.max_step_tokens), "--max-queue", std::to_string(l.max_queue), "--max-concurrent",
                                std::to_string(a.server.max_concurrent), "--max-tokens", std::to_string(l.max_tokens), "--max-choices",
@@ -123,8 +124,8 @@ void run(ServeArgs& a) {
   engine.set_mirror(mirror);
   serve::CompletionServer server(engine, opened.tokenizer, a.server);
   const int port = server.bind();
-  spdlog::info("serving {} as \"{}\" on http://{}:{} ({}, {}{}{} KV blocks of {} positions{}, {}; at most {} sequences a step)", opened.dir,
-               a.server.model_name, a.server.host, port, describe_device(device),
+  spdlog::info("serving {} as \"{}\" on http://{}:{} ({}, {}{}{} KV blocks of {} positions{}, {}; at most {} sequences a step)",
+               opened.dir, a.server.model_name, a.server.host, port, describe_device(device),
                opened.quantized ? std::string(quant::scheme_name(opened.quantized->scheme)) + ", " : "",
                a.tensor_parallel > 1 ? fmt::format("split across {} ranks, ", a.tensor_parallel) : std::string(),
                a.engine.num_blocks, a.engine.block_size, a.kv_cache == "auto" ? std::string() : " in " + a.kv_cache,

@@ -231,28 +231,31 @@ void paged_head(const float* __restrict q, const Stored<E>* __restrict k_base, c
 
 }  // namespace
 
+// f(kind) with the element kind as a compile-time constant (std::integral_constant<KvElement, E>).
+template <class F>
+COLOSSAL_INLINE void with_element(KvElement e, const F& f) {
+  switch (e) {
+    case KvElement::f32: return f(std::integral_constant<KvElement, KvElement::f32>{});
+    case KvElement::fp16: return f(std::integral_constant<KvElement, KvElement::fp16>{});
+    case KvElement::bf16: return f(std::integral_constant<KvElement, KvElement::bf16>{});
+  }
+}
+
 void attention_decode_head(const float* q, const void* k, const void* v, KvElement e, int64_t n, int64_t d, float scale,
                            float slope, const uint8_t* valid, float* s, float* out) {
-  switch (e) {
-    case KvElement::f32: return decode_head<KvElement::f32>(q, static_cast<const float*>(k), static_cast<const float*>(v), n, d, scale, slope, valid, s, out);
-    case KvElement::fp16: return decode_head<KvElement::fp16>(q, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), n, d, scale, slope, valid, s, out);
-    case KvElement::bf16: return decode_head<KvElement::bf16>(q, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), n, d, scale, slope, valid, s, out);
-  }
+  with_element(e, [&](auto kind) {
+    constexpr KvElement E = decltype(kind)::value;
+    decode_head<E>(q, static_cast<const Stored<E>*>(k), static_cast<const Stored<E>*>(v), n, d, scale, slope, valid, s, out);
+  });
 }
 
 void attention_paged_head(const float* q, const void* k_base, const void* v_base, KvElement e, const int32_t* table, int64_t n,
                           int64_t block_size, int64_t block_stride, int64_t d, float scale, float slope, float* s, float* out) {
-  switch (e) {
-    case KvElement::f32:
-      return paged_head<KvElement::f32>(q, static_cast<const float*>(k_base), static_cast<const float*>(v_base), table, n, block_size,
-                                        block_stride, d, scale, slope, s, out);
-    case KvElement::fp16:
-      return paged_head<KvElement::fp16>(q, static_cast<const uint16_t*>(k_base), static_cast<const uint16_t*>(v_base), table, n,
-                                         block_size, block_stride, d, scale, slope, s, out);
-    case KvElement::bf16:
-      return paged_head<KvElement::bf16>(q, static_cast<const uint16_t*>(k_base), static_cast<const uint16_t*>(v_base), table, n,
-                                         block_size, block_stride, d, scale, slope, s, out);
-  }
+  with_element(e, [&](auto kind) {
+    constexpr KvElement E = decltype(kind)::value;
+    paged_head<E>(q, static_cast<const Stored<E>*>(k_base), static_cast<const Stored<E>*>(v_base), table, n, block_size, block_stride,
+                  d, scale, slope, s, out);
+  });
 }
 
 void store_kv(const float* src, void* dst, int64_t n, KvElement e) {

@@ -52,11 +52,13 @@ std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& 
 }
 
 std::optional<at::ScalarType> parse_kv_cache(const std::string& value) {
-  if (value == "auto") return std::nullopt;
-  if (value == "fp32") return at::kFloat;
-  if (value == "fp16") return at::kHalf;
-  if (value == "bf16") return at::kBFloat16;
-  throw Error("--kv-cache \"" + value + "\" is not a KV cache dtype (valid: auto, fp32, fp16, bf16)");
+  const std::optional<at::ScalarType> dtypes[] = {std::nullopt, at::kFloat, at::kHalf, at::kBFloat16};   // kKvCacheChoices' order
+  std::string valid;
+  for (size_t i = 0; i < std::size(kKvCacheChoices); ++i) {
+    if (value == kKvCacheChoices[i]) return dtypes[i];
+    valid += (i ? ", " : "") + std::string(kKvCacheChoices[i]);
+  }
+  throw Error("--kv-cache \"" + value + "\" is not a KV cache dtype (valid: " + valid + ")");
 }
 
 }  // namespace colossal
