@@ -128,9 +128,10 @@ void scores(const float* __restrict q, const Stored<E>* __restrict k, int64_t n,
 #if defined(__AVX2__)
     const __m256 vscale = _mm256_set1_ps(scale);
     for (; j + 8 <= n; j += 8) {
-      // the keys kAhead positions on, a line at a time (prefetching past the cache's end is harmless)
-      const char* ahead = reinterpret_cast<const char*>(k + (j + kAhead) * d);
-      for (int64_t b = 0; b < 8 * d * static_cast<int64_t>(sizeof(Stored<E>)); b += 64) __builtin_prefetch(ahead + b, 0, 3);
+      if (j + kAhead + 8 <= n) {   // the keys kAhead positions on, a line at a time (within these n: a block's own)
+        const char* ahead = reinterpret_cast<const char*>(k + (j + kAhead) * d);
+        for (int64_t b = 0; b < 8 * d * static_cast<int64_t>(sizeof(Stored<E>)); b += 64) __builtin_prefetch(ahead + b, 0, 3);
+      }
       vf a[8];
       for (int i = 0; i < 8; ++i) a[i] = key_lanes<E>(q, k + (j + i) * d, d);
       _mm256_storeu_ps(s + j, _mm256_mul_ps(sum_eight(a), vscale));
@@ -148,8 +149,10 @@ void weighted_values(const float* __restrict p, const Stored<E>* __restrict v, i
                      float* __restrict out) {
   vf acc[NV] = {};
   for (int64_t j = 0; j < n; ++j) {
-    const char* ahead = reinterpret_cast<const char*>(v + (j + kAhead) * d);   // this row's columns kAhead positions on
-    for (int64_t b = 0; b < NV * kLanes * static_cast<int64_t>(sizeof(Stored<E>)); b += 64) __builtin_prefetch(ahead + b, 0, 3);
+    if (j + kAhead < n) {   // these columns kAhead positions on
+      const char* ahead = reinterpret_cast<const char*>(v + (j + kAhead) * d);
+      for (int64_t b = 0; b < NV * kLanes * static_cast<int64_t>(sizeof(Stored<E>)); b += 64) __builtin_prefetch(ahead + b, 0, 3);
+    }
     const vf pj = splat(p[j]);
     for (int i = 0; i < NV; ++i) acc[i] += pj * load_kv<E>(v + j * d + i * kLanes);
   }
