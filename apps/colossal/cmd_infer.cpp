@@ -146,7 +146,7 @@ void run(InferArgs& a) {
     model = load_generation_model(opened, user, tensor_group, /*pack_for_cpu=*/device.is_cpu());
   }
   model->set_kv_dtype(parse_kv_cache(a.kv_cache));
-  if (a.kv_cache != "auto") spdlog::info("KV cache: {} keys and values (attention computes in fp32)", a.kv_cache);
+  if (a.kv_cache != "auto") spdlog::info("KV cache: {} keys and values (widened to the model's dtype as attention reads them)", a.kv_cache);
   std::shared_ptr<StreamedWeights> streamed;
   // The reading thread uses the model, so any read in flight ends before the model goes, however this
   // function is left (the hook chain inside the model owns the streamer too).
@@ -250,9 +250,9 @@ void add_infer_command(CLI::App& app) {
   cmd->add_option("--kernels", a->kernels, "CPU kernels: auto (time ours against ATen per shape at first use), fused or aten")
       ->capture_default_str()->check(CLI::IsMember({"auto", "fused", "aten"}));
   cmd->add_option("--kv-cache", a->kv_cache, "What the KV cache stores: auto (the model's dtype), fp32, fp16 or bf16 (half the memory "
-                  "and the bytes a step reads from it; attention still computes in fp32)")
+                  "and the bytes a step reads from it; attention still computes in the model's dtype)")
       ->capture_default_str()
-      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kKvCacheChoices), std::end(kKvCacheChoices))));
+      ->check(CLI::IsMember(kv_cache_choices()));
   cmd->add_flag("--jsonl", a->jsonl, "Print one JSON object per prompt instead of text");
   cmd->add_flag("--no-cuda-graphs", a->no_cuda_graphs,
                 "On a GPU, launch each decoding step's kernels one by one instead of replaying the step as a captured CUDA graph");

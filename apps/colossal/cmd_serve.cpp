@@ -166,7 +166,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--kv-cache", a->kv_cache, "What the KV blocks store: auto (the model's dtype), fp32, fp16 or bf16 (fp16 and bf16 fit "
                   "twice an fp32 model's positions in --kv-memory-gb)")
       ->capture_default_str()
-      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kKvCacheChoices), std::end(kKvCacheChoices))));
+      ->check(CLI::IsMember(kv_cache_choices()));
   cmd->add_option("--block-size", a->engine.block_size, "Positions a KV block holds")->capture_default_str()->check(CLI::Range(1, 1024));
   cmd->add_option("--max-running", a->engine.max_running, "Sequences in the running batch at most")->capture_default_str()->check(CLI::Range(1, 4096));
   cmd->add_option("--max-step-tokens", a->engine.max_step_tokens, "Tokens one engine step computes at most (decodes first, then prompt chunks)")

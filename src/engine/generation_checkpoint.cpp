@@ -51,12 +51,27 @@ std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& 
   return model;
 }
 
+namespace {
+
+struct KvCacheChoice {
+  const char* name;
+  std::optional<at::ScalarType> dtype;
+};
+constexpr KvCacheChoice kKvCacheChoices[] = {{"auto", std::nullopt}, {"fp32", at::kFloat}, {"fp16", at::kHalf}, {"bf16", at::kBFloat16}};
+
+}  // namespace
+
+std::vector<std::string> kv_cache_choices() {
+  std::vector<std::string> names;
+  for (const auto& c : kKvCacheChoices) names.push_back(c.name);
+  return names;
+}
+
 std::optional<at::ScalarType> parse_kv_cache(const std::string& value) {
-  const std::optional<at::ScalarType> dtypes[] = {std::nullopt, at::kFloat, at::kHalf, at::kBFloat16};   // kKvCacheChoices' order
   std::string valid;
-  for (size_t i = 0; i < std::size(kKvCacheChoices); ++i) {
-    if (value == kKvCacheChoices[i]) return dtypes[i];
-    valid += (i ? ", " : "") + std::string(kKvCacheChoices[i]);
+  for (const auto& c : kKvCacheChoices) {
+    if (value == c.name) return c.dtype;
+    valid += (valid.empty() ? "" : ", ") + std::string(c.name);
   }
   throw Error("--kv-cache \"" + value + "\" is not a KV cache dtype (valid: " + valid + ")");
 }

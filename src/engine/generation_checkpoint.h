@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "src/data/tokenizer.h"
 #include "src/engine/checkpoint.h"
@@ -40,9 +41,9 @@ void check_generation_split(const std::string& path, int64_t tensor);
 std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& c, const std::string& command,
                                                     dist::Group* tensor_group = nullptr, bool pack_for_cpu = true);
 
-// --kv-cache's values: "auto" (nullopt: the model's compute dtype), "fp32", "fp16" or "bf16"
-// (CausalLM::set_kv_dtype). Anything else is an Error naming the valid ones.
-inline constexpr const char* kKvCacheChoices[] = {"auto", "fp32", "fp16", "bf16"};
+// --kv-cache's values, "auto" (nullopt: the model's compute dtype), "fp32", "fp16" and "bf16", and the
+// dtype one names (CausalLM::set_kv_dtype); anything else is an Error naming the valid ones.
+std::vector<std::string> kv_cache_choices();
 std::optional<at::ScalarType> parse_kv_cache(const std::string& value);
 
 }  // namespace colossal
