@@ -116,13 +116,16 @@ TEST(CudaGraphs, CapturedStepsFollowTheEagerStepsAcrossWindowsInEveryFamily) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU visible";
   const c10::Device gpu(c10::kCUDA, 0);
   for (const std::string family : {"gpt", "opt", "bloom"}) {
-    for (const auto& pad : {std::vector<int64_t>{0, 3, 5}, std::vector<int64_t>{0}}) {
+    // and over an fp16 cache (kv_element.h): the captured slot write rounds, the window is widened
+    for (const auto& [pad, kv] : {std::pair{std::vector<int64_t>{0, 3, 5}, std::optional<at::ScalarType>()},
+                                  {std::vector<int64_t>{0}, std::optional<at::ScalarType>()},
+                                  {std::vector<int64_t>{0, 3, 5}, std::optional(at::kHalf)}}) {
       std::shared_ptr<DecodeGraphs> graphs;
       follow_eager_steps(family, gpu, pad, 6, 26, [&](nn::CausalLM& model, nn::KvCache& cache) -> Stepper {
         EXPECT_EQ(DecodeGraphs::unsupported(model, gpu), "");
         graphs = std::make_shared<DecodeGraphs>(model, cache, pad, gpu, /*window_step=*/8);
         return [g = graphs](const at::Tensor& next) { return g->step(next); };
-      });
+      }, kv);
       ASSERT_TRUE(graphs);
       EXPECT_EQ(graphs->captures(), 4) << family;   // windows of 8, 16, 24 and the capacity, 26
       EXPECT_EQ(graphs->window(), 26) << family;
