@@ -79,6 +79,11 @@ void follow_eager_steps(const std::string& family, const c10::Device& device, co
   }
 }
 
+// The prompts' left padding and the cache's dtype of each run: ragged and aligned prompts over the
+// model's own cache, and ragged ones over an fp16 cache (kv_element.h).
+const std::pair<std::vector<int64_t>, std::optional<at::ScalarType>> kStepCases[] = {
+    {{0, 3, 5}, std::nullopt}, {{0}, std::nullopt}, {{0, 3, 5}, at::kHalf}};
+
 }  // namespace
 
 TEST(WindowedDecoding, TheCapturedStepsBodyFollowsTheEagerStepsOnTheCpu) {
@@ -86,9 +91,7 @@ TEST(WindowedDecoding, TheCapturedStepsBodyFollowsTheEagerStepsOnTheCpu) {
   // rounded up to 8 and masked. Ragged and aligned prompts; every family (BLOOM's bias from the slot); and
   // over a cache of fp16 (the slot's write rounds as the eager step's, the window widened for attention).
   for (const std::string family : {"gpt", "opt", "bloom"}) {
-    for (const auto& [pad, kv] : {std::pair{std::vector<int64_t>{0, 3, 5}, std::optional<at::ScalarType>()},
-                                  {std::vector<int64_t>{0}, std::optional<at::ScalarType>()},
-                                  {std::vector<int64_t>{0, 3, 5}, std::optional(at::kHalf)}}) {
+    for (const auto& [pad, kv] : kStepCases) {
       follow_eager_steps(family, at::kCPU, pad, 6, 26, [&](nn::CausalLM& model, nn::KvCache& cache) -> Stepper {
         const int64_t b = static_cast<int64_t>(pad.size());
         const at::Tensor pad_d = at::tensor(pad, at::kLong).view({b, 1, 1, 1});
@@ -117,9 +120,7 @@ TEST(CudaGraphs, CapturedStepsFollowTheEagerStepsAcrossWindowsInEveryFamily) {
   const c10::Device gpu(c10::kCUDA, 0);
   for (const std::string family : {"gpt", "opt", "bloom"}) {
     // and over an fp16 cache (kv_element.h): the captured slot write rounds, the window is widened
-    for (const auto& [pad, kv] : {std::pair{std::vector<int64_t>{0, 3, 5}, std::optional<at::ScalarType>()},
-                                  {std::vector<int64_t>{0}, std::optional<at::ScalarType>()},
-                                  {std::vector<int64_t>{0, 3, 5}, std::optional(at::kHalf)}}) {
+    for (const auto& [pad, kv] : kStepCases) {
       std::shared_ptr<DecodeGraphs> graphs;
       follow_eager_steps(family, gpu, pad, 6, 26, [&](nn::CausalLM& model, nn::KvCache& cache) -> Stepper {
         EXPECT_EQ(DecodeGraphs::unsupported(model, gpu), "");
