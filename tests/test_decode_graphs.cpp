@@ -80,16 +80,17 @@ void follow_eager_steps(const std::string& family, const c10::Device& device, co
 }
 
 // The prompts' left padding and the cache's dtype of each run: ragged and aligned prompts over the
-// model's own cache, and ragged ones over an fp16 cache (kv_element.h).
+// model's own cache, and ragged ones over an fp16 cache and an int8 one (kv_element.h).
 const std::pair<std::vector<int64_t>, std::optional<at::ScalarType>> kStepCases[] = {
-    {{0, 3, 5}, std::nullopt}, {{0}, std::nullopt}, {{0, 3, 5}, at::kHalf}};
+    {{0, 3, 5}, std::nullopt}, {{0}, std::nullopt}, {{0, 3, 5}, at::kHalf}, {{0, 3, 5}, at::kChar}};
 
 }  // namespace
 
 TEST(WindowedDecoding, TheCapturedStepsBodyFollowsTheEagerStepsOnTheCpu) {
   // The body a graph captures, run eagerly on the CPU: positions and the write slot as tensors, the window
   // rounded up to 8 and masked. Ragged and aligned prompts; every family (BLOOM's bias from the slot); and
-  // over a cache of fp16 (the slot's write rounds as the eager step's, the window widened for attention).
+  // over caches of fp16 and int8 (the slot's write stores as the eager step's, the window read back for
+  // attention).
   for (const std::string family : {"gpt", "opt", "bloom"}) {
     for (const auto& [pad, kv] : kStepCases) {
       follow_eager_steps(family, at::kCPU, pad, 6, 26, [&](nn::CausalLM& model, nn::KvCache& cache) -> Stepper {

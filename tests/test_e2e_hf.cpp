@@ -80,14 +80,14 @@ TEST_P(InferFromDirectory, TwoTensorParallelRanksGenerateWhatOneProcessGenerates
   EXPECT_EQ(two.output, one.output);
 }
 
-TEST_P(InferFromDirectory, A16BitKvCacheGeneratesWhatTransformersGeneratesInOneProcessAndSplit) {
-  // --kv-cache fp16 and bf16 (kv_element.h): keys and values rounded to 16 bits leave these fixtures'
-  // greedy tokens as transformers' fp32 ones; a split job's workers get the option too (their cache
-  // rounds as one process's, so the sampled batch matches it token for token).
+TEST_P(InferFromDirectory, ANarrowKvCacheGeneratesWhatTransformersGeneratesInOneProcessAndSplit) {
+  // --kv-cache fp16, bf16 and int8 (kv_element.h): keys and values rounded to 16 bits, or quantized to
+  // int8 rows, leave these fixtures' greedy tokens as transformers' fp32 ones; a split job's workers get
+  // the option too (their cache stores as one process's, so the sampled batch matches it token for token).
   const std::string dir = fixture(GetParam());
   const GreedyReference ref = greedy_reference(dir);
   const std::string want = as_json(Tokenizer::load(dir).decode(ref.fresh, true));
-  for (const std::string kv : {"fp16", "bf16"}) {
+  for (const std::string kv : {"fp16", "bf16", "int8"}) {
     auto r = run_colossal("infer " + dir + " -p 'In the beginning God created' --greedy -n 10 --jsonl --kv-cache " + kv);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("KV cache: " + kv + " keys and values"), std::string::npos) << r.output;
@@ -95,14 +95,14 @@ TEST_P(InferFromDirectory, A16BitKvCacheGeneratesWhatTransformersGeneratesInOneP
     EXPECT_EQ(nlohmann::json::parse(line.substr(0, line.find('\n')))["completion"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
               want) << kv;
   }
-  const std::string sampled = "infer " + dir + " -p 'In the beginning' -p 'And God said' -t 0.9 --seed 7 -n 12 --jsonl -q --kv-cache fp16";
+  const std::string sampled = "infer " + dir + " -p 'In the beginning' -p 'And God said' -t 0.9 --seed 7 -n 12 --jsonl -q --kv-cache int8";
   auto one = run_colossal(sampled), two = run_colossal(sampled + " --tensor-parallel 2");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(two.exit_code, 0) << two.output;
   EXPECT_EQ(two.output, one.output);
   auto bad = run_colossal("infer " + dir + " -p x --kv-cache fp8");
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.output.find("--kv-cache: fp8 not in {auto,fp32,fp16,bf16}"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("--kv-cache: fp8 not in {auto,fp32,fp16,bf16,int8}"), std::string::npos) << bad.output;
 }
 
 TEST(EndToEndHf, ATensorSplitThatDoesNotDivideTheModelIsRefusedBeforeAnyWorkerStarts) {

@@ -33,6 +33,9 @@ using namespace std::chrono_literals;
 class ServerProcess {
  public:
   ServerProcess(const std::string& args, const TempDir& dir) : out_(dir / "serve.out"), err_(dir / "serve.err") {
+    // A server before it in the same directory left its log: its port must not be taken for this one's.
+    std::filesystem::remove(out_);
+    std::filesystem::remove(err_);
     const std::string cmd = "cd '" + colossal::test::source_dir() + "' && exec '" + colossal::test::binary_path() + "' serve " + args +
                             " --port 0 >'" + out_ + "' 2>'" + err_ + "'";
     pid_ = fork();
@@ -333,22 +336,24 @@ print(json.dumps({"model": model, "text": whole.choices[0].text, "finish": whole
   EXPECT_EQ(j["missing"], "NotFoundError") << "a 404 the client maps to its own error";
 }
 
-TEST(ServeEndToEnd, AQuantizedDirectoryWithAnFp16KvCacheStreamsWhatInferGeneratesFromIt) {
-  // int4 weights, and keys and values kept in fp16 (--kv-cache) on both sides: infer's contiguous
-  // cache and the server's blocks round them alike.
+TEST(ServeEndToEnd, AQuantizedDirectoryWithANarrowKvCacheStreamsWhatInferGeneratesFromIt) {
+  // int4 weights, and keys and values kept in fp16 or as int8 rows (--kv-cache) on both sides: infer's
+  // contiguous cache and the server's blocks store them alike.
   TempDir dir;
   const std::string model = train_tiny(dir, 40);
   auto q = run_colossal("quantize " + model + " --out " + (dir / "q4") + " --scheme int4-weight --group-size 32 --eval-tokens 0 -q");
   ASSERT_EQ(q.exit_code, 0) << q.output;
   const std::vector<std::string> prompts = {"And God said", "In the beginning God created"};
-  std::vector<std::string> expected;
-  for (const auto& p : prompts) expected.push_back(greedy_completion(dir / "q4", p, 12, " --kv-cache fp16"));
-  ASSERT_FALSE(HasFailure());
-  ServerProcess server(dir / "q4" + " --kv-cache fp16", dir);
-  ASSERT_GT(server.port(), 0) << server.log();
-  EXPECT_NE(server.log().find("int4-weight"), std::string::npos) << server.log();
-  EXPECT_NE(server.log().find("positions in fp16"), std::string::npos) << server.log();
-  expect_streams_at_once(server.port(), prompts, expected);
+  for (const std::string kv : {"fp16", "int8"}) {
+    std::vector<std::string> expected;
+    for (const auto& p : prompts) expected.push_back(greedy_completion(dir / "q4", p, 12, " --kv-cache " + kv));
+    ASSERT_FALSE(HasFailure()) << kv;
+    ServerProcess server(dir / "q4" + " --kv-cache " + kv, dir);
+    ASSERT_GT(server.port(), 0) << server.log();
+    EXPECT_NE(server.log().find("int4-weight"), std::string::npos) << server.log();
+    EXPECT_NE(server.log().find("positions in " + kv), std::string::npos) << server.log();
+    expect_streams_at_once(server.port(), prompts, expected);
+  }
 }
 
 // On a GPU (a suite named *OnGpu keeps the GPU visible under ctest; it skips where none is): the model,

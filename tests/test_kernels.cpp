@@ -33,6 +33,7 @@
 #include "src/nn/alibi.h"
 #include "src/nn/cached_attention.h"
 #include "src/nn/fused_attention.h"
+#include "src/nn/kv_storage.h"
 #include "src/nn/kernel_choice.h"
 #include "src/nn/layer_norm.h"
 #include "src/nn/linear_forward.h"
@@ -207,27 +208,65 @@ TEST(CpuKernels, KeysAndValuesRoundInto16BitCachesAsAtensConversionOnEveryInstru
   }
 }
 
-TEST(CpuKernels, DecodeAttentionOverA16BitCacheGivesItsFp32CopysBitsOnEveryInstructionSet) {
-  // The same steps over an fp16 or bf16 cache and over an fp32 cache holding the same rounded keys and
-  // values: the kernel widens as it loads and computes in fp32, so the outputs agree bit for bit, and the
-  // 16-bit cache holds ATen's rounding of each new key and value. Vector-multiple head sizes and odd
-  // ones (the scalar tails); masks and ALiBi as above.
+TEST(CpuKernels, KeysAndValuesQuantizeIntoInt8RowsByAtensRuleOnEveryInstructionSet) {
+  // kv_element.h's int8 row: each set's store_kv writes the bytes ATen's to_kv_storage writes (values
+  // and scale), over rows of spread magnitudes, exact ties of nearest-even (a row whose amax is 127 has
+  // the factor 1, so 2.5 -> 2 and 3.5 -> 4), a row of zeros, rows below the smallest amax, a constant
+  // row and lengths with a scalar tail. Reading back is within half a step of every value.
+  at::manual_seed(29);
+  std::vector<at::Tensor> rows;
+  for (const int64_t n : {64, 7, 16, 5, 128, 24}) {
+    for (int r = 0; r < 6; ++r) rows.push_back(at::randn({n}) * std::pow(10.0, r * 3 - 8));
+    rows.push_back(at::zeros({n}));
+    rows.push_back(at::full({n}, -0.75f));
+    rows.push_back(at::full({n}, 1e-31f));
+    rows.push_back(at::arange(n).to(at::kFloat) * 0.5f - 127.0f);   // amax 127: ties at every odd half
+  }
+  rows.push_back(at::tensor({127.0f, 2.5f, 3.5f, -2.5f, -3.5f, 0.5f, -0.5f, 1.5f, 126.5f, -126.5f}));
+  for (Isa isa : kernels::runnable_isas()) {
+    const auto& k = kernels::isa_kernels(isa);
+    for (const auto& x : rows) {
+      const int64_t n = x.numel();
+      const std::string where = std::string(kernels::isa_name(isa)) + " n=" + std::to_string(n) + " amax " +
+                                std::to_string(x.abs().max().item<float>());
+      auto out = at::empty({nn::kv_row_width(n, at::kChar)}, at::kChar);
+      k.store_kv(x.const_data_ptr<float>(), out.mutable_data_ptr(), n, kernels::KvElement::int8);
+      const auto want = nn::to_kv_storage(x, at::kChar);
+      ASSERT_EQ(want.sizes(), out.sizes()) << where;
+      EXPECT_TRUE(at::equal(out, want)) << where << ": first differing byte "
+                                        << at::nonzero(out != want).flatten().narrow(0, 0, 1);
+      const auto back = nn::from_kv_storage(out, at::kFloat);
+      const float step = x.abs().max().item<float>() / 127.0f;
+      EXPECT_LE((back - x).abs().max().item<float>(), 0.5f * step * 1.0001f + (step < 1e-30f ? 1e-30f : 0.0f)) << where;
+    }
+  }
+}
+
+TEST(CpuKernels, DecodeAttentionOverANarrowCacheGivesItsFp32CopysBitsOnEveryInstructionSet) {
+  // The same steps over an fp16, bf16 or int8 cache and over an fp32 cache holding the values the narrow
+  // one reads back (rounded, or int8 times its row's scale): the kernel widens as it loads and computes
+  // in fp32, so the outputs agree bit for bit, and the narrow cache holds the bytes ATen's path writes
+  // for each new key and value. Vector-multiple head sizes and odd ones (the scalar tails); masks and
+  // ALiBi as above.
   const std::array<int64_t, 4> shapes[] = {{2, 19, 3, 64}, {3, 11, 2, 24}, {1, 9, 2, 128}, {2, 6, 1, 5}};
   for (Isa isa : kernels::runnable_isas()) {
     kernels::ScopedIsa cap(isa);
     at::manual_seed(23);
-    for (const auto dtype : {at::kHalf, at::kBFloat16})
+    for (const auto dtype : {at::kHalf, at::kBFloat16, at::kChar})
       for (auto [b, steps, h, d] : shapes)
         for (auto [masked, alibi] : {std::pair{false, false}, {true, true}}) {
-          const int64_t c = h * d;
+          const int64_t c = h * d, w = nn::kv_row_width(d, dtype);
           const at::Tensor slopes = alibi ? nn::alibi_slopes(h) : at::Tensor();
-          nn::LayerKv narrow{at::zeros({b, h, steps, d}, dtype), at::zeros({b, h, steps, d}, dtype)};
+          nn::LayerKv narrow{at::zeros({b, h, steps, w}, dtype), at::zeros({b, h, steps, w}, dtype)};
           nn::LayerKv wide{at::zeros({b, h, steps, d}), at::zeros({b, h, steps, d})};
           auto pad = at::randint(0, 3, {b}, at::kLong);
           for (int64_t step = 0; step < steps; ++step) {
             auto qkv = at::randn({b, 1, 3 * c}) * 2;
-            auto rounded = qkv.clone();   // the key and value as the narrow cache holds them
-            rounded.narrow(2, c, 2 * c).copy_(qkv.narrow(2, c, 2 * c).to(dtype).to(at::kFloat));
+            const auto heads = [&](int64_t part) { return qkv.narrow(2, part * c, c).view({b, 1, h, d}).transpose(1, 2); };
+            auto rounded = qkv.clone();   // the key and value as the narrow cache reads them back
+            for (int64_t part : {1, 2})
+              rounded.narrow(2, part * c, c).view({b, 1, h, d}).transpose(1, 2).copy_(
+                  nn::from_kv_storage(nn::to_kv_storage(heads(part), dtype), at::kFloat));
             at::Tensor mask;
             if (masked) mask = (at::arange(step + 1).view({1, 1, 1, step + 1}) >= pad.view({b, 1, 1, 1})).contiguous();
             ASSERT_TRUE(nn::decode_step_applies(qkv, narrow, step, mask));
@@ -237,8 +276,10 @@ TEST(CpuKernels, DecodeAttentionOverA16BitCacheGivesItsFp32CopysBitsOnEveryInstr
                                       " H=" + std::to_string(h) + " D=" + std::to_string(d) + " step " + std::to_string(step) +
                                       (masked ? " masked, alibi" : "");
             ASSERT_TRUE(at::equal(y, want)) << where << ": max diff " << max_abs_diff(y, want);
-            ASSERT_TRUE(at::equal(narrow.k.narrow(2, step, 1).to(at::kFloat), wide.k.narrow(2, step, 1))) << where;
-            ASSERT_TRUE(at::equal(narrow.v.narrow(2, step, 1).to(at::kFloat), wide.v.narrow(2, step, 1))) << where;
+            ASSERT_TRUE(at::equal(nn::from_kv_storage(narrow.k.narrow(2, step, 1), at::kFloat), wide.k.narrow(2, step, 1))) << where;
+            ASSERT_TRUE(at::equal(nn::from_kv_storage(narrow.v.narrow(2, step, 1), at::kFloat), wide.v.narrow(2, step, 1))) << where;
+            ASSERT_TRUE(at::equal(narrow.k.narrow(2, step, 1), nn::to_kv_storage(heads(1), dtype))) << where << ": ATen's bytes";
+            ASSERT_TRUE(at::equal(narrow.v.narrow(2, step, 1), nn::to_kv_storage(heads(2), dtype))) << where << ": ATen's bytes";
           }
         }
   }

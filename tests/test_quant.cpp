@@ -632,11 +632,11 @@ TEST(DecodeBlock, AFusedStepGivesTheOpByOpStepsBitsForEachFamilyWeightKindBatchA
     }
 }
 
-TEST(DecodeBlock, OverA16BitCacheTheFusedStepGivesTheOpByOpBitsAndFollowsTheFp32Cache) {
-  // A model whose KV cache stores fp16 or bf16 (kv_element.h): the fused block and the op-by-op kernel
-  // round each new key and value as ATen's copy_ does and widen them exactly, so they agree bit for bit;
-  // ATen's attention over the same rounded cache agrees to fp32's rounding; and against the fp32 cache
-  // the logits move, by no more than rounding K and V allows.
+TEST(DecodeBlock, OverANarrowCacheTheFusedStepGivesTheOpByOpBitsAndFollowsTheFp32Cache) {
+  // A model whose KV cache stores fp16, bf16 or int8 rows (kv_element.h): the fused block and the op-by-op
+  // kernel store each new key and value as ATen's path does and read them back alike, so they agree bit
+  // for bit; ATen's attention over the same cache agrees to fp32's rounding; and against the fp32 cache
+  // the logits move, by no more than rounding (or quantizing) K and V allows.
   struct Reset {
     ~Reset() { nn::set_kernel_policy({}); }
   } reset;
@@ -648,7 +648,7 @@ TEST(DecodeBlock, OverA16BitCacheTheFusedStepGivesTheOpByOpBitsAndFollowsTheFp32
     const auto ids = at::randint(0, 96, {3, 11}, at::kLong);
     const auto fp32_cache = decode_steps(*model, ids, true, true, ours);
     const double scale = fp32_cache.abs().max().item<double>();
-    for (const auto [dtype, rounding] : {std::pair{at::kHalf, 1e-3}, {at::kBFloat16, 8e-3}}) {
+    for (const auto [dtype, rounding] : {std::pair{at::kHalf, 1e-3}, {at::kBFloat16, 8e-3}, {at::kChar, 1e-2}}) {
       const std::string what = family + " " + std::string(c10::toString(dtype)) + " cache";
       model->set_kv_dtype(dtype);
       ASSERT_EQ(model->make_cache(1, 4, c10::Device(c10::kCPU)).layers[0].k.scalar_type(), dtype) << what;

@@ -15,7 +15,9 @@
 #include "src/engine/generation_checkpoint.h"
 #include "src/engine/generator.h"
 #include "src/engine/sampling.h"
+#include "src/nn/cached_attention.h"
 #include "src/nn/kernel_choice.h"
+#include "src/nn/kv_storage.h"
 #include "src/nn/paged_attention_aten.h"
 #include "src/serve/batch_engine.h"
 #include "src/serve/completion_api.h"
@@ -149,29 +151,32 @@ TEST(PagedAttention, AKeysScoreHasTheSameBitsWhateverBlockSizeHoldsIt) {
   }
 }
 
-TEST(PagedAttention, OverA16BitPoolTheKernelGivesItsFp32CopysBitsAndAtensPathAgrees) {
-  // A chunk of the last 3 tokens of a 29-position sequence in scattered blocks of 8, over an fp16 or bf16
-  // pool and over an fp32 pool holding the same rounded keys and values (kv_element.h): the kernel widens
-  // as it loads, so the outputs agree bit for bit, and the narrow pool holds ATen's rounding of the new
-  // keys and values; ATen's path over the narrow pool (a GPU's) agrees to fp32's rounding.
+TEST(PagedAttention, OverANarrowPoolTheKernelGivesItsFp32CopysBitsAndAtensPathAgrees) {
+  // A chunk of the last 3 tokens of a 29-position sequence in scattered blocks of 8, over an fp16, bf16 or
+  // int8 pool and over an fp32 pool holding the values the narrow one reads back (kv_element.h): the
+  // kernel widens as it loads, so the outputs agree bit for bit, and the narrow pool holds the bytes
+  // ATen's path writes for the new keys and values; ATen's path over the narrow pool (a GPU's) agrees to
+  // fp32's rounding.
   at::manual_seed(35);
   const int64_t h = 2, d = 24, n = 29, bs = 8, blocks = 4, chunk = 3;
   const auto scale = static_cast<float>(1.0 / std::sqrt(double(d)));   // ATen's path takes SDPA's
   const std::vector<int32_t> table = {2, 0, 3, 1};
   const auto queries = at::randn({n, h, d}), keys = at::randn({n, h, d}) * 3, values = at::randn({n, h, d});
   const auto slopes = at::tensor({0.5f, 0.25f});   // ALiBi slopes of the two heads
-  for (const auto dtype : {at::kHalf, at::kBFloat16})
+  for (const auto dtype : {at::kHalf, at::kBFloat16, at::kChar})
     for (auto isa : kernels::runnable_isas()) {
       kernels::ScopedIsa cap(isa);
+      const auto read_back = [&](const at::Tensor& x) { return nn::from_kv_storage(nn::to_kv_storage(x, dtype), at::kFloat); };
+      const int64_t w = nn::kv_row_width(d, dtype);
       for (const bool alibi : {false, true}) {
-        auto narrow_k = at::zeros({blocks, h, bs, d}, dtype), narrow_v = at::zeros({blocks, h, bs, d}, dtype);
+        auto narrow_k = at::zeros({blocks, h, bs, w}, dtype), narrow_v = at::zeros({blocks, h, bs, w}, dtype);
         auto wide_k = at::zeros({blocks, h, bs, d}), wide_v = at::zeros({blocks, h, bs, d});
         for (int64_t p = 0; p < n - chunk; ++p) {
           const int64_t block = table[static_cast<size_t>(p / bs)], slot = p % bs;
-          narrow_k.select(0, block).select(1, slot).copy_(keys[p]);
-          narrow_v.select(0, block).select(1, slot).copy_(values[p]);
-          wide_k.select(0, block).select(1, slot).copy_(keys[p].to(dtype));
-          wide_v.select(0, block).select(1, slot).copy_(values[p].to(dtype));
+          nn::store_kv_rows(narrow_k.select(0, block).select(1, slot), keys[p]);
+          nn::store_kv_rows(narrow_v.select(0, block).select(1, slot), values[p]);
+          wide_k.select(0, block).select(1, slot).copy_(read_back(keys[p]));
+          wide_v.select(0, block).select(1, slot).copy_(read_back(values[p]));
         }
         std::vector<int64_t> positions;
         std::vector<const int32_t*> tables;
@@ -180,10 +185,10 @@ TEST(PagedAttention, OverA16BitPoolTheKernelGivesItsFp32CopysBitsAndAtensPathAgr
           positions.push_back(p);
           tables.push_back(table.data());
           rows.push_back(at::stack({queries[p], keys[p], values[p]}));
-          rounded_rows.push_back(at::stack({queries[p], keys[p].to(dtype).to(at::kFloat), values[p].to(dtype).to(at::kFloat)}));
+          rounded_rows.push_back(at::stack({queries[p], read_back(keys[p]), read_back(values[p])}));
         }
         const auto qkv = at::stack(rows).contiguous(), rounded = at::stack(rounded_rows).contiguous();   // [chunk, 3, H, D]
-        const auto element = dtype == at::kHalf ? kernels::KvElement::fp16 : kernels::KvElement::bf16;
+        const auto element = *nn::kv_element_of(narrow_k);
         auto out = at::empty({chunk, h, d}), want = at::empty({chunk, h, d});
         kernels::paged_attention(qkv.const_data_ptr<float>(), narrow_k.mutable_data_ptr(), narrow_v.mutable_data_ptr(), positions.data(),
                                  tables.data(), alibi ? slopes.const_data_ptr<float>() : nullptr, out.mutable_data_ptr<float>(),
@@ -193,7 +198,10 @@ TEST(PagedAttention, OverA16BitPoolTheKernelGivesItsFp32CopysBitsAndAtensPathAgr
                                  {chunk, h, d, bs, scale});
         const std::string where = std::string(kernels::isa_name(isa)) + " " + c10::toString(dtype) + (alibi ? " alibi" : "");
         EXPECT_TRUE(at::equal(out, want)) << where << ": max diff " << (out - want).abs().max().item<double>();
-        EXPECT_TRUE(at::equal(narrow_k.to(at::kFloat), wide_k) && at::equal(narrow_v.to(at::kFloat), wide_v)) << where << ": the pools";
+        const auto pools_agree = [&] {
+          return at::equal(nn::from_kv_storage(narrow_k, at::kFloat), wide_k) && at::equal(nn::from_kv_storage(narrow_v, at::kFloat), wide_v);
+        };
+        EXPECT_TRUE(pools_agree()) << where << ": the pools";
         if (isa != kernels::runnable_isas().back()) continue;
         // ATen's path over the narrow pool as it stood before the chunk (the kernel has written the chunk)
         for (int64_t p = n - chunk; p < n; ++p) {
@@ -207,7 +215,7 @@ TEST(PagedAttention, OverA16BitPoolTheKernelGivesItsFp32CopysBitsAndAtensPathAgr
         nn::LayerKv kv{narrow_k, narrow_v, &paged};
         const auto aten = nn::aten_paged_attention(qkv.view({chunk, 1, 3 * h * d}), kv, h, alibi ? slopes : at::Tensor());
         EXPECT_LT((aten.view({chunk, h, d}) - want).abs().max().item<double>(), 1e-5) << where << ": ATen's path";
-        EXPECT_TRUE(at::equal(narrow_k.to(at::kFloat), wide_k) && at::equal(narrow_v.to(at::kFloat), wide_v)) << where << ": ATen's writes";
+        EXPECT_TRUE(pools_agree()) << where << ": ATen's writes";
       }
     }
 }
@@ -243,8 +251,9 @@ TEST_P(ServeFamilies, ContinuousBatchingWithPreemptionGivesEachRequestItsOneAtAT
   SamplingConfig greedy;
   greedy.greedy = true;
   greedy.max_tokens = 14;
-  // With the model's fp32 cache, and with caches of fp16 and bf16 (kv_element.h) on both sides.
-  for (const std::optional<at::ScalarType> kv : {std::optional<at::ScalarType>(), std::optional(at::kHalf), std::optional(at::kBFloat16)}) {
+  // With the model's fp32 cache, and with caches of fp16, bf16 and int8 (kv_element.h) on both sides.
+  for (const std::optional<at::ScalarType> kv :
+       {std::optional<at::ScalarType>(), std::optional(at::kHalf), std::optional(at::kBFloat16), std::optional(at::kChar)}) {
     model->set_kv_dtype(kv);
     const std::string what = std::string(GetParam()) + (kv ? std::string(" ") + c10::toString(*kv) + " cache" : "");
     // The reference: each prompt alone through the generator (contiguous cache, prefill in one forward).
@@ -374,11 +383,12 @@ TEST(KvCacheOption, EachChoiceNamesItsDtypeAndAnythingElseIsRefusedWithTheValidO
   EXPECT_EQ(parse_kv_cache("fp32"), at::kFloat);
   EXPECT_EQ(parse_kv_cache("fp16"), at::kHalf);
   EXPECT_EQ(parse_kv_cache("bf16"), at::kBFloat16);
+  EXPECT_EQ(parse_kv_cache("int8"), at::kChar);
   try {
     parse_kv_cache("fp8");
     ADD_FAILURE() << "fp8 was taken";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "--kv-cache \"fp8\" is not a KV cache dtype (valid: auto, fp32, fp16, bf16)");
+    EXPECT_STREQ(e.what(), "--kv-cache \"fp8\" is not a KV cache dtype (valid: auto, fp32, fp16, bf16, int8)");
   }
   // The pool a 16-bit cache gets from the same memory: twice the blocks of an fp32 model's.
   const auto model = random_model("gpt");
@@ -386,6 +396,12 @@ TEST(KvCacheOption, EachChoiceNamesItsDtypeAndAnythingElseIsRefusedWithTheValidO
   model->set_kv_dtype(at::kHalf);
   EXPECT_EQ(serve::KvBlocks::block_bytes(*model, 16) * 2, fp32_block);
   EXPECT_EQ(serve::KvBlocks(*model, 3, 16).cache_for({}).layers[0].k.scalar_type(), at::kHalf);
+  // int8: heads of 16 values take 16 bytes and a 4-byte scale against 64 bytes.
+  model->set_kv_dtype(at::kChar);
+  EXPECT_EQ(serve::KvBlocks::block_bytes(*model, 16) * 64, fp32_block * 20);
+  const auto pool = serve::KvBlocks(*model, 3, 16).cache_for({}).layers[0].k;
+  EXPECT_EQ(pool.scalar_type(), at::kChar);
+  EXPECT_EQ(pool.size(3), 20);
 }
 
 TEST(Sampling, TheNucleusFromTheLargestLogitsIsTheOneTheWholeSortGives) {

@@ -250,7 +250,8 @@ void add_infer_command(CLI::App& app) {
   cmd->add_option("--kernels", a->kernels, "CPU kernels: auto (time ours against ATen per shape at first use), fused or aten")
       ->capture_default_str()->check(CLI::IsMember({"auto", "fused", "aten"}));
   cmd->add_option("--kv-cache", a->kv_cache, "What the KV cache stores: auto (the model's dtype), fp32, fp16 or bf16 (half the memory "
-                  "and the bytes a step reads from it; attention still computes in the model's dtype)")
+                  "and the bytes a step reads from it), or int8 with a scale per position and head (a quarter, plus 4 bytes a "
+                  "row); attention still computes in the model's dtype")
       ->capture_default_str()
       ->check(CLI::IsMember(kv_cache_choices()));
   cmd->add_flag("--jsonl", a->jsonl, "Print one JSON object per prompt instead of text");

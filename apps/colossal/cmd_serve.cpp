@@ -163,8 +163,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--device", a->device, "cpu | cuda | auto (the GPU when one is visible; a --tensor-parallel server runs on the CPU)")->capture_default_str()
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--kv-memory-gb", a->kv_memory_gb, "Memory for the paged KV cache")->capture_default_str()->check(finite_in(0.001, 1e6));
-  cmd->add_option("--kv-cache", a->kv_cache, "What the KV blocks store: auto (the model's dtype), fp32, fp16 or bf16 (fp16 and bf16 fit "
-                  "twice an fp32 model's positions in --kv-memory-gb)")
+  cmd->add_option("--kv-cache", a->kv_cache, "What the KV blocks store: auto (the model's dtype), fp32, fp16, bf16 or int8 (fp16 and bf16 "
+                  "fit twice an fp32 model's positions in --kv-memory-gb; int8, a scale per position and head, about 3.8x at "
+                  "heads of 64)")
       ->capture_default_str()
       ->check(CLI::IsMember(kv_cache_choices()));
   cmd->add_option("--block-size", a->engine.block_size, "Positions a KV block holds")->capture_default_str()->check(CLI::Range(1, 1024));

@@ -18,13 +18,13 @@ constexpr int64_t kParallelWork = 1 << 15;
 void decode_attention_task(const float* qkv, void* k_cache, void* v_cache, const uint8_t* valid, int64_t valid_stride,
                            float* out, const DecodeAttentionDims& a, int64_t task, float* scores) {
   const int64_t c = a.heads * a.head_dim, d = a.head_dim, b = task / a.heads, h = task % a.heads;
-  const auto bytes = static_cast<int64_t>(kv_element_bytes(a.element));
+  const int64_t row = kv_row_bytes(a.element, d);
   const float* q = qkv + b * 3 * c + h * d;
-  char* k = static_cast<char*>(k_cache) + task * a.capacity * d * bytes;
-  char* v = static_cast<char*>(v_cache) + task * a.capacity * d * bytes;
+  char* k = static_cast<char*>(k_cache) + task * a.capacity * row;
+  char* v = static_cast<char*>(v_cache) + task * a.capacity * row;
   const auto& kernels = active_kernels();
-  kernels.store_kv(q + c, k + (a.length - 1) * d * bytes, d, a.element);
-  kernels.store_kv(q + 2 * c, v + (a.length - 1) * d * bytes, d, a.element);
+  kernels.store_kv(q + c, k + (a.length - 1) * row, d, a.element);
+  kernels.store_kv(q + 2 * c, v + (a.length - 1) * row, d, a.element);
   kernels.attention_decode_head(q, k, v, a.element, a.length, d, a.scale, a.alibi_slopes ? a.alibi_slopes[h] : 0.0f,
                                 valid ? valid + b * valid_stride : nullptr, scores, out + b * c + h * d);
 }

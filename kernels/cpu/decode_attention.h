@@ -3,7 +3,8 @@
 // its own scratch, a transpose back); at one token each of those costs more than the arithmetic. Here
 // one call writes the new key and value into the cache and attends, one task per (sequence, head).
 //
-// Layouts (row-major float, the caches of dims.element: kv_element.h):
+// Layouts (row-major, the caches of dims.element: kv_element.h, whose rows are kv_row_elements(e, D)
+// wide: D, or D and a scale for int8):
 //   qkv      [B, 3, H, D]         (the QKV linear's output for the new token: q | k | v)
 //   k_cache  [B, H, capacity, D]  (and v_cache alike; positions [0, length-1) already filled)
 //   valid    [B, valid_stride]    (optional, 1 = may attend; e.g. 0 on left padding)

@@ -2,7 +2,8 @@
 // scores take eight keys per pass over q, their horizontal sums done together; the weighted sum of
 // values keeps its output columns in registers, at most 8 vectors at a time, across all positions.
 // Every loop is written once over the cache's element (kv_element.h): 16-bit keys and values are
-// widened as they are loaded, so over them a head gives the bits it gives over their fp32 copy.
+// widened as they are loaded, int8 ones widened and multiplied by their row's scale (one rounding), so
+// over any of them a head gives the bits it gives over their fp32 copy (the values as read back).
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -17,22 +18,54 @@ namespace {
 
 // The cache's stored element of kind E.
 template <KvElement E>
-using Stored = std::conditional_t<E == KvElement::f32, float, uint16_t>;
+using Stored = std::conditional_t<E == KvElement::f32, float, std::conditional_t<E == KvElement::int8, int8_t, uint16_t>>;
 
-// One stored element widened to float, exactly.
+// Stored elements from one row (position) of a head to the next: an int8 row carries its scale.
 template <KvElement E>
-COLOSSAL_INLINE float load_kv1(const Stored<E>* p) {
-  if constexpr (E == KvElement::f32) return *p;
-  else if constexpr (E == KvElement::fp16) return half_to_float(*p);
-  else return bf16_to_float(*p);
+constexpr int64_t row_stride(int64_t d) {
+  return kv_row_elements(E, d);
 }
 
-// kLanes stored elements widened to a float vector, exactly: bf16 is the top half of a float (a
-// zero-extension and a shift, in vector extensions for every set); fp16 takes F16C's conversion.
+// The scale of an int8 row of d values starting at `row` (1 for the other kinds, which have none).
 template <KvElement E>
-COLOSSAL_INLINE vf load_kv(const Stored<E>* p) {
+COLOSSAL_INLINE float row_scale(const Stored<E>* row, int64_t d) {
+  if constexpr (E == KvElement::int8) {
+    float scale;
+    std::memcpy(&scale, row + d, sizeof scale);
+    return scale;
+  } else {
+    return 1.0f;
+  }
+}
+
+// One stored element as the float it stands for: 16-bit kinds widened exactly, int8 times its row's
+// scale `rs` (ignored by the other kinds).
+template <KvElement E>
+COLOSSAL_INLINE float load_kv1(const Stored<E>* p, float rs) {
+  if constexpr (E == KvElement::f32) return *p;
+  else if constexpr (E == KvElement::fp16) return half_to_float(*p);
+  else if constexpr (E == KvElement::bf16) return bf16_to_float(*p);
+  else return static_cast<float>(*p) * rs;
+}
+
+// kLanes stored elements as a float vector: bf16 is the top half of a float (a zero-extension and a
+// shift, in vector extensions for every set); fp16 takes F16C's conversion; int8 is sign-extended,
+// converted (both exact) and multiplied by its row's scale `rs`, the same single rounding as load_kv1.
+template <KvElement E>
+COLOSSAL_INLINE vf load_kv(const Stored<E>* p, vf rs) {
   if constexpr (E == KvElement::f32) {
     return load_u(p);
+  } else if constexpr (E == KvElement::int8) {
+    // Spelled per set: GCC 12 converts a byte vector to floats element by element.
+#if defined(__AVX512F__)
+    return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))) * rs;
+#elif defined(__AVX2__)
+    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))) * rs;
+#else
+    float t[kLanes];
+    for (int e = 0; e < kLanes; ++e) t[e] = static_cast<float>(p[e]);
+    return load_u(t) * rs;
+#endif
   } else if constexpr (E == KvElement::bf16) {
     typedef uint16_t narrow __attribute__((vector_size(kLanes * 2), aligned(2)));
     typedef uint32_t wide __attribute__((vector_size(kLanes * 4)));
@@ -46,7 +79,7 @@ COLOSSAL_INLINE vf load_kv(const Stored<E>* p) {
     return (vf)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 #else
     float t[kLanes];
-    for (int e = 0; e < kLanes; ++e) t[e] = load_kv1<E>(p + e);
+    for (int e = 0; e < kLanes; ++e) t[e] = load_kv1<E>(p + e, 1.0f);
     return load_u(t);
 #endif
   }
@@ -60,8 +93,9 @@ constexpr int64_t kAhead = 16;
 // One key's products q * k summed into a vector, chunk by chunk in order (d a multiple of kLanes).
 template <KvElement E>
 COLOSSAL_INLINE vf key_lanes(const float* __restrict q, const Stored<E>* __restrict k, int64_t d) {
+  const vf rs = splat(row_scale<E>(k, d));
   vf a{};
-  for (int64_t c = 0; c < d; c += kLanes) a += load_u(q + c) * load_kv<E>(k + c);
+  for (int64_t c = 0; c < d; c += kLanes) a += load_u(q + c) * load_kv<E>(k + c, rs);
   return a;
 }
 
@@ -78,16 +112,18 @@ __attribute__((noinline)) float dot_in_order(const float* __restrict a, const fl
 
 constexpr int64_t kWidenChunk = 64;   // elements widened at a time for dot_in_order
 
-// acc + sum_i a[i] * float(b[i * b_stride]) for i < m, through dot_in_order.
-template <KvElement E>
-COLOSSAL_INLINE float dot_stored(const float* __restrict a, const Stored<E>* __restrict b, int64_t b_stride, int64_t m, float acc) {
+// acc + sum_i a[i] * float(b[i * b_stride]) for i < m, through dot_in_order; scale_of(i) is element i's
+// row scale (int8 only).
+template <KvElement E, class Scale>
+COLOSSAL_INLINE float dot_stored(const float* __restrict a, const Stored<E>* __restrict b, int64_t b_stride, int64_t m, float acc,
+                                 const Scale& scale_of) {
   if constexpr (E == KvElement::f32) {
     return dot_in_order(a, b, b_stride, m, acc);
   } else {
     float wide[kWidenChunk];
     for (int64_t i0 = 0; i0 < m; i0 += kWidenChunk) {
       const int64_t len = m - i0 < kWidenChunk ? m - i0 : kWidenChunk;
-      for (int64_t i = 0; i < len; ++i) wide[i] = load_kv1<E>(b + (i0 + i) * b_stride);
+      for (int64_t i = 0; i < len; ++i) wide[i] = load_kv1<E>(b + (i0 + i) * b_stride, scale_of(i0 + i));
       acc = dot_in_order(a + i0, wide, 1, len, acc);
     }
     return acc;
@@ -120,41 +156,47 @@ COLOSSAL_INLINE __m256 sum_eight(const vf (&a)[8]) {
 }
 #endif
 
-// s[j] = scale * q . k_j for j < n, keys d apart.
+// s[j] = scale * q . k_j for j < n, keys row_stride<E>(d) apart.
 template <KvElement E>
 void scores(const float* __restrict q, const Stored<E>* __restrict k, int64_t n, int64_t d, float scale, float* __restrict s) {
+  const int64_t stride = row_stride<E>(d);
   int64_t j = 0;
   if (d % kLanes == 0) {
 #if defined(__AVX2__)
     const __m256 vscale = _mm256_set1_ps(scale);
     for (; j + 8 <= n; j += 8) {
       if (j + kAhead + 8 <= n) {   // the keys kAhead positions on, a line at a time (within these n: a block's own)
-        const char* ahead = reinterpret_cast<const char*>(k + (j + kAhead) * d);
-        for (int64_t b = 0; b < 8 * d * static_cast<int64_t>(sizeof(Stored<E>)); b += 64) __builtin_prefetch(ahead + b, 0, 3);
+        const char* ahead = reinterpret_cast<const char*>(k + (j + kAhead) * stride);
+        for (int64_t b = 0; b < 8 * stride * static_cast<int64_t>(sizeof(Stored<E>)); b += 64) __builtin_prefetch(ahead + b, 0, 3);
       }
       vf a[8];
-      for (int i = 0; i < 8; ++i) a[i] = key_lanes<E>(q, k + (j + i) * d, d);
+      for (int i = 0; i < 8; ++i) a[i] = key_lanes<E>(q, k + (j + i) * stride, d);
       _mm256_storeu_ps(s + j, _mm256_mul_ps(sum_eight(a), vscale));
     }
 #endif
-    for (; j < n; ++j) s[j] = hsum(key_lanes<E>(q, k + j * d, d)) * scale;
+    for (; j < n; ++j) s[j] = hsum(key_lanes<E>(q, k + j * stride, d)) * scale;
     return;
   }
-  for (; j < n; ++j) s[j] = dot_stored<E>(q, k + j * d, 1, d, 0.0f) * scale;   // a head size off the vector width
+  for (; j < n; ++j) {   // a head size off the vector width
+    const float ks = row_scale<E>(k + j * stride, d);
+    s[j] = dot_stored<E>(q, k + j * stride, 1, d, 0.0f, [ks](int64_t) { return ks; }) * scale;
+  }
 }
 
-// out[0, NV * kLanes) = inv * sum_j p[j] v_j[0, NV * kLanes), rows of v d apart.
+// out[0, NV * kLanes) = inv * sum_j p[j] v_j[0, NV * kLanes), rows of v `stride` apart, row j's scale
+// (int8) `scale_at` elements past v + j * stride.
 template <int NV, KvElement E>
-void weighted_values(const float* __restrict p, const Stored<E>* __restrict v, int64_t n, int64_t d, float inv,
-                     float* __restrict out) {
+void weighted_values(const float* __restrict p, const Stored<E>* __restrict v, int64_t n, int64_t stride, int64_t scale_at,
+                     float inv, float* __restrict out) {
   vf acc[NV] = {};
   for (int64_t j = 0; j < n; ++j) {
     if (j + kAhead < n) {   // these columns kAhead positions on
-      const char* ahead = reinterpret_cast<const char*>(v + (j + kAhead) * d);
+      const char* ahead = reinterpret_cast<const char*>(v + (j + kAhead) * stride);
       for (int64_t b = 0; b < NV * kLanes * static_cast<int64_t>(sizeof(Stored<E>)); b += 64) __builtin_prefetch(ahead + b, 0, 3);
     }
     const vf pj = splat(p[j]);
-    for (int i = 0; i < NV; ++i) acc[i] += pj * load_kv<E>(v + j * d + i * kLanes);
+    const vf rs = splat(row_scale<E>(v + j * stride, scale_at));
+    for (int i = 0; i < NV; ++i) acc[i] += pj * load_kv<E>(v + j * stride + i * kLanes, rs);
   }
   for (int i = 0; i < NV; ++i) store_u(out + i * kLanes, acc[i] * inv);
 }
@@ -195,15 +237,18 @@ void decode_head(const float* __restrict q, const Stored<E>* __restrict k, const
     sum += s[j];
   }
   const float inv = 1.0f / sum;
+  const int64_t stride = row_stride<E>(d);
   int64_t c = 0;
-  for (; c + 8 * kLanes <= d; c += 8 * kLanes) weighted_values<8, E>(s, v + c, n, d, inv, out + c);
-  if (c + 4 * kLanes <= d) weighted_values<4, E>(s, v + c, n, d, inv, out + c), c += 4 * kLanes;
-  if (c + 2 * kLanes <= d) weighted_values<2, E>(s, v + c, n, d, inv, out + c), c += 2 * kLanes;
-  if (c + kLanes <= d) weighted_values<1, E>(s, v + c, n, d, inv, out + c), c += kLanes;
-  for (; c < d; ++c) out[c] = dot_stored<E>(s, v + c, d, n, 0.0f) * inv;
+  for (; c + 8 * kLanes <= d; c += 8 * kLanes) weighted_values<8, E>(s, v + c, n, stride, d - c, inv, out + c);
+  if (c + 4 * kLanes <= d) weighted_values<4, E>(s, v + c, n, stride, d - c, inv, out + c), c += 4 * kLanes;
+  if (c + 2 * kLanes <= d) weighted_values<2, E>(s, v + c, n, stride, d - c, inv, out + c), c += 2 * kLanes;
+  if (c + kLanes <= d) weighted_values<1, E>(s, v + c, n, stride, d - c, inv, out + c), c += kLanes;
+  for (; c < d; ++c)
+    out[c] = dot_stored<E>(s, v + c, stride, n, 0.0f, [&](int64_t j) { return row_scale<E>(v + j * stride, d); }) * inv;
 }
 
-// The same over keys and values in blocks (paged_attention.h): the scores block by block into s, ALiBi's
+// The same over keys and values in blocks (paged_attention.h; block_stride in stored elements, rows
+// row_stride<E>(d) apart within a block): the scores block by block into s, ALiBi's
 // slope * (j - (n - 1)) added when slope is non-zero, the softmax over all n, the weighted values block by
 // block with the output columns in registers across every block.
 template <KvElement E>
@@ -215,6 +260,7 @@ void paged_head(const float* __restrict q, const Stored<E>* __restrict k_base, c
   add_alibi(slope, n, s);
   float max;
   const float inv = 1.0f / exp_shifted_inplace(s, n, max);
+  const int64_t stride = row_stride<E>(d);
   int64_t c = 0;
   auto columns = [&](auto nv) {
     constexpr int NV = decltype(nv)::value;
@@ -224,7 +270,8 @@ void paged_head(const float* __restrict q, const Stored<E>* __restrict k_base, c
       const int64_t m = n - j0 < block_size ? n - j0 : block_size;
       for (int64_t j = 0; j < m; ++j) {
         const vf pj = splat(s[j0 + j]);
-        for (int i = 0; i < NV; ++i) acc[i] += pj * load_kv<E>(v + j * d + i * kLanes);
+        const vf rs = splat(row_scale<E>(v + j * stride, d - c));
+        for (int i = 0; i < NV; ++i) acc[i] += pj * load_kv<E>(v + j * stride + i * kLanes, rs);
       }
     }
     for (int i = 0; i < NV; ++i) store_u(out + c + i * kLanes, acc[i] * inv);
@@ -236,8 +283,11 @@ void paged_head(const float* __restrict q, const Stored<E>* __restrict k_base, c
   if (c + kLanes <= d) columns(std::integral_constant<int, 1>{});
   for (; c < d; ++c) {
     float acc = 0.0f;
-    for (int64_t b = 0, j0 = 0; j0 < n; ++b, j0 += block_size)
-      acc = dot_stored<E>(s + j0, v_base + table[b] * block_stride + c, d, n - j0 < block_size ? n - j0 : block_size, acc);
+    for (int64_t b = 0, j0 = 0; j0 < n; ++b, j0 += block_size) {
+      const Stored<E>* v = v_base + table[b] * block_stride;
+      acc = dot_stored<E>(s + j0, v + c, stride, n - j0 < block_size ? n - j0 : block_size, acc,
+                          [&](int64_t j) { return row_scale<E>(v + j * stride, d); });
+    }
     out[c] = acc * inv;
   }
 }
@@ -251,6 +301,7 @@ COLOSSAL_INLINE void with_element(KvElement e, const F& f) {
     case KvElement::f32: return f(std::integral_constant<KvElement, KvElement::f32>{});
     case KvElement::fp16: return f(std::integral_constant<KvElement, KvElement::fp16>{});
     case KvElement::bf16: return f(std::integral_constant<KvElement, KvElement::bf16>{});
+    case KvElement::int8: return f(std::integral_constant<KvElement, KvElement::int8>{});
   }
 }
 
@@ -271,11 +322,31 @@ void attention_paged_head(const float* q, const void* k_base, const void* v_base
   });
 }
 
+namespace {
+
+// One int8 row (kv_element.h's rule): n values, then the scale's bytes.
+void store_int8_row(const float* __restrict src, int8_t* __restrict dst, int64_t n) {
+  float amax = 0.0f;
+#pragma omp simd reduction(max : amax)
+  for (int64_t i = 0; i < n; ++i) amax = std::fabs(src[i]) > amax ? std::fabs(src[i]) : amax;
+  const float inv = amax >= kKvInt8Smallest ? kKvInt8Max / amax : 0.0f;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = std::nearbyint(src[i] * inv);   // nearest-even, as ATen's round
+    dst[i] = static_cast<int8_t>(r < -kKvInt8Max ? -kKvInt8Max : r > kKvInt8Max ? kKvInt8Max : r);
+  }
+  const float scale = amax / kKvInt8Max;
+  std::memcpy(dst + n, &scale, sizeof scale);
+}
+
+}  // namespace
+
 void store_kv(const float* src, void* dst, int64_t n, KvElement e) {
   switch (e) {
     case KvElement::f32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); return;
     case KvElement::fp16: narrow_fp16(src, static_cast<uint16_t*>(dst), n); return;
     case KvElement::bf16: narrow_bf16(src, static_cast<uint16_t*>(dst), n); return;
+    case KvElement::int8: store_int8_row(src, static_cast<int8_t*>(dst), n); return;
   }
 }
 

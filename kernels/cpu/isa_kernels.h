@@ -64,7 +64,7 @@ struct IsaKernels {
   void (*qgemv_q8x_int4)(const int8_t* xq, const uint8_t* xa, const float* xs, const float* xc, int64_t rows, int64_t in, const uint8_t* q,
                          const float* scales, int64_t group, const float* bias, float* y, int64_t ldy, int64_t o_begin,
                          int64_t o_end);
-  // One decoding query q[d] at position n - 1 against n cached keys and values ([n][d] rows of element
+  // One decoding query q[d] at position n - 1 against n cached keys and values ([n][kv_row_elements] rows of element
   // e), positions with valid[j] == 0 (when valid is given) left out: out[d] = softmax(scale q k^T + bias) v,
   // where slope != 0 makes bias ALiBi's slope * (j - (n - 1)) (else none). s: n floats of scratch.
   void (*attention_decode_head)(const float* q, const void* k, const void* v, KvElement e, int64_t n, int64_t d, float scale,
@@ -101,7 +101,8 @@ struct IsaKernels {
   // sum_squares_f32 over 16-bit values widened (the same bits as over their fp32 copy).
   double (*sum_squares_bf16)(const uint16_t* x, int64_t n);
   double (*sum_squares_fp16)(const uint16_t* x, int64_t n);
-  // n floats into a KV cache's element e at dst (kv_element.h: 16-bit kinds rounded to nearest-even).
+  // One row of n floats into a KV cache's element e at dst (kv_element.h: 16-bit kinds rounded to
+  // nearest-even; int8 quantized with its scale after the n values).
   void (*store_kv)(const float* src, void* dst, int64_t n, KvElement e);
   // Columns [n_begin, n_end) of a quantized GEMM (qgemm.h); null in sets without VNNI, whose prompts
   // take the fp32 GEMM with the weights dequantized as it packs them.

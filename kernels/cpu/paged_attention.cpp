@@ -10,13 +10,12 @@ namespace colossal::kernels {
 
 void paged_write_keys_values(const float* qkv, void* k_pool, void* v_pool, const int64_t* positions,
                              const int32_t* const* tables, const PagedAttentionDims& a) {
-  const int64_t h = a.heads, d = a.head_dim, c = h * d, bs = a.block_size, block_stride = h * bs * d;
-  const auto bytes = static_cast<int64_t>(kv_element_bytes(a.element));
+  const int64_t h = a.heads, d = a.head_dim, c = h * d, bs = a.block_size, row = kv_row_bytes(a.element, d);
   const auto& kernels = active_kernels();
   for (int64_t i = 0; i < a.tokens; ++i) {
     const int64_t p = positions[i], block = tables[i][p / bs], slot = p % bs;
     for (int64_t head = 0; head < h; ++head) {
-      const int64_t at = (block * block_stride + (head * bs + slot) * d) * bytes;
+      const int64_t at = ((block * h + head) * bs + slot) * row;
       kernels.store_kv(qkv + i * 3 * c + c + head * d, static_cast<char*>(k_pool) + at, d, a.element);
       kernels.store_kv(qkv + i * 3 * c + 2 * c + head * d, static_cast<char*>(v_pool) + at, d, a.element);
     }
@@ -33,10 +32,11 @@ void paged_attention_task(const float* qkv, const void* k_pool, const void* v_po
                           const int32_t* const* tables, const float* alibi_slopes, float* out, const PagedAttentionDims& a,
                           int64_t task, float* scores) {
   const int64_t h = a.heads, d = a.head_dim, c = h * d, bs = a.block_size, i = task / h, head = task % h;
-  const int64_t head_at = head * bs * d * static_cast<int64_t>(kv_element_bytes(a.element));   // bytes into each block
+  const int64_t row = kv_row_elements(a.element, d);   // stored elements of a row (int8's scale included)
+  const int64_t head_at = head * bs * row * static_cast<int64_t>(kv_element_bytes(a.element));   // bytes into each block
   active_kernels().attention_paged_head(qkv + i * 3 * c + head * d, static_cast<const char*>(k_pool) + head_at,
                                         static_cast<const char*>(v_pool) + head_at, a.element, tables[i], positions[i] + 1, bs,
-                                        h * bs * d, d, a.scale, alibi_slopes ? alibi_slopes[head] : 0.0f, scores, out + i * c + head * d);
+                                        h * bs * row, d, a.scale, alibi_slopes ? alibi_slopes[head] : 0.0f, scores, out + i * c + head * d);
 }
 
 void paged_attention(const float* qkv, void* k_pool, void* v_pool, const int64_t* positions, const int32_t* const* tables,

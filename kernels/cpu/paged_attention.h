@@ -4,7 +4,7 @@
 // Every token first writes its key and value into its slot, then attends causally over its own
 // sequence's positions [0, pos] (so the tokens of one prompt chunk see each other as in a prefill).
 //
-// Layouts (row-major float, the pools of dims.element: kv_element.h):
+// Layouts (row-major, the pools of dims.element: kv_element.h, rows kv_row_elements(e, D) wide):
 //   qkv    [N, 3, H, D]                     (each token's q | k | v, the QKV linear's output)
 //   k_pool [num_blocks, H, block_size, D]   (and v_pool alike)
 //   token i at position positions[i]; tables[i] is its sequence's block table: position p lives in

@@ -57,7 +57,8 @@ struct KvCacheChoice {
   const char* name;
   std::optional<at::ScalarType> dtype;
 };
-constexpr KvCacheChoice kKvCacheChoices[] = {{"auto", std::nullopt}, {"fp32", at::kFloat}, {"fp16", at::kHalf}, {"bf16", at::kBFloat16}};
+constexpr KvCacheChoice kKvCacheChoices[] = {{"auto", std::nullopt}, {"fp32", at::kFloat}, {"fp16", at::kHalf}, {"bf16", at::kBFloat16},
+                                             {"int8", at::kChar}};   // int8 rows with a scale each (kv_element.h)
 
 }  // namespace
 

@@ -41,7 +41,7 @@ void check_generation_split(const std::string& path, int64_t tensor);
 std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& c, const std::string& command,
                                                     dist::Group* tensor_group = nullptr, bool pack_for_cpu = true);
 
-// --kv-cache's values, "auto" (nullopt: the model's compute dtype), "fp32", "fp16" and "bf16", and the
+// --kv-cache's values, "auto" (nullopt: the model's compute dtype), "fp32", "fp16", "bf16" and "int8", and the
 // dtype one names (CausalLM::set_kv_dtype); anything else is an Error naming the valid ones.
 std::vector<std::string> kv_cache_choices();
 std::optional<at::ScalarType> parse_kv_cache(const std::string& value);

@@ -9,6 +9,7 @@
 #include "src/nn/alibi.h"
 #include "src/nn/cached_attention.h"
 #include "src/nn/fused_attention.h"
+#include "src/nn/kv_storage.h"
 #include "src/nn/paged_attention_aten.h"
 #include "src/nn/random_stream.h"
 #include "src/nn/sequence_attention.h"
@@ -23,7 +24,7 @@ bool paged_kernel_takes(const LayerKv& kv, int64_t rows, int64_t heads, int64_t 
   const auto& r = *kv.paged;
   return kv_element_of(kv.k) && kv.v.scalar_type() == kv.k.scalar_type() && kv.k.is_contiguous() && kv.v.is_contiguous() &&
          kv.v.sizes() == kv.k.sizes() && kv.k.dim() == 4 && kv.k.size(1) == heads && kv.k.size(2) == r.block_size &&
-         kv.k.size(3) == d && static_cast<int64_t>(r.positions.size()) == rows && static_cast<int64_t>(r.tables.size()) == rows;
+         kv.k.size(3) == kv_row_width(d, kv.k.scalar_type()) && static_cast<int64_t>(r.positions.size()) == rows && static_cast<int64_t>(r.tables.size()) == rows;
 }
 
 }  // namespace
@@ -91,7 +92,7 @@ bool Attention::decode_parts(int64_t rows, const LayerKv& kv, int64_t offset, co
   if (is_training() || !spec_.causal || sequence_ || heads_.count != spec_.heads || (mask.defined() && mask_rows_)) return false;
   if (kv.paged) {   // paged_forward's CPU kernel
     if (mask.defined() || !paged_kernel_takes(kv, rows, heads_.count, head_dim())) return false;
-  } else if (!decode_cache_applies(rows, kv, offset, mask) || kv.k.size(1) != heads_.count || kv.k.size(3) != head_dim() ||
+  } else if (!decode_cache_applies(rows, kv, offset, mask) || kv.k.size(1) != heads_.count || kv.k.size(3) != kv_row_width(head_dim(), kv.k.scalar_type()) ||
              !decode_choice_.get(rows, [&] {
                return decode_attention_decision(rows, heads_.count, head_dim(), spec_.alibi, *kv_element_of(kv.k));
              })) {
@@ -140,8 +141,8 @@ at::Tensor Attention::alibi_forward(const at::Tensor& packed, LayerKv* kv, int64
   at::Tensor k = parts[1], v = parts[2];
   if (kv) {
     write_keys_values(*kv, offset, k, v, mask);
-    k = kv->k.narrow(2, 0, offset + t).to(packed.scalar_type());   // a narrower cache widened (kv_element.h)
-    v = kv->v.narrow(2, 0, offset + t).to(packed.scalar_type());
+    k = from_kv_storage(kv->k.narrow(2, 0, offset + t), packed.scalar_type());   // a narrower cache widened (kv_element.h)
+    v = from_kv_storage(kv->v.narrow(2, 0, offset + t), packed.scalar_type());
   } else {
     offset = 0;
   }

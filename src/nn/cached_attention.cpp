@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/decode_attention.h"
 #include "src/nn/kernel_choice.h"
+#include "src/nn/kv_storage.h"
 
 namespace colossal::nn {
 
@@ -15,21 +16,22 @@ std::optional<kernels::KvElement> kv_element_of(const at::Tensor& cache) {
     case at::kFloat: return kernels::KvElement::f32;
     case at::kHalf: return kernels::KvElement::fp16;
     case at::kBFloat16: return kernels::KvElement::bf16;
+    case at::kChar: return kernels::KvElement::int8;
     default: return std::nullopt;
   }
 }
 
 void write_keys_values(LayerKv& kv, int64_t offset, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
-  if (!kv.slot.defined()) {   // copy_ rounds to a narrower cache's dtype
-    kv.k.narrow(2, offset, k.size(2)).copy_(k);
-    kv.v.narrow(2, offset, v.size(2)).copy_(v);
+  if (!kv.slot.defined()) {
+    store_kv_rows(kv.k.narrow(2, offset, k.size(2)), k);
+    store_kv_rows(kv.v.narrow(2, offset, v.size(2)), v);
     return;
   }
   // A captured step: the position is on the device, and only its mask tells the window's live keys.
   TORCH_CHECK(k.size(2) == 1 && mask.defined() && offset < kv.k.size(2), "attention: a step at a device-side slot takes one token ",
               "and a mask (got ", k.size(2), " tokens, window ", offset + 1, " of ", kv.k.size(2), ")");
-  kv.k.index_copy_(2, kv.slot, k.to(kv.k.scalar_type()));   // index_copy_ takes only the cache's own dtype
-  kv.v.index_copy_(2, kv.slot, v.to(kv.v.scalar_type()));
+  kv.k.index_copy_(2, kv.slot, to_kv_storage(k, kv.k.scalar_type()));   // index_copy_ takes only the cache's own dtype
+  kv.v.index_copy_(2, kv.slot, to_kv_storage(v, kv.v.scalar_type()));
 }
 
 at::Tensor aten_cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
@@ -38,7 +40,8 @@ at::Tensor aten_cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t off
   auto parts = qkv.view({b, t, 3, heads, d}).permute({2, 0, 3, 1, 4});   // [3, B, H, T, D]
   write_keys_values(kv, offset, parts[1], parts[2], mask);
   // A cache narrower than the compute dtype (kv_element.h) is widened for SDPA, which takes one dtype.
-  auto k = kv.k.narrow(2, 0, offset + t).to(qkv.scalar_type()), v = kv.v.narrow(2, 0, offset + t).to(qkv.scalar_type());
+  auto k = from_kv_storage(kv.k.narrow(2, 0, offset + t), qkv.scalar_type());
+  auto v = from_kv_storage(kv.v.narrow(2, 0, offset + t), qkv.scalar_type());
   // One new query attends to every cached key; a multi-token prefill at offset 0 is plain causal.
   bool causal = !mask.defined() && t > 1;
   TORCH_CHECK(mask.defined() || offset == 0 || t == 1, "attention: multi-token step at offset ", offset,
@@ -65,9 +68,10 @@ bool decode_step_applies(const at::Tensor& qkv, const LayerKv& kv, int64_t offse
 namespace {
 
 // The kernel choice's shape of a one-token step.
-// The cache's element is part of it: a 16-bit cache halves the kernel's reads, and ATen's side widens it.
+// The cache's element is part of it: a narrower cache cuts the kernel's reads, and ATen's side widens it.
 std::string decode_shape(int64_t b, int64_t heads, int64_t d, bool alibi, kernels::KvElement element) {
-  const char* kv = element == kernels::KvElement::fp16 ? " kv=fp16" : element == kernels::KvElement::bf16 ? " kv=bf16" : "";
+  static constexpr const char* kNames[] = {"", " kv=fp16", " kv=bf16", " kv=int8"};   // in KvElement's order
+  const char* kv = kNames[static_cast<int>(element)];
   return "decode B=" + std::to_string(b) + " H=" + std::to_string(heads) + " D=" + std::to_string(d) + (alibi ? " alibi" : "") + kv;
 }
 
@@ -76,7 +80,7 @@ at::Tensor decode_step(const at::Tensor& qkv_in, LayerKv& kv, int64_t offset, in
                        const at::Tensor& alibi_slopes = {}) {
   const auto qkv = qkv_in.contiguous();
   const int64_t b = qkv.size(0), c = qkv.size(2) / 3, d = c / heads;
-  TORCH_CHECK(kv.k.size(1) == heads && kv.k.size(3) == d, "fused_decode_attention: cache ", kv.k.sizes(),
+  TORCH_CHECK(kv.k.size(1) == heads && kv.k.size(3) == kv_row_width(d, kv.k.scalar_type()), "fused_decode_attention: cache ", kv.k.sizes(),
               " does not hold ", heads, " heads of ", d);
   TORCH_CHECK(!alibi_slopes.defined() || (alibi_slopes.is_cpu() && alibi_slopes.scalar_type() == at::kFloat &&
                                            alibi_slopes.is_contiguous() && alibi_slopes.numel() == heads),

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "src/nn/factory.h"
+#include "src/nn/kv_storage.h"
 
 #include "src/nn/linear_forward.h"
 #include "src/nn/lm_head_loss.h"
@@ -36,8 +37,9 @@ KvCache make_kv_cache(int64_t layers, int64_t batch, int64_t heads, int64_t capa
                       const at::TensorOptions& options) {
   KvCache cache;
   cache.capacity = capacity;
+  const int64_t width = kv_row_width(head_dim, options.dtype().toScalarType());   // int8 rows carry their scales
   for (int64_t i = 0; i < layers; ++i)
-    cache.layers.push_back({at::empty({batch, heads, capacity, head_dim}, options), at::empty({batch, heads, capacity, head_dim}, options)});
+    cache.layers.push_back({at::empty({batch, heads, capacity, width}, options), at::empty({batch, heads, capacity, width}, options)});
   return cache;
 }
 

@@ -7,6 +7,8 @@
 #include <map>
 #include <vector>
 
+#include "src/nn/kv_storage.h"
+
 namespace colossal::nn {
 
 // The step's indices, the same for every layer: built on the host and sent to the device in one
@@ -98,7 +100,7 @@ at::Tensor aten_paged_attention(const at::Tensor& packed_in, LayerKv& kv, int64_
   const int64_t n = packed.size(0), c = packed.size(2) / 3, h = heads, d = c / h;
   TORCH_CHECK(packed.dim() == 3 && packed.size(1) == 1 && n > 0 && static_cast<int64_t>(rows.positions.size()) == n &&
                   static_cast<int64_t>(rows.tables.size()) == n && kv.k.size(1) == h && kv.k.size(2) == rows.block_size &&
-                  kv.k.size(3) == d && kv.k.device() == packed.device(),
+                  kv.k.size(3) == kv_row_width(d, kv.k.scalar_type()) && kv.k.device() == packed.device(),
               "paged attention: rows ", packed.sizes(), " ", packed.scalar_type(), " against a pool ", kv.k.sizes(), " ",
               kv.k.scalar_type(), " on ", kv.k.device());
   const c10::Device device = packed.device();
@@ -109,12 +111,12 @@ at::Tensor aten_paged_attention(const at::Tensor& packed_in, LayerKv& kv, int64_
   const at::Tensor qkv = packed.view({n, 3, h, d});
   // A pool narrower than the compute dtype (kv_element.h) takes them rounded, and gives them back widened.
   const auto stored = kv.k.scalar_type(), computed = packed.scalar_type();
-  kv.k.index_put_({g.write_block, Slice(), g.write_slot}, qkv.select(1, 1).to(stored));   // [N, H, D] into [blocks, H, bs, D]
-  kv.v.index_put_({g.write_block, Slice(), g.write_slot}, qkv.select(1, 2).to(stored));
+  kv.k.index_put_({g.write_block, Slice(), g.write_slot}, to_kv_storage(qkv.select(1, 1), stored));   // [N, H, D] into [blocks, H, bs, D]
+  kv.v.index_put_({g.write_block, Slice(), g.write_slot}, to_kv_storage(qkv.select(1, 2), stored));
 
   // 2. Each sequence's keys and values [S, H, L, D], and its rows' queries [S, H, W, D].
-  const at::Tensor k = kv.k.index({g.read_block, Slice(), g.read_slot}).permute({0, 2, 1, 3}).to(computed);   // from [S, L, H, D]
-  const at::Tensor v = kv.v.index({g.read_block, Slice(), g.read_slot}).permute({0, 2, 1, 3}).to(computed);
+  const at::Tensor k = from_kv_storage(kv.k.index({g.read_block, Slice(), g.read_slot}).permute({0, 2, 1, 3}), computed);   // from [S, L, H, D]
+  const at::Tensor v = from_kv_storage(kv.v.index({g.read_block, Slice(), g.read_slot}).permute({0, 2, 1, 3}), computed);
   const at::Tensor q = qkv.select(1, 0).index_select(0, g.query_row).view({g.sequences, g.width, h, d}).permute({0, 2, 1, 3});
 
   // 3. Each query sees the keys at or before its position; ALiBi adds slope * (j - position).
