@@ -87,16 +87,24 @@ def main():
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--op-by-op", action="store_true",
                     help="cuda: each scheme also with --no-cuda-graphs (its steps launched op by op), and the graphs' ratio over it")
-    ap.add_argument("--kv-cache", choices=("fp16", "bf16"),
-                    help="each scheme also with its KV cache in 16 bits (colossal infer --kv-cache), with the ratio to the fp32 cache")
+    ap.add_argument("--kv-cache", default="",
+                    help="comma-separated fp16, bf16, int8: each scheme also with its KV cache so (colossal infer --kv-cache), "
+                         "with the ratio to the fp32 cache")
     ap.add_argument("--command", required=True)
     a = ap.parse_args()
+    kv_kinds = [k for k in a.kv_cache.split(",") if k]
+    for k in kv_kinds:
+        if k not in ("fp16", "bf16", "int8"):
+            fail(f"--kv-cache {k!r} is not fp16, bf16 or int8")
     dirs = {"fp32": Path(a.fp32)}
     dirs.update({k: Path(v) for k, v in (("int8", a.int8), ("int4", a.int4), ("int8-smoothquant", a.int8_smoothquant)) if v})
     peers = [p for p in a.peers.split(",") if p and p != "none"]
     cfg = json.loads((dirs["fp32"] / "config.json").read_text())
     layers, width = cfg["n_layer"], cfg["n_embd"]
     kv_per_token = 2 * layers * width * 4
+    head_dim = width // cfg["n_head"]
+    # bytes a narrower cache keeps per fp32 byte: 16 bits, or int8 rows of head_dim values and a 4-byte scale
+    kv_fraction = {"fp16": 0.5, "bf16": 0.5, "int8": (head_dim + 4) / (4 * head_dim)}
     label = {(12, 768): "gpt2-124m", (24, 1024): "gpt2-350m"}.get((layers, width), f"gpt-L{layers}-C{width}") + f"/v{cfg['vocab_size']}"
     wbytes = {k: weight_bytes(d) for k, d in dirs.items()}
     import sentencepiece as spm
@@ -116,7 +124,7 @@ def main():
                 for scheme, d in dirs.items():
                     # (name suffix, extra options): the scheme as it is; op by op; with a 16-bit KV cache
                     variants = [("", [])] + ([(" op by op", ["--no-cuda-graphs"])] if a.op_by_op else []) + \
-                               ([(f" kv {a.kv_cache}", ["--kv-cache", a.kv_cache])] if a.kv_cache else [])
+                               [(f" kv {k}", ["--kv-cache", k]) for k in kv_kinds]
                     for suffix, options in variants:
                         _, err, rss = timed([a.colossal, "infer", str(d), "--prompts", str(prompts), "--greedy", "-n", str(a.tokens),
                                              "--jsonl", "--device", a.device] + options, a.threads, a.timeout, a.device)
@@ -155,15 +163,16 @@ def main():
             if a.op_by_op:
                 slow = med((scheme + " op by op", b), 0)
                 cells.append(f"{scheme} op by op {slow:.1f} tok/s ({slow / bound:.2f}; graphs {tps / slow:.2f}x)")
-            if a.kv_cache:   # the same weights, half the cache's bytes a step
-                key = (f"{scheme} kv {a.kv_cache}", b)
-                half = med(key, 0)
-                half_bound = bw * 1e9 / (wbytes[scheme] + b * ctx * kv_per_token / 2) * b
+            for kind in kv_kinds:   # the same weights, fewer of the cache's bytes a step
+                key = (f"{scheme} kv {kind}", b)
+                narrow = med(key, 0)
+                f = kv_fraction[kind]
+                narrow_bound = bw * 1e9 / (wbytes[scheme] + b * ctx * kv_per_token * f) * b
                 # the cache the generator allocates: every sequence at the longest prompt's length plus the new tokens (peak RSS
                 # hardly moves with it: loading the weights sets the peak, and the cache grows into the memory it freed)
                 cache_mb = b * (max(len(sp.encode(p)) for p in PROMPTS[:b]) + a.tokens) * kv_per_token / 1e6
-                cells.append(f"{scheme} kv {a.kv_cache} {half:.1f} tok/s {med(key, 1) / 1e9:.2f} GB ({half / half_bound:.2f} of {half_bound:.0f}; "
-                             f"{half / tps:.2f}x the fp32 cache; cache {cache_mb / 2:.0f} MB against {cache_mb:.0f})")
+                cells.append(f"{scheme} kv {kind} {narrow:.1f} tok/s {med(key, 1) / 1e9:.2f} GB ({narrow / narrow_bound:.2f} of "
+                             f"{narrow_bound:.0f}; {narrow / tps:.2f}x the fp32 cache; cache {cache_mb * f:.0f} MB against {cache_mb:.0f})")
         for peer in peers:
             name = "transformers fp32" if peer == "transformers" else "ctranslate2 int8"
             tps = med((peer, b), 0)

@@ -16,9 +16,10 @@
 # CTranslate2 is not a peer there), the bound's bandwidth is the GPU's (a 1 GiB sum on it), memory is still the host
 # process's RSS, and the checkpoints are still trained and quantized on the CPU. --layers L --width W: another GPT
 # shape (default_checkpoint.sh), trained once. --schemes picks the colossal sides; int8-smoothquant (W8A8, its
-# smoothing vectors counted among the weights read) is a fourth, quantized like the others. --kv-cache fp16|bf16
-# measures each scheme again with its KV cache in 16 bits (colossal infer --kv-cache), against its bound with the
-# cache's bytes halved, with the ratio to the same scheme's fp32 cache in the same round.
+# smoothing vectors counted among the weights read) is a fourth, quantized like the others. --kv-cache K[,K...]
+# (fp16, bf16, int8) measures each scheme again with its KV cache so (colossal infer --kv-cache), against its bound
+# with the cache's bytes cut to match (half; int8 rows of D values and a 4-byte scale, (D + 4) / 4D), with the ratio
+# to the same scheme's fp32 cache in the same round.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/bench/default_checkpoint.sh
@@ -49,10 +50,10 @@ while (($#)); do
       echo "usage: scripts/bench/quant_decode.sh [--batches 1,8] [--tokens 128] [--threads N] [--repeat 3] [--checkpoint DIR]"
       echo "                                     [--group-size 128] [--peers transformers,ctranslate2|none] [--colossal BIN] [--python PY]"
       echo "                                     [--device cpu|cuda] [--layers L --width W] [--schemes fp32,int8,int4[,int8-smoothquant]]"
-      echo "                                     [--op-by-op] [--kv-cache fp16|bf16]"
+      echo "                                     [--op-by-op] [--kv-cache fp16,bf16,int8]"
       echo "  --peers defaults to transformers,ctranslate2 on cpu and transformers on cuda"
       echo "  --op-by-op (cuda): each scheme also without CUDA graphs (colossal infer --no-cuda-graphs), with the graphs' ratio"
-      echo "  --kv-cache: each scheme also with its KV cache in 16 bits (colossal infer --kv-cache), with the ratio to the fp32 cache"
+      echo "  --kv-cache: each scheme also with its KV cache in each listed kind (colossal infer --kv-cache), with the ratio to the fp32 cache"
       exit 0 ;;
     *) echo "quant_decode: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -70,8 +71,8 @@ case "$device" in
 esac
 [ "$device" = cuda ] || ((${#op_by_op[@]} == 0)) ||
   { echo "quant_decode: error: --op-by-op compares CUDA graphs, so it needs --device cuda" >&2; exit 2; }
-((${#kv_cache[@]} == 0)) || [[ "${kv_cache[1]}" =~ ^(fp16|bf16)$ ]] ||
-  { echo "quant_decode: error: --kv-cache '${kv_cache[1]}' is not fp16 or bf16 (the fp32 cache is always measured)" >&2; exit 2; }
+((${#kv_cache[@]} == 0)) || [[ "${kv_cache[1]}" =~ ^(fp16|bf16|int8)(,(fp16|bf16|int8))*$ ]] ||
+  { echo "quant_decode: error: --kv-cache '${kv_cache[1]}' is not a list of fp16, bf16 and int8 (the fp32 cache is always measured)" >&2; exit 2; }
 [[ "$peers" =~ ^(none|(transformers|ctranslate2)(,(transformers|ctranslate2))*)$ ]] ||
   { echo "quant_decode: error: --peers '$peers' must list transformers and/or ctranslate2, or be none" >&2; exit 2; }
 IFS=, read -r -a scheme_list <<<"$schemes"
