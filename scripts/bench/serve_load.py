@@ -127,14 +127,15 @@ def main():
                      "--device", a.device],
         "colossal-1": [a.colossal, "serve", a.model, "--port", str(a.port), "--model-name", "m", "--max-running", "1",
                        "--device", a.device],
-        "colossal-fp16kv": [a.colossal, "serve", a.model, "--port", str(a.port), "--model-name", "m", "--max-running", str(a.concurrency),
-                            "--device", a.device, "--kv-cache", "fp16"],
+        **{f"colossal-{kind}kv": [a.colossal, "serve", a.model, "--port", str(a.port), "--model-name", "m", "--max-running",
+                                  str(a.concurrency), "--device", a.device, "--kv-cache", kind] for kind in ("fp16", "int8")},
         "transformers": [a.python, "-m", "transformers.cli.transformers", "serve", "--port", str(a.port), "--device", a.device,
                          "--dtype", "float32", a.model],
         "transformers-cb": [a.python, "-m", "transformers.cli.transformers", "serve", "--port", str(a.port), "--device", a.device,
                             "--dtype", "float32", "--continuous-batching", a.model],
     }
-    names = {"colossal": "m", "colossal-1": "m", "colossal-fp16kv": "m", "transformers": a.model, "transformers-cb": a.model}
+    names = {"colossal": "m", "colossal-1": "m", "colossal-fp16kv": "m", "colossal-int8kv": "m", "transformers": a.model,
+             "transformers-cb": a.model}
     rows, failed = {s: [] for s in sides}, {}
     for r in range(a.repeat):
         for side in sides:

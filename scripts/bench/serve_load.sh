@@ -4,6 +4,7 @@
 #   colossal          colossal serve (continuous batching, paged KV cache)
 #   colossal-1        the same server taking one sequence at a time (--max-running 1)
 #   colossal-fp16kv   colossal serve with its KV blocks in fp16 (--kv-cache fp16; not in the default sides)
+#   colossal-int8kv   the same with int8 blocks (--kv-cache int8: a scale per position and head; not in the default sides)
 #   transformers      `transformers serve` on the same directory (its default)
 #   transformers-cb   `transformers serve --continuous-batching` (its paged-attention batching)
 # each started fresh, warmed with one request, loaded, and stopped, in rounds. Prints generated tokens/s
@@ -31,9 +32,9 @@ while (($#)); do
     --sides) sides="${2:?}"; shift 2 ;;
     --colossal) COLOSSAL="${2:?}"; shift 2 ;;
     --python) PY="${2:?}"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
       echo "usage: scripts/bench/serve_load.sh [--requests 32] [--concurrency 16] [--max-tokens 64] [--repeat 1] [--model DIR]"
-      echo "                                   [--sides colossal,colossal-1,colossal-fp16kv,transformers,transformers-cb] [--port N]"
+      echo "                                   [--sides colossal,colossal-1,colossal-fp16kv,colossal-int8kv,transformers,transformers-cb] [--port N]"
       echo "                                   [--device cpu|cuda]"; exit 0 ;;
     *) echo "serve_load: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -41,9 +42,9 @@ done
 for v in requests concurrency max_tokens threads repeat port; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "serve_load: error: --${v//_/-} '${!v}' is not a positive integer" >&2; exit 2; }
 done
-side_re="colossal|colossal-1|colossal-fp16kv|transformers|transformers-cb"
+side_re="colossal|colossal-1|colossal-fp16kv|colossal-int8kv|transformers|transformers-cb"
 [[ "$sides" =~ ^($side_re)(,($side_re))*$ ]] ||
-  { echo "serve_load: error: --sides '$sides' must list colossal, colossal-1, colossal-fp16kv, transformers, transformers-cb" >&2; exit 2; }
+  { echo "serve_load: error: --sides '$sides' must list colossal, colossal-1, colossal-fp16kv, colossal-int8kv, transformers, transformers-cb" >&2; exit 2; }
 [[ "$device" =~ ^(cpu|cuda)$ ]] || { echo "serve_load: error: --device '$device' is not cpu or cuda" >&2; exit 2; }
 [ -x "$COLOSSAL" ] || { echo "serve_load: error: $COLOSSAL not found; build it with scripts/build.sh" >&2; exit 1; }
 if [[ "$sides" == *transformers* ]] && ! "$PY" -c 'import fastapi, uvicorn, transformers' 2>/dev/null; then
