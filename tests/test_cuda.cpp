@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <array>
 #include <ATen/core/grad_mode.h>
 #include <torch/cuda.h>
 
@@ -19,7 +20,11 @@
 #include "src/dist/group.h"
 #include "src/dist/runtime.h"
 #include "src/nn/block_hooks.h"
+#include "src/nn/alibi.h"
+#include "src/nn/cached_attention.h"
 #include "src/nn/causal_lm.h"
+#include "src/nn/cuda_decode_attention.h"
+#include "src/nn/kv_storage.h"
 #include "src/parallel/sequence_attention.h"
 #include "src/parallel/tensor_parallel_1d.h"
 #include "src/memory/device_copies.h"
@@ -392,6 +397,43 @@ TEST(Cuda, GreedyGenerationOnTheGpuMatchesTheCpu) {
   }
   EXPECT_EQ(texts[1], texts[0]);
   EXPECT_EQ(texts[2], texts[0]);
+}
+
+TEST(Cuda, DecodingAttentionOverANarrowCacheFollowsTheCpuKernelInEveryKind) {
+  // kernels/cuda/decode_attention.h over fp16, bf16 and int8 caches against the CPU's decoding kernel on
+  // a copy of the same steps: the GPU's cache (written by ATen's conversion or quantization) holds the
+  // CPU kernel's bytes, and the outputs agree to fp32 rounding. Head sizes on and off the warp's width,
+  // left padding masked, ALiBi; an fp32 cache keeps ATen's path.
+  SKIP_WITHOUT_GPU();
+  at::NoGradGuard no_grad;
+  const std::array<int64_t, 4> shapes[] = {{2, 19, 3, 64}, {3, 11, 2, 24}, {1, 9, 2, 128}, {2, 6, 1, 5}};
+  at::manual_seed(41);
+  for (const auto dtype : {at::kHalf, at::kBFloat16, at::kChar})
+    for (auto [b, steps, h, d] : shapes)
+      for (auto [masked, alibi] : {std::pair{false, false}, {true, true}}) {
+        const int64_t c = h * d, w = nn::kv_row_width(d, dtype);
+        const at::Tensor slopes = alibi ? nn::alibi_slopes(h) : at::Tensor();
+        nn::LayerKv cpu{at::zeros({b, h, steps, w}, dtype), at::zeros({b, h, steps, w}, dtype)};
+        nn::LayerKv gpu{cpu.k.to(kGpu), cpu.v.to(kGpu)};
+        const auto pad = at::randint(0, 3, {b}, at::kLong);
+        for (int64_t step = 0; step < steps; ++step) {
+          const auto qkv = at::randn({b, 1, 3 * c}) * 2;
+          at::Tensor mask;
+          if (masked) mask = (at::arange(step + 1).view({1, 1, 1, step + 1}) >= pad.view({b, 1, 1, 1})).contiguous();
+          const auto want = nn::fused_decode_attention(qkv, cpu, step, h, mask, slopes);
+          const auto got = nn::cuda_decode_attention(qkv.to(kGpu), gpu, step, h, mask.defined() ? mask.to(kGpu) : mask,
+                                                     alibi ? slopes.to(kGpu) : slopes);
+          const std::string where = std::string(c10::toString(dtype)) + " B=" + std::to_string(b) + " H=" + std::to_string(h) +
+                                    " D=" + std::to_string(d) + " step " + std::to_string(step) + (masked ? " masked, alibi" : "");
+          ASSERT_TRUE(got.has_value()) << where;
+          EXPECT_LE(max_abs_diff(*got, want), 1e-5 * (1 + want.abs().max().item<double>())) << where;
+          EXPECT_TRUE(at::equal(gpu.k.narrow(2, step, 1).cpu(), cpu.k.narrow(2, step, 1))) << where << ": the new key's bytes";
+          EXPECT_TRUE(at::equal(gpu.v.narrow(2, step, 1).cpu(), cpu.v.narrow(2, step, 1))) << where << ": the new value's bytes";
+        }
+      }
+  nn::LayerKv wide{at::zeros({1, 2, 4, 8}, at::TensorOptions().device(kGpu)), at::zeros({1, 2, 4, 8}, at::TensorOptions().device(kGpu))};
+  EXPECT_FALSE(nn::cuda_decode_attention(at::randn({1, 1, 48}, at::TensorOptions().device(kGpu)), wide, 0, 2, {}).has_value())
+      << "an fp32 cache keeps ATen's path";
 }
 
 TEST(Cuda, TensorAndSequenceParallelLayersOnAWorldOfOneNcclGroupMatchTheCpu) {

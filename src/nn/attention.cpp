@@ -8,6 +8,7 @@
 
 #include "src/nn/alibi.h"
 #include "src/nn/cached_attention.h"
+#include "src/nn/cuda_decode_attention.h"
 #include "src/nn/fused_attention.h"
 #include "src/nn/kv_storage.h"
 #include "src/nn/paged_attention_aten.h"
@@ -63,10 +64,11 @@ at::Tensor Attention::forward(const at::Tensor& x, LayerKv* kv, int64_t offset, 
     return p > 0 ? cut_->dropout(y, p) : y;
   }
   if (spec_.alibi) {
-    std::optional<at::Tensor> attended;   // a decoding step on the CPU: the fused step with the slopes
+    std::optional<at::Tensor> attended;   // a decoding step on the CPU: the fused step with the slopes; on a GPU over a narrow cache, its kernel
     if (kv && p_attn == 0)
       attended = chosen_decode_attention(packed, *kv, offset, h, mask, alibi_slopes_,
                                          [&] { alibi_forward(packed, kv, offset, mask, 0.0); });
+    if (kv && p_attn == 0 && !attended && packed.is_cuda()) attended = cuda_decode_attention(packed, *kv, offset, h, mask, slopes_like(packed));
     auto y = proj_->forward(attended ? *attended : alibi_forward(packed, kv, offset, mask, p_attn));
     return p > 0 ? cut_->dropout(y, p) : y;
   }
@@ -135,6 +137,12 @@ at::Tensor Attention::paged_forward(const at::Tensor& packed_in, LayerKv& kv) {
   return y;
 }
 
+const at::Tensor& Attention::slopes_like(const at::Tensor& packed) {
+  if (!device_slopes_.defined() || device_slopes_.device() != packed.device() || device_slopes_.scalar_type() != packed.scalar_type())
+    device_slopes_ = alibi_slopes_.to(packed.device(), packed.scalar_type());
+  return device_slopes_;
+}
+
 at::Tensor Attention::alibi_forward(const at::Tensor& packed, LayerKv* kv, int64_t offset, const at::Tensor& mask, double p_attn) {
   const int64_t b = packed.size(0), t = packed.size(1), c = packed.size(2) / 3, h = heads_.count, d = c / h;
   auto parts = packed.view({b, t, 3, h, d}).permute({2, 0, 3, 1, 4});   // [3, B, H, T, D]
@@ -146,9 +154,7 @@ at::Tensor Attention::alibi_forward(const at::Tensor& packed, LayerKv* kv, int64
   } else {
     offset = 0;
   }
-  if (!device_slopes_.defined() || device_slopes_.device() != packed.device() || device_slopes_.scalar_type() != packed.scalar_type())
-    device_slopes_ = alibi_slopes_.to(packed.device(), packed.scalar_type());
-  const at::Tensor& slopes = device_slopes_;
+  const at::Tensor& slopes = slopes_like(packed);
   // A captured step's query sits at the device-side slot (its mask is then given: write_keys_values checks).
   const at::Tensor queries = kv && kv->slot.defined() ? kv->slot : at::arange(offset, offset + t, slopes.options());
   const at::Tensor bias = alibi_bias(slopes, queries, offset + t, mask, spec_.causal);   // [1 or B, H, T, S]

@@ -71,6 +71,7 @@ class Attention : public Module {
                                 double p);
   // ALiBi's path: ATen's attention with the distance bias as its float mask, with or without a cache.
   at::Tensor alibi_forward(const at::Tensor& packed, LayerKv* kv, int64_t offset, const at::Tensor& mask, double p_attn);
+  const at::Tensor& slopes_like(const at::Tensor& packed);   // device_slopes_ on packed's device and dtype
 
   AttentionSpec spec_;
   HeadRange heads_;   // of spec_.heads, the ones this rank computes (the factory's split)

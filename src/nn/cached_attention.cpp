@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kernels/cpu/decode_attention.h"
+#include "src/nn/cuda_decode_attention.h"
 #include "src/nn/kernel_choice.h"
 #include "src/nn/kv_storage.h"
 
@@ -124,6 +125,7 @@ std::optional<at::Tensor> chosen_decode_attention(const at::Tensor& qkv, LayerKv
 at::Tensor cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads, const at::Tensor& mask) {
   if (auto y = chosen_decode_attention(qkv, kv, offset, heads, mask, {}, [&] { aten_cached_attention(qkv, kv, offset, heads, mask); }))
     return *y;
+  if (auto y = cuda_decode_attention(qkv, kv, offset, heads, mask)) return *y;   // a GPU's step over a narrow cache
   return aten_cached_attention(qkv, kv, offset, heads, mask);
 }
 
