@@ -196,7 +196,7 @@ TEST(CpuKernels, KeysAndValuesRoundInto16BitCachesAsAtensConversionOnEveryInstru
   const auto src = at::tensor(special);
   for (Isa isa : kernels::runnable_isas()) {
     const auto& k = kernels::isa_kernels(isa);
-    for (const auto [dtype, element] : {std::pair{at::kHalf, kernels::KvElement::fp16}, {at::kBFloat16, kernels::KvElement::bf16}})
+    for (const auto& [dtype, element] : {std::pair{at::kHalf, kernels::KvElement::fp16}, {at::kBFloat16, kernels::KvElement::bf16}})
       for (const int64_t n : {src.numel(), int64_t{7}, int64_t{16}}) {
         auto out = at::empty({n}, dtype);
         k.store_kv(src.const_data_ptr<float>(), out.mutable_data_ptr(), n, element);

@@ -648,7 +648,7 @@ TEST(DecodeBlock, OverANarrowCacheTheFusedStepGivesTheOpByOpBitsAndFollowsTheFp3
     const auto ids = at::randint(0, 96, {3, 11}, at::kLong);
     const auto fp32_cache = decode_steps(*model, ids, true, true, ours);
     const double scale = fp32_cache.abs().max().item<double>();
-    for (const auto [dtype, rounding] : {std::pair{at::kHalf, 1e-3}, {at::kBFloat16, 8e-3}, {at::kChar, 1e-2}}) {
+    for (const auto& [dtype, rounding] : {std::pair{at::kHalf, 1e-3}, {at::kBFloat16, 8e-3}, {at::kChar, 1e-2}}) {
       const std::string what = family + " " + std::string(c10::toString(dtype)) + " cache";
       model->set_kv_dtype(dtype);
       ASSERT_EQ(model->make_cache(1, 4, c10::Device(c10::kCPU)).layers[0].k.scalar_type(), dtype) << what;
