@@ -152,6 +152,22 @@ TEST(QuantizeEndToEnd, ATrainedGptQuantizesWithinItsPerplexityBoundsAndGenerates
     EXPECT_EQ(split.output, batch.output) << s.flags;
   }
 
+  // --kv-cache: the quantized model also scored through a KV cache. Through an fp32 cache it is the
+  // model's own perplexity (the cached prefill against the fused loss: fp32's rounding); through an int8
+  // cache it moves, within int8 weights' own bound.
+  for (const std::string kv : {"fp32", "int8"}) {
+    auto q = run_colossal("quantize " + ckpt + " --out " + (dir / "qkv") + " --scheme int8-weight --eval-tokens 4096 -q --kv-cache " + kv);
+    ASSERT_EQ(q.exit_code, 0) << q.output;
+    const auto [before, after] = perplexities(q.output);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(q.output, m, std::regex("perplexity through a KV cache of " + kv + R"(: ([0-9.]+) \()"))) << q.output;
+    const double through = std::stod(m[1]);
+    if (kv == "fp32") EXPECT_NEAR(through, after, 2e-4 * after) << q.output;
+    else EXPECT_NE(through, after) << q.output;
+    EXPECT_LT(through, before * 1.01) << q.output;
+  }
+  expect_one_line_error(run_colossal("quantize " + ckpt + " --out " + (dir / "x") + " --kv-cache fp8"), "--kv-cache: fp8 not in {fp32,fp16,bf16,int8}");
+
   const std::string out = dir / "q";   // int4 in groups of 32, the last written
   // Refusals, each one line naming what would be valid.
   expect_one_line_error(run_colossal("quantize " + ckpt + " --out " + (dir / "x") + " --scheme int3-weight"),

@@ -15,7 +15,7 @@ namespace colossal::app {
 
 void add_quantize_command(CLI::App& app) {
   struct Args {
-    std::string input, out, scheme = "int8-weight", eval, calib, stream_weights = "auto", stream_cache = "/var/tmp";
+    std::string input, out, scheme = "int8-weight", eval, calib, stream_weights = "auto", stream_cache = "/var/tmp", kv_cache;
     int64_t group = -1;   // -1: the scheme's default
     int64_t eval_tokens = -1, calib_tokens = 8192;   // -1: by how the model is held (QuantizeOptions)
     double max_shard_gb = 5;
@@ -45,6 +45,10 @@ void add_quantize_command(CLI::App& app) {
   cmd->add_option("--eval-tokens", args->eval_tokens,
                   "Tokens to score for the perplexity check (0: skip it). Default: 16384, or 2048 when working block at a time")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cmd->add_option("--kv-cache", args->kv_cache,
+                  "Also score the quantized model through a KV cache of fp32, fp16, bf16 or int8 (as `infer --kv-cache` keeps it), "
+                  "so the perplexity line shows the cost of both")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8"}));
   cmd->add_option("--stream-weights", args->stream_weights,
                   "on: block at a time, for a model larger than memory (each tensor read, quantized and written at once; the "
                   "perplexity and calibration passes stream the blocks from the disk); off: the whole model in memory; auto: on "
@@ -69,6 +73,7 @@ void add_quantize_command(CLI::App& app) {
     o.eval_tokens = args->eval_tokens;
     o.calib = args->calib;
     o.calib_tokens = args->calib_tokens;
+    o.kv_cache = args->kv_cache;
     o.stream_weights = args->stream_weights;
     o.stream_cache = args->stream_cache;
     o.max_shard_bytes = static_cast<uint64_t>(std::max(1.0, std::round(args->max_shard_gb * 1e9)));
@@ -84,6 +89,9 @@ void add_quantize_command(CLI::App& app) {
     if (r.eval_tokens > 0)
       std::printf("perplexity on %lld tokens of %s: %.4f -> %.4f (%+.2f%%)\n", static_cast<long long>(r.eval_tokens),
                   r.eval_source.c_str(), r.ppl_before, r.ppl_after, 100.0 * (r.ppl_after / r.ppl_before - 1.0));
+    if (r.eval_tokens > 0 && r.ppl_kv > 0)
+      std::printf("perplexity through a KV cache of %s: %.4f (%+.2f%% against the quantized model without it, %+.2f%% against the input)\n",
+                  o.kv_cache.c_str(), r.ppl_kv, 100.0 * (r.ppl_kv / r.ppl_after - 1.0), 100.0 * (r.ppl_kv / r.ppl_before - 1.0));
     std::printf("wrote %s%s%s\n", r.out.c_str(), r.files > 1 ? (" (" + std::to_string(r.files) + " safetensors files)").c_str() : "",
                 r.streamed ? ", block at a time" : "");
   });

@@ -17,6 +17,7 @@
 #include "src/data/tokenizer.h"
 #include "src/core/device.h"
 #include "src/engine/checkpoint.h"
+#include "src/engine/generation_checkpoint.h"
 #include "src/engine/streamed_weights.h"
 #include "src/io/atomic_dir.h"
 #include "src/nn/causal_lm.h"
@@ -105,6 +106,30 @@ double perplexity(nn::CausalLM& model, const std::vector<at::Tensor>& windows) {
     const int64_t w = batch.size(1) - 1;
     sum += model.loss(batch.narrow(1, 0, w), batch.narrow(1, 1, w)).item<double>() * static_cast<double>(n);
   }
+  return std::exp(sum / static_cast<double>(windows.size()));
+}
+
+// The same through a KV cache of `kv`: each batch of windows is one prefill into a fresh cache, whose
+// attention writes every key and value into the cache and reads them back as stored (an int8 cache's
+// rows quantized, a 16-bit one's rounded), as each later decoding step would, then cross entropy over
+// the logits.
+double cached_perplexity(nn::CausalLM& model, const std::vector<at::Tensor>& windows, std::optional<at::ScalarType> kv) {
+  at::NoGradGuard no_grad;
+  const auto kept = model.kv_dtype();
+  model.set_kv_dtype(kv);
+  double sum = 0;
+  for (size_t i = 0; i < windows.size(); i += 4) {
+    const size_t n = std::min<size_t>(4, windows.size() - i);
+    auto batch = at::stack(at::TensorList(windows).slice(i, n));   // [n, W + 1]
+    const int64_t w = batch.size(1) - 1;
+    nn::KvCache cache = model.make_cache(static_cast<int64_t>(n), w, c10::Device(c10::kCPU));
+    nn::ForwardOptions fo;
+    fo.cache = &cache;
+    const at::Tensor logits = model.forward(batch.narrow(1, 0, w), fo);   // [n, W, V]
+    const at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), batch.narrow(1, 1, w).reshape({-1}));
+    sum += loss.item<double>() * static_cast<double>(n);
+  }
+  model.set_kv_dtype(kept);
   return std::exp(sum / static_cast<double>(windows.size()));
 }
 
@@ -245,6 +270,7 @@ QuantizeReport quantize_streamed(const QuantizeOptions& o, const CheckpointInfo&
     quant::QuantizedLayerFactory out_factory(o.config, nn::ParamStorage::deferred);
     StreamedLM after(r.out, info.model, out_factory, o.stream_cache);
     r.ppl_after = perplexity(*after, windows);
+    if (!o.kv_cache.empty()) r.ppl_kv = cached_perplexity(*after, windows, parse_kv_cache(o.kv_cache));
   }
   return r;
 }
@@ -288,6 +314,7 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& o) {
     const auto windows = eval_windows(o, info, *tokenizer, w, eval_limit, r);
     r.ppl_before = perplexity(*source, windows);
     r.ppl_after = perplexity(*quantized, windows);
+    if (!o.kv_cache.empty()) r.ppl_kv = cached_perplexity(*quantized, windows, parse_kv_cache(o.kv_cache));
   }
   r.out = save_model_dir(o.out, *quantized, info.tokenizer_files, info.config, quantized_config(o));
   return r;

@@ -20,6 +20,10 @@ struct QuantizeOptions {
   std::string calib;                 // int8-smoothquant's calibration text (.txt) or dataset (.h5, its training
                                      // split); "": the start of the embedded corpus
   int64_t calib_tokens = 8192;
+  // A --kv-cache kind (fp32, fp16, bf16, int8) or "": the quantized model's perplexity also through a KV
+  // cache that stores it (keys and values written and read back as generation would), so the cost of
+  // quantized weights and a narrow cache shows together.
+  std::string kv_cache;
   // "on": block at a time. The source is read one tensor at a time, quantized and written out at once,
   // and the perplexity and calibration passes stream the blocks from the disk (StreamedWeights), so a
   // model larger than memory quantizes in about two blocks' memory. "off": the whole model in memory.
@@ -37,6 +41,7 @@ struct QuantizeReport {
   std::string eval_source;             // what the perplexity was measured on
   int64_t eval_tokens = 0;             // tokens scored
   double ppl_before = 0, ppl_after = 0;
+  double ppl_kv = 0;                   // ppl_after through options.kv_cache's cache (0: not measured)
   std::string calib_source;            // int8-smoothquant: what calibrated it
   int64_t calib_tokens = 0;
   bool streamed = false;               // block at a time (stream_weights)
