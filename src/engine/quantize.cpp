@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -96,17 +97,22 @@ std::vector<at::Tensor> windows_of(std::vector<int32_t>& ids, int64_t w, int64_t
   return out;
 }
 
-// exp(mean next-token cross entropy) over `windows` (each [W + 1] ids), four at a time.
-double perplexity(nn::CausalLM& model, const std::vector<at::Tensor>& windows) {
+// exp(mean next-token cross entropy) over `windows` (each [W + 1] ids), four at a time: `loss(ids,
+// targets)` gives a batch's mean.
+double perplexity_of(const std::vector<at::Tensor>& windows, const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& loss) {
   at::NoGradGuard no_grad;
   double sum = 0;
   for (size_t i = 0; i < windows.size(); i += 4) {
     const size_t n = std::min<size_t>(4, windows.size() - i);
     auto batch = at::stack(at::TensorList(windows).slice(i, n));   // [n, W + 1]
     const int64_t w = batch.size(1) - 1;
-    sum += model.loss(batch.narrow(1, 0, w), batch.narrow(1, 1, w)).item<double>() * static_cast<double>(n);
+    sum += loss(batch.narrow(1, 0, w), batch.narrow(1, 1, w)).item<double>() * static_cast<double>(n);
   }
   return std::exp(sum / static_cast<double>(windows.size()));
+}
+
+double perplexity(nn::CausalLM& model, const std::vector<at::Tensor>& windows) {
+  return perplexity_of(windows, [&](const at::Tensor& ids, const at::Tensor& targets) { return model.loss(ids, targets); });
 }
 
 // The same through a KV cache of `kv`: each batch of windows is one prefill into a fresh cache, whose
@@ -114,23 +120,17 @@ double perplexity(nn::CausalLM& model, const std::vector<at::Tensor>& windows) {
 // rows quantized, a 16-bit one's rounded), as each later decoding step would, then cross entropy over
 // the logits.
 double cached_perplexity(nn::CausalLM& model, const std::vector<at::Tensor>& windows, std::optional<at::ScalarType> kv) {
-  at::NoGradGuard no_grad;
   const auto kept = model.kv_dtype();
   model.set_kv_dtype(kv);
-  double sum = 0;
-  for (size_t i = 0; i < windows.size(); i += 4) {
-    const size_t n = std::min<size_t>(4, windows.size() - i);
-    auto batch = at::stack(at::TensorList(windows).slice(i, n));   // [n, W + 1]
-    const int64_t w = batch.size(1) - 1;
-    nn::KvCache cache = model.make_cache(static_cast<int64_t>(n), w, c10::Device(c10::kCPU));
+  const double ppl = perplexity_of(windows, [&](const at::Tensor& ids, const at::Tensor& targets) {
+    nn::KvCache cache = model.make_cache(ids.size(0), ids.size(1), c10::Device(c10::kCPU));
     nn::ForwardOptions fo;
     fo.cache = &cache;
-    const at::Tensor logits = model.forward(batch.narrow(1, 0, w), fo);   // [n, W, V]
-    const at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), batch.narrow(1, 1, w).reshape({-1}));
-    sum += loss.item<double>() * static_cast<double>(n);
-  }
+    const at::Tensor logits = model.forward(ids, fo);   // [n, W, V]
+    return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), targets.reshape({-1}));
+  });
   model.set_kv_dtype(kept);
-  return std::exp(sum / static_cast<double>(windows.size()));
+  return ppl;
 }
 
 // A causal LM over a model directory whose blocks stream from the disk while it runs (StreamedWeights):

@@ -11,15 +11,19 @@
 
 namespace colossal::nn {
 
-std::optional<kernels::KvElement> kv_element_of(const at::Tensor& cache) {
-  if (!cache.defined() || !cache.is_cpu()) return std::nullopt;
-  switch (cache.scalar_type()) {
+std::optional<kernels::KvElement> kv_element_for(at::ScalarType dtype) {
+  switch (dtype) {
     case at::kFloat: return kernels::KvElement::f32;
     case at::kHalf: return kernels::KvElement::fp16;
     case at::kBFloat16: return kernels::KvElement::bf16;
     case at::kChar: return kernels::KvElement::int8;
     default: return std::nullopt;
   }
+}
+
+std::optional<kernels::KvElement> kv_element_of(const at::Tensor& cache) {
+  if (!cache.defined() || !cache.is_cpu()) return std::nullopt;
+  return kv_element_for(cache.scalar_type());
 }
 
 void write_keys_values(LayerKv& kv, int64_t offset, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {

@@ -14,8 +14,10 @@
 
 namespace colossal::nn {
 
-// What a CPU cache tensor stores, as the kernels name it (float, half or bfloat16); nullopt for any other
-// tensor, which the CPU kernels do not take.
+// What a cache of `dtype` stores, as the kernels name it (float, half, bfloat16 or int8 rows); nullopt for
+// any other dtype.
+std::optional<kernels::KvElement> kv_element_for(at::ScalarType dtype);
+// The same for a CPU cache tensor; nullopt for any other tensor, which the CPU kernels do not take.
 std::optional<kernels::KvElement> kv_element_of(const at::Tensor& cache);
 
 // qkv [B, T, 3C] laid out as [B, T, 3, H, D]: keys and values of the T new positions are written into

@@ -19,28 +19,15 @@ namespace colossal::nn {
 
 #if COLOSSAL_CUDA_KERNELS
 
-namespace {
-
-std::optional<kernels::KvElement> narrow_element(at::ScalarType t) {
-  switch (t) {
-    case at::kHalf: return kernels::KvElement::fp16;
-    case at::kBFloat16: return kernels::KvElement::bf16;
-    case at::kChar: return kernels::KvElement::int8;
-    default: return std::nullopt;   // fp32 stays on SDPA (see the header)
-  }
-}
-
-}  // namespace
-
 std::optional<at::Tensor> cuda_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
                                                 const at::Tensor& mask, const at::Tensor& alibi_slopes) {
   if (kernel_policy().attention == KernelPath::Aten || !qkv.is_cuda() || qkv.scalar_type() != at::kFloat || qkv.dim() != 3 ||
       qkv.size(1) != 1 || !kv.k.defined() || kv.paged)
     return std::nullopt;
-  const auto element = narrow_element(kv.k.scalar_type());
+  const auto element = kv_element_for(kv.k.scalar_type());
   const int64_t b = qkv.size(0), c = qkv.size(2) / 3, d = c / heads, n = offset + 1;
   const auto on_device = [&](const at::Tensor& t) { return t.device() == qkv.device() && t.is_contiguous(); };
-  if (!element || kv.v.scalar_type() != kv.k.scalar_type() || !on_device(kv.k) || !on_device(kv.v) || kv.k.dim() != 4 ||
+  if (!element || *element == kernels::KvElement::f32 || kv.v.scalar_type() != kv.k.scalar_type() || !on_device(kv.k) || !on_device(kv.v) || kv.k.dim() != 4 ||
       kv.v.sizes() != kv.k.sizes() || kv.k.size(0) != b || kv.k.size(1) != heads || kv.k.size(3) != kv_row_width(d, kv.k.scalar_type()) ||
       n > kv.k.size(2) || n > kernels::kCudaDecodeAttentionMaxLength)
     return std::nullopt;
