@@ -103,6 +103,15 @@ def start(cmd, port, env, timeout, log):
     fail(f"{' '.join(cmd[:3])} did not answer /health within {timeout} s (see {log.name})")
 
 
+def metric(port, name):
+    """A counter or gauge of colossal serve's /metrics (Prometheus text), or None."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    m = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
+    return float(m[1]) if m else None
+
+
 def stop(proc):
     os.killpg(proc.pid, signal.SIGTERM)
     try:
@@ -117,6 +126,7 @@ def main():
     for a in ("--colossal", "--python", "--model", "--sides", "--command", "--logs"):
         ap.add_argument(a, required=True)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--kv-memory-gb", type=float, help="colossal's sides: the paged KV cache's memory (serve's default: 1)")
     for a in ("--requests", "--concurrency", "--max-tokens", "--threads", "--repeat", "--port"):
         ap.add_argument(a, type=int, required=True)
     a = ap.parse_args()
@@ -134,6 +144,10 @@ def main():
         "transformers-cb": [a.python, "-m", "transformers.cli.transformers", "serve", "--port", str(a.port), "--device", a.device,
                             "--dtype", "float32", "--continuous-batching", a.model],
     }
+    if a.kv_memory_gb:
+        for side, cmd in commands.items():
+            if side.startswith("colossal"):
+                cmd += ["--kv-memory-gb", str(a.kv_memory_gb)]
     names = {"colossal": "m", "colossal-1": "m", "colossal-fp16kv": "m", "colossal-int8kv": "m", "transformers": a.model,
              "transformers-cb": a.model}
     rows, failed = {s: [] for s in sides}, {}
@@ -148,7 +162,10 @@ def main():
                 try:
                     proc = start(commands[side], a.port, env, 300, log)
                     one_request(a.port, names[side], SHORT, 4, [])   # warm-up: first-use kernel timings, lazy loading
-                    rows[side].append(run_load(a.port, names[side], a.requests, a.concurrency, a.max_tokens))
+                    row = run_load(a.port, names[side], a.requests, a.concurrency, a.max_tokens)
+                    if side.startswith("colossal"):   # sequences recomputed for lack of KV blocks, warm-up included
+                        row["preempted"] = metric(a.port, "colossal_preemptions_total")
+                    rows[side].append(row)
                 except (SideFailed, OSError) as e:
                     errors = [l.strip() for l in open(log_path, errors="replace") if "Error" in l]
                     failed[side] = f"{e}" + (f"; its log: {errors[-1][:160]}" if errors else "")
@@ -164,8 +181,9 @@ def main():
         ratio = f" (colossal {base / med(side, 'tok_s'):.2f}x)" if base and side != "colossal" else ""
         gaps = "n/a (one chunk a request)" if med(side, "itl50") != med(side, "itl50") else \
             f"p50 {1e3 * med(side, 'itl50'):.0f} ms p90 {1e3 * med(side, 'itl90'):.0f} ms p99 {1e3 * med(side, 'itl99'):.0f} ms"
+        preempted = f" | {med(side, 'preempted'):.0f} preemptions" if rows[side][0].get("preempted") is not None else ""
         print(f"{side:16s} {med(side, 'tok_s'):7.1f} tok/s{ratio} | TTFT p50 {med(side, 'ttft50'):.2f} s p90 {med(side, 'ttft90'):.2f} s"
-              f" | inter-token {gaps} | {med(side, 'tokens'):.0f} tokens in {med(side, 'wall'):.1f} s")
+              f" | inter-token {gaps} | {med(side, 'tokens'):.0f} tokens in {med(side, 'wall'):.1f} s{preempted}")
     cpu = subprocess.run(["bash", "scripts/bench/cpu_line.sh"], capture_output=True, text=True).stdout.strip()   # model, kernel set, caps
     print(f"load: {a.requests} streamed requests, {a.concurrency} at a time, prompts alternating "
           f"{len(SHORT.split())} and {len(LONG.split())} words, max_tokens {a.max_tokens}, greedy")

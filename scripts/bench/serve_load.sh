@@ -9,7 +9,9 @@
 #   transformers-cb   `transformers serve --continuous-batching` (its paged-attention batching)
 # each started fresh, warmed with one request, loaded, and stopped, in rounds. Prints generated tokens/s
 # (completion tokens from the streams' usage over the wall time), time to first token and the time between
-# consecutive chunks (percentiles over every request), and colossal's throughput ratio to each.
+# consecutive chunks (percentiles over every request), and colossal's throughput ratio to each; for colossal's
+# sides, the sequences preempted for lack of KV blocks (its /metrics). --kv-memory-gb sets their KV memory, so
+# that a cache kind's capacity (fp32, fp16, int8 blocks) shows as preemptions and their recomputation.
 # The model is a Hugging Face directory both read (default: opt-125m's shape with random weights, made by
 # scripts/bench/make_hf_dir.py; random weights decode at the same speed).
 set -euo pipefail
@@ -17,7 +19,7 @@ cd "$(dirname "$0")/../.."
 COMMAND="scripts/bench/serve_load.sh"
 (($# == 0)) || COMMAND+="$(printf ' %q' "$@")"
 requests=32 concurrency=16 max_tokens=64 threads="$(nproc)" repeat=1 port=18731 model="" sides=colossal,colossal-1,transformers,transformers-cb
-device=cpu
+device=cpu kv_memory=()
 COLOSSAL=build/colossal PY=.venv/bin/python
 while (($#)); do
   case "$1" in
@@ -28,14 +30,15 @@ while (($#)); do
     --repeat) repeat="${2:?}"; shift 2 ;;
     --port) port="${2:?}"; shift 2 ;;
     --device) device="${2:?}"; shift 2 ;;
+    --kv-memory-gb) kv_memory=(--kv-memory-gb "${2:?}"); shift 2 ;;
     --model) model="${2:?}"; shift 2 ;;
     --sides) sides="${2:?}"; shift 2 ;;
     --colossal) COLOSSAL="${2:?}"; shift 2 ;;
     --python) PY="${2:?}"; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
       echo "usage: scripts/bench/serve_load.sh [--requests 32] [--concurrency 16] [--max-tokens 64] [--repeat 1] [--model DIR]"
       echo "                                   [--sides colossal,colossal-1,colossal-fp16kv,colossal-int8kv,transformers,transformers-cb] [--port N]"
-      echo "                                   [--device cpu|cuda]"; exit 0 ;;
+      echo "                                   [--device cpu|cuda] [--kv-memory-gb G (colossal's sides)]"; exit 0 ;;
     *) echo "serve_load: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -61,4 +64,4 @@ LOGS="$(mktemp -d "${TMPDIR:-/tmp}/serve_load.XXXXXX")"
 echo "serve_load: server logs in $LOGS" >&2
 exec "$PY" scripts/bench/serve_load.py --colossal "$COLOSSAL" --python "$PY" --model "$model" --sides "$sides" --command "$COMMAND" \
   --logs "$LOGS" --requests "$requests" --concurrency "$concurrency" --max-tokens "$max_tokens" --threads "$threads" \
-  --repeat "$repeat" --port "$port" --device "$device"
+  --repeat "$repeat" --port "$port" --device "$device" "${kv_memory[@]}"
