@@ -252,6 +252,7 @@ TEST_P(ServeFamilies, ContinuousBatchingWithPreemptionGivesEachRequestItsOneAtAT
   greedy.greedy = true;
   greedy.max_tokens = 14;
   // With the model's fp32 cache, and with caches of fp16, bf16 and int8 (kv_element.h) on both sides.
+  int64_t fp32_cache_bytes = 0;   // the generator's cache for the last prompt, which the others measure against
   for (const std::optional<at::ScalarType> kv :
        {std::optional<at::ScalarType>(), std::optional(at::kHalf), std::optional(at::kBFloat16), std::optional(at::kChar)}) {
     model->set_kv_dtype(kv);
@@ -260,6 +261,11 @@ TEST_P(ServeFamilies, ContinuousBatchingWithPreemptionGivesEachRequestItsOneAtAT
     Generator gen(model, tok, at::kCPU);
     std::vector<std::string> expected_text;
     for (const auto& p : prompts) expected_text.push_back(gen.generate({p}, greedy)[0].text);
+    // Its cache's bytes: 16 bits half of fp32's; int8 rows of 16 values and a 4-byte scale, 20 of 64.
+    const int64_t bytes = gen.last_timing().kv_cache_bytes;
+    if (!kv) fp32_cache_bytes = bytes;
+    EXPECT_GT(fp32_cache_bytes, 0) << what;
+    EXPECT_EQ(bytes * (!kv ? 1 : *kv == at::kChar ? 64 : 2), fp32_cache_bytes * (kv && *kv == at::kChar ? 20 : 1)) << what;
 
     // 14 blocks of 4 positions for 5 requests of 17 to 47 positions: preemption is certain; steps of at
     // most 6 tokens split every prompt into chunks.

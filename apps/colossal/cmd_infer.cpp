@@ -218,11 +218,12 @@ void run(InferArgs& a) {
   spdlog::info("generated {} tokens for {} prompt(s) in {:.2f} s ({:.1f} tokens/s)", generated, prompts.size(), secs,
                secs > 0 ? static_cast<double>(generated) / secs : 0.0);
   const auto& t = generator.last_timing();
-  spdlog::info("timing: prefill {} tokens in {:.1f} ms | decode {} steps x {} sequences in {:.4f} s ({:.1f} tokens/s){}",
+  spdlog::info("timing: prefill {} tokens in {:.1f} ms | decode {} steps x {} sequences in {:.4f} s ({:.1f} tokens/s){} | KV cache {}",
                t.prefill_tokens, t.prefill_s * 1e3, t.decode_steps, t.batch, t.decode_s,
                t.decode_s > 0 ? static_cast<double>(t.decode_steps * t.batch) / t.decode_s : 0.0,
                t.captured_steps > 0 ? fmt::format(", {} of them CUDA graph replays ({} captured)", t.captured_steps, t.captures)
-                                    : std::string());
+                                    : std::string(),
+               human_bytes(static_cast<double>(t.kv_cache_bytes)));
   if (streamed) {
     streamed->stop();   // the first block's read for a token that never comes
     spdlog::info("streamed weights: {} block reads, {} read ({:.2f} GiB/s over the run), at most {} blocks in memory",

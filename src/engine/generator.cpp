@@ -81,6 +81,7 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::string>
     prefill.mask = mask.unsqueeze(1).to(device_);                                    // [B, 1, T, T]
   }
   timing_ = {};
+  for (const auto& layer : cache.layers) timing_.kv_cache_bytes += static_cast<int64_t>(layer.k.nbytes() + layer.v.nbytes());
   auto clock_start = std::chrono::steady_clock::now();
   auto lap = [&] {
     const auto now = std::chrono::steady_clock::now();

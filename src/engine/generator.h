@@ -26,6 +26,7 @@ struct GenerationTiming {
   double prefill_s = 0, decode_s = 0;
   int64_t batch = 0, prefill_tokens = 0, decode_steps = 0;
   int64_t captured_steps = 0, captures = 0;   // decode steps replayed as CUDA graphs, graphs captured
+  int64_t kv_cache_bytes = 0;                 // the keys' and values' tensors of every layer (--kv-cache's choice)
 };
 
 class Generator {
