@@ -146,7 +146,7 @@ void run(InferArgs& a) {
     model = load_generation_model(opened, user, tensor_group, /*pack_for_cpu=*/device.is_cpu());
   }
   model->set_kv_dtype(parse_kv_cache(a.kv_cache));
-  if (a.kv_cache != "auto") spdlog::info("KV cache: {} keys and values (widened to the model's dtype as attention reads them)", a.kv_cache);
+  if (a.kv_cache != "auto") spdlog::info("KV cache: {} keys and values (read back in the model's dtype as attention reads them)", a.kv_cache);
   std::shared_ptr<StreamedWeights> streamed;
   // The reading thread uses the model, so any read in flight ends before the model goes, however this
   // function is left (the hook chain inside the model owns the streamer too).

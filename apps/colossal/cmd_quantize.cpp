@@ -9,6 +9,7 @@
 #include "apps/colossal/commands.h"
 #include "src/core/log.h"
 #include "src/core/text.h"
+#include "src/engine/generation_checkpoint.h"
 #include "src/engine/quantize.h"
 
 namespace colossal::app {
@@ -48,7 +49,11 @@ void add_quantize_command(CLI::App& app) {
   cmd->add_option("--kv-cache", args->kv_cache,
                   "Also score the quantized model through a KV cache of fp32, fp16, bf16 or int8 (as `infer --kv-cache` keeps it), "
                   "so the perplexity line shows the cost of both")
-      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8"}));
+      ->check(CLI::IsMember([] {   // infer's kinds but "auto": the line names the kind it measured
+        auto kinds = kv_cache_choices();
+        kinds.erase(std::remove(kinds.begin(), kinds.end(), "auto"), kinds.end());
+        return kinds;
+      }()));
   cmd->add_option("--stream-weights", args->stream_weights,
                   "on: block at a time, for a model larger than memory (each tensor read, quantized and written at once; the "
                   "perplexity and calibration passes stream the blocks from the disk); off: the whole model in memory; auto: on "

@@ -22,7 +22,7 @@ struct DecodeAttentionDims {
   int64_t length;     // positions attended, the new one included (it is written at length - 1)
   float scale;        // usually 1/sqrt(head_dim)
   const float* alibi_slopes = nullptr;   // [heads]: ALiBi's slope * (j - (length - 1)) on key j's score (BLOOM); or null
-  KvElement element = KvElement::f32;     // what the caches store (the new key and value are rounded to it)
+  KvElement element = KvElement::f32;     // what the caches store (the new key and value are stored as it)
 };
 
 // A sequence with no valid position gets a zero output.

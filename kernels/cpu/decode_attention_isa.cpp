@@ -16,15 +16,8 @@
 namespace colossal::kernels::COLOSSAL_ISA {
 namespace {
 
-// The cache's stored element of kind E.
 template <KvElement E>
-using Stored = std::conditional_t<E == KvElement::f32, float, std::conditional_t<E == KvElement::int8, int8_t, uint16_t>>;
-
-// Stored elements from one row (position) of a head to the next: an int8 row carries its scale.
-template <KvElement E>
-constexpr int64_t row_stride(int64_t d) {
-  return kv_row_elements(E, d);
-}
+using Stored = KvStored<E>;
 
 // The scale of an int8 row of d values starting at `row` (1 for the other kinds, which have none).
 template <KvElement E>
@@ -171,10 +164,10 @@ COLOSSAL_INLINE __m256 sum_eight(const vf (&a)[8]) {
 }
 #endif
 
-// s[j] = scale * q . k_j for j < n, keys row_stride<E>(d) apart.
+// s[j] = scale * q . k_j for j < n, keys kv_row_elements(E, d) apart.
 template <KvElement E>
 void scores(const float* __restrict q, const Stored<E>* __restrict k, int64_t n, int64_t d, float scale, float* __restrict s) {
-  const int64_t stride = row_stride<E>(d), ahead = ahead_rows<E>(stride);
+  const int64_t stride = kv_row_elements(E, d), ahead = ahead_rows<E>(stride);
   int64_t j = 0;
   if (d % kLanes == 0) {
 #if defined(__AVX2__)
@@ -252,7 +245,7 @@ void decode_head(const float* __restrict q, const Stored<E>* __restrict k, const
     sum += s[j];
   }
   const float inv = 1.0f / sum;
-  const int64_t stride = row_stride<E>(d);
+  const int64_t stride = kv_row_elements(E, d);
   int64_t c = 0;
   for (; c + 8 * kLanes <= d; c += 8 * kLanes) weighted_values<8, E>(s, v + c, n, stride, d - c, inv, out + c);
   if (c + 4 * kLanes <= d) weighted_values<4, E>(s, v + c, n, stride, d - c, inv, out + c), c += 4 * kLanes;
@@ -263,7 +256,7 @@ void decode_head(const float* __restrict q, const Stored<E>* __restrict k, const
 }
 
 // The same over keys and values in blocks (paged_attention.h; block_stride in stored elements, rows
-// row_stride<E>(d) apart within a block): the scores block by block into s, ALiBi's
+// kv_row_elements(E, d) apart within a block): the scores block by block into s, ALiBi's
 // slope * (j - (n - 1)) added when slope is non-zero, the softmax over all n, the weighted values block by
 // block with the output columns in registers across every block.
 template <KvElement E>
@@ -275,7 +268,7 @@ void paged_head(const float* __restrict q, const Stored<E>* __restrict k_base, c
   add_alibi(slope, n, s);
   float max;
   const float inv = 1.0f / exp_shifted_inplace(s, n, max);
-  const int64_t stride = row_stride<E>(d);
+  const int64_t stride = kv_row_elements(E, d);
   int64_t c = 0;
   auto columns = [&](auto nv) {
     constexpr int NV = decltype(nv)::value;

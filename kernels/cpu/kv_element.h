@@ -3,16 +3,22 @@
 // the cache being the read that grows with the context while the weights' stays fixed (llama.cpp keeps
 // its cache in fp16 by default and offers q8_0; vLLM offers fp8). 16-bit keys and values are rounded to
 // nearest-even when written and widened exactly when read; int8 rows are quantized symmetrically
-// (kv_int8_row below) and read as q * scale. The arithmetic stays fp32.
+// (the rule below) and read as q * scale. The arithmetic stays fp32.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace colossal::kernels {
 
 enum class KvElement : uint8_t { f32, fp16, bf16, int8 };
 
 constexpr size_t kv_element_bytes(KvElement e) { return e == KvElement::f32 ? 4 : e == KvElement::int8 ? 1 : 2; }
+
+// The C++ type of one stored element of kind E (16-bit floats as their raw bits), for the CPU and CUDA
+// kernels alike.
+template <KvElement E>
+using KvStored = std::conditional_t<E == KvElement::f32, float, std::conditional_t<E == KvElement::int8, int8_t, uint16_t>>;
 
 // An int8 row is its d values then its scale's 4 bytes (fp32, native order), so that a row stays one
 // unit every copy, gather and block of the cache moves whole: the caches' last dimension is

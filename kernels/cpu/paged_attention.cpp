@@ -32,8 +32,8 @@ void paged_attention_task(const float* qkv, const void* k_pool, const void* v_po
                           const int32_t* const* tables, const float* alibi_slopes, float* out, const PagedAttentionDims& a,
                           int64_t task, float* scores) {
   const int64_t h = a.heads, d = a.head_dim, c = h * d, bs = a.block_size, i = task / h, head = task % h;
-  const int64_t row = kv_row_elements(a.element, d);   // stored elements of a row (int8's scale included)
-  const int64_t head_at = head * bs * row * static_cast<int64_t>(kv_element_bytes(a.element));   // bytes into each block
+  const int64_t row = kv_row_elements(a.element, d);       // stored elements of a row (int8's scale included)
+  const int64_t head_at = head * bs * kv_row_bytes(a.element, d);   // bytes into each block
   active_kernels().attention_paged_head(qkv + i * 3 * c + head * d, static_cast<const char*>(k_pool) + head_at,
                                         static_cast<const char*>(v_pool) + head_at, a.element, tables[i], positions[i] + 1, bs,
                                         h * bs * row, d, a.scale, alibi_slopes ? alibi_slopes[head] : 0.0f, scores, out + i * c + head * d);

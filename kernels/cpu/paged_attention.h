@@ -21,7 +21,7 @@ namespace colossal::kernels {
 struct PagedAttentionDims {
   int64_t tokens, heads, head_dim, block_size;
   float scale;   // usually 1/sqrt(head_dim)
-  KvElement element = KvElement::f32;   // what the pools store (keys and values are rounded to it)
+  KvElement element = KvElement::f32;   // what the pools store (keys and values are stored as it)
 };
 
 void paged_attention(const float* qkv, void* k_pool, void* v_pool, const int64_t* positions, const int32_t* const* tables,

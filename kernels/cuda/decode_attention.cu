@@ -14,19 +14,7 @@ constexpr int kThreads = 128;
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
 template <KvElement E>
-struct StoredOf {
-  using type = uint16_t;
-};
-template <>
-struct StoredOf<KvElement::f32> {
-  using type = float;
-};
-template <>
-struct StoredOf<KvElement::int8> {
-  using type = int8_t;
-};
-template <KvElement E>
-using Stored = typename StoredOf<E>::type;
+using Stored = KvStored<E>;
 
 // An int8 row's scale: the 4 bytes after its d values, assembled byte by byte (rows of odd d start off a
 // float's alignment); 1 for the other kinds.

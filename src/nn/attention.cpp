@@ -19,13 +19,12 @@ namespace colossal::nn {
 namespace {
 
 // Whether kernels/cpu/paged_attention's kernel takes kv for `rows` tokens of `heads` heads of d: pools on
-// the CPU of an element it stores (float, half, bfloat16), each [blocks, heads, block_size, d], and a
-// position and a block table per token.
+// the CPU of an element it stores (float, half, bfloat16, int8 rows), each [blocks, heads, block_size,
+// row width], and a position and a block table per token.
 bool paged_kernel_takes(const LayerKv& kv, int64_t rows, int64_t heads, int64_t d) {
   const auto& r = *kv.paged;
-  return kv_element_of(kv.k) && kv.v.scalar_type() == kv.k.scalar_type() && kv.k.is_contiguous() && kv.v.is_contiguous() &&
-         kv.v.sizes() == kv.k.sizes() && kv.k.dim() == 4 && kv.k.size(1) == heads && kv.k.size(2) == r.block_size &&
-         kv.k.size(3) == kv_row_width(d, kv.k.scalar_type()) && static_cast<int64_t>(r.positions.size()) == rows && static_cast<int64_t>(r.tables.size()) == rows;
+  return kv_element_of(kv.k) && kv_holds_heads(kv, heads, d) && kv.k.size(2) == r.block_size &&
+         static_cast<int64_t>(r.positions.size()) == rows && static_cast<int64_t>(r.tables.size()) == rows;
 }
 
 }  // namespace
@@ -94,7 +93,7 @@ bool Attention::decode_parts(int64_t rows, const LayerKv& kv, int64_t offset, co
   if (is_training() || !spec_.causal || sequence_ || heads_.count != spec_.heads || (mask.defined() && mask_rows_)) return false;
   if (kv.paged) {   // paged_forward's CPU kernel
     if (mask.defined() || !paged_kernel_takes(kv, rows, heads_.count, head_dim())) return false;
-  } else if (!decode_cache_applies(rows, kv, offset, mask) || kv.k.size(1) != heads_.count || kv.k.size(3) != kv_row_width(head_dim(), kv.k.scalar_type()) ||
+  } else if (!decode_cache_applies(rows, kv, offset, mask) || !kv_holds_heads(kv, heads_.count, head_dim()) ||
              !decode_choice_.get(rows, [&] {
                return decode_attention_decision(rows, heads_.count, head_dim(), spec_.alibi, *kv_element_of(kv.k));
              })) {

@@ -26,6 +26,11 @@ std::optional<kernels::KvElement> kv_element_of(const at::Tensor& cache) {
   return kv_element_for(cache.scalar_type());
 }
 
+bool kv_holds_heads(const LayerKv& kv, int64_t heads, int64_t head_dim) {
+  return kv.k.defined() && kv.v.scalar_type() == kv.k.scalar_type() && kv.k.is_contiguous() && kv.v.is_contiguous() &&
+         kv.v.sizes() == kv.k.sizes() && kv.k.dim() == 4 && kv.k.size(1) == heads && kv.k.size(3) == kv_row_width(head_dim, kv.k.scalar_type());
+}
+
 void write_keys_values(LayerKv& kv, int64_t offset, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
   if (!kv.slot.defined()) {
     store_kv_rows(kv.k.narrow(2, offset, k.size(2)), k);
@@ -85,7 +90,7 @@ at::Tensor decode_step(const at::Tensor& qkv_in, LayerKv& kv, int64_t offset, in
                        const at::Tensor& alibi_slopes = {}) {
   const auto qkv = qkv_in.contiguous();
   const int64_t b = qkv.size(0), c = qkv.size(2) / 3, d = c / heads;
-  TORCH_CHECK(kv.k.size(1) == heads && kv.k.size(3) == kv_row_width(d, kv.k.scalar_type()), "fused_decode_attention: cache ", kv.k.sizes(),
+  TORCH_CHECK(kv_holds_heads(kv, heads, d), "fused_decode_attention: cache ", kv.k.sizes(),
               " does not hold ", heads, " heads of ", d);
   TORCH_CHECK(!alibi_slopes.defined() || (alibi_slopes.is_cpu() && alibi_slopes.scalar_type() == at::kFloat &&
                                            alibi_slopes.is_contiguous() && alibi_slopes.numel() == heads),

@@ -1,9 +1,9 @@
 // Attention that reads and extends a layer's KV cache (generation). Prefill and masked steps run on
 // ATen's scaled_dot_product_attention (a cache narrower than the compute dtype widened for it); a
-// one-token step on CPU float tensors, over a cache of float, half or bfloat16, runs
+// one-token step on CPU float tensors, over a cache of float, half, bfloat16 or int8 rows, runs
 // kernels/cpu/decode_attention (cache write and attention in one call) when it wins at that shape
 // (kernel_choice.h, kernel "attention", shape "decode B H D", or "decode B H D alibi" with BLOOM's
-// distance bias, " kv=fp16" or " kv=bf16" added over such a cache, timed once on the first step).
+// distance bias, " kv=fp16", " kv=bf16" or " kv=int8" added over such a cache, timed once on the first step).
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <functional>
@@ -19,6 +19,9 @@ namespace colossal::nn {
 std::optional<kernels::KvElement> kv_element_for(at::ScalarType dtype);
 // The same for a CPU cache tensor; nullopt for any other tensor, which the CPU kernels do not take.
 std::optional<kernels::KvElement> kv_element_of(const at::Tensor& cache);
+// Whether kv's keys and values are contiguous tensors of one dtype and one shape [_, heads, _, W], W
+// the row width of head_dim in that dtype (kv_storage.h): what the kernels address as rows.
+bool kv_holds_heads(const LayerKv& kv, int64_t heads, int64_t head_dim);
 
 // qkv [B, T, 3C] laid out as [B, T, 3, H, D]: keys and values of the T new positions are written into
 // kv at [offset, offset + T), then queries attend over [0, offset + T) -> y [B, T, C] (before the output

@@ -76,8 +76,9 @@ class CausalLM : public Model {
   virtual int64_t vocab_size() const = 0;
 
   // What the KV caches this model makes (make_cache, and serving's pools built from it) store: a dtype
-  // narrower than the compute dtype halves the bytes a decoding step reads from its cache and the memory
-  // a sequence holds (kernels/cpu/kv_element.h); nullopt (the default) keeps the compute dtype.
+  // narrower than the compute dtype cuts the bytes a decoding step reads from its cache and the memory a
+  // sequence holds (half in 16 bits, about a quarter in int8 rows: kernels/cpu/kv_element.h); nullopt
+  // (the default) keeps the compute dtype.
   void set_kv_dtype(std::optional<at::ScalarType> dtype) { kv_dtype_ = dtype; }
   std::optional<at::ScalarType> kv_dtype() const { return kv_dtype_; }
 

@@ -4,7 +4,6 @@
 #include "kernels/cuda/built.h"
 #include "src/nn/cached_attention.h"
 #include "src/nn/kernel_choice.h"
-#include "src/nn/kv_storage.h"
 
 #if COLOSSAL_CUDA_KERNELS
 #include <ATen/ATen.h>
@@ -27,9 +26,8 @@ std::optional<at::Tensor> cuda_decode_attention(const at::Tensor& qkv, LayerKv& 
   const auto element = kv_element_for(kv.k.scalar_type());
   const int64_t b = qkv.size(0), c = qkv.size(2) / 3, d = c / heads, n = offset + 1;
   const auto on_device = [&](const at::Tensor& t) { return t.device() == qkv.device() && t.is_contiguous(); };
-  if (!element || *element == kernels::KvElement::f32 || kv.v.scalar_type() != kv.k.scalar_type() || !on_device(kv.k) || !on_device(kv.v) || kv.k.dim() != 4 ||
-      kv.v.sizes() != kv.k.sizes() || kv.k.size(0) != b || kv.k.size(1) != heads || kv.k.size(3) != kv_row_width(d, kv.k.scalar_type()) ||
-      n > kv.k.size(2) || n > kernels::kCudaDecodeAttentionMaxLength)
+  if (!element || *element == kernels::KvElement::f32 || !kv_holds_heads(kv, heads, d) || !on_device(kv.k) || !on_device(kv.v) ||
+      kv.k.size(0) != b || n > kv.k.size(2) || n > kernels::kCudaDecodeAttentionMaxLength)
     return std::nullopt;
   if (mask.defined() && !(mask.scalar_type() == at::kBool && on_device(mask) && mask.dim() == 4 && mask.size(0) == b &&
                           mask.size(1) == 1 && mask.size(2) == 1 && mask.size(3) == n))
