@@ -65,7 +65,7 @@ struct PolicyGuard {
 }  // namespace
 
 TEST(IsaDispatch, NamesRoundTripAndUnknownNamesAreRejected) {
-  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512, Isa::avx512vnni}) EXPECT_EQ(kernels::parse_isa(kernels::isa_name(isa)), isa);
+  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512, Isa::avx512vnni, Isa::amx}) EXPECT_EQ(kernels::parse_isa(kernels::isa_name(isa)), isa);
   EXPECT_FALSE(kernels::parse_isa("sse4").has_value());
   EXPECT_FALSE(kernels::parse_isa("AVX2").has_value());
 }
@@ -77,25 +77,31 @@ TEST(IsaDispatch, EnvironmentCapLowersTheSetAndRejectsWhatTheMachineCannotRun) {
   EXPECT_EQ(kernels::isa_cap_from("baseline", Isa::avx2), Isa::baseline);
   EXPECT_EQ(kernels::isa_cap_from("avx512", Isa::avx512), Isa::avx512);
   EXPECT_EQ(kernels::isa_cap_from("avx512", Isa::avx512vnni), Isa::avx512);   // AVX-512 without its VNNI dot products
+  EXPECT_EQ(kernels::isa_cap_from("avx512vnni", Isa::amx), Isa::avx512vnni);   // the VNNI loop without AMX's tiles
+  EXPECT_EQ(what_of([] { kernels::isa_cap_from("amx", Isa::avx512vnni); }),
+            "COLOSSAL_CPU_ISA=amx: this CPU cannot run amx code (its widest is avx512vnni; valid here: baseline, avx2, avx512, avx512vnni)");
   EXPECT_EQ(what_of([] { kernels::isa_cap_from("avx512vnni", Isa::avx512); }),
             "COLOSSAL_CPU_ISA=avx512vnni: this CPU cannot run avx512vnni code (its widest is avx512; valid here: baseline, avx2, avx512)");
   EXPECT_EQ(what_of([] { kernels::isa_cap_from("avx512", Isa::avx2); }),
             "COLOSSAL_CPU_ISA=avx512: this CPU cannot run avx512 code (its widest is avx2; valid here: baseline, avx2)");
   EXPECT_EQ(what_of([] { kernels::isa_cap_from("avx", Isa::avx512); }),
-            "COLOSSAL_CPU_ISA=\"avx\" is not an instruction set (valid: avx512vnni, avx512, avx2, baseline)");
+            "COLOSSAL_CPU_ISA=\"avx\" is not an instruction set (valid: amx, avx512vnni, avx512, avx2, baseline)");
 }
 
 TEST(IsaDispatch, ScopedIsaSelectsThatSetsKernelsAndRestoresTheDefault) {
   const Isa before = kernels::active_isa();
-  const int lanes[] = {4, 8, 16, 16};
+  const int lanes[] = {4, 8, 16, 16, 16};
   for (Isa isa : kernels::runnable_isas()) {
     kernels::ScopedIsa cap(isa);
     EXPECT_EQ(kernels::active_isa(), isa);
     EXPECT_EQ(kernels::active_kernels().lanes, lanes[static_cast<int>(isa)]) << kernels::isa_name(isa);
   }
   EXPECT_EQ(kernels::active_isa(), before);
-  if (kernels::machine_isa() != Isa::avx512vnni) {
+  if (kernels::machine_isa() < Isa::avx512vnni) {
     EXPECT_THROW(kernels::ScopedIsa{Isa::avx512vnni}, std::invalid_argument);   // braces: a temporary, not a declaration
+  }
+  if (kernels::machine_isa() < Isa::amx) {
+    EXPECT_THROW(kernels::ScopedIsa{Isa::amx}, std::invalid_argument);
   }
 }
 
@@ -104,7 +110,7 @@ TEST(IsaDispatch, TheBinaryRejectsABadCapWithOneLine) {
   auto r = test::run_colossal("--version");
   unsetenv("COLOSSAL_CPU_ISA");
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.output, "error: COLOSSAL_CPU_ISA=\"avx1024\" is not an instruction set (valid: avx512vnni, avx512, avx2, baseline)\n");
+  EXPECT_EQ(r.output, "error: COLOSSAL_CPU_ISA=\"avx1024\" is not an instruction set (valid: amx, avx512vnni, avx512, avx2, baseline)\n");
   setenv("COLOSSAL_CPU_ISA", "baseline", 1);   // every machine runs baseline
   r = test::run_colossal("--version");
   unsetenv("COLOSSAL_CPU_ISA");

@@ -238,6 +238,46 @@ at::Tensor run_packed(const at::Tensor& x, const quant::QuantizedWeight& packed,
   return y;
 }
 
+TEST(QuantKernels, AmxTilesGiveTheVnniLoopsBitsForPromptsPackedPerCallOrAtLoad) {
+  if (kernels::machine_isa() < Isa::amx) GTEST_SKIP() << "this CPU (or its kernel) gives no AMX int8 tiles: prompts take the VNNI loop";
+  at::manual_seed(33);
+  struct Case {
+    quant::Scheme scheme;
+    int64_t in, group;
+  };
+  // int8 per channel (an odd block count: a pair's second tile unused at the end) and in groups of one
+  // block and several; int4 in groups of one block and of 128.
+  const Case cases[] = {{quant::Scheme::int8_weight, 96, 0},  {quant::Scheme::int8_weight, 768, 0},   {quant::Scheme::int8_weight, 256, 32},
+                        {quant::Scheme::int8_weight, 768, 64}, {quant::Scheme::int4_weight, 96, 32}, {quant::Scheme::int4_weight, 768, 128}};
+  const int threads = at::get_num_threads();
+  for (const auto& k : cases)
+    for (int64_t rows : {16, 17, 22, 32, 53})   // whole 16-row tiles, and the VNNI loop's 6-row tiles after them
+      for (int64_t out : {5, 16, 40, 300}) {
+        const quant::QuantConfig c{k.scheme, k.group};
+        auto x = at::randn({rows, k.in}) * 3, b = at::randn({out});
+        x.select(0, 3).zero_();   // a row of zeros: x scales of 0
+        const auto q = quant::quantize_weight(at::randn({out, k.in}), c);
+        const auto packed = quant::pack_for_qgemm(q, c, k.in);
+        const std::string what = std::string(quant::scheme_name(c.scheme)) + " in=" + std::to_string(k.in) + " g=" + std::to_string(k.group) +
+                                 " rows=" + std::to_string(rows) + " out=" + std::to_string(out);
+        at::Tensor vnni, vnni_packed;
+        {
+          kernels::ScopedIsa cap(Isa::avx512vnni);
+          vnni = run_qgemm(x, q, c, k.in, b);
+          vnni_packed = run_packed(x, packed, c, k.in, out, b);
+        }
+        kernels::ScopedIsa cap(Isa::amx);
+        for (int t : {threads, 1}) {
+          at::set_num_threads(t);
+          EXPECT_TRUE(at::equal(run_qgemm(x, q, c, k.in, b), vnni)) << what << " packed per call, threads " << t;
+          EXPECT_TRUE(at::equal(run_packed(x, packed, c, k.in, out, b), vnni_packed)) << what << " packed at load, threads " << t;
+        }
+        at::set_num_threads(threads);
+        EXPECT_TRUE(at::equal(vnni_packed, vnni)) << what;
+      }
+}
+
+
 TEST(QuantKernels, PackingForTheGemmAndBackIsExactAndTheLastTilesSpareColumnsAreZeroWeights) {
   at::manual_seed(30);
   for (const quant::QuantConfig& c : kPackedConfigs)
@@ -275,7 +315,7 @@ TEST(QuantKernels, ThePackedGemmGivesTheScalarLoopsBitsOnEverySetAndThePerCallPa
   at::manual_seed(31);
   const int64_t in = 256;
   for (const quant::QuantConfig& c : kPackedConfigs)
-    for (int64_t rows : {1, 2, 3, 6, 8, 13, 16})   // a decoding step's few rows, the 6-row tile and its remainders
+    for (int64_t rows : {1, 2, 3, 6, 8, 13, 16, 37})   // a decoding step's few rows, the 6-row tile and its remainders; AMX's 16-row tiles
       for (int64_t out : {5, 16, 40}) {
         auto x = at::randn({rows, in}) * 2, b = at::randn({out});
         const auto q = quant::quantize_weight(at::randn({out, in}), c);

@@ -10,20 +10,40 @@
 
 #include "kernels/cpu/isa_kernels.h"
 
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace colossal::kernels {
 namespace {
 
 constexpr int kNoOverride = -1;
-constexpr Isa kAll[] = {Isa::baseline, Isa::avx2, Isa::avx512, Isa::avx512vnni};   // narrowest first
+constexpr Isa kAll[] = {Isa::baseline, Isa::avx2, Isa::avx512, Isa::avx512vnni, Isa::amx};   // narrowest first
 std::atomic<int> g_override{kNoOverride};
+
+// Whether this process may use AMX's int8 tiles: the CPU has them, and Linux (5.16 and later) grants
+// the process their 8 KiB of register state. The grant is asked for once, here, for the whole process
+// (threads inherit it); without it the first tile instruction would kill the process with SIGILL.
+bool amx_int8_granted() {
+#if defined(__linux__) && defined(__x86_64__) && defined(COLOSSAL_KERNELS_AMX)
+  if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-int8")) return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureTileData = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureTileData) == 0;
+#else
+  return false;
+#endif
+}
 
 Isa detect() {
 #if defined(__x86_64__) && defined(COLOSSAL_KERNELS_X86)
   __builtin_cpu_init();
   // The AVX-512 copies are compiled with F, VL, BW and DQ (every AVX-512 CPU since Skylake-SP has all four).
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq"))
-    return __builtin_cpu_supports("avx512vnni") ? Isa::avx512vnni : Isa::avx512;
+      __builtin_cpu_supports("avx512dq")) {
+    if (!__builtin_cpu_supports("avx512vnni")) return Isa::avx512;
+    return amx_int8_granted() ? Isa::amx : Isa::avx512vnni;
+  }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
 #endif
   return Isa::baseline;
@@ -53,6 +73,7 @@ Isa env_capped() {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
+    case Isa::amx: return "amx";
     case Isa::avx512vnni: return "avx512vnni";
     case Isa::avx512: return "avx512";
     case Isa::avx2: return "avx2";
@@ -104,6 +125,11 @@ ScopedIsa::~ScopedIsa() { g_override.store(previous_); }
 const IsaKernels& isa_kernels(Isa isa) {
 #if defined(COLOSSAL_KERNELS_X86)
   switch (isa) {
+#if defined(COLOSSAL_KERNELS_AMX)
+    case Isa::amx: return amx::table();
+#else
+    case Isa::amx: [[fallthrough]];   // never detected in a build without the AMX copy
+#endif
     case Isa::avx512vnni: return avx512vnni::table();
     case Isa::avx512: return avx512::table();
     case Isa::avx2: return avx2::table();

@@ -2,12 +2,15 @@
 // that CMake compiles once per instruction set (baseline x86-64, AVX2 + FMA, AVX-512), each copy in
 // its own namespace with register blocks sized for that set's vector width and register count (16
 // registers of 8 floats on AVX2, 32 of 16 on AVX-512). At run time the widest set the CPU supports is
-// used, capped by COLOSSAL_CPU_ISA=avx512vnni|avx512|avx2|baseline (read once), so the AVX2 and baseline paths
+// used, capped by COLOSSAL_CPU_ISA=amx|avx512vnni|avx512|avx2|baseline (read once), so the AVX2 and baseline paths
 // can be run, tested and benchmarked on an AVX-512 machine. Tests cap it in-process with ScopedIsa.
 // avx512vnni is AVX-512 plus its byte dot product (Cascade Lake, Ice Lake, Sapphire Rapids, Zen 4 and
 // later): every kernel is the avx512 copy except the quantized decoding GEMV's integer dot products,
 // which take one vpdpbusd where AVX-512 without VNNI needs two multiplies (same sums, same bits), and
-// the quantized prompt GEMM, which only this set has (qgemm.h).
+// the quantized prompt GEMM, which only this set and the next have (qgemm.h).
+// amx is avx512vnni plus AMX's int8 tiles (Sapphire Rapids and later, where the kernel grants the
+// process their state): the same kernels, except that the prompt GEMM multiplies whole tiles of 16 x
+// rows by 16 columns per instruction (the same integer sums, so the same bits as avx512vnni's).
 #pragma once
 #include <optional>
 #include <string_view>
@@ -15,7 +18,7 @@
 
 namespace colossal::kernels {
 
-enum class Isa : int { baseline = 0, avx2 = 1, avx512 = 2, avx512vnni = 3 };
+enum class Isa : int { baseline = 0, avx2 = 1, avx512 = 2, avx512vnni = 3, amx = 4 };
 
 const char* isa_name(Isa isa);
 std::optional<Isa> parse_isa(std::string_view name);

@@ -66,8 +66,8 @@ void run(const QgemmProblem& p) {
       if (!k.qgemm_columns) {
         qgemm_reference_columns(p, begin, end);
       } else {
-        const auto floats = p.panels ? size_t{0} : static_cast<size_t>((qgemm_scratch_bytes(p.in, p.group) + 3) / 4);
-        k.qgemm_columns(p, begin, end, p.panels ? nullptr : reinterpret_cast<uint8_t*>(thread_scratch(floats)));
+        const auto floats = static_cast<size_t>((qgemm_scratch_bytes(p.in, p.group) + 3) / 4);
+        k.qgemm_columns(p, begin, end, reinterpret_cast<uint8_t*>(thread_scratch(floats)));
       }
     }
   }

@@ -55,8 +55,9 @@ void qgemm_packed(const float* x, int64_t rows, int64_t in, const uint8_t* panel
 
 // What a kernel set's copy computes: columns [n_begin, n_end) (multiples of 16, or `out` at the end)
 // of y for all rows, from quantized x rows xq [rows, in] with per block scales xs and integer sums
-// xsum [rows, in / 32]. With `panels` null, the tiles are packed per call from `q` into `scratch`
-// (qgemm_scratch_bytes(in, group) bytes of the calling thread's own); otherwise they are read there.
+// xsum [rows, in / 32]. `scratch` is qgemm_scratch_bytes(in, group) bytes of the calling thread's own:
+// with `panels` null, the tiles are packed per call from `q` into it, otherwise they are read there;
+// the amx set also keeps its tiles' sums there (and int4's panel spread to bytes).
 struct QgemmProblem {
   const int8_t* xq;
   const float* xs;
@@ -74,7 +75,11 @@ struct QgemmProblem {
 };
 constexpr int64_t kQgemmColumns = 16;   // output columns a tile (one 512-bit vector of int32 sums)
 constexpr int64_t kQgemmPanelRow = 64;  // bytes of a panel row
-inline int64_t qgemm_scratch_bytes(int64_t in, int64_t group) { return in * kQgemmColumns + in / group * kQgemmColumns * 4 + 64; }
+constexpr int64_t kQgemmAmxSums = 2 * 16 * kQgemmColumns * 4;   // two blocks' sums of 16 rows
+inline int64_t qgemm_amx_scratch_bytes(int64_t in) { return kQgemmAmxSums + in * kQgemmColumns + 64; }
+inline int64_t qgemm_scratch_bytes(int64_t in, int64_t group) {
+  return in * kQgemmColumns + in / group * kQgemmColumns * 4 + 64 + qgemm_amx_scratch_bytes(in);
+}
 // The same operations as a kernel set's copy, one lane at a time: the same bits, on any machine.
 void qgemm_reference_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end);
 

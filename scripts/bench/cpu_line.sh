@@ -13,6 +13,7 @@ widest=baseline
 [[ " $flags " == *" avx2 "* && " $flags " == *" fma "* ]] && widest=avx2
 [[ " $flags " == *" avx512f "* ]] && widest=avx512
 [[ " $flags " == *" avx512f "* && " $flags " == *" avx512_vnni "* ]] && widest=avx512vnni
+[[ $widest == avx512vnni && " $flags " == *" amx_tile "* && " $flags " == *" amx_int8 "* ]] && widest=amx
 caps=""
 for v in COLOSSAL_CPU_ISA ATEN_CPU_CAPABILITY MKL_ENABLE_INSTRUCTIONS ONEDNN_MAX_CPU_ISA; do
   [ -z "${!v:-}" ] || caps+=" $v=${!v}"
