@@ -37,13 +37,14 @@ def weight_bytes(d):
                if k != "__metadata__" and not k.endswith((".attn.bias", ".attn.masked_bias")) and k != "lm_head.weight")
 
 
-def timed(cmd, threads, timeout, device):
+def timed(cmd, threads, timeout, device, extra_env=None):
     """Runs cmd under /usr/bin/time; returns (stdout, stderr, peak RSS bytes). On cuda the environment is kept
-    (the GPU's driver libraries may be found through it)."""
+    (the GPU's driver libraries may be found through it). extra_env: variables added (COLOSSAL_CPU_ISA)."""
     with tempfile.NamedTemporaryFile() as rss:
         env = {"OMP_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin"}
         if device == "cuda":
             env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        env.update(extra_env or {})
         p = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss.name, *cmd], capture_output=True, text=True,
                            timeout=timeout, env=env)
         if p.returncode != 0:
@@ -69,6 +70,61 @@ def bandwidth(py, threads, device, nbytes=1 << 30):
     return float(subprocess.run([py, "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
+PREFILL = re.compile(r"timing: prefill (\d+) tokens in ([0-9.]+) ms")
+
+
+def long_prompts(sp, batch, tokens):
+    """batch prompts of about `tokens` SentencePiece tokens each: consecutive pieces of the embedded corpus."""
+    ids = sp.encode(Path("data/kjv/kjv.txt").read_text(encoding="utf-8")[: batch * tokens * 8])
+    if len(ids) < batch * tokens:
+        fail(f"--prefill {tokens}: the corpus' start gives only {len(ids)} tokens for {batch} prompts")
+    return [sp.decode(ids[i * tokens:(i + 1) * tokens]).replace("\n", " ") for i in range(batch)]
+
+
+def prefill_main(a, dirs, peers, sp, label):
+    """--prefill: prefill tokens/s of each scheme (and each --isa cap of the quantized ones) and of the peers."""
+    caps = [c for c in a.isa.split(",") if c]
+    results = {}   # (side, B) -> tokens/s of each round
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(1, a.repeat + 1):
+            print(f"quant_decode: {label} prefill round {r}/{a.repeat}", file=sys.stderr)
+            for b in (int(x) for x in a.batches.split(",")):
+                prompts = Path(tmp) / f"prompts-{b}.txt"
+                prompts.write_text("\n".join(long_prompts(sp, b, a.prefill)) + "\n")
+                for scheme, d in dirs.items():
+                    for cap in [""] + (caps if scheme != "fp32" else []):
+                        _, err, _ = timed([a.colossal, "infer", str(d), "--prompts", str(prompts), "--greedy", "-n", "1", "--jsonl",
+                                           "--device", a.device], a.threads, a.timeout, a.device, {"COLOSSAL_CPU_ISA": cap} if cap else None)
+                        m = PREFILL.search(err)
+                        if not m:
+                            fail(f"colossal infer on {d} printed no timing line")
+                        results.setdefault((scheme + (f" {cap}" if cap else ""), b), []).append(int(m[1]) / (float(m[2]) / 1e3))
+                for peer in peers:
+                    out, _, _ = timed([a.python, "scripts/bench/hf_generate.py", "--checkpoint", str(dirs["fp32"]), "--prompts", str(prompts),
+                                       "--tokens", "1", "--threads", str(a.threads), "--device", a.device], a.threads, a.timeout, a.device)
+                    j = json.loads(out.strip().splitlines()[-1])
+                    tokens = sum(len(sp.encode(p)) for p in prompts.read_text().splitlines() if p)
+                    results.setdefault((peer, b), []).append(tokens / j["prefill_s"])
+    med = lambda k: statistics.median(results[k])
+    for b in (int(x) for x in a.batches.split(",")):
+        cells = []
+        for scheme in dirs:
+            tps = med((scheme, b))
+            extra = [] if scheme == "fp32" else [f"{tps / med(('fp32', b)):.2f}x fp32"]
+            for cap in caps if scheme != "fp32" else []:
+                capped = med((f"{scheme} {cap}", b))
+                extra.append(f"{cap} {capped:.0f} tok/s, {tps / capped:.2f}x")
+            cells.append(f"{scheme} {tps:.0f} tok/s" + (f" ({'; '.join(extra)})" if extra else ""))
+        for peer in peers:
+            mine = "int8" if "int8" in dirs else "fp32"
+            cells.append(f"transformers fp32 {med((peer, b)):.0f} tok/s ({mine} {med((mine, b)) / med((peer, b)):.2f}x)")
+        print(f"{label} B={b} prefill of about {a.prefill} tokens each " + " | ".join(cells))
+    import torch
+    cpu = subprocess.run(["bash", "scripts/bench/cpu_line.sh"], capture_output=True, text=True).stdout.strip()
+    print(f"machine: {cpu}, {a.threads} threads, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}, {a.command}, "
+          f"median of {a.repeat} alternating rounds")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--colossal", required=True)
@@ -90,6 +146,8 @@ def main():
     ap.add_argument("--kv-cache", default="",
                     help="comma-separated fp16, bf16, int8: each scheme also with its KV cache so (colossal infer --kv-cache), "
                          "with the ratio to the fp32 cache")
+    ap.add_argument("--prefill", type=int, default=0, help="prompts of about this many tokens; prefill tokens/s instead of decoding's")
+    ap.add_argument("--isa", default="", help="with --prefill: comma-separated COLOSSAL_CPU_ISA caps to run the quantized schemes under too")
     ap.add_argument("--command", required=True)
     a = ap.parse_args()
     kv_kinds = [k for k in a.kv_cache.split(",") if k]
@@ -109,6 +167,8 @@ def main():
     wbytes = {k: weight_bytes(d) for k, d in dirs.items()}
     import sentencepiece as spm
     sp = spm.SentencePieceProcessor(model_file=str(dirs["fp32"] / "tokenizer.model"))
+    if a.prefill:
+        return prefill_main(a, dirs, peers, sp, label)
     results = {}   # (side, B) -> list of (tok/s, rss)
     bw = 0.0
     bw_at = {k: 0.0 for k in dirs}   # each scheme's rate at its weights' size (faster where they fit a cache)

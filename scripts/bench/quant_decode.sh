@@ -20,6 +20,11 @@
 # (fp16, bf16, int8) measures each scheme again with its KV cache so (colossal infer --kv-cache), against its bound
 # with the cache's bytes cut to match (half; int8 rows of D values and a 4-byte scale, (D + 4) / 4D), with the ratio
 # to the same scheme's fp32 cache in the same round.
+# --prefill N measures the prompt instead: each of the batch's prompts is about N tokens of the embedded corpus
+# (data/kjv/kjv.txt), one new token is generated, and the cells are prefill tokens/s (colossal's timing line; the
+# transformers peer's forward to the first logits), with each quantized scheme's ratio to fp32. --isa S[,S...]
+# runs each quantized scheme again with colossal's kernels capped to those sets (COLOSSAL_CPU_ISA), with the
+# uncapped run's ratio over each: e.g. --isa avx512vnni on a CPU with AMX shows what the tiles give the prompt GEMM.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/bench/default_checkpoint.sh
@@ -27,7 +32,7 @@ COMMAND="scripts/bench/quant_decode.sh"
 (($# == 0)) || COMMAND+="$(printf ' %q' "$@")"
 
 batches=1,8 tokens=128 threads="$(nproc)" repeat=3 checkpoint="" group=128 peers="" timeout_s=900
-device=cpu layers="" width="" schemes=fp32,int8,int4 op_by_op=() kv_cache=()
+device=cpu layers="" width="" schemes=fp32,int8,int4 op_by_op=() kv_cache=() prefill=() isa=()
 COLOSSAL=build/colossal PY=.venv/bin/python
 while (($#)); do
   case "$1" in
@@ -44,16 +49,19 @@ while (($#)); do
     --schemes) schemes="${2:?}"; shift 2 ;;
     --op-by-op) op_by_op=(--op-by-op); shift ;;
     --kv-cache) kv_cache=(--kv-cache "${2:?}"); shift 2 ;;
+    --prefill) prefill=(--prefill "${2:?}"); shift 2 ;;
+    --isa) isa=(--isa "${2:?}"); shift 2 ;;
     --colossal) COLOSSAL="${2:?}"; shift 2 ;;
     --python) PY="${2:?}"; shift 2 ;;
     -h|--help)
       echo "usage: scripts/bench/quant_decode.sh [--batches 1,8] [--tokens 128] [--threads N] [--repeat 3] [--checkpoint DIR]"
       echo "                                     [--group-size 128] [--peers transformers,ctranslate2|none] [--colossal BIN] [--python PY]"
       echo "                                     [--device cpu|cuda] [--layers L --width W] [--schemes fp32,int8,int4[,int8-smoothquant]]"
-      echo "                                     [--op-by-op] [--kv-cache fp16,bf16,int8]"
+      echo "                                     [--op-by-op] [--kv-cache fp16,bf16,int8] [--prefill N [--isa avx512vnni,...]]"
       echo "  --peers defaults to transformers,ctranslate2 on cpu and transformers on cuda"
       echo "  --op-by-op (cuda): each scheme also without CUDA graphs (colossal infer --no-cuda-graphs), with the graphs' ratio"
       echo "  --kv-cache: each scheme also with its KV cache in each listed kind (colossal infer --kv-cache), with the ratio to the fp32 cache"
+      echo "  --prefill N: prompts of about N tokens, prefill tokens/s instead of decoding's; --isa: quantized schemes again under those caps"
       exit 0 ;;
     *) echo "quant_decode: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -64,7 +72,7 @@ for v in tokens threads repeat group; do
 done
 ((tokens >= 2)) || { echo "quant_decode: error: --tokens must be at least 2 (one decode step)" >&2; exit 2; }
 case "$device" in
-  cpu) peers="${peers:-transformers,ctranslate2}" ;;
+  cpu) if ((${#prefill[@]})); then peers="${peers:-transformers}"; else peers="${peers:-transformers,ctranslate2}"; fi ;;
   cuda) peers="${peers:-transformers}"
         [[ "$peers" != *ctranslate2* ]] || { echo "quant_decode: error: --peers ctranslate2 runs on the CPU only; with --device cuda use --peers transformers or none" >&2; exit 2; } ;;
   *) echo "quant_decode: error: --device '$device' is not cpu or cuda" >&2; exit 2 ;;
@@ -73,6 +81,14 @@ esac
   { echo "quant_decode: error: --op-by-op compares CUDA graphs, so it needs --device cuda" >&2; exit 2; }
 ((${#kv_cache[@]} == 0)) || [[ "${kv_cache[1]}" =~ ^(fp16|bf16|int8)(,(fp16|bf16|int8))*$ ]] ||
   { echo "quant_decode: error: --kv-cache '${kv_cache[1]}' is not a list of fp16, bf16 and int8 (the fp32 cache is always measured)" >&2; exit 2; }
+if ((${#prefill[@]})); then
+  [[ "${prefill[1]}" =~ ^[1-9][0-9]*$ ]] || { echo "quant_decode: error: --prefill '${prefill[1]}' is not a positive number of tokens" >&2; exit 2; }
+  [[ "$peers" != *ctranslate2* ]] || { echo "quant_decode: error: --prefill times transformers only; give --peers transformers or none" >&2; exit 2; }
+  ((${#kv_cache[@]} == 0 && ${#op_by_op[@]} == 0)) || { echo "quant_decode: error: --prefill does not combine with --kv-cache or --op-by-op (decoding's)" >&2; exit 2; }
+fi
+((${#isa[@]} == 0)) || ((${#prefill[@]})) || { echo "quant_decode: error: --isa compares prefills; give --prefill N too" >&2; exit 2; }
+((${#isa[@]} == 0)) || [[ "${isa[1]}" =~ ^(baseline|avx2|avx512|avx512vnni|amx)(,(baseline|avx2|avx512|avx512vnni|amx))*$ ]] ||
+  { echo "quant_decode: error: --isa '${isa[1]}' is not a list of baseline, avx2, avx512, avx512vnni and amx" >&2; exit 2; }
 [[ "$peers" =~ ^(none|(transformers|ctranslate2)(,(transformers|ctranslate2))*)$ ]] ||
   { echo "quant_decode: error: --peers '$peers' must list transformers and/or ctranslate2, or be none" >&2; exit 2; }
 IFS=, read -r -a scheme_list <<<"$schemes"
@@ -122,4 +138,4 @@ for scheme in int8 int4 int8-smoothquant; do
 done
 exec "$PY" scripts/bench/quant_decode.py --colossal "$COLOSSAL" --python "$PY" --fp32 "$ckpt" "${quantized[@]}" \
   --ct2-cache "$base/ct2-int8" --batches "$batches" --tokens "$tokens" --threads "$threads" --repeat "$repeat" \
-  --timeout "$timeout_s" --peers "$peers" --device "$device" "${op_by_op[@]}" "${kv_cache[@]}" --command "$COMMAND"
+  --timeout "$timeout_s" --peers "$peers" --device "$device" "${op_by_op[@]}" "${kv_cache[@]}" "${prefill[@]}" "${isa[@]}" --command "$COMMAND"
