@@ -167,7 +167,8 @@ COLOSSAL_INLINE __m256 sum_eight(const vf (&a)[8]) {
 // s[j] = scale * q . k_j for j < n, keys kv_row_elements(E, d) apart.
 template <KvElement E>
 void scores(const float* __restrict q, const Stored<E>* __restrict k, int64_t n, int64_t d, float scale, float* __restrict s) {
-  const int64_t stride = kv_row_elements(E, d), ahead = ahead_rows<E>(stride);
+  const int64_t stride = kv_row_elements(E, d);
+  [[maybe_unused]] const int64_t ahead = ahead_rows<E>(stride);   // (the baseline copy does not prefetch)
   int64_t j = 0;
   if (d % kLanes == 0) {
 #if defined(__AVX2__)
