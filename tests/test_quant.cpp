@@ -238,6 +238,46 @@ at::Tensor run_packed(const at::Tensor& x, const quant::QuantizedWeight& packed,
   return y;
 }
 
+// SmoothQuant's prompt path as ATen computes it (QuantizedLinear::smoothquant_gemm): x / s, quantized per row
+// at absmax / 127, at::_int_mm, then the row's scale, the column's scale and the bias.
+at::Tensor w8a8_by_aten(const at::Tensor& x, const at::Tensor& smooth, const at::Tensor& w, const at::Tensor& sw, const at::Tensor& bias) {
+  const auto xs = smooth.defined() ? x / smooth : x;
+  const auto sx = xs.abs().amax(1, /*keepdim=*/true) / 127.0f;
+  const auto xq = (xs / at::where(sx > 0, sx, at::ones_like(sx))).round_().clamp_(-127, 127).to(at::kChar);
+  auto y = at::_int_mm(xq, w.t()).to(at::kFloat).mul_(sx).mul_(sw.view({1, -1}));
+  if (bias.defined()) y.add_(bias);
+  return y;
+}
+
+TEST(QuantKernels, TheW8a8GemmGivesAtensInt8GemmPathsBitsOnEverySet) {
+  at::manual_seed(34);
+  for (int64_t in : {64, 96, 768})   // whole 64-input tile steps, and a last 32
+    for (int64_t rows : {1, 5, 16, 17, 40, 100})   // (100 x 768: the rows quantized on every thread)
+      for (int64_t out : {5, 16, 40})
+        for (bool with_bias : {false, true}) {
+          auto x = at::randn({rows, in}) * 3;
+          if (rows > 3) x.select(0, 3).zero_();   // a zero row: scale 0, divided by 1 instead
+          if (rows > 4) x.select(0, 4).fill_(2.5f);   // a constant row: each value its absmax, 127 after the divisions
+          const auto smooth = with_bias ? at::rand({in}) + 0.25f : at::Tensor();   // with and without SmoothQuant's s
+          const auto w = at::randint(-127, 128, {out, in}).to(at::kChar);
+          const auto sw = at::rand({out}) * 0.02f + 1e-3f;
+          const auto b = with_bias ? at::randn({out}) : at::Tensor();
+          const auto ref = w8a8_by_aten(x, smooth, w, sw, b);
+          const auto packed = quant::pack_for_qgemm({w, sw.view({out, 1})}, quant::QuantConfig{quant::Scheme::int8_weight, 0}, in);
+          const std::string what = "in=" + std::to_string(in) + " rows=" + std::to_string(rows) + " out=" + std::to_string(out) +
+                                   (with_bias ? " bias and s" : "");
+          for (Isa isa : kernels::runnable_isas()) {   // the scalar loop below VNNI
+            kernels::ScopedIsa cap(isa);
+            auto y = at::empty({rows, out});
+            kernels::qgemm_w8a8(x.const_data_ptr<float>(), smooth.defined() ? smooth.const_data_ptr<float>() : nullptr, rows, in,
+                                packed.q.const_data_ptr<uint8_t>(), packed.scales.const_data_ptr<float>(),
+                                with_bias ? b.const_data_ptr<float>() : nullptr, y.mutable_data_ptr<float>(), out);
+            EXPECT_TRUE(at::equal(y.view(at::kInt), ref.view(at::kInt))) << what << " on " << kernels::isa_name(isa) << ": max difference "
+                                                                      << max_abs_diff(y, ref);
+          }
+        }
+}
+
 TEST(QuantKernels, AmxTilesGiveTheVnniLoopsBitsForPromptsPackedPerCallOrAtLoad) {
   if (kernels::machine_isa() < Isa::amx) GTEST_SKIP() << "this CPU (or its kernel) gives no AMX int8 tiles: prompts take the VNNI loop";
   at::manual_seed(33);
@@ -505,8 +545,10 @@ TEST(QuantizedModel, EachFamilyAndSchemeSavesAndLoadsBackBitForBit) {
 
 TEST(QuantizedModel, PackedForTheCpuEachFamilyKeepsThePromptGemmsBitsAndEachSequenceGetsItsOwnBitsInAnyBatch) {
   if (!kernels::qgemm_available(32, 32)) GTEST_SKIP() << "this CPU has no AVX-512 VNNI: quantized layers are not packed";
+  // SmoothQuant's packed prompts take qgemm_w8a8 where the plain layers take ATen's _int_mm: the same bits too.
   for (const std::string family : {"gpt", "opt", "bloom"})
-    for (const quant::QuantConfig c : {quant::QuantConfig{quant::Scheme::int8_weight, 0}, quant::QuantConfig{quant::Scheme::int4_weight, 32}}) {
+    for (const quant::QuantConfig c : {quant::QuantConfig{quant::Scheme::int8_weight, 0}, quant::QuantConfig{quant::Scheme::int4_weight, 32},
+                                       quant::QuantConfig{quant::Scheme::int8_smoothquant, 0}}) {
       const auto m = quantized_pair(family, c);
       test::TempDir dir;
       const TokenizerFiles tokenizer{{"tokenizer.model", test::read_file(test::small_corpus().tokenizer)}};

@@ -35,6 +35,7 @@ void qgemv_int8(const float* x, int64_t rows, int64_t in, const int8_t* q, const
 void qgemv_int4(const float* x, int64_t rows, int64_t in, const uint8_t* q, const float* scales, int64_t group,
                 const float* bias, float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
 void quantize_rows_q8(const float* x, int64_t n_blocks, int8_t* xq, uint8_t* xa, float* xs, float* xc, int32_t* xsum);
+void quantize_rows_w8a8(const float* x, const float* divisor, int64_t rows, int64_t in, int8_t* xq, float* xs, int32_t* xsum);
 void qgemv_q8x_int8(const int8_t* xq, const uint8_t* xa, const float* xs, const float* xc, int64_t rows, int64_t in, const int8_t* q,
                     const float* scales, int64_t group, const float* bias, float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
 void qgemv_q8x_int4(const int8_t* xq, const uint8_t* xa, const float* xs, const float* xc, int64_t rows, int64_t in, const uint8_t* q,

@@ -111,6 +111,10 @@ struct IsaKernels {
   // at their tiles' offsets in `panels` and `panel_scales`; null where qgemm_columns is (qgemm_pack's
   // scalar loop).
   void (*qgemm_pack_columns)(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* panels, float* panel_scales) = nullptr;
+  // W8A8's x rows (qgemm_w8a8): each of `rows` rows of `in` floats (in a multiple of 32), divided by
+  // `divisor` [in] first where it is not null (SmoothQuant's s), to int8 at its absmax / 127, with that
+  // scale and the row's integer sum; rounded as ATen's ops round them (qdot_isa.cpp).
+  void (*quantize_rows_w8a8)(const float* x, const float* divisor, int64_t rows, int64_t in, int8_t* xq, float* xs, int32_t* xsum) = nullptr;
 };
 
 // The table of `isa` (which the caller has checked the machine can run).

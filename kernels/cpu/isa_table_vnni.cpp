@@ -9,6 +9,7 @@ const IsaKernels& table() {
   static const IsaKernels t = [] {
     IsaKernels k = avx512::table();
     k.quantize_rows_q8 = &quantize_rows_q8;
+    k.quantize_rows_w8a8 = &quantize_rows_w8a8;
     k.qgemv_q8x_int8 = &qgemv_q8x_int8;
     k.qgemv_q8x_int4 = &qgemv_q8x_int4;
     k.qgemm_columns = &qgemm_columns;

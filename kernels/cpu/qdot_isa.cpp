@@ -282,4 +282,57 @@ void quantize_rows_q8(const float* x, int64_t n_blocks, int8_t* xq, uint8_t* xa,
   }
 }
 
+// W8A8's rows (isa_kernels.h), with ATen's operations in their order: v = x / divisor; s = max|v| / 127;
+// q = clamp(round(v / (s > 0 ? s : 1)), -127, 127), round to nearest even. Divisions, not multiplies by a
+// reciprocal: each is one rounding, as ATen's.
+void quantize_rows_w8a8(const float* x, const float* divisor, int64_t rows, int64_t in, int8_t* xq, float* xs, int32_t* xsum) {
+  for (int64_t m = 0; m < rows; ++m, x += in, xq += in) {
+#if defined(__AVX2__)
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    auto value = [&](int64_t k) __attribute__((always_inline)) {
+      const __m256 v = _mm256_loadu_ps(x + k);
+      return divisor ? _mm256_div_ps(v, _mm256_loadu_ps(divisor + k)) : v;
+    };
+    __m256 top8 = _mm256_setzero_ps();
+    for (int64_t k = 0; k < in; k += 8) top8 = _mm256_max_ps(top8, _mm256_and_ps(value(k), magnitude));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(top8), _mm256_extractf128_ps(top8, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float top = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+#else
+    auto value = [&](int64_t k) { return divisor ? x[k] / divisor[k] : x[k]; };
+    float top = 0.0f;
+    for (int64_t k = 0; k < in; ++k) top = top > __builtin_fabsf(value(k)) ? top : __builtin_fabsf(value(k));
+#endif
+    const float s = top / 127.0f, d = s > 0.0f ? s : 1.0f;
+    int32_t sum = 0;
+#if defined(__AVX2__)
+    const __m256 vd = _mm256_set1_ps(d);
+    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+    __m256i sums = _mm256_setzero_si256();
+    for (int64_t k = 0; k < in; k += kBlock) {
+      __m256i q[4];   // rounded to nearest even (the default rounding mode), clamped, in int32
+      for (int v = 0; v < 4; ++v) {
+        q[v] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_div_ps(value(k + 8 * v), vd)), lo), hi);
+        sums = _mm256_add_epi32(sums, q[v]);
+      }
+      const __m256i w16a = _mm256_packs_epi32(q[0], q[1]), w16b = _mm256_packs_epi32(q[2], q[3]);
+      const __m256i b8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16a, w16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + k), b8);
+    }
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sums);
+    for (int32_t l : lanes) sum += l;
+#else
+    for (int64_t k = 0; k < in; ++k) {
+      const float r = __builtin_rintf(value(k) / d);
+      const int v = static_cast<int>(r < -127.0f ? -127.0f : r > 127.0f ? 127.0f : r);
+      xq[k] = static_cast<int8_t>(v);
+      sum += v;
+    }
+#endif
+    xs[m] = s;
+    xsum[m] = sum;
+  }
+}
+
 }  // namespace colossal::kernels::COLOSSAL_ISA

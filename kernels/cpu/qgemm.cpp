@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <vector>
 #include <omp.h>
 
 #include "kernels/cpu/isa_kernels.h"
@@ -52,6 +54,15 @@ float weight_scale(const QgemmProblem& p, int64_t n, int64_t g) {
   return p.panels ? p.panel_scales[(n / kQgemmColumns * groups + g) * kQgemmColumns + n % kQgemmColumns] : p.scales[n * groups + g];
 }
 
+// Rows a pass over the columns takes, with the weights packed at load. Each tile of 16 columns reads
+// all of a pass's x rows, so a long prompt's x (1600 rows x 3072 inputs: 4.9 MB) would come from the
+// last-level cache once per tile; in passes of up to kPassBytes of x it stays in a core's L2, and the
+// weights are read once a pass instead. A row's bits do not depend on its pass.
+int64_t row_chunk(int64_t in) {
+  static const int64_t bytes = std::getenv("COLOSSAL_QGEMM_PASS_BYTES") ? std::atoll(std::getenv("COLOSSAL_QGEMM_PASS_BYTES")) : 512 << 10;
+  return std::max<int64_t>(16, bytes / in / 16 * 16);
+}
+
 void run(const QgemmProblem& p) {
   const IsaKernels& k = active_kernels();
   const int64_t tiles = tiles_of(p.out);
@@ -67,7 +78,15 @@ void run(const QgemmProblem& p) {
         qgemm_reference_columns(p, begin, end);
       } else {
         const auto floats = static_cast<size_t>((qgemm_scratch_bytes(p.in, p.group) + 3) / 4);
-        k.qgemm_columns(p, begin, end, reinterpret_cast<uint8_t*>(thread_scratch(floats)));
+        auto* scratch = reinterpret_cast<uint8_t*>(thread_scratch(floats));
+        const int64_t chunk = p.panels ? row_chunk(p.in) : p.rows;   // (per-call packing: every pass would pack again)
+        for (int64_t r0 = 0; r0 < p.rows; r0 += chunk) {
+          QgemmProblem c = p;
+          const int64_t per_row = p.per_row ? 1 : p.in / kBlock;   // x scales and sums a row
+          c.rows = std::min(chunk, p.rows - r0);
+          c.xq += r0 * p.in, c.xs += r0 * per_row, c.xsum += r0 * per_row, c.y += r0 * p.out;
+          k.qgemm_columns(c, begin, end, scratch);
+        }
       }
     }
   }
@@ -96,6 +115,26 @@ void qgemm_int4(const float* x, int64_t rows, int64_t in, const uint8_t* q, cons
 void qgemm_packed(const float* x, int64_t rows, int64_t in, const uint8_t* panels, const float* panel_scales, bool int4, int64_t group,
                   const float* bias, float* y, int64_t out) {
   run_rows(x, rows, in, nullptr, int4, nullptr, group, bias, y, out, panels, panel_scales);
+}
+
+void qgemm_w8a8(const float* x, const float* divisor, int64_t rows, int64_t in, const uint8_t* panels, const float* panel_scales,
+                const float* bias, float* y, int64_t out) {
+  const IsaKernels& k = active_kernels();
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> xs;
+  thread_local std::vector<int32_t> sums;   // each row's integer sum: the panels hold w + 128, so 128 x it comes off
+  xq.resize(static_cast<size_t>(rows * in));
+  xs.resize(static_cast<size_t>(rows));
+  sums.resize(static_cast<size_t>(rows));
+  // (the calling thread's buffers: inside the parallel region `xq` would name each thread's own)
+  int8_t* q = xq.data();
+  float* s = xs.data();
+  int32_t* sum = sums.data();
+#pragma omp parallel for if (rows * in >= (1 << 16))
+  for (int64_t m = 0; m < rows; ++m) k.quantize_rows_w8a8(x + m * in, divisor, 1, in, q + m * in, s + m, sum + m);
+  QgemmProblem p{q, s, sum, rows, in, nullptr, false, nullptr, in, bias, y, out, panels, panel_scales};
+  p.per_row = true;
+  run(p);
 }
 
 int64_t qgemm_packed_bytes(int64_t in, int64_t out, bool int4) { return tiles_of(out) * tile_bytes(in, int4); }
@@ -163,6 +202,16 @@ void qgemm_packed_rows(const uint8_t* panels, const float* panel_scales, bool in
 void qgemm_reference_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end) {
   const int64_t blocks = p.in / kBlock, per_group = p.group / kBlock, groups = p.in / p.group;
   const int32_t offset = p.int4 ? 8 : 128;
+  if (p.per_row) {
+    for (int64_t m = 0; m < p.rows; ++m)
+      for (int64_t n = n_begin; n < n_end; ++n) {
+        int32_t sum = 0;
+        for (int64_t k = 0; k < p.in; ++k) sum += unsigned_weight(p, n, k) * p.xq[m * p.in + k];
+        const float y = static_cast<float>(sum - offset * p.xsum[m]) * p.xs[m] * weight_scale(p, n, 0);
+        p.y[m * p.out + n] = p.bias ? y + p.bias[n] : y;
+      }
+    return;
+  }
   for (int64_t m = 0; m < p.rows; ++m)
     for (int64_t n = n_begin; n < n_end; ++n) {
       float total = 0.0f;

@@ -53,6 +53,16 @@ void qgemm_packed_rows(const uint8_t* panels, const float* panel_scales, bool in
 void qgemm_packed(const float* x, int64_t rows, int64_t in, const uint8_t* panels, const float* panel_scales, bool int4, int64_t group,
                   const float* bias, float* y, int64_t out);
 
+// W8A8 (SmoothQuant's prompts) over int8 weights packed once with a scale per output (group = in): each
+// x row (divided by `divisor` [in] first, where not null) quantized to int8 at its absmax / 127, summed
+// against the weights over all of `in` in int32, then y = (sum * x scale) * w scale (+ bias), each
+// operation rounded as ATen's path computes it (x / s, amax, round, clamp, at::_int_mm, the two
+// multiplies, the bias' add): the same bits. `in` a multiple of 32; any kernel set (the scalar loop
+// without VNNI). The amx set keeps each 16 x 16 tile's sums in its tiles over all of `in`, the case its
+// tiles suit (no block scales to apply between them).
+void qgemm_w8a8(const float* x, const float* divisor, int64_t rows, int64_t in, const uint8_t* panels, const float* panel_scales,
+                const float* bias, float* y, int64_t out);
+
 // What a kernel set's copy computes: columns [n_begin, n_end) (multiples of 16, or `out` at the end)
 // of y for all rows, from quantized x rows xq [rows, in] with per block scales xs and integer sums
 // xsum [rows, in / 32]. `scratch` is qgemm_scratch_bytes(in, group) bytes of the calling thread's own:
@@ -72,6 +82,9 @@ struct QgemmProblem {
   int64_t out;
   const uint8_t* panels = nullptr;        // packed once (qgemm_pack), or null
   const float* panel_scales = nullptr;
+  // W8A8 (qgemm_w8a8): xs and xsum hold one value a row, the sums run over all of `in`, and
+  // y = (sum * xs) * scale (+ bias). int8 panels with one group only.
+  bool per_row = false;
 };
 constexpr int64_t kQgemmColumns = 16;   // output columns a tile (one 512-bit vector of int32 sums)
 constexpr int64_t kQgemmPanelRow = 64;  // bytes of a panel row

@@ -103,6 +103,29 @@ void tile_rows(const QgemmProblem& p, int64_t m0, const uint8_t* panel, const fl
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(p.y + (m0 + r) * p.out + n0, live, _mm512_add_ps(total[r], bias));
 }
 
+// W8A8 (p.per_row): R rows from m0 against one int8 tile's panel, each output's sums over all of `in`,
+// then (sum * xs) * scale (+ bias), each rounded as ATen's int8 GEMM path rounds (qgemm.h).
+template <int R>
+void w8a8_rows(const QgemmProblem& p, int64_t m0, const uint8_t* panel, const float* scales, int64_t n0, int64_t valid) {
+  const int8_t* x[R];
+  for (int r = 0; r < R; ++r) x[r] = p.xq + (m0 + r) * p.in;
+  __m512i sums[R];
+  for (int r = 0; r < R; ++r) sums[r] = _mm512_setzero_si512();
+  for (int64_t j = 0; j < p.in / 4; ++j) {
+    _mm_prefetch(reinterpret_cast<const char*>(panel + j * kQgemmPanelRow + kPrefetchBytes), _MM_HINT_T0);
+    const __m512i w = _mm512_loadu_si512(panel + j * kQgemmPanelRow);
+    for (int r = 0; r < R; ++r) sums[r] = _mm512_dpbusd_epi32(sums[r], w, broadcast4(x[r] + 4 * j));
+  }
+  const __mmask16 live = live_columns(valid);
+  const __m512 s = _mm512_loadu_ps(scales);
+  for (int r = 0; r < R; ++r) {
+    const __m512i exact = _mm512_sub_epi32(sums[r], _mm512_set1_epi32(128 * p.xsum[m0 + r]));
+    __m512 y = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_set1_ps(p.xs[m0 + r])), s);
+    if (p.bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(live, p.bias + n0));
+    _mm512_mask_storeu_ps(p.y + (m0 + r) * p.out + n0, live, y);
+  }
+}
+
 #if defined(__AMX_INT8__)
 // AMX (the amx set's copy): 16 x rows at a time meet a block of the panel in one tile instruction.
 // x's scale is per block of 32 inputs, so each block's int32 sums leave the tiles (a tile store) and
@@ -214,6 +237,57 @@ void amx_rows(const QgemmProblem& p, int64_t m0, const int8_t* w, const float* s
   for (int r = 0; r < kTileRows; ++r)
     _mm512_mask_storeu_ps(p.y + (m0 + r) * p.out + n0, live, _mm512_add_ps(_mm512_load_ps(total + r * kQgemmColumns), bias));
 }
+
+// W8A8 tiles (x per row, so no block scales between the products): tiles 0 and 1 sum alternate steps
+// of 64 inputs (two chains for the tile unit), over x tiles 2 and 3 (16 rows of 64 bytes) and weight
+// tiles 4 and 5 (16 panel rows: 64 inputs x 16 columns); a last 32 inputs take tiles 6 and 7 (16 rows of
+// 32 bytes, 8 panel rows).
+void configure_w8a8_tiles() {
+  TileConfig c;
+  for (int t = 0; t < 6; ++t) c.colsb[t] = 64, c.rows[t] = kTileRows;
+  c.colsb[6] = kBlock, c.rows[6] = kTileRows;
+  c.colsb[7] = kQgemmPanelRow, c.rows[7] = kBlock / 4;
+  _tile_loadconfig(&c);
+}
+
+// Rows [m0, m0 + 16) against one int8 tile's panel (as w8a8_rows). `sums` is 2 x 256 int32, aligned.
+void w8a8_amx_rows(const QgemmProblem& p, int64_t m0, const uint8_t* panel, const float* scales, int64_t n0, int64_t valid, int32_t* sums) {
+  const int64_t in = p.in, steps = in / 64;
+  const int8_t* x = p.xq + m0 * in;
+  _tile_zero(0);
+  _tile_zero(1);
+  int64_t i = 0;
+  for (; i + 2 <= steps; i += 2) {
+    _tile_loadd(2, x + i * 64, in);
+    _tile_loadd(4, panel + i * 16 * kQgemmPanelRow, kQgemmPanelRow);
+    _tile_dpbsud(0, 2, 4);
+    _tile_loadd(3, x + (i + 1) * 64, in);
+    _tile_loadd(5, panel + (i + 1) * 16 * kQgemmPanelRow, kQgemmPanelRow);
+    _tile_dpbsud(1, 3, 5);
+  }
+  if (i < steps) {
+    _tile_loadd(2, x + i * 64, in);
+    _tile_loadd(4, panel + i * 16 * kQgemmPanelRow, kQgemmPanelRow);
+    _tile_dpbsud(0, 2, 4);
+  }
+  if (in % 64) {
+    _tile_loadd(6, x + steps * 64, in);
+    _tile_loadd(7, panel + steps * 16 * kQgemmPanelRow, kQgemmPanelRow);
+    _tile_dpbsud(1, 6, 7);
+  }
+  _tile_stored(0, sums, 64);
+  _tile_stored(1, sums + 256, 64);
+  const __mmask16 live = live_columns(valid);
+  const __m512 s = _mm512_loadu_ps(scales);
+  const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(live, p.bias + n0) : _mm512_setzero_ps();
+  for (int r = 0; r < kTileRows; ++r) {
+    const __m512i total = _mm512_add_epi32(_mm512_load_si512(sums + r * kQgemmColumns), _mm512_load_si512(sums + 256 + r * kQgemmColumns));
+    const __m512i exact = _mm512_sub_epi32(total, _mm512_set1_epi32(128 * p.xsum[m0 + r]));
+    __m512 y = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_set1_ps(p.xs[m0 + r])), s);
+    if (p.bias) y = _mm512_add_ps(y, bias);
+    _mm512_mask_storeu_ps(p.y + (m0 + r) * p.out + n0, live, y);
+  }
+}
 #endif
 
 // All rows against one tile's panel; `amx` (the amx set only) is the thread's tile scratch, or null
@@ -223,6 +297,22 @@ template <bool Int4>
 void tile(const QgemmProblem& p, const uint8_t* panel, const float* scales, int64_t n0, int64_t valid, [[maybe_unused]] uint8_t* amx,
           [[maybe_unused]] const uint8_t* next_panel) {
   int64_t m = 0;
+  if (p.per_row) {   // W8A8: int8 panels only
+#if defined(__AMX_INT8__)
+    if (amx)
+      for (; m + kTileRows <= p.rows; m += kTileRows) w8a8_amx_rows(p, m, panel, scales, n0, valid, reinterpret_cast<int32_t*>(amx));
+#endif
+    for (; m + kRows <= p.rows; m += kRows) w8a8_rows<kRows>(p, m, panel, scales, n0, valid);
+    switch (p.rows - m) {
+      case 5: w8a8_rows<5>(p, m, panel, scales, n0, valid); break;
+      case 4: w8a8_rows<4>(p, m, panel, scales, n0, valid); break;
+      case 3: w8a8_rows<3>(p, m, panel, scales, n0, valid); break;
+      case 2: w8a8_rows<2>(p, m, panel, scales, n0, valid); break;
+      case 1: w8a8_rows<1>(p, m, panel, scales, n0, valid); break;
+      default: break;
+    }
+    return;
+  }
 #if defined(__AMX_INT8__)
   if (amx) {
     int32_t* sums = reinterpret_cast<int32_t*>(amx);
@@ -252,7 +342,8 @@ void qgemm_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_
   if (scratch && p.rows >= kTileRows) {   // a decoding step's few rows keep the VNNI loop, and the tiles unconfigured
     amx = scratch + qgemm_scratch_bytes(p.in, p.group) - qgemm_amx_scratch_bytes(p.in);
     amx += (64 - reinterpret_cast<uintptr_t>(amx) % 64) % 64;
-    configure_tiles();
+    if (p.per_row) configure_w8a8_tiles();
+    else configure_tiles();
   }
 #endif
   for (int64_t n0 = n_begin; n0 < n_end; n0 += kQgemmColumns) {

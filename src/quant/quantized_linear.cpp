@@ -198,7 +198,9 @@ bool pack_in_place(at::Tensor& q, at::Tensor& scales, const QuantConfig& c, int6
 }  // namespace
 
 bool QuantizedLinear::pack_for_cpu() {
-  if (packed_ || smooth_.defined()) return false;   // SmoothQuant's prompts need the rows (ATen's _int_mm)
+  // SmoothQuant's layers too: their prompts take qgemm_w8a8 over the panels, their decoding rows the
+  // packed GEMM as any int8 layer's (the GEMV's bits).
+  if (packed_) return false;
   return packed_ = pack_in_place(qweight_, scales_, config_, in_);
 }
 
@@ -209,15 +211,18 @@ bool QuantizedLinear::int8_gemm_on_gpu(const at::Tensor& x) const {
 }
 
 // W8A8: x / s quantized to int8 per token (absmax / 127), an int8 GEMM summing in int32 (ATen's _int_mm:
-// oneDNN's VNNI kernels on CPU, cuBLASLt on CUDA), then both scales and the bias.
+// cuBLASLt on CUDA, oneDNN on a CPU whose layers keep their rows), then both scales and the bias. (On a
+// CPU whose layers were packed at load, forward takes qgemm_w8a8 instead: the same bits.)
 at::Tensor QuantizedLinear::smoothquant_gemm(const at::Tensor& xs) const {
   auto x2 = xs.reshape({-1, in_}).to(at::kFloat);                                        // [M, in]
   const auto sx = x2.abs().amax(1, /*keepdim=*/true) / 127.0f;                           // [M, 1]
   const auto xq = (x2 / at::where(sx > 0, sx, at::ones_like(sx))).round_().clamp_(-127, 127).to(at::kChar);
-  auto y = at::_int_mm(xq, qweight_.t()).to(at::kFloat).mul_(sx).mul_(scales_.view({1, -1}));   // [M, out]
+  // (panels moved off the CPU: the rows' layout again)
+  const QuantizedWeight w = packed_ ? unpack_from_qgemm({qweight_, scales_}, config_, in_, out_) : QuantizedWeight{qweight_, scales_};
+  auto y = at::_int_mm(xq, w.q.to(xq.device()).t()).to(at::kFloat).mul_(sx).mul_(w.scales.to(xq.device()).view({1, -1}));   // [M, out]
   if (bias_.defined()) y.add_(bias_);
   auto sizes = xs.sizes().vec();
-  sizes.back() = qweight_.size(0);
+  sizes.back() = out_;
   return y.view(sizes);
 }
 
@@ -243,11 +248,18 @@ std::optional<kernels::DecodeProduct> QuantizedLinear::decode_product(int64_t ro
 }
 
 at::Tensor QuantizedLinear::forward(const at::Tensor& x_in) {
-  if (packed_) return packed_matmul(x_in, qweight_, scales_, config_, in_, out_, bias_);
-  if (!smooth_.defined()) return quantized_matmul(x_in, qweight_, scales_, config_, in_, bias_);
+  auto weight_only = [&](const at::Tensor& x) {
+    return packed_ ? packed_matmul(x, qweight_, scales_, config_, in_, out_, bias_) : quantized_matmul(x, qweight_, scales_, config_, in_, bias_);
+  };
+  if (!smooth_.defined()) return weight_only(x_in);
+  if (packed_ && cpu_inference(x_in, qweight_) && !decoding_rows(x_in, in_) && x_in.numel() > 0)   // a prompt: x / s, rounded and multiplied in one kernel
+    return over_rows(x_in, in_, out_, [&](const float* x2, int64_t rows, float* y) {
+      kernels::qgemm_w8a8(x2, smooth_.const_data_ptr<float>(), rows, in_, qweight_.const_data_ptr<uint8_t>(), scales_.const_data_ptr<float>(),
+                          bias_.defined() ? bias_.const_data_ptr<float>() : nullptr, y, out_);
+    });
   const at::Tensor x = x_in / smooth_.to(x_in.device(), x_in.scalar_type());   // SmoothQuant's x / s
   if (!decoding_rows(x, in_) && !at::GradMode::is_enabled() && (x.is_cpu() || int8_gemm_on_gpu(x))) return smoothquant_gemm(x);
-  return quantized_matmul(x, qweight_, scales_, config_, in_, bias_);
+  return weight_only(x);
 }
 
 QuantizedEmbedding::QuantizedEmbedding(int64_t num, int64_t dim) : num_(num), dim_(dim) {
