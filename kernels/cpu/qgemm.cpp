@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <vector>
 #include <omp.h>
 
@@ -54,15 +53,6 @@ float weight_scale(const QgemmProblem& p, int64_t n, int64_t g) {
   return p.panels ? p.panel_scales[(n / kQgemmColumns * groups + g) * kQgemmColumns + n % kQgemmColumns] : p.scales[n * groups + g];
 }
 
-// Rows a pass over the columns takes, with the weights packed at load. Each tile of 16 columns reads
-// all of a pass's x rows, so a long prompt's x (1600 rows x 3072 inputs: 4.9 MB) would come from the
-// last-level cache once per tile; in passes of up to kPassBytes of x it stays in a core's L2, and the
-// weights are read once a pass instead. A row's bits do not depend on its pass.
-int64_t row_chunk(int64_t in) {
-  static const int64_t bytes = std::getenv("COLOSSAL_QGEMM_PASS_BYTES") ? std::atoll(std::getenv("COLOSSAL_QGEMM_PASS_BYTES")) : 512 << 10;
-  return std::max<int64_t>(16, bytes / in / 16 * 16);
-}
-
 void run(const QgemmProblem& p) {
   const IsaKernels& k = active_kernels();
   const int64_t tiles = tiles_of(p.out);
@@ -78,15 +68,7 @@ void run(const QgemmProblem& p) {
         qgemm_reference_columns(p, begin, end);
       } else {
         const auto floats = static_cast<size_t>((qgemm_scratch_bytes(p.in, p.group) + 3) / 4);
-        auto* scratch = reinterpret_cast<uint8_t*>(thread_scratch(floats));
-        const int64_t chunk = p.panels ? row_chunk(p.in) : p.rows;   // (per-call packing: every pass would pack again)
-        for (int64_t r0 = 0; r0 < p.rows; r0 += chunk) {
-          QgemmProblem c = p;
-          const int64_t per_row = p.per_row ? 1 : p.in / kBlock;   // x scales and sums a row
-          c.rows = std::min(chunk, p.rows - r0);
-          c.xq += r0 * p.in, c.xs += r0 * per_row, c.xsum += r0 * per_row, c.y += r0 * p.out;
-          k.qgemm_columns(c, begin, end, scratch);
-        }
+        k.qgemm_columns(p, begin, end, reinterpret_cast<uint8_t*>(thread_scratch(floats)));
       }
     }
   }
