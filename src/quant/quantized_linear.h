@@ -5,8 +5,9 @@
 // products; longer inputs (the prefill) go through the integer GEMM where the CPU has VNNI
 // (kernels/cpu/qgemm.h), elsewhere through kernels/cpu/gemm with the weight dequantized block by
 // block as the GEMM packs it (never a whole fp32 copy), or under SmoothQuant through an int8 GEMM with x
-// quantized per token. A process that only runs inference on such a CPU repacks the weights once into
-// the integer GEMM's panels (pack_for_cpu), and then every call, a decoding step's too, takes it.
+// quantized per token (ATen's _int_mm; over packed panels our own qgemm_w8a8, with its bits). A process
+// that only runs inference on such a CPU repacks the weights once into the integer GEMM's panels
+// (pack_for_cpu), and then every call, a decoding step's too, takes it.
 // On a GPU (where nvcc built kernels/cuda), decoding rows take kernels/cuda/qgemv.h's dp4a GEMV, the CPU
 // integer path's arithmetic; SmoothQuant's prompts take ATen's int8 GEMM (cuBLASLt); other prompts
 // multiply by the weight dequantized for the call.
@@ -29,7 +30,7 @@ class QuantizedLinear : public nn::Linear {
   QuantizedLinear(const nn::LinearSpec& spec, const QuantConfig& config, nn::ParamStorage storage = nn::ParamStorage::allocated);
   at::Tensor forward(const at::Tensor& x) override;   // [..., in] -> [..., out]
   at::Tensor& weight() override { return qweight_; }  // the integers (packed: the panels)
-  // Where this CPU has the integer GEMM and the layer suits it (weight-only, whole blocks of 32):
+  // Where this CPU has the integer GEMM and the layer suits it (int8 or int4, whole blocks of 32):
   // "qweight" and "scales" become qgemm.h's panels ([tiles, bytes a tile], [tiles, groups x 16]), in
   // place, and the GEMM serves every CPU call without packing. For a process that runs inference
   // only: a checkpoint saved afterwards would hold the panels. Returns whether it packed.
