@@ -132,9 +132,10 @@ void w8a8_rows(const QgemmProblem& p, int64_t m0, const uint8_t* panel, const fl
 // take the VNNI loop's own operations in the same order: minus the offset times the block's x sum,
 // to float, times the x scale, summed over the group, then times the weights' scale. So the bits are
 // the VNNI copy's, and only the integer products moved to the tiles. The panel's 64-byte rows are
-// already a tile of the weights (8 rows of 4 inputs x 16 columns per block; int4's nibbles are spread
-// to bytes first), with tdpbsud taking x signed and the weights as the panel's unsigned bytes.
-// Measured on a Xeon with AMX, one thread, 768 x 2304 packed int8: 1.6-1.7x the VNNI loop at 64 rows.
+// already a tile of the weights (8 rows of 4 inputs x 16 columns per block); each tile of columns is
+// made signed bytes once (signed_weight_tiles) for tdpbssd. Measured on a Xeon with AMX (768 x 2304
+// packed int8, 64 rows, one thread): 0.47 ms against the VNNI loop's 0.59; the scaling of each block's
+// sums on the vector units, which do not overlap the tile unit, bounds it (README, "AMX tiles").
 constexpr int kTileRows = 16;
 constexpr int64_t kBlockTileBytes = kBlock / 4 * kQgemmPanelRow;   // a block's weights as a tile: 8 rows of 64 bytes
 
@@ -237,6 +238,7 @@ void amx_rows(const QgemmProblem& p, int64_t m0, const int8_t* w, const float* s
   for (int r = 0; r < kTileRows; ++r)
     _mm512_mask_storeu_ps(p.y + (m0 + r) * p.out + n0, live, _mm512_add_ps(_mm512_load_ps(total + r * kQgemmColumns), bias));
 }
+#undef COLOSSAL_BLOCK_PRODUCT
 
 // W8A8 tiles (x per row, so no block scales between the products): tiles 0 and 1 sum alternate steps
 // of 64 inputs (two chains for the tile unit), over x tiles 2 and 3 (16 rows of 64 bytes) and weight
@@ -320,7 +322,6 @@ void tile(const QgemmProblem& p, const uint8_t* panel, const float* scales, int6
     signed_weight_tiles<Int4>(panel, p.in / kBlock, w);
     for (; m + kTileRows <= p.rows; m += kTileRows) amx_rows<Int4>(p, m, w, scales, n0, valid, sums, m == 0 ? next_panel : nullptr);
   }
-#undef COLOSSAL_BLOCK_PRODUCT
 #endif
   for (; m + kRows <= p.rows; m += kRows) tile_rows<kRows, Int4>(p, m, panel, scales, n0, valid);
   switch (p.rows - m) {
