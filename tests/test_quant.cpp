@@ -678,7 +678,8 @@ TEST(DecodeBlock, AFusedStepGivesTheOpByOpStepsBitsForEachFamilyWeightKindBatchA
   struct Reset {
     ~Reset() { nn::set_kernel_policy({}); }
   } reset;
-  const quant::QuantConfig schemes[] = {{quant::Scheme::int8_weight, 0}, {quant::Scheme::int4_weight, 32}};
+  // (SmoothQuant's decoding rows: x / s, then the int8 layer's kernel)
+  const quant::QuantConfig schemes[] = {{quant::Scheme::int8_weight, 0}, {quant::Scheme::int4_weight, 32}, {quant::Scheme::int8_smoothquant, 0}};
   for (const std::string family : {"gpt", "opt", "bloom"})
     for (const auto& c : schemes) {
       const auto m = quantized_pair(family, c);

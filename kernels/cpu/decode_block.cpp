@@ -101,7 +101,7 @@ void attention_stage(const DecodeBlockStep& s, const float* qkv, float* attended
 
 // The block's buffers, kept by the calling thread across steps (every layer of every step comes here).
 struct Buffers {
-  std::vector<float> normed, qkv, attended, h, pre, hidden, stats;
+  std::vector<float> normed, qkv, attended, h, pre, hidden, stats, divided;
   Input input;
   Stretches qkv_share, heads_share, proj_share, fc_share, fc2_share;
 };
@@ -136,6 +136,8 @@ void decode_block_step(const DecodeBlockStep& s) {
   float* pre = fit(buf.pre, rows * s.hidden);   // the MLP's first product, then `hidden` its activation
   float* hidden = fit(buf.hidden, rows * s.hidden);
   float* stats = fit(buf.stats, 2 * rows);
+  // x / s of a SmoothQuant product (sized here: the products' stages only read and write it)
+  float* divided = fit(buf.divided, rows * std::max({s.qkv.in, s.proj.in, s.fc.in, s.fc2.in}));
   Input& input = buf.input;
 
   // One thread's serial stretch: LayerNorm (kernels/cpu/layer_norm.cpp's blocks of 32 rows) and, for a
@@ -147,6 +149,11 @@ void decode_block_step(const DecodeBlockStep& s) {
     }
   };
   auto feed = [&](const float* x, const DecodeProduct& p) {
+    if (p.divisor) {   // the division the layer's forward does (IEEE's, so the same bits)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < p.in; ++i) divided[r * p.in + i] = x[r * p.in + i] / p.divisor[i];
+      x = divided;
+    }
     input.x = x;
     input.q = quantizes_x(p) ? &quantize_rows(k, x, rows, p.in) : nullptr;
   };

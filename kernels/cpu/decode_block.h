@@ -38,6 +38,7 @@ struct DecodeProduct {
   int64_t group = 0;
   const float* bias = nullptr;     // [out] or null
   int64_t in = 0, out = 0;
+  const float* divisor = nullptr;  // [in] or null: x / divisor first (SmoothQuant's s), as the layer divides
 };
 
 enum class DecodeActivation : uint8_t { gelu_tanh, relu };

@@ -228,8 +228,9 @@ at::Tensor QuantizedLinear::smoothquant_gemm(const at::Tensor& xs) const {
 
 std::optional<kernels::DecodeProduct> QuantizedLinear::decode_product(int64_t rows) {
   // What forward runs for decoding rows on the CPU: integer_kernel's GEMV, or for a packed layer the GEMM
-  // over its panels (packed_matmul); SmoothQuant divides x first, so it keeps its own path.
-  if (smooth_.defined() || at::GradMode::is_enabled() || !qweight_.is_cpu() || rows < 1 || rows > kQgemvMaxRows ||
+  // over its panels (packed_matmul); SmoothQuant's x divided by s first.
+  if (smooth_.defined() && (!smooth_.is_cpu() || !smooth_.is_contiguous() || smooth_.scalar_type() != at::kFloat)) return std::nullopt;
+  if (at::GradMode::is_enabled() || !qweight_.is_cpu() || rows < 1 || rows > kQgemvMaxRows ||
       !qweight_.is_contiguous() || !scales_.is_contiguous() || (bias_.defined() && (!bias_.is_contiguous() || bias_.scalar_type() != at::kFloat)))
     return std::nullopt;
   using Kind = kernels::DecodeProduct::Kind;
@@ -243,6 +244,7 @@ std::optional<kernels::DecodeProduct> QuantizedLinear::decode_product(int64_t ro
   p.bias = bias_.defined() ? bias_.const_data_ptr<float>() : nullptr;
   p.in = in_;
   p.out = out_;
+  p.divisor = smooth_.defined() ? smooth_.const_data_ptr<float>() : nullptr;
   if (!kernels::decode_product_supported(p)) return std::nullopt;
   return p;
 }
