@@ -198,10 +198,8 @@ void signed_weight_tiles(const uint8_t* panel, int64_t blocks, int8_t* out) {
 // sums are scaled, so the tile unit works on the second while the vector units scale the first. The
 // group totals wait in memory: with the 16 sums in registers they would spill anyway.
 template <bool Int4>
-void amx_rows(const QgemmProblem& p, int64_t m0, const int8_t* w, const float* scales, int64_t n0, int64_t valid, int32_t* sums,
-              const uint8_t* prefetch) {
+void amx_rows(const QgemmProblem& p, int64_t m0, const int8_t* w, const float* scales, int64_t n0, int64_t valid, int32_t* sums) {
   const int64_t in = p.in, blocks = in / kBlock, per_group = p.group / kBlock;
-  constexpr int64_t prefetch_block = (Int4 ? kBlock / 2 : kBlock) * kQgemmColumns;   // a block's bytes in the panel
   const int8_t* x = p.xq + m0 * in;
   alignas(64) float total[kTileRows * kQgemmColumns] = {};
   __m512 acc[kTileRows];
@@ -223,9 +221,6 @@ void amx_rows(const QgemmProblem& p, int64_t m0, const int8_t* w, const float* s
   };
   for (int64_t b = 0; b < blocks; b += 2) {
     const bool pair = b + 1 < blocks;
-    if (prefetch)   // the next column tile's panel, read from memory while this one's tiles multiply
-      for (int64_t at = b * prefetch_block; at < (b + 2) * prefetch_block && at < blocks * prefetch_block; at += kQgemmPanelRow)
-        _mm_prefetch(reinterpret_cast<const char*>(prefetch + at), _MM_HINT_T0);
     COLOSSAL_BLOCK_PRODUCT(0, 2, 4, x + b * kBlock, in, w + b * kBlockTileBytes);
     if (pair) COLOSSAL_BLOCK_PRODUCT(1, 3, 5, x + (b + 1) * kBlock, in, w + (b + 1) * kBlockTileBytes);
     _tile_stored(0, sums, 64);
@@ -293,11 +288,10 @@ void w8a8_amx_rows(const QgemmProblem& p, int64_t m0, const uint8_t* panel, cons
 #endif
 
 // All rows against one tile's panel; `amx` (the amx set only) is the thread's tile scratch, or null
-// where the rows take the VNNI loop alone, and `next_panel` the next tile's panels packed at load (or
-// null), for the tile loop to prefetch.
+// where the rows take the VNNI loop alone. (Prefetching the next tile's panel during the first 16 rows
+// measured level with the hardware's own prefetch, and slower for W8A8's 1560-row prompts.)
 template <bool Int4>
-void tile(const QgemmProblem& p, const uint8_t* panel, const float* scales, int64_t n0, int64_t valid, [[maybe_unused]] uint8_t* amx,
-          [[maybe_unused]] const uint8_t* next_panel) {
+void tile(const QgemmProblem& p, const uint8_t* panel, const float* scales, int64_t n0, int64_t valid, [[maybe_unused]] uint8_t* amx) {
   int64_t m = 0;
   if (p.per_row) {   // W8A8: int8 panels only
 #if defined(__AMX_INT8__)
@@ -320,7 +314,7 @@ void tile(const QgemmProblem& p, const uint8_t* panel, const float* scales, int6
     int32_t* sums = reinterpret_cast<int32_t*>(amx);
     int8_t* w = reinterpret_cast<int8_t*>(amx + kQgemmAmxSums);
     signed_weight_tiles<Int4>(panel, p.in / kBlock, w);
-    for (; m + kTileRows <= p.rows; m += kTileRows) amx_rows<Int4>(p, m, w, scales, n0, valid, sums, m == 0 ? next_panel : nullptr);
+    for (; m + kTileRows <= p.rows; m += kTileRows) amx_rows<Int4>(p, m, w, scales, n0, valid, sums);
   }
 #endif
   for (; m + kRows <= p.rows; m += kRows) tile_rows<kRows, Int4>(p, m, panel, scales, n0, valid);
@@ -357,8 +351,7 @@ void qgemm_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_
     } else {
       pack_tile(p, n0, valid, scratch, reinterpret_cast<float*>(scratch + p.in * kQgemmColumns));
     }
-    const uint8_t* next_panel = p.panels && n0 + kQgemmColumns < n_end ? panel + tile_bytes : nullptr;
-    (p.int4 ? tile<true> : tile<false>)(p, panel, scales, n0, valid, amx, next_panel);
+    (p.int4 ? tile<true> : tile<false>)(p, panel, scales, n0, valid, amx);
   }
 #if defined(__AMX_INT8__)
   if (amx) _tile_release();   // back to the initial state: no 8 KiB of tile registers to save at each switch
