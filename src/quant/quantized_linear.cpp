@@ -219,7 +219,7 @@ at::Tensor QuantizedLinear::smoothquant_gemm(const at::Tensor& xs) const {
   const auto xq = (x2 / at::where(sx > 0, sx, at::ones_like(sx))).round_().clamp_(-127, 127).to(at::kChar);
   // (panels moved off the CPU: the rows' layout again)
   const QuantizedWeight w = packed_ ? unpack_from_qgemm({qweight_, scales_}, config_, in_, out_) : QuantizedWeight{qweight_, scales_};
-  auto y = at::_int_mm(xq, w.q.to(xq.device()).t()).to(at::kFloat).mul_(sx).mul_(w.scales.to(xq.device()).view({1, -1}));   // [M, out]
+  auto y = at::_int_mm(xq, w.q.t()).to(at::kFloat).mul_(sx).mul_(w.scales.view({1, -1}));   // [M, out]
   if (bias_.defined()) y.add_(bias_);
   auto sizes = xs.sizes().vec();
   sizes.back() = out_;
