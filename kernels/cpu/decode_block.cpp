@@ -58,7 +58,7 @@ void product_range(const IsaKernels& k, const DecodeProduct& p, const Input& in,
       QgemmProblem q{in.q->q.data(), in.q->s.data(), in.q->sum.data(), rows, p.in, nullptr, p.kind == Kind::int4_panels, nullptr,
                      p.group, p.bias, y, p.out, static_cast<const uint8_t*>(p.w), p.scales};
       // the thread's scratch: with 16 rows (serving 16 sequences) the amx set multiplies them in its tiles
-      k.qgemm_columns(q, o_begin, o_end, reinterpret_cast<uint8_t*>(thread_scratch(static_cast<size_t>((qgemm_scratch_bytes(p.in, p.group) + 3) / 4))));
+      k.qgemm_columns(q, o_begin, o_end, qgemm_thread_scratch(p.in, p.group));
       break;
     }
   }

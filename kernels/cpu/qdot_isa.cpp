@@ -234,17 +234,35 @@ void qgemv_q8x_int4(const int8_t* xq, const uint8_t* xa, const float* xs, const 
 }  // namespace colossal::kernels::COLOSSAL_ISA
 
 namespace colossal::kernels::COLOSSAL_ISA {
+namespace {
+
+#if defined(__AVX2__)
+COLOSSAL_INLINE __m256 magnitude(__m256 v) { return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))); }
+
+// The largest of v's 8 lanes (max is exact, in any order).
+COLOSSAL_INLINE float largest_lane(__m256 v) {
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+// 32 int32 values within int8's range as 32 bytes in order: the packs interleave 128-bit halves, the
+// permute puts them back.
+COLOSSAL_INLINE __m256i to_bytes(const __m256i q[4]) {
+  const __m256i w16a = _mm256_packs_epi32(q[0], q[1]), w16b = _mm256_packs_epi32(q[2], q[3]);
+  return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16a, w16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+#endif
+
+}  // namespace
 
 void quantize_rows_q8(const float* x, int64_t n_blocks, int8_t* xq, uint8_t* xa, float* xs, float* xc, int32_t* xsum) {
   for (int64_t b = 0; b < n_blocks; ++b, x += kBlock, xq += kBlock, xa += kBlock) {
 #if defined(__AVX2__)
     // |x|'s largest in vectors (a scalar compare chain cost more than the rest of the block); max is exact.
-    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    __m256 m = _mm256_and_ps(_mm256_loadu_ps(x), magnitude);
-    for (int v = 1; v < 4; ++v) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + 8 * v), magnitude));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float top = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    __m256 m = magnitude(_mm256_loadu_ps(x));
+    for (int v = 1; v < 4; ++v) m = _mm256_max_ps(m, magnitude(_mm256_loadu_ps(x + 8 * v)));
+    const float top = largest_lane(m);
 #else
     float top = 0.0f;
     for (int k = 0; k < kBlock; ++k) top = top > __builtin_fabsf(x[k]) ? top : __builtin_fabsf(x[k]);
@@ -255,9 +273,7 @@ void quantize_rows_q8(const float* x, int64_t n_blocks, int8_t* xq, uint8_t* xa,
     const __m256 vinv = _mm256_set1_ps(inv);
     __m256i q[4];   // x * 127 / absmax rounded to nearest even (the default rounding mode), in int32
     for (int v = 0; v < 4; ++v) q[v] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v), vinv));
-    // int32 -> int8 in order: the packs interleave 128-bit halves, the permute puts them back.
-    const __m256i w16a = _mm256_packs_epi32(q[0], q[1]), w16b = _mm256_packs_epi32(q[2], q[3]);
-    const __m256i b8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16a, w16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m256i b8 = to_bytes(q);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq), b8);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(xa), _mm256_abs_epi8(b8));
 #else
@@ -288,16 +304,13 @@ void quantize_rows_q8(const float* x, int64_t n_blocks, int8_t* xq, uint8_t* xa,
 void quantize_rows_w8a8(const float* x, const float* divisor, int64_t rows, int64_t in, int8_t* xq, float* xs, int32_t* xsum) {
   for (int64_t m = 0; m < rows; ++m, x += in, xq += in) {
 #if defined(__AVX2__)
-    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     auto value = [&](int64_t k) __attribute__((always_inline)) {
       const __m256 v = _mm256_loadu_ps(x + k);
       return divisor ? _mm256_div_ps(v, _mm256_loadu_ps(divisor + k)) : v;
     };
     __m256 top8 = _mm256_setzero_ps();
-    for (int64_t k = 0; k < in; k += 8) top8 = _mm256_max_ps(top8, _mm256_and_ps(value(k), magnitude));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(top8), _mm256_extractf128_ps(top8, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float top = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    for (int64_t k = 0; k < in; k += 8) top8 = _mm256_max_ps(top8, magnitude(value(k)));
+    const float top = largest_lane(top8);
 #else
     auto value = [&](int64_t k) { return divisor ? x[k] / divisor[k] : x[k]; };
     float top = 0.0f;
@@ -315,9 +328,7 @@ void quantize_rows_w8a8(const float* x, const float* divisor, int64_t rows, int6
         q[v] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_div_ps(value(k + 8 * v), vd)), lo), hi);
         sums = _mm256_add_epi32(sums, q[v]);
       }
-      const __m256i w16a = _mm256_packs_epi32(q[0], q[1]), w16b = _mm256_packs_epi32(q[2], q[3]);
-      const __m256i b8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16a, w16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + k), b8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + k), to_bytes(q));
     }
     alignas(32) int32_t lanes[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sums);

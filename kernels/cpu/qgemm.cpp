@@ -67,8 +67,7 @@ void run(const QgemmProblem& p) {
       if (!k.qgemm_columns) {
         qgemm_reference_columns(p, begin, end);
       } else {
-        const auto floats = static_cast<size_t>((qgemm_scratch_bytes(p.in, p.group) + 3) / 4);
-        k.qgemm_columns(p, begin, end, reinterpret_cast<uint8_t*>(thread_scratch(floats)));
+        k.qgemm_columns(p, begin, end, qgemm_thread_scratch(p.in, p.group));
       }
     }
   }
@@ -81,6 +80,10 @@ void run_rows(const float* x, int64_t rows, int64_t in, const void* q, bool int4
 }
 
 }  // namespace
+
+uint8_t* qgemm_thread_scratch(int64_t in, int64_t group) {
+  return reinterpret_cast<uint8_t*>(thread_scratch(static_cast<size_t>((qgemm_scratch_bytes(in, group) + 3) / 4)));
+}
 
 bool qgemm_available(int64_t in, int64_t group) { return active_kernels().qgemm_columns != nullptr && qgemv_integer_path(in, group); }
 

@@ -93,6 +93,9 @@ inline int64_t qgemm_amx_scratch_bytes(int64_t in) { return kQgemmAmxSums + in *
 inline int64_t qgemm_scratch_bytes(int64_t in, int64_t group) {
   return in * kQgemmColumns + in / group * kQgemmColumns * 4 + 64 + qgemm_amx_scratch_bytes(in);
 }
+// The calling thread's scratch of qgemm_scratch_bytes(in, group) bytes (thread_scratch.h: kept across
+// calls, on a cache line), for qgemm_columns.
+uint8_t* qgemm_thread_scratch(int64_t in, int64_t group);
 // The same operations as a kernel set's copy, one lane at a time: the same bits, on any machine.
 void qgemm_reference_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end);
 

@@ -70,6 +70,15 @@ def bandwidth(py, threads, device, nbytes=1 << 30):
     return float(subprocess.run([py, "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
+def machine_line(a):
+    """The run's last line: the CPU (model, kernel set, caps), the GPU where it ran there, threads, torch, date, command."""
+    import torch
+    cpu = subprocess.run(["bash", "scripts/bench/cpu_line.sh"], capture_output=True, text=True).stdout.strip()
+    gpu = f"GPU {torch.cuda.get_device_name(0)}, " if a.device == "cuda" else ""
+    return (f"machine: {cpu}, {gpu}{a.threads} threads, torch {torch.__version__}, "
+            f"{time.strftime('%Y-%m-%d')}, {a.command}, median of {a.repeat} alternating rounds")
+
+
 PREFILL = re.compile(r"timing: prefill (\d+) tokens in ([0-9.]+) ms")
 
 
@@ -119,10 +128,7 @@ def prefill_main(a, dirs, peers, sp, label):
             mine = "int8" if "int8" in dirs else "fp32"
             cells.append(f"transformers fp32 {med((peer, b)):.0f} tok/s ({mine} {med((mine, b)) / med((peer, b)):.2f}x)")
         print(f"{label} B={b} prefill of about {a.prefill} tokens each " + " | ".join(cells))
-    import torch
-    cpu = subprocess.run(["bash", "scripts/bench/cpu_line.sh"], capture_output=True, text=True).stdout.strip()
-    print(f"machine: {cpu}, {a.threads} threads, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}, {a.command}, "
-          f"median of {a.repeat} alternating rounds")
+    print(machine_line(a))
 
 
 def main():
@@ -239,16 +245,12 @@ def main():
             mine = "int8" if "int8" in dirs else "fp32"   # colossal's side to compare with
             cells.append(f"{name} {tps:.1f} tok/s {med((peer, b), 1) / 1e9:.2f} GB ({mine} {med((mine, b), 0) / tps:.2f}x)")
         print(f"{label} B={b} n={a.tokens} " + " | ".join(cells))
-    import torch
-    cpu = subprocess.run(["bash", "scripts/bench/cpu_line.sh"], capture_output=True, text=True).stdout.strip()   # model, kernel set, caps
     read = ", ".join(f"{k} {v / 1e6:.0f} MB" for k, v in wbytes.items())
-    gpu = f"GPU {torch.cuda.get_device_name(0)}, " if a.device == "cuda" else ""
-    whose = " (the GPU's)" if gpu else ""
+    whose = " (the GPU's)" if a.device == "cuda" else ""
     at_size = ", ".join(f"{k} {v:.1f}" for k, v in bw_at.items())
     print(f"weights read a step: {read} (all stored tensors, the tied embedding included); "
           f"bound = {bw:.1f} GB/s{whose} over weights + KV cache (a 1 GiB sum; summed at the weights' own sizes, GB/s: {at_size})")
-    print(f"machine: {cpu}, {gpu}{a.threads} threads, torch {torch.__version__}, "
-          f"{time.strftime('%Y-%m-%d')}, {a.command}, median of {a.repeat} alternating rounds")
+    print(machine_line(a))
 
 
 if __name__ == "__main__":

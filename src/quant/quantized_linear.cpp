@@ -210,10 +210,17 @@ bool QuantizedLinear::int8_gemm_on_gpu(const at::Tensor& x) const {
   return x.is_cuda() && qweight_.device() == x.device() && x.numel() / in_ > 16 && in_ % 8 == 0 && out_ % 8 == 0;
 }
 
-// W8A8: x / s quantized to int8 per token (absmax / 127), an int8 GEMM summing in int32 (ATen's _int_mm:
-// cuBLASLt on CUDA, oneDNN on a CPU whose layers keep their rows), then both scales and the bias. (On a
-// CPU whose layers were packed at load, forward takes qgemm_w8a8 instead: the same bits.)
-at::Tensor QuantizedLinear::smoothquant_gemm(const at::Tensor& xs) const {
+// W8A8, a prompt's rows: x / s quantized to int8 per token (absmax / 127), an int8 GEMM summing in int32,
+// then both scales and the bias. On a CPU whose layers were packed at load, qgemm_w8a8 does all of it
+// in one kernel over the panels; elsewhere ATen's ops and _int_mm (cuBLASLt on CUDA, oneDNN on a CPU
+// whose layers keep their rows). The two give the same bits.
+at::Tensor QuantizedLinear::smoothquant_gemm(const at::Tensor& x_in) const {
+  if (packed_ && cpu_inference(x_in, qweight_) && x_in.numel() > 0)
+    return over_rows(x_in, in_, out_, [&](const float* x2, int64_t rows, float* y) {
+      kernels::qgemm_w8a8(x2, smooth_.const_data_ptr<float>(), rows, in_, qweight_.const_data_ptr<uint8_t>(), scales_.const_data_ptr<float>(),
+                          bias_.defined() ? bias_.const_data_ptr<float>() : nullptr, y, out_);
+    });
+  const at::Tensor xs = x_in / smooth_.to(x_in.device(), x_in.scalar_type());             // SmoothQuant's x / s
   auto x2 = xs.reshape({-1, in_}).to(at::kFloat);                                        // [M, in]
   const auto sx = x2.abs().amax(1, /*keepdim=*/true) / 127.0f;                           // [M, 1]
   const auto xq = (x2 / at::where(sx > 0, sx, at::ones_like(sx))).round_().clamp_(-127, 127).to(at::kChar);
@@ -254,14 +261,8 @@ at::Tensor QuantizedLinear::forward(const at::Tensor& x_in) {
     return packed_ ? packed_matmul(x, qweight_, scales_, config_, in_, out_, bias_) : quantized_matmul(x, qweight_, scales_, config_, in_, bias_);
   };
   if (!smooth_.defined()) return weight_only(x_in);
-  if (packed_ && cpu_inference(x_in, qweight_) && !decoding_rows(x_in, in_) && x_in.numel() > 0)   // a prompt: x / s, rounded and multiplied in one kernel
-    return over_rows(x_in, in_, out_, [&](const float* x2, int64_t rows, float* y) {
-      kernels::qgemm_w8a8(x2, smooth_.const_data_ptr<float>(), rows, in_, qweight_.const_data_ptr<uint8_t>(), scales_.const_data_ptr<float>(),
-                          bias_.defined() ? bias_.const_data_ptr<float>() : nullptr, y, out_);
-    });
-  const at::Tensor x = x_in / smooth_.to(x_in.device(), x_in.scalar_type());   // SmoothQuant's x / s
-  if (!decoding_rows(x, in_) && !at::GradMode::is_enabled() && (x.is_cpu() || int8_gemm_on_gpu(x))) return smoothquant_gemm(x);
-  return weight_only(x);
+  if (!decoding_rows(x_in, in_) && !at::GradMode::is_enabled() && (x_in.is_cpu() || int8_gemm_on_gpu(x_in))) return smoothquant_gemm(x_in);
+  return weight_only(x_in / smooth_.to(x_in.device(), x_in.scalar_type()));   // SmoothQuant's x / s, then the int8 layer's kernel
 }
 
 QuantizedEmbedding::QuantizedEmbedding(int64_t num, int64_t dim) : num_(num), dim_(dim) {

@@ -41,7 +41,7 @@ class QuantizedLinear : public nn::Linear {
   std::optional<kernels::DecodeProduct> decode_product(int64_t rows) override;
 
  private:
-  at::Tensor smoothquant_gemm(const at::Tensor& x_smoothed) const;
+  at::Tensor smoothquant_gemm(const at::Tensor& x) const;   // a prompt's rows, x before its division by s
   bool int8_gemm_on_gpu(const at::Tensor& x) const;
   QuantConfig config_;
   int64_t in_ = 0, out_ = 0;
