@@ -180,7 +180,7 @@ TEST(QuantKernels, TheVnniDotProductsGiveTheAvx512CopysBits) {
 }
 
 TEST(QuantKernels, ThePromptGemmMatchesDoublePrecisionOverTheRoundedXAndTheDequantizedWeight) {
-  if (!kernels::qgemm_available(32, 32)) GTEST_SKIP() << "this CPU has no AVX-512 VNNI: prompts take the dequantizing GEMM";
+  if (!kernels::qgemm_available(32, 32)) GTEST_SKIP() << "this CPU has no AVX2: prompts take the dequantizing GEMM";
   at::manual_seed(28);
   struct Case {
     quant::Scheme scheme;
@@ -206,7 +206,7 @@ TEST(QuantKernels, ThePromptGemmMatchesDoublePrecisionOverTheRoundedXAndTheDequa
 }
 
 TEST(QuantKernels, APromptRowGetsTheSameBitsAloneInABatchOrOnAnyThreadCount) {
-  if (!kernels::qgemm_available(32, 32)) GTEST_SKIP() << "this CPU has no AVX-512 VNNI: prompts take the dequantizing GEMM";
+  if (!kernels::qgemm_available(32, 32)) GTEST_SKIP() << "this CPU has no AVX2: prompts take the dequantizing GEMM";
   at::manual_seed(29);
   const int64_t in = 320, out = 1003;   // an output count that splits unevenly into tiles and threads
   auto x = at::randn({19, in}), w = at::randn({out, in}), b = at::randn({out});
@@ -266,7 +266,7 @@ TEST(QuantKernels, TheW8a8GemmGivesAtensInt8GemmPathsBitsOnEverySet) {
           const auto packed = quant::pack_for_qgemm({w, sw.view({out, 1})}, quant::QuantConfig{quant::Scheme::int8_weight, 0}, in);
           const std::string what = "in=" + std::to_string(in) + " rows=" + std::to_string(rows) + " out=" + std::to_string(out) +
                                    (with_bias ? " bias and s" : "");
-          for (Isa isa : kernels::runnable_isas()) {   // the scalar loop below VNNI
+          for (Isa isa : kernels::runnable_isas()) {   // the scalar loop in the baseline set
             kernels::ScopedIsa cap(isa);
             auto y = at::empty({rows, out});
             kernels::qgemm_w8a8(x.const_data_ptr<float>(), smooth.defined() ? smooth.const_data_ptr<float>() : nullptr, rows, in,
@@ -327,7 +327,7 @@ TEST(QuantKernels, PackingForTheGemmAndBackIsExactAndTheLastTilesSpareColumnsAre
         const auto packed = quant::pack_for_qgemm(q, c, in);
         const int64_t tiles = (out + 15) / 16;
         const std::string what = std::string(quant::scheme_name(c.scheme)) + " g=" + std::to_string(c.group) + " out=" + std::to_string(out);
-        for (Isa isa : kernels::runnable_isas()) {   // the scalar loop, and the VNNI set's gathers where it runs
+        for (Isa isa : kernels::runnable_isas()) {   // the scalar loop in the baseline set, else the set's own packer
           kernels::ScopedIsa cap(isa);
           const auto again = quant::pack_for_qgemm(q, c, in);
           EXPECT_TRUE(at::equal(again.q, packed.q) && at::equal(again.scales, packed.scales)) << what << " on " << kernels::isa_name(isa);
@@ -355,15 +355,17 @@ TEST(QuantKernels, ThePackedGemmGivesTheScalarLoopsBitsOnEverySetAndThePerCallPa
   at::manual_seed(31);
   const int64_t in = 256;
   for (const quant::QuantConfig& c : kPackedConfigs)
-    for (int64_t rows : {1, 2, 3, 6, 8, 13, 16, 37})   // a decoding step's few rows, the 6-row tile and its remainders; AMX's 16-row tiles
-      for (int64_t out : {5, 16, 40}) {
+    // a decoding step's few rows, the 6-row tile and its remainders; AMX's 16-row tiles; without VNNI, groups of 2 (int8) or 4
+    // (int4) rows, 8 groups to a block, and their remainders
+    for (int64_t rows : {1, 2, 3, 6, 8, 13, 16, 37})
+      for (int64_t out : {5, 16, 29, 40}) {   // a tile's first half partial; both halves, the second partial; a first half alone
         auto x = at::randn({rows, in}) * 2, b = at::randn({out});
         const auto q = quant::quantize_weight(at::randn({out, in}), c);
         const auto packed = quant::pack_for_qgemm(q, c, in);
         const std::string what = std::string(quant::scheme_name(c.scheme)) + " g=" + std::to_string(c.group) + " rows=" +
                                  std::to_string(rows) + " out=" + std::to_string(out);
         at::Tensor first;
-        for (Isa isa : kernels::runnable_isas()) {   // without VNNI, the scalar loop
+        for (Isa isa : kernels::runnable_isas()) {   // in the baseline set, the scalar loop
           kernels::ScopedIsa cap(isa);
           const auto y = run_packed(x, packed, c, in, out, b);
           if (!first.defined()) {
@@ -379,6 +381,51 @@ TEST(QuantKernels, ThePackedGemmGivesTheScalarLoopsBitsOnEverySetAndThePerCallPa
       }
 }
 
+
+// The weights and x values at the ends of their ranges, where a byte multiply that adds pairs of products
+// in int16 (AVX2's, in the avx2 and avx512 sets) would saturate if a block's products were not split small
+// enough: every int8 byte (-128, which our quantizer never writes, included), int4's nibbles 0 and 15,
+// and x rows whose every value quantizes to +127 or -127. Every set gives the scalar loop's bits.
+TEST(QuantKernels, ThePackedGemmsIntegerSumsAreExactAtTheEndsOfTheByteRanges) {
+  const int64_t in = 256, out = 32;
+  auto x = at::ones({6, in});
+  x.select(0, 1).fill_(-3.0f);
+  x.select(0, 2).narrow(0, 0, in / 2).fill_(-1.0f);                                     // +127 then -127 in each row
+  x.select(0, 3).copy_(at::arange(in).remainder(2).mul(2).sub(1).to(at::kFloat));       // alternating signs
+  x.select(0, 4).copy_(at::arange(in).to(at::kFloat).sub(in / 2));                      // every value from -127 to 127
+  x.select(0, 5).zero_();
+  for (int scheme = 0; scheme < 3; ++scheme) {
+    quant::QuantizedWeight q;
+    quant::QuantConfig c{scheme < 2 ? quant::Scheme::int8_weight : quant::Scheme::int4_weight, scheme == 1 ? 64 : 0};
+    if (scheme == 2) c.group = 128;
+    if (c.scheme == quant::Scheme::int8_weight) {
+      auto bytes = at::empty({out, in}, at::kChar);
+      bytes.narrow(0, 0, 8).fill_(127), bytes.narrow(0, 8, 8).fill_(-127), bytes.narrow(0, 16, 8).fill_(-128);
+      bytes.narrow(0, 24, 8).copy_(at::arange(8 * in).remainder(256).sub(128).to(at::kChar).view({8, in}));   // every byte
+      q = {bytes, at::full({out, in / c.group_for(in)}, 0.02f)};
+    } else {
+      auto bytes = at::empty({out, in / 2}, at::kByte);
+      bytes.narrow(0, 0, 8).fill_(0xFF), bytes.narrow(0, 8, 8).fill_(0x00), bytes.narrow(0, 16, 8).fill_(0xF0);
+      bytes.narrow(0, 24, 8).copy_(at::arange(8 * in / 2).remainder(256).to(at::kByte).view({8, in / 2}));
+      q = {bytes, at::full({out, in / c.group_for(in)}, 0.5f)};
+    }
+    const auto packed = quant::pack_for_qgemm(q, c, in);
+    const auto b = at::randn({out});
+    at::Tensor first;
+    for (Isa isa : kernels::runnable_isas()) {
+      kernels::ScopedIsa cap(isa);
+      const auto y = run_packed(x, packed, c, in, out, b);
+      if (!first.defined()) {
+        first = y;
+        auto ref = at::mm(x_as_computed(x, in, c).to(at::kDouble), quant::dequantize_weight(q.q, q.scales, c, in).to(at::kDouble).t());
+        ref += b.to(at::kDouble);
+        EXPECT_LT(max_abs_diff(y, ref), 1e-6 * ref.abs().max().item<double>() + 1e-5) << quant::scheme_name(c.scheme) << " g=" << c.group;
+      }
+      EXPECT_TRUE(at::equal(y, first)) << quant::scheme_name(c.scheme) << " g=" << c.group << " on " << kernels::isa_name(isa)
+                                       << ": max difference " << max_abs_diff(y, first);
+    }
+  }
+}
 TEST(QuantizeWeight, Int4PacksInputJAndJPlus16OfEachBlockIntoByteJ) {
   // One row of 32 inputs with the values -7..7 spread so that scale = 1 (absmax 7).
   auto w = at::empty({1, 32});
@@ -463,7 +510,7 @@ TEST(QuantizedModel, EachFamilysLogitsStayNearFp32AndTheDequantizedModelsInPrefi
       const auto got = at::cat(steps, 1);   // [2, 12, V]
       const std::string what = std::string(kernels::isa_name(isa)) + " " + family + " " + quant::scheme_name(t.config.scheme) +
                                " g=" + std::to_string(t.config.group);
-      // The prefill's 16 rows are a short prompt: the integer GEMM where the CPU has VNNI, the decoding GEMV
+      // The prefill's 16 rows are a short prompt: the integer GEMM where the CPU has AVX2, the decoding GEMV
       // elsewhere, both with x rounded as decoding rounds it (SmoothQuant: x rounded to int8 per token, RMS
       // within 1.5% of the logits' spread; measured 0.03-0.9%); the decoding steps' integer path with x
       // rounded to int8 per block of 32 (RMS within 1%). A longer prefill computes exactly with the
@@ -544,7 +591,7 @@ TEST(QuantizedModel, EachFamilyAndSchemeSavesAndLoadsBackBitForBit) {
 }
 
 TEST(QuantizedModel, PackedForTheCpuEachFamilyKeepsThePromptGemmsBitsAndEachSequenceGetsItsOwnBitsInAnyBatch) {
-  if (!kernels::qgemm_available(32, 32)) GTEST_SKIP() << "this CPU has no AVX-512 VNNI: quantized layers are not packed";
+  if (!kernels::qgemm_available(32, 32)) GTEST_SKIP() << "this CPU has no AVX2: quantized layers are not packed";
   // SmoothQuant's packed prompts take qgemm_w8a8 where the plain layers take ATen's _int_mm: the same bits too.
   for (const std::string family : {"gpt", "opt", "bloom"})
     for (const quant::QuantConfig c : {quant::QuantConfig{quant::Scheme::int8_weight, 0}, quant::QuantConfig{quant::Scheme::int4_weight, 32},
@@ -621,8 +668,8 @@ TEST(QuantizedMatmul, APrefillWhoseRowsTheGemmCannotTakeWholeSplitsOffTheTailAnd
   // prefill of 40 rows: the first 48 through the dequantizing GEMM, the last 2 dequantized.
   at::manual_seed(27);
   at::NoGradGuard no_grad;
-  // Where the CPU has VNNI the integer GEMM takes the prompt instead (x rounded as decoding rounds it,
-  // its columns masked rather than split); the sets below it take the path this test is about.
+  // With AVX2 or more the integer GEMM takes the prompt instead (x rounded as decoding rounds it, its
+  // columns masked rather than split); the baseline set takes the path this test is about.
   for (Isa isa : kernels::runnable_isas()) {
     kernels::ScopedIsa cap(isa);
     for (const quant::QuantConfig c : {quant::QuantConfig{quant::Scheme::int8_weight, 0}, quant::QuantConfig{quant::Scheme::int4_weight, 32}}) {
@@ -689,7 +736,7 @@ TEST(DecodeBlock, AFusedStepGivesTheOpByOpStepsBitsForEachFamilyWeightKindBatchA
       auto transposed = quantized_pair(family, c).dequantized;
       for (auto& p : transposed->named_parameters())
         if (p.key().find("qkv.weight") != std::string::npos) p.value().set_data(p.value().t().contiguous().t());
-      // and the quantized layers packed into the integer GEMM's panels where this CPU has it (VNNI), as
+      // and the quantized layers packed into the integer GEMM's panels where this CPU has it (AVX2), as
       // `colossal infer` packs them
       const std::pair<std::string, std::shared_ptr<nn::CausalLM>> models[] = {
           {"fp32", m.dequantized}, {"fp32 W^T", transposed}, {quant::scheme_name(c.scheme), m.quantized},

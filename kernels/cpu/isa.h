@@ -7,7 +7,7 @@
 // avx512vnni is AVX-512 plus its byte dot product (Cascade Lake, Ice Lake, Sapphire Rapids, Zen 4 and
 // later): every kernel is the avx512 copy except the quantized decoding GEMV's integer dot products,
 // which take one vpdpbusd where AVX-512 without VNNI needs two multiplies (same sums, same bits), and
-// the quantized prompt GEMM, which only this set and the next have (qgemm.h).
+// the quantized prompt GEMM (qgemm.h), whose avx2 and avx512 copy splits x to multiply bytes in pairs.
 // amx is avx512vnni plus AMX's int8 tiles (Sapphire Rapids and later, where the kernel grants the
 // process their state): the same kernels, except that the prompt GEMM multiplies whole tiles of 16 x
 // rows by 16 columns per instruction (the same integer sums, so the same bits as avx512vnni's).

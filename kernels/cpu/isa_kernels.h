@@ -104,9 +104,12 @@ struct IsaKernels {
   // One row of n floats into a KV cache's element e at dst (kv_element.h: 16-bit kinds rounded to
   // nearest-even; int8 quantized with its scale after the n values).
   void (*store_kv)(const float* src, void* dst, int64_t n, KvElement e);
-  // Columns [n_begin, n_end) of a quantized GEMM (qgemm.h); null in sets without VNNI, whose prompts
+  // Columns [n_begin, n_end) of a quantized GEMM (qgemm.h); null in the baseline set, whose prompts
   // take the fp32 GEMM with the weights dequantized as it packs them.
   void (*qgemm_columns)(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* scratch) = nullptr;
+  // Whether qgemm_columns multiplies int8 panels by x split into 16 a + b (QgemmProblem::split): the
+  // sets without VNNI (qgemm_nibbles_isa.cpp).
+  bool qgemm_split_x = false;
   // Packs p.q's columns [n_begin, n_end) (whole tiles, the last may be partial) into qgemm.h's panels
   // at their tiles' offsets in `panels` and `panel_scales`; null where qgemm_columns is (qgemm_pack's
   // scalar loop).

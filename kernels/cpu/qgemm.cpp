@@ -76,7 +76,9 @@ void run(const QgemmProblem& p) {
 void run_rows(const float* x, int64_t rows, int64_t in, const void* q, bool int4, const float* scales, int64_t group,
               const float* bias, float* y, int64_t out, const uint8_t* panels, const float* panel_scales) {
   const QuantizedRows& xr = quantize_rows(active_kernels(), x, rows, in);   // as the GEMV quantizes them
-  run({xr.q.data(), xr.s.data(), xr.sum.data(), rows, in, q, int4, scales, group, bias, y, out, panels, panel_scales});
+  QgemmProblem p{xr.q.data(), xr.s.data(), xr.sum.data(), rows, in, q, int4, scales, group, bias, y, out, panels, panel_scales};
+  if (active_kernels().qgemm_split_x) p.split = xr.split.data();
+  run(p);
 }
 
 }  // namespace
@@ -119,7 +121,26 @@ void qgemm_w8a8(const float* x, const float* divisor, int64_t rows, int64_t in, 
   for (int64_t m = 0; m < rows; ++m) k.quantize_rows_w8a8(x + m * in, divisor, 1, in, q + m * in, s + m, sum + m);
   QgemmProblem p{q, s, sum, rows, in, nullptr, false, nullptr, in, bias, y, out, panels, panel_scales};
   p.per_row = true;
+  thread_local std::vector<int8_t> split;
+  if (k.qgemm_split_x) {
+    split.resize(static_cast<size_t>(2 * rows * in));
+    qgemm_split_rows(q, rows, in, split.data());
+    p.split = split.data();
+  }
   run(p);
+}
+
+void qgemm_split_rows(const int8_t* xq, int64_t rows, int64_t in, int8_t* split) {
+  for (int64_t m = 0; m < rows; ++m) {
+    const int8_t* x = xq + m * in;
+    int8_t* a = split + 2 * m * in;
+    int8_t* b = a + in;
+    for (int64_t k = 0; k < in; ++k) {
+      const int32_t high = (x[k] + 8) >> 4;   // arithmetic: floor((x + 8) / 16)
+      a[k] = static_cast<int8_t>(high);
+      b[k] = static_cast<int8_t>(x[k] - 16 * high);
+    }
+  }
 }
 
 int64_t qgemm_packed_bytes(int64_t in, int64_t out, bool int4) { return tiles_of(out) * tile_bytes(in, int4); }

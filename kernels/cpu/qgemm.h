@@ -1,8 +1,10 @@
-// Quantized GEMM for prompts (many rows), where the CPU has VNNI: y = x dequant(W)^T + b with the x
+// Quantized GEMM for prompts (many rows), where the CPU has AVX2: y = x dequant(W)^T + b with the x
 // rows quantized as the decoding GEMV's integer path does (qgemv.h: int8 per block of 32 inputs at
 // absmax / 127) and W int8 or packed int4 in qgemv.h's layouts. The products are integers summed
 // exactly in int32 by vpdpbusd, 64 multiply-adds an instruction against 16 for an fp32 FMA, so a
-// prefill no longer expands every weight to floats as the fp32 GEMM's packing did.
+// prefill no longer expands every weight to floats as the fp32 GEMM's packing did. Without VNNI
+// (the avx2 and avx512 sets: qgemm_nibbles_isa.cpp) AVX2's byte multiply takes the same panels, x
+// split in two (qgemm_split_rows) so that its int16 pair sums never saturate: the same exact sums.
 //
 // Layout of the work (the GEMM's own, not the GEMV's): each thread takes whole tiles of 16 output
 // columns. A tile's weights are a panel of 64-byte rows as unsigned bytes: for int8, each row holds 4
@@ -27,7 +29,7 @@
 
 namespace colossal::kernels {
 
-// Whether this machine's kernels have the quantized GEMM (the avx512vnni set), and the layer is whole
+// Whether this machine's kernels have the quantized GEMM (every set but baseline), and the layer is whole
 // blocks of 32 inputs in groups of whole blocks (the GEMV's integer path).
 bool qgemm_available(int64_t in, int64_t group);
 
@@ -39,7 +41,7 @@ void qgemm_int4(const float* x, int64_t rows, int64_t in, const uint8_t* q, cons
 
 // Weights packed once (qgemm.h's panels, every tile whole: columns past `out` are zero weights with
 // zero scales). Sizes of the two arrays, the packing from qgemv.h's row layout and back (exact), and
-// the GEMM over them, which any kernel set runs (without VNNI through the scalar loop, slowly: a
+// the GEMM over them, which any kernel set runs (the baseline set through the scalar loop, slowly: a
 // process packs only where qgemm_available).
 int64_t qgemm_packed_bytes(int64_t in, int64_t out, bool int4);
 int64_t qgemm_packed_scales(int64_t in, int64_t out, int64_t group);
@@ -58,7 +60,7 @@ void qgemm_packed(const float* x, int64_t rows, int64_t in, const uint8_t* panel
 // against the weights over all of `in` in int32, then y = (sum * x scale) * w scale (+ bias), each
 // operation rounded as ATen's path computes it (x / s, amax, round, clamp, at::_int_mm, the two
 // multiplies, the bias' add): the same bits. `in` a multiple of 32; any kernel set (the scalar loop
-// without VNNI). The amx set keeps each 16 x 16 tile's sums in its tiles over all of `in`, the case its
+// in the baseline set). The amx set keeps each 16 x 16 tile's sums in its tiles over all of `in`, the case its
 // tiles suit (no block scales to apply between them).
 void qgemm_w8a8(const float* x, const float* divisor, int64_t rows, int64_t in, const uint8_t* panels, const float* panel_scales,
                 const float* bias, float* y, int64_t out);
@@ -85,7 +87,15 @@ struct QgemmProblem {
   // W8A8 (qgemm_w8a8): xs and xsum hold one value a row, the sums run over all of `in`, and
   // y = (sum * xs) * scale (+ bias). int8 panels with one group only.
   bool per_row = false;
+  // xq split for the sets that ask for it (IsaKernels::qgemm_split_x), by qgemm_split_rows; or null,
+  // and such a set splits the rows itself.
+  const int8_t* split = nullptr;
 };
+// xq [rows, in] as [rows][2][in]: each row's a, then its b, with x = 16 a + b, b = ((x + 8) mod 16) - 8
+// in [-8, 7] and a in [-8, 8] (x in [-127, 127]). Sets whose byte multiply saturates a pair of
+// products at int16 (AVX2's vpmaddubsw) multiply the panels' unsigned bytes by a and b: small enough
+// for a whole block's products to sum in int16 (qgemm_nibbles_isa.cpp).
+void qgemm_split_rows(const int8_t* xq, int64_t rows, int64_t in, int8_t* split);
 constexpr int64_t kQgemmColumns = 16;   // output columns a tile (one 512-bit vector of int32 sums)
 constexpr int64_t kQgemmPanelRow = 64;  // bytes of a panel row
 constexpr int64_t kQgemmAmxSums = 2 * 16 * kQgemmColumns * 4;   // two blocks' sums of 16 rows

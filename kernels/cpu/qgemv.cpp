@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/isa_kernels.h"
+#include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/quantized_rows.h"
 #include "kernels/cpu/row_groups.h"
 
@@ -22,6 +23,10 @@ const QuantizedRows& quantize_rows(const IsaKernels& k, const float* x, int64_t 
   const auto n = static_cast<size_t>(rows * in);
   if (r.q.size() < n) r.q.resize(n), r.a.resize(n), r.s.resize(n / kQ8Block), r.c.resize(n / kQ8Block), r.sum.resize(n / kQ8Block);
   k.quantize_rows_q8(x, rows * in / kQ8Block, r.q.data(), r.a.data(), r.s.data(), r.c.data(), r.sum.data());
+  if (k.qgemm_split_x) {
+    if (r.split.size() < 2 * n) r.split.resize(2 * n);
+    qgemm_split_rows(r.q.data(), rows, in, r.split.data());
+  }
   return r;
 }
 

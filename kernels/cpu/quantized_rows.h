@@ -14,6 +14,7 @@ struct QuantizedRows {
   std::vector<uint8_t> a;    // |q|, the int8 GEMV's unsigned operand
   std::vector<float> s, c;   // per block: the scale, and int4's offset 8 * sum * scale
   std::vector<int32_t> sum;  // per block: the integer sum (the prompt GEMM's offsets)
+  std::vector<int8_t> split; // [rows][2][in], where the set's prompt GEMM asks for it (qgemm.h's qgemm_split_rows)
 };
 
 // Quantizes x [rows, in] (in a multiple of 32) with `k`'s kernel into buffers the calling thread keeps

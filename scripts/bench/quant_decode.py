@@ -37,11 +37,16 @@ def weight_bytes(d):
                if k != "__metadata__" and not k.endswith((".attn.bias", ".attn.masked_bias")) and k != "lm_head.weight")
 
 
+CAPS = ("COLOSSAL_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+
 def timed(cmd, threads, timeout, device, extra_env=None):
     """Runs cmd under /usr/bin/time; returns (stdout, stderr, peak RSS bytes). On cuda the environment is kept
     (the GPU's driver libraries may be found through it). extra_env: variables added (COLOSSAL_CPU_ISA)."""
     with tempfile.NamedTemporaryFile() as rss:
         env = {"OMP_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin"}
+        # the caps the machine line reports (cpu_line.sh) must reach the process they describe
+        env.update({k: os.environ[k] for k in CAPS if k in os.environ})
         if device == "cuda":
             env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         env.update(extra_env or {})

@@ -70,7 +70,7 @@ at::Tensor over_rows(const at::Tensor& x, int64_t in, int64_t out, const F& f) {
 }
 
 // The integer kernels, which multiply by the stored integers directly: the decoding GEMV (qgemv.h) for
-// a decoding step's rows, or where the CPU has VNNI the prompt GEMM (qgemm.h) for a prompt's; both
+// a decoding step's rows, or where the CPU has AVX2 the prompt GEMM (qgemm.h) for a prompt's; both
 // round x alike. Their signatures are the same, so one call serves both.
 at::Tensor integer_kernel(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const QuantConfig& c, int64_t in,
                           const at::Tensor& bias, bool prompt) {

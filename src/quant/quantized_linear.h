@@ -2,7 +2,7 @@
 // Parameters: "qweight" (int8 [out, in] or packed int4 uint8 [out, in / 2]), "scales" (fp32
 // [out, in / group]), "bias", and for int8-smoothquant "smooth" (fp32 [in], x is divided by it); none
 // records a gradient. Decoding rows (x [B, 1, in], B <= 16) go through kernels/cpu/qgemv's integer dot
-// products; longer inputs (the prefill) go through the integer GEMM where the CPU has VNNI
+// products; longer inputs (the prefill) go through the integer GEMM where the CPU has AVX2
 // (kernels/cpu/qgemm.h), elsewhere through kernels/cpu/gemm with the weight dequantized block by
 // block as the GEMM packs it (never a whole fp32 copy), or under SmoothQuant through an int8 GEMM with x
 // quantized per token (ATen's _int_mm; over packed panels our own qgemm_w8a8, with its bits). A process
@@ -72,7 +72,7 @@ class QuantizedEmbedding : public nn::Embedding {
 };
 
 // y = x dequant(W)^T + bias for a weight-only layout (int8, int4) on the CPU: the decoding GEMV for up
-// to 16 rows of one token; for more, the integer GEMM where the CPU has VNNI, else the fp32 GEMM
+// to 16 rows of one token; for more, the integer GEMM where the CPU has AVX2, else the fp32 GEMM
 // dequantizing as it packs; ATen over the dequantized weight elsewhere.
 at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const QuantConfig& c, int64_t in,
                             const at::Tensor& bias);

@@ -1,0 +1,306 @@
+// Quantized GEMM for kernel sets without VNNI (avx2, and avx512 on CPUs without its VNNI): the same
+// panels (qgemm.h) and the same bits as the VNNI copy, with AVX2's byte multiply instead of vpdpbusd.
+//
+// vpmaddubsw multiplies unsigned bytes by signed ones and adds neighbouring pairs into int16, saturating.
+// The panel's byte u = w + 128 (up to 255) times x (up to 127 in size) would overflow a pair, so the
+// product is split so that every pair stays small enough for a whole block (8 panel rows of 4 inputs)
+// to sum in int16 lanes without saturating:
+//   int8: x is split (once for all of a product's calls: qgemm_split_rows) into x = 16 a + b with a
+//     in [-8, 8] and b in [-8, 7]; u * a and u * b pairs are at most 2 x 255 x 8 = 4080, a block's 8
+//     of them 32640. The panel bytes multiply as they are.
+//   int4: the panel's nibbles (0..15) multiply x: pairs of at most 2 x 15 x 127 = 3810, a block's 8
+//     of them (4 rows, two nibbles each) 30480.
+// Once a block, vpmaddwd takes each column's int16 pairs to int32 (u * a times 16), and then the VNNI
+// copy's epilogue follows, operation for operation: minus 128 (int4: 8) x the block's x sum, to float,
+// times the x scale, summed over the group, times the weights' scale, plus the bias.
+//
+// Per x row, 4 inputs and 8 columns: two byte multiplies and two int16 adds, where the row-layout GEMV
+// (qdot_isa.cpp) spends a sign, a byte multiply and a pair add on 4 inputs of one column and then a
+// conversion and a multiply-add per column and block; here those are once per 8 columns.
+#include "kernels/cpu/isa_entry.h"
+#include "kernels/cpu/qgemm.h"
+#include "kernels/cpu/simd.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+#include <vector>
+
+namespace colossal::kernels::COLOSSAL_ISA {
+namespace {
+
+constexpr int kBlock = 32;           // inputs per x scale
+constexpr int kHalf = 8;             // columns a 256-bit vector holds (4 inputs each): half a tile
+constexpr int kHalfBytes = 32;       // a panel row's half
+constexpr int64_t kPrefetchBytes = 4096;   // as the VNNI copy: packed panels stream from memory
+
+COLOSSAL_INLINE __m256i broadcast4(const int8_t* at) {
+  int32_t four;
+  __builtin_memcpy(&four, at, 4);
+  return _mm256_set1_epi32(four);
+}
+
+// The tile's weights as panel rows (qgemm.h: int8 + 128, or int4's stored bytes) and its scales
+// [group][16]. Columns past `valid` are zero weights (the offset itself) with zero scales.
+void pack_tile(const QgemmProblem& p, int64_t n0, int64_t valid, uint8_t* panel, float* scales) {
+  const int64_t in = p.in, groups = in / p.group, row_bytes = p.int4 ? in / 2 : in;
+  const uint8_t* base = static_cast<const uint8_t*>(p.q) + n0 * row_bytes;
+  const uint32_t flip = p.int4 ? 0u : 0x80808080u, zero_weight = p.int4 ? 0x88888888u : 0x80808080u;
+  for (int64_t c = 0; c < kQgemmColumns; ++c) {
+    const uint8_t* row = base + c * row_bytes;
+    for (int64_t k = 0; k < row_bytes; k += 4) {
+      uint32_t four = zero_weight;
+      if (c < valid) {
+        __builtin_memcpy(&four, row + k, 4);
+        four ^= flip;
+      }
+      __builtin_memcpy(panel + k / 4 * kQgemmPanelRow + c * 4, &four, 4);
+    }
+  }
+  for (int64_t g = 0; g < groups; ++g)
+    for (int c = 0; c < kQgemmColumns; ++c) scales[g * kQgemmColumns + c] = c < valid ? p.scales[(n0 + c) * groups + g] : 0.0f;
+}
+
+// p's x rows split for int8 panels (qgemm.h's qgemm_split_rows): the caller's, or split here into the
+// thread's own buffer.
+const int8_t* split_rows(const QgemmProblem& p) {
+  if (p.split) return p.split;
+  thread_local std::vector<int8_t> split;
+  if (split.size() < static_cast<size_t>(2 * p.rows * p.in)) split.resize(static_cast<size_t>(2 * p.rows * p.in));
+  qgemm_split_rows(p.xq, p.rows, p.in, split.data());
+  return split.data();
+}
+
+// One block of H halves of a tile from `rows` (panel rows kQgemmPanelRow apart; H = 1: the half at
+// `rows`) against R x rows: each row's exact sums of u * x per column, in int32, sums[r][h]. int8: x[r]
+// is row r's split a at the block's first input (its b `in` bytes after it), and the panel bytes
+// multiply a and b as they are; int4: x[r] is the quantized row, and the panel's nibbles multiply it.
+template <int R, int H, bool Int4>
+COLOSSAL_INLINE void block_sums(const uint8_t* rows, const int8_t* const* x, int64_t in, __m256i (*sums)[2]) {
+  __m256i acc16[R][H], low16[R][H];
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < H; ++h) acc16[r][h] = low16[r][h] = _mm256_setzero_si256();
+  const auto panel_row = [&](int j, int h) __attribute__((always_inline)) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + j * kQgemmPanelRow + h * kHalfBytes));
+  };
+  if constexpr (Int4) {   // 4 panel rows: low nibbles inputs 4j..4j+3, high ones 16+4j..
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 1   // (unrolled, GCC hoists every row's loads ahead and spills the accumulators)
+    for (int j = 0; j < 4; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(rows + j * kQgemmPanelRow + kPrefetchBytes), _MM_HINT_T0);
+      __m256i lo[H], hi[H];
+      for (int h = 0; h < H; ++h) {
+        const __m256i v = panel_row(j, h);
+        lo[h] = _mm256_and_si256(v, mask), hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m256i xl = broadcast4(x[r] + 4 * j), xh = broadcast4(x[r] + 16 + 4 * j);
+        for (int h = 0; h < H; ++h) {
+          acc16[r][h] = _mm256_add_epi16(acc16[r][h], _mm256_maddubs_epi16(lo[h], xl));
+          acc16[r][h] = _mm256_add_epi16(acc16[r][h], _mm256_maddubs_epi16(hi[h], xh));
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < H; ++h) sums[r][h] = _mm256_madd_epi16(acc16[r][h], _mm256_set1_epi16(1));
+  } else {   // 8 panel rows of 4 inputs: u * a into acc16, u * b into low16
+#pragma GCC unroll 1
+    for (int j = 0; j < kBlock / 4; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(rows + j * kQgemmPanelRow + kPrefetchBytes), _MM_HINT_T0);
+      __m256i u[H];
+      for (int h = 0; h < H; ++h) u[h] = panel_row(j, h);
+      for (int r = 0; r < R; ++r) {
+        const __m256i a = broadcast4(x[r] + 4 * j), b = broadcast4(x[r] + in + 4 * j);
+        for (int h = 0; h < H; ++h) {
+          acc16[r][h] = _mm256_add_epi16(acc16[r][h], _mm256_maddubs_epi16(u[h], a));
+          low16[r][h] = _mm256_add_epi16(low16[r][h], _mm256_maddubs_epi16(u[h], b));
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < H; ++h)
+        sums[r][h] = _mm256_add_epi32(_mm256_madd_epi16(acc16[r][h], _mm256_set1_epi16(16)), _mm256_madd_epi16(low16[r][h], _mm256_set1_epi16(1)));
+  }
+}
+
+// y's `valid` (<= 8) columns from `at`: whole vectors where the half is whole.
+COLOSSAL_INLINE void store_columns(float* at, __m256 v, int64_t valid) {
+  if (valid >= kHalf) {
+    _mm256_storeu_ps(at, v);
+    return;
+  }
+  alignas(32) float lanes[kHalf];
+  _mm256_store_ps(lanes, v);
+  for (int64_t c = 0; c < valid; ++c) at[c] = lanes[c];
+}
+
+COLOSSAL_INLINE __m256 load_columns(const float* at, int64_t valid) {
+  if (valid >= kHalf) return _mm256_loadu_ps(at);
+  alignas(32) float lanes[kHalf] = {};
+  for (int64_t c = 0; c < valid; ++c) lanes[c] = at[c];
+  return _mm256_load_ps(lanes);
+}
+
+// Where rows from m0 meet H halves of a tile: the first half's index h0 (H = 2: 0), and the columns the
+// tile has (`valid`, up to 16).
+struct Pass {
+  const int8_t* split;   // split_rows' bytes for int8 panels, else null
+  int64_t m0;
+  const uint8_t* panel;
+  const float* scales;
+  int64_t n0;
+  int h0;
+  int64_t valid;
+  int64_t live(int h) const {   // the columns of half h0 + h
+    const int64_t v = valid - (h0 + h) * kHalf;
+    return v < kHalf ? v : kHalf;
+  }
+};
+
+// Row groups of R a block meets before the next block: each block's panel rows come from memory once
+// and serve up to kGroups x R x rows from the L1 cache. (One group at a time, a decoding step's 8 rows
+// read each tile in 4 passes, and only the first pass read memory: 12 layers of the 124M shape, int8,
+// weights from memory, ran at 1.07x the row-layout GEMV where the same tiles in cache ran at 1.45x.)
+constexpr int kGroups = 8;
+
+// `groups` groups of R rows from s.m0 against H halves of one tile: y[m0 + r][n0 + 8 h0, + live).
+template <int R, int H, bool Int4>
+void rows_against_tile(const QgemmProblem& p, const Pass& s, int row_groups) {
+  const int64_t in = p.in, blocks = in / kBlock, per_group = p.group / kBlock, groups = in / p.group;
+  constexpr int32_t offset = Int4 ? 8 : 128;   // what the panel's bytes add to each weight
+  constexpr int64_t block_bytes = (Int4 ? kBlock / 2 : kBlock) * kQgemmColumns;
+  const uint8_t* panel = s.panel + s.h0 * kHalfBytes;
+  __m256 total[kGroups][R][H], acc[kGroups][R][H];
+  for (int q = 0; q < row_groups; ++q)
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < H; ++h) total[q][r][h] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int q = 0; q < row_groups; ++q)
+      for (int r = 0; r < R; ++r)
+        for (int h = 0; h < H; ++h) acc[q][r][h] = _mm256_setzero_ps();
+    for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
+      for (int q = 0; q < row_groups; ++q) {
+        const int64_t m0 = s.m0 + q * R;
+        const int8_t* x[R];
+        for (int r = 0; r < R; ++r) x[r] = (Int4 ? p.xq + (m0 + r) * in : s.split + 2 * (m0 + r) * in) + b * kBlock;
+        __m256i sums[R][2];
+        block_sums<R, H, Int4>(panel + b * block_bytes, x, in, sums);
+        for (int r = 0; r < R; ++r) {
+          const int64_t row = (m0 + r) * blocks + b;
+          const __m256i off = _mm256_set1_epi32(offset * p.xsum[row]);
+          const __m256 xs = _mm256_set1_ps(p.xs[row]);
+          for (int h = 0; h < H; ++h) acc[q][r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sums[r][h], off)), xs, acc[q][r][h]);
+        }
+      }
+    }
+    for (int h = 0; h < H; ++h) {
+      const __m256 w = _mm256_loadu_ps(s.scales + g * kQgemmColumns + (s.h0 + h) * kHalf);
+      for (int q = 0; q < row_groups; ++q)
+        for (int r = 0; r < R; ++r) total[q][r][h] = _mm256_fmadd_ps(w, acc[q][r][h], total[q][r][h]);
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    const int64_t n = s.n0 + (s.h0 + h) * kHalf;
+    const __m256 bias = p.bias ? load_columns(p.bias + n, s.live(h)) : _mm256_setzero_ps();
+    for (int q = 0; q < row_groups; ++q)
+      for (int r = 0; r < R; ++r) store_columns(p.y + (s.m0 + q * R + r) * p.out + n, _mm256_add_ps(total[q][r][h], bias), s.live(h));
+  }
+}
+
+// W8A8 (p.per_row): as rows_against_tile for one int8 tile, each output's sums over all of `in`, then
+// (sum * xs) * scale (+ bias), rounded as ATen's int8 GEMM path rounds (qgemm.h).
+template <int R, int H>
+void w8a8_rows_against_tile(const QgemmProblem& p, const Pass& s, int row_groups) {
+  constexpr int64_t block_bytes = kBlock * kQgemmColumns;
+  const uint8_t* panel = s.panel + s.h0 * kHalfBytes;
+  __m256i total[kGroups][R][H];
+  for (int q = 0; q < row_groups; ++q)
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < H; ++h) total[q][r][h] = _mm256_setzero_si256();
+  for (int64_t b = 0; b < p.in / kBlock; ++b)
+    for (int q = 0; q < row_groups; ++q) {
+      const int8_t* x[R];
+      for (int r = 0; r < R; ++r) x[r] = s.split + 2 * (s.m0 + q * R + r) * p.in + b * kBlock;
+      __m256i sums[R][2];
+      block_sums<R, H, false>(panel + b * block_bytes, x, p.in, sums);
+      for (int r = 0; r < R; ++r)
+        for (int h = 0; h < H; ++h) total[q][r][h] = _mm256_add_epi32(total[q][r][h], sums[r][h]);
+    }
+  for (int h = 0; h < H; ++h) {
+    const int64_t n = s.n0 + (s.h0 + h) * kHalf;
+    const __m256 w = _mm256_loadu_ps(s.scales + (s.h0 + h) * kHalf);
+    for (int q = 0; q < row_groups; ++q)
+      for (int r = 0; r < R; ++r) {
+        const int64_t m = s.m0 + q * R + r;
+        const __m256i exact = _mm256_sub_epi32(total[q][r][h], _mm256_set1_epi32(128 * p.xsum[m]));
+        __m256 y = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(exact), _mm256_set1_ps(p.xs[m])), w);
+        if (p.bias) y = _mm256_add_ps(y, load_columns(p.bias + n, s.live(h)));
+        store_columns(p.y + m * p.out + n, y, s.live(h));
+      }
+  }
+}
+
+template <int R, int H>
+void rows_pass(const QgemmProblem& p, const Pass& s, int row_groups) {
+  if (p.per_row) w8a8_rows_against_tile<R, H>(p, s, row_groups);
+  else if (p.int4) rows_against_tile<R, H, true>(p, s, row_groups);
+  else rows_against_tile<R, H, false>(p, s, row_groups);
+}
+
+// Rows a group over both halves of a tile: int8's x rows take two accumulators a column each, so 2 x 2 x 2
+// of the 16 registers; int4's one, so 4 x 2. (Both halves at once read each x row's broadcasts once
+// for 16 columns: with 8 columns at a time and 4 rows, the int8 products ran 1.1x slower.)
+template <int H>
+void all_rows(const QgemmProblem& p, Pass s) {
+  const int per_group = p.int4 ? 4 : 2;
+  while (s.m0 + per_group <= p.rows) {
+    const int64_t whole = (p.rows - s.m0) / per_group;
+    const int row_groups = whole < kGroups ? static_cast<int>(whole) : kGroups;
+    (p.int4 ? rows_pass<4, H> : rows_pass<2, H>)(p, s, row_groups);
+    s.m0 += row_groups * per_group;
+  }
+  switch (p.rows - s.m0) {
+    case 3: rows_pass<3, H>(p, s, 1); break;
+    case 2: rows_pass<2, H>(p, s, 1); break;
+    case 1: rows_pass<1, H>(p, s, 1); break;
+    default: break;
+  }
+}
+
+// All rows against one tile's panel: both halves together where the tile has more than 8 columns
+// (the last tile's second half may be partial), else its first half alone.
+void tile(const QgemmProblem& p, const int8_t* split, const uint8_t* panel, const float* scales, int64_t n0, int64_t valid) {
+  const Pass s{split, 0, panel, scales, n0, 0, valid};
+  if (valid > kHalf) all_rows<2>(p, s);
+  else all_rows<1>(p, s);
+}
+
+}  // namespace
+
+void qgemm_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* scratch) {
+  const int8_t* split = p.int4 ? nullptr : split_rows(p);
+  const int64_t tile_bytes = p.in * kQgemmColumns / (p.int4 ? 2 : 1), groups = p.in / p.group;
+  for (int64_t n0 = n_begin; n0 < n_end; n0 += kQgemmColumns) {
+    const int64_t valid = n_end - n0 < kQgemmColumns ? n_end - n0 : kQgemmColumns;
+    const uint8_t* panel = scratch;
+    const float* scales = reinterpret_cast<const float*>(scratch + p.in * kQgemmColumns);
+    if (p.panels) {
+      panel = p.panels + n0 / kQgemmColumns * tile_bytes;
+      scales = p.panel_scales + n0 / kQgemmColumns * groups * kQgemmColumns;
+    } else {
+      pack_tile(p, n0, valid, scratch, reinterpret_cast<float*>(scratch + p.in * kQgemmColumns));
+    }
+    tile(p, split, panel, scales, n0, valid);
+  }
+}
+
+void qgemm_pack_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* panels, float* panel_scales) {
+  const int64_t tile_bytes = p.in * kQgemmColumns / (p.int4 ? 2 : 1), groups = p.in / p.group;
+  for (int64_t n0 = n_begin; n0 < n_end; n0 += kQgemmColumns) {
+    const int64_t t = n0 / kQgemmColumns, valid = n_end - n0 < kQgemmColumns ? n_end - n0 : kQgemmColumns;
+    pack_tile(p, n0, valid, panels + t * tile_bytes, panel_scales + t * groups * kQgemmColumns);
+  }
+}
+
+}  // namespace colossal::kernels::COLOSSAL_ISA
+#endif
