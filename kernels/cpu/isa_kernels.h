@@ -108,7 +108,7 @@ struct IsaKernels {
   // take the fp32 GEMM with the weights dequantized as it packs them.
   void (*qgemm_columns)(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* scratch) = nullptr;
   // Whether qgemm_columns multiplies int8 panels by x split into 16 a + b (QgemmProblem::split): the
-  // sets without VNNI (qgemm_nibbles_isa.cpp).
+  // sets without VNNI (qgemm_maddubs_isa.cpp).
   bool qgemm_split_x = false;
   // Packs p.q's columns [n_begin, n_end) (whole tiles, the last may be partial) into qgemm.h's panels
   // at their tiles' offsets in `panels` and `panel_scales`; null where qgemm_columns is (qgemm_pack's

@@ -13,7 +13,7 @@ const IsaKernels& table() {
                             &accumulate_bf16, &accumulate_fp16, &adamw_chunk_f32_bf16, &adamw_chunk_f32_fp16, &sum_squares_bf16, &sum_squares_fp16, &store_kv};
     k.quantize_rows_w8a8 = &quantize_rows_w8a8;
 #if defined(__AVX2__)
-    k.qgemm_columns = &qgemm_columns;   // qgemm_nibbles_isa.cpp (the avx512vnni and amx tables put their own)
+    k.qgemm_columns = &qgemm_columns;   // qgemm_maddubs_isa.cpp (the avx512vnni and amx tables put their own)
     k.qgemm_pack_columns = &qgemm_pack_columns;
     k.qgemm_split_x = true;
 #endif

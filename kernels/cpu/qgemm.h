@@ -3,7 +3,7 @@
 // absmax / 127) and W int8 or packed int4 in qgemv.h's layouts. The products are integers summed
 // exactly in int32 by vpdpbusd, 64 multiply-adds an instruction against 16 for an fp32 FMA, so a
 // prefill no longer expands every weight to floats as the fp32 GEMM's packing did. Without VNNI
-// (the avx2 and avx512 sets: qgemm_nibbles_isa.cpp) AVX2's byte multiply takes the same panels, x
+// (the avx2 and avx512 sets: qgemm_maddubs_isa.cpp) AVX2's byte multiply takes the same panels, x
 // split in two (qgemm_split_rows) so that its int16 pair sums never saturate: the same exact sums.
 //
 // Layout of the work (the GEMM's own, not the GEMV's): each thread takes whole tiles of 16 output
@@ -94,7 +94,7 @@ struct QgemmProblem {
 // xq [rows, in] as [rows][2][in]: each row's a, then its b, with x = 16 a + b, b = ((x + 8) mod 16) - 8
 // in [-8, 7] and a in [-8, 8] (x in [-127, 127]). Sets whose byte multiply saturates a pair of
 // products at int16 (AVX2's vpmaddubsw) multiply the panels' unsigned bytes by a and b: small enough
-// for a whole block's products to sum in int16 (qgemm_nibbles_isa.cpp).
+// for a whole block's products to sum in int16 (qgemm_maddubs_isa.cpp).
 void qgemm_split_rows(const int8_t* xq, int64_t rows, int64_t in, int8_t* split);
 constexpr int64_t kQgemmColumns = 16;   // output columns a tile (one 512-bit vector of int32 sums)
 constexpr int64_t kQgemmPanelRow = 64;  // bytes of a panel row
