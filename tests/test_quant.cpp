@@ -238,18 +238,21 @@ at::Tensor run_packed(const at::Tensor& x, const quant::QuantizedWeight& packed,
   return y;
 }
 
-// SmoothQuant's prompt path as ATen computes it (QuantizedLinear::smoothquant_gemm): x / s, quantized per row
-// at absmax / 127, at::_int_mm, then the row's scale, the column's scale and the bias.
+// SmoothQuant's prompt path as ATen's ops compute it (QuantizedLinear::smoothquant_gemm on a GPU): x / s,
+// quantized per row at absmax / 127, the int8 GEMM's int32 sums, then the row's scale, the column's scale
+// and the bias. The sums exactly, in double: at::_int_mm gives them where the CPU has VNNI, but without
+// it oneDNN adds byte products in int16 pairs that saturate (why the CPU never takes it).
 at::Tensor w8a8_by_aten(const at::Tensor& x, const at::Tensor& smooth, const at::Tensor& w, const at::Tensor& sw, const at::Tensor& bias) {
   const auto xs = smooth.defined() ? x / smooth : x;
   const auto sx = xs.abs().amax(1, /*keepdim=*/true) / 127.0f;
   const auto xq = (xs / at::where(sx > 0, sx, at::ones_like(sx))).round_().clamp_(-127, 127).to(at::kChar);
-  auto y = at::_int_mm(xq, w.t()).to(at::kFloat).mul_(sx).mul_(sw.view({1, -1}));
+  const auto sums = at::mm(xq.to(at::kDouble), w.to(at::kDouble).t()).to(at::kInt);
+  auto y = sums.to(at::kFloat).mul_(sx).mul_(sw.view({1, -1}));
   if (bias.defined()) y.add_(bias);
   return y;
 }
 
-TEST(QuantKernels, TheW8a8GemmGivesAtensInt8GemmPathsBitsOnEverySet) {
+TEST(QuantKernels, TheW8a8GemmGivesAtensPathsBitsWithExactIntegerSumsOnEverySet) {
   at::manual_seed(34);
   for (int64_t in : {64, 96, 768})   // whole 64-input tile steps, and a last 32
     for (int64_t rows : {1, 5, 16, 17, 40, 100})   // (100 x 768: the rows quantized on every thread)
@@ -592,7 +595,7 @@ TEST(QuantizedModel, EachFamilyAndSchemeSavesAndLoadsBackBitForBit) {
 
 TEST(QuantizedModel, PackedForTheCpuEachFamilyKeepsThePromptGemmsBitsAndEachSequenceGetsItsOwnBitsInAnyBatch) {
   if (!kernels::qgemm_available(32, 32)) GTEST_SKIP() << "this CPU has no AVX2: quantized layers are not packed";
-  // SmoothQuant's packed prompts take qgemm_w8a8 where the plain layers take ATen's _int_mm: the same bits too.
+  // SmoothQuant's prompts take qgemm_w8a8 over the panels packed at load, the plain layers' over panels packed per call.
   for (const std::string family : {"gpt", "opt", "bloom"})
     for (const quant::QuantConfig c : {quant::QuantConfig{quant::Scheme::int8_weight, 0}, quant::QuantConfig{quant::Scheme::int4_weight, 32},
                                        quant::QuantConfig{quant::Scheme::int8_smoothquant, 0}}) {

@@ -211,15 +211,22 @@ bool QuantizedLinear::int8_gemm_on_gpu(const at::Tensor& x) const {
 }
 
 // W8A8, a prompt's rows: x / s quantized to int8 per token (absmax / 127), an int8 GEMM summing in int32,
-// then both scales and the bias. On a CPU whose layers were packed at load, qgemm_w8a8 does all of it
-// in one kernel over the panels; elsewhere ATen's ops and _int_mm (cuBLASLt on CUDA, oneDNN on a CPU
-// whose layers keep their rows). The two give the same bits.
+// then both scales and the bias. On the CPU qgemm_w8a8 does all of it in one kernel over the panels
+// (packed once at load, or for this call where the layer kept its rows); on a GPU, ATen's ops and
+// _int_mm (cuBLASLt). The two give the same bits. Not _int_mm on the CPU: without VNNI its oneDNN
+// kernels add the byte products in int16 pairs that saturate (x + 128 times w), and a CPU capped to
+// AVX2 put the tiny test models' prompt logits 5-10% of their spread off (ONEDNN_MAX_CPU_ISA=AVX2).
 at::Tensor QuantizedLinear::smoothquant_gemm(const at::Tensor& x_in) const {
-  if (packed_ && cpu_inference(x_in, qweight_) && x_in.numel() > 0)
-    return over_rows(x_in, in_, out_, [&](const float* x2, int64_t rows, float* y) {
-      kernels::qgemm_w8a8(x2, smooth_.const_data_ptr<float>(), rows, in_, qweight_.const_data_ptr<uint8_t>(), scales_.const_data_ptr<float>(),
-                          bias_.defined() ? bias_.const_data_ptr<float>() : nullptr, y, out_);
-    });
+  if (x_in.is_cpu() && qweight_.is_cpu() && x_in.numel() > 0) {
+    const QuantizedWeight panels = packed_ ? QuantizedWeight{qweight_, scales_} : pack_for_qgemm({qweight_, scales_}, config_, in_);
+    const auto x = x_in.to(at::kFloat), smooth = smooth_.to(at::kFloat).contiguous();
+    const auto bias = bias_.defined() ? bias_.to(at::kFloat).contiguous() : at::Tensor();
+    return over_rows(x, in_, out_, [&](const float* x2, int64_t rows, float* y) {
+             kernels::qgemm_w8a8(x2, smooth.const_data_ptr<float>(), rows, in_, panels.q.const_data_ptr<uint8_t>(),
+                                 panels.scales.const_data_ptr<float>(), bias.defined() ? bias.const_data_ptr<float>() : nullptr, y, out_);
+           })
+        .to(x_in.scalar_type());
+  }
   const at::Tensor xs = x_in / smooth_.to(x_in.device(), x_in.scalar_type());             // SmoothQuant's x / s
   auto x2 = xs.reshape({-1, in_}).to(at::kFloat);                                        // [M, in]
   const auto sx = x2.abs().amax(1, /*keepdim=*/true) / 127.0f;                           // [M, 1]

@@ -5,7 +5,8 @@
 // products; longer inputs (the prefill) go through the integer GEMM where the CPU has AVX2
 // (kernels/cpu/qgemm.h), elsewhere through kernels/cpu/gemm with the weight dequantized block by
 // block as the GEMM packs it (never a whole fp32 copy), or under SmoothQuant through an int8 GEMM with x
-// quantized per token (ATen's _int_mm; over packed panels our own qgemm_w8a8, with its bits). A process
+// quantized per token (on the CPU our qgemm_w8a8, over panels packed at load or per call; on a GPU
+// ATen's _int_mm, with its bits). A process
 // that only runs inference on such a CPU repacks the weights once into the integer GEMM's panels
 // (pack_for_cpu), and then every call, a decoding step's too, takes it.
 // On a GPU (where nvcc built kernels/cuda), decoding rows take kernels/cuda/qgemv.h's dp4a GEMV, the CPU
