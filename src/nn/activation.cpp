@@ -66,8 +66,6 @@ at::Tensor gelu_tanh(const at::Tensor& x) {
   return at::gelu(x, "tanh");
 }
 
-std::optional<bool> gelu_tanh_decision(int64_t n) { return decided_ours("gelu", kernel_policy().gelu, choice_shape(n, false)); }
-
 at::Tensor activate(Act act, const at::Tensor& x) {
   switch (act) {
     case Act::GeluTanh: return gelu_tanh(x);

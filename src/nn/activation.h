@@ -2,16 +2,12 @@
 // tensors one vectorised pass each way (kernels/cpu/gelu), elsewhere ATen's at::gelu(x, "tanh").
 #pragma once
 #include <ATen/core/Tensor.h>
-#include <optional>
 
 #include "src/nn/factory.h"
 
 namespace colossal::nn {
 
 at::Tensor gelu_tanh(const at::Tensor& x);
-// Whether gelu_tanh of n CPU floats in no gradient mode runs the kernel: the decided choice, or nullopt
-// while undecided.
-std::optional<bool> gelu_tanh_decision(int64_t n);
 // Whether gelu_tanh(x) runs our kernel (a CPU float x and our kernel chosen for its size, timed on the
 // first call as gelu_tanh times it).
 bool gelu_tanh_runs_ours(const at::Tensor& x);

@@ -94,9 +94,8 @@ bool Attention::decode_parts(int64_t rows, const LayerKv& kv, int64_t offset, co
   if (kv.paged) {   // paged_forward's CPU kernel
     if (mask.defined() || !paged_kernel_takes(kv, rows, heads_.count, head_dim())) return false;
   } else if (!decode_cache_applies(rows, kv, offset, mask) || !kv_holds_heads(kv, heads_.count, head_dim()) ||
-             !decode_choice_.get(rows, [&] {
-               return decode_attention_decision(rows, heads_.count, head_dim(), spec_.alibi, *kv_element_of(kv.k));
-             })) {
+             // the policy, not the op's own timing (as LayerNorm::kernel_params)
+             !decode_choice_.get(rows, [] { return std::optional<bool>(kernel_policy().attention != KernelPath::Aten); })) {
     return false;
   }
   parts.alibi_slopes = spec_.alibi ? alibi_slopes_.const_data_ptr<float>() : nullptr;

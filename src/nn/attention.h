@@ -82,7 +82,7 @@ class Attention : public Module {
   std::shared_ptr<Linear> qkv_, proj_;
   at::Tensor alibi_slopes_;   // [local heads] on the CPU, when spec_.alibi
   at::Tensor device_slopes_;  // alibi_slopes_ where the activations are, kept: no host copy inside a captured step
-  ChoiceMemo decode_choice_;  // decode_parts' lookup of the decoding attention's choice, keyed by the rows
+  ChoiceMemo decode_choice_;  // decode_parts' lookup of the attention policy, keyed by the rows
 };
 
 }  // namespace colossal::nn

@@ -115,10 +115,6 @@ at::Tensor fused_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t of
   return decode_step(qkv, kv, offset, heads, mask, alibi_slopes);
 }
 
-std::optional<bool> decode_attention_decision(int64_t b, int64_t heads, int64_t d, bool alibi, kernels::KvElement element) {
-  return decided_ours("attention", kernel_policy().attention, decode_shape(b, heads, d, alibi, element));
-}
-
 std::optional<at::Tensor> chosen_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
                                                   const at::Tensor& mask, const at::Tensor& alibi_slopes,
                                                   const std::function<void()>& aten) {

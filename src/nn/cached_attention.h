@@ -39,10 +39,6 @@ at::Tensor aten_cached_attention(const at::Tensor& qkv, LayerKv& kv, int64_t off
 bool decode_step_applies(const at::Tensor& qkv, const LayerKv& kv, int64_t offset, const at::Tensor& mask);
 // The cache's and the mask's part of that: a one-token step of b sequences at `offset`.
 bool decode_cache_applies(int64_t b, const LayerKv& kv, int64_t offset, const at::Tensor& mask);
-// Whether a one-token step of b sequences runs the fused path (with ALiBi's slopes where `alibi`) over a
-// cache of `element`: the decided choice, or nullopt while undecided.
-std::optional<bool> decode_attention_decision(int64_t b, int64_t heads, int64_t d, bool alibi = false,
-                                              kernels::KvElement element = kernels::KvElement::f32);
 // `alibi_slopes` [heads] (float, CPU) or undefined: ALiBi's slope * (key - query position) on each score.
 at::Tensor fused_decode_attention(const at::Tensor& qkv, LayerKv& kv, int64_t offset, int64_t heads,
                                   const at::Tensor& mask, const at::Tensor& alibi_slopes = {});

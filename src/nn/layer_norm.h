@@ -15,9 +15,9 @@ class LayerNorm : public Module {
  public:
   LayerNorm(int64_t dim, double eps, const LayerFactory& f);   // parameters from f (values: the model's init rules)
   virtual at::Tensor forward(const at::Tensor& x);   // [..., dim] -> [..., dim]
-  // The parameters as the CPU kernel takes them, when forward(x) of `rows` CPU float rows in no gradient
-  // mode runs that kernel, as already decided at that shape (kernel_choice.h); false elsewhere, and for a
-  // split layout's LayerNorm (a subclass).
+  // The parameters as the CPU kernel takes them, for the fused decoding block (kernels/cpu/decode_block.h)
+  // over `rows` CPU float rows in no gradient mode, unless the policy forces ATen's LayerNorm
+  // (kernel_choice.h); false elsewhere, and for a split layout's LayerNorm (a subclass).
   bool kernel_params(int64_t rows, const float*& gamma, const float*& beta, float& eps) const;
 
   at::Tensor weight, bias;
@@ -30,7 +30,7 @@ class LayerNorm : public Module {
   at::Tensor normalise(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
   int64_t dim_;
   double eps_;
-  mutable ChoiceMemo kernel_choice_;   // kernel_params' lookup, keyed by the rows
+  mutable ChoiceMemo kernel_choice_;   // kernel_params' lookup of the policy, keyed by the rows
 };
 
 // The two paths alone (for tests and timing): ours needs a CPU float input.

@@ -24,7 +24,9 @@ bool Mlp::decode_parts(int64_t rows, DecodeParts& parts) {
   if (is_training()) return false;
   if (spec_.act == Act::GeluTanh) {
     const int64_t n = rows * spec_.hidden;
-    if (at::GradMode::is_enabled() || !gelu_choice_.get(n, [&] { return gelu_tanh_decision(n); })) return false;
+    // the policy, not the op's own timing (as LayerNorm::kernel_params)
+    if (at::GradMode::is_enabled() || !gelu_choice_.get(n, [] { return std::optional<bool>(kernel_policy().gelu != KernelPath::Aten); }))
+      return false;
     parts.act = kernels::DecodeActivation::gelu_tanh;
   } else if (spec_.act == Act::Relu) {
     parts.act = kernels::DecodeActivation::relu;

@@ -27,7 +27,7 @@ class Mlp : public Module {
   MlpSpec spec_;
   std::shared_ptr<const StreamCut> cut_;   // dropout on the layout's piece of the stream
   std::shared_ptr<Linear> fc_, proj_;
-  ChoiceMemo gelu_choice_;   // decode_parts' lookup, keyed by the activation's size
+  ChoiceMemo gelu_choice_;   // decode_parts' lookup of the GELU policy, keyed by the activation's size
 };
 
 }  // namespace colossal::nn
