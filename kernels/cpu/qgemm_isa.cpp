@@ -2,12 +2,14 @@
 // see qgemm.h for the layout.
 #include "kernels/cpu/isa_entry.h"
 #include "kernels/cpu/qgemm.h"
+#include "kernels/cpu/qgemm_tiles.h"
 
 #include <immintrin.h>
 
 // GCC 12's 512-bit conversion, gather and masked intrinsics start from _mm512_undefined_*, which -O3
-// reports as maybe uninitialized wherever they inline.
+// reports as (maybe) uninitialized wherever they inline.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace colossal::kernels::COLOSSAL_ISA {
 namespace {
@@ -331,7 +333,6 @@ void tile(const QgemmProblem& p, const uint8_t* panel, const float* scales, int6
 }  // namespace
 
 void qgemm_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* scratch) {
-  const int64_t tile_bytes = p.in * kQgemmColumns / (p.int4 ? 2 : 1), groups = p.in / p.group;
   uint8_t* amx = nullptr;
 #if defined(__AMX_INT8__)
   if (scratch && p.rows >= kTileRows) {   // a decoding step's few rows keep the VNNI loop, and the tiles unconfigured
@@ -341,29 +342,16 @@ void qgemm_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_
     else configure_tiles();
   }
 #endif
-  for (int64_t n0 = n_begin; n0 < n_end; n0 += kQgemmColumns) {
-    const int64_t valid = n_end - n0 < kQgemmColumns ? n_end - n0 : kQgemmColumns;
-    const uint8_t* panel = scratch;
-    const float* scales = reinterpret_cast<const float*>(scratch + p.in * kQgemmColumns);
-    if (p.panels) {
-      panel = p.panels + n0 / kQgemmColumns * tile_bytes;
-      scales = p.panel_scales + n0 / kQgemmColumns * groups * kQgemmColumns;
-    } else {
-      pack_tile(p, n0, valid, scratch, reinterpret_cast<float*>(scratch + p.in * kQgemmColumns));
-    }
+  for_each_tile(p, n_begin, n_end, scratch, pack_tile, [&](const uint8_t* panel, const float* scales, int64_t n0, int64_t valid) {
     (p.int4 ? tile<true> : tile<false>)(p, panel, scales, n0, valid, amx);
-  }
+  });
 #if defined(__AMX_INT8__)
   if (amx) _tile_release();   // back to the initial state: no 8 KiB of tile registers to save at each switch
 #endif
 }
 
 void qgemm_pack_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* panels, float* panel_scales) {
-  const int64_t tile_bytes = p.in * kQgemmColumns / (p.int4 ? 2 : 1), groups = p.in / p.group;
-  for (int64_t n0 = n_begin; n0 < n_end; n0 += kQgemmColumns) {
-    const int64_t t = n0 / kQgemmColumns, valid = n_end - n0 < kQgemmColumns ? n_end - n0 : kQgemmColumns;
-    pack_tile(p, n0, valid, panels + t * tile_bytes, panel_scales + t * groups * kQgemmColumns);
-  }
+  pack_each_tile(p, n_begin, n_end, panels, panel_scales, pack_tile);
 }
 
 }  // namespace colossal::kernels::COLOSSAL_ISA

@@ -19,6 +19,7 @@
 // conversion and a multiply-add per column and block; here those are once per 8 columns.
 #include "kernels/cpu/isa_entry.h"
 #include "kernels/cpu/qgemm.h"
+#include "kernels/cpu/qgemm_tiles.h"
 #include "kernels/cpu/simd.h"
 
 #if defined(__AVX2__)
@@ -285,27 +286,13 @@ void tile(const QgemmProblem& p, const int8_t* split, const uint8_t* panel, cons
 
 void qgemm_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* scratch) {
   const int8_t* split = p.int4 ? nullptr : split_rows(p);
-  const int64_t tile_bytes = p.in * kQgemmColumns / (p.int4 ? 2 : 1), groups = p.in / p.group;
-  for (int64_t n0 = n_begin; n0 < n_end; n0 += kQgemmColumns) {
-    const int64_t valid = n_end - n0 < kQgemmColumns ? n_end - n0 : kQgemmColumns;
-    const uint8_t* panel = scratch;
-    const float* scales = reinterpret_cast<const float*>(scratch + p.in * kQgemmColumns);
-    if (p.panels) {
-      panel = p.panels + n0 / kQgemmColumns * tile_bytes;
-      scales = p.panel_scales + n0 / kQgemmColumns * groups * kQgemmColumns;
-    } else {
-      pack_tile(p, n0, valid, scratch, reinterpret_cast<float*>(scratch + p.in * kQgemmColumns));
-    }
+  for_each_tile(p, n_begin, n_end, scratch, pack_tile, [&](const uint8_t* panel, const float* scales, int64_t n0, int64_t valid) {
     tile(p, split, panel, scales, n0, valid);
-  }
+  });
 }
 
 void qgemm_pack_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* panels, float* panel_scales) {
-  const int64_t tile_bytes = p.in * kQgemmColumns / (p.int4 ? 2 : 1), groups = p.in / p.group;
-  for (int64_t n0 = n_begin; n0 < n_end; n0 += kQgemmColumns) {
-    const int64_t t = n0 / kQgemmColumns, valid = n_end - n0 < kQgemmColumns ? n_end - n0 : kQgemmColumns;
-    pack_tile(p, n0, valid, panels + t * tile_bytes, panel_scales + t * groups * kQgemmColumns);
-  }
+  pack_each_tile(p, n_begin, n_end, panels, panel_scales, pack_tile);
 }
 
 }  // namespace colossal::kernels::COLOSSAL_ISA
