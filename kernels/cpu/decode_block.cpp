@@ -57,7 +57,7 @@ void product_range(const IsaKernels& k, const DecodeProduct& p, const Input& in,
     case Kind::int4_panels: {   // qgemm_packed's tiles for these outputs (16-output groups: whole tiles)
       QgemmProblem q{in.q->q.data(), in.q->s.data(), in.q->sum.data(), rows, p.in, nullptr, p.kind == Kind::int4_panels, nullptr,
                      p.group, p.bias, y, p.out, static_cast<const uint8_t*>(p.w), p.scales};
-      if (k.qgemm_split_x) q.split = in.q->split.data();
+      q.split = in.q->split.data();   // (where the set splits x: quantize_rows did for int8 panels)
       // the thread's scratch: with 16 rows (serving 16 sequences) the amx set multiplies them in its tiles
       k.qgemm_columns(q, o_begin, o_end, qgemm_thread_scratch(p.in, p.group));
       break;
@@ -156,7 +156,7 @@ void decode_block_step(const DecodeBlockStep& s) {
       x = divided;
     }
     input.x = x;
-    input.q = quantizes_x(p) ? &quantize_rows(k, x, rows, p.in) : nullptr;
+    input.q = quantizes_x(p) ? &quantize_rows(k, x, rows, p.in, /*split_for_gemm=*/p.kind == Kind::int8_panels) : nullptr;
   };
   auto nothing = [](int64_t, int64_t) {};
   const int threads = omp_get_max_threads();

@@ -75,9 +75,9 @@ void run(const QgemmProblem& p) {
 
 void run_rows(const float* x, int64_t rows, int64_t in, const void* q, bool int4, const float* scales, int64_t group,
               const float* bias, float* y, int64_t out, const uint8_t* panels, const float* panel_scales) {
-  const QuantizedRows& xr = quantize_rows(active_kernels(), x, rows, in);   // as the GEMV quantizes them
+  const QuantizedRows& xr = quantize_rows(active_kernels(), x, rows, in, /*split_for_gemm=*/!int4);   // as the GEMV quantizes them
   QgemmProblem p{xr.q.data(), xr.s.data(), xr.sum.data(), rows, in, q, int4, scales, group, bias, y, out, panels, panel_scales};
-  if (active_kernels().qgemm_split_x) p.split = xr.split.data();
+  if (!int4) p.split = xr.split.data();
   run(p);
 }
 
@@ -125,8 +125,8 @@ void qgemm_w8a8(const float* x, const float* divisor, int64_t rows, int64_t in, 
   if (k.qgemm_split_x) {
     split.resize(static_cast<size_t>(2 * rows * in));
     qgemm_split_rows(q, rows, in, split.data());
-    p.split = split.data();
   }
+  p.split = split.data();
   run(p);
 }
 

@@ -87,8 +87,8 @@ struct QgemmProblem {
   // W8A8 (qgemm_w8a8): xs and xsum hold one value a row, the sums run over all of `in`, and
   // y = (sum * xs) * scale (+ bias). int8 panels with one group only.
   bool per_row = false;
-  // xq split for the sets that ask for it (IsaKernels::qgemm_split_x), by qgemm_split_rows; or null,
-  // and such a set splits the rows itself.
+  // int8 panels: xq split by qgemm_split_rows, which the sets that ask for it (IsaKernels::qgemm_split_x)
+  // read instead of xq; others never read it.
   const int8_t* split = nullptr;
 };
 // xq [rows, in] as [rows][2][in]: each row's a, then its b, with x = 16 a + b, b = ((x + 8) mod 16) - 8

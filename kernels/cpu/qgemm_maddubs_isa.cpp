@@ -5,9 +5,9 @@
 // The panel's byte u = w + 128 (up to 255) times x (up to 127 in size) would overflow a pair, so the
 // product is split so that every pair stays small enough for a whole block (8 panel rows of 4 inputs)
 // to sum in int16 lanes without saturating:
-//   int8: x is split (once for all of a product's calls: qgemm_split_rows) into x = 16 a + b with a
-//     in [-8, 8] and b in [-8, 7]; u * a and u * b pairs are at most 2 x 255 x 8 = 4080, a block's 8
-//     of them 32640. The panel bytes multiply as they are.
+//   int8: the caller splits x once a product (qgemm_split_rows, QgemmProblem::split) into x = 16 a + b
+//     with a in [-8, 8] and b in [-8, 7]; u * a and u * b pairs are at most 2 x 255 x 8 = 4080, a
+//     block's 8 of them 32640. The panel bytes multiply as they are.
 //   int4: the panel's nibbles (0..15) multiply x: pairs of at most 2 x 15 x 127 = 3810, a block's 8
 //     of them (4 rows, two nibbles each) 30480.
 // Once a block, vpmaddwd takes each column's int16 pairs to int32 (u * a times 16), and then the VNNI
@@ -24,8 +24,6 @@
 
 #if defined(__AVX2__)
 #include <immintrin.h>
-
-#include <vector>
 
 namespace colossal::kernels::COLOSSAL_ISA {
 namespace {
@@ -64,16 +62,6 @@ void pack_tile(const QgemmProblem& p, int64_t n0, int64_t valid, uint8_t* panel,
   }
   for (int64_t g = 0; g < groups; ++g)
     for (int c = 0; c < kQgemmColumns; ++c) scales[g * kQgemmColumns + c] = c < valid ? p.scales[(n0 + c) * groups + g] : 0.0f;
-}
-
-// p's x rows split for int8 panels (qgemm.h's qgemm_split_rows): the caller's, or split here into the
-// thread's own buffer.
-const int8_t* split_rows(const QgemmProblem& p) {
-  if (p.split) return p.split;
-  thread_local std::vector<int8_t> split;
-  if (split.size() < static_cast<size_t>(2 * p.rows * p.in)) split.resize(static_cast<size_t>(2 * p.rows * p.in));
-  qgemm_split_rows(p.xq, p.rows, p.in, split.data());
-  return split.data();
 }
 
 // One block of H halves of a tile from `rows` (panel rows kQgemmPanelRow apart; H = 1: the half at
@@ -146,18 +134,15 @@ COLOSSAL_INLINE __m256 load_columns(const float* at, int64_t valid) {
   return _mm256_load_ps(lanes);
 }
 
-// Where rows from m0 meet H halves of a tile: the first half's index h0 (H = 2: 0), and the columns the
-// tile has (`valid`, up to 16).
+// Where rows from m0 meet the first H halves of a tile, which has `valid` columns (up to 16).
 struct Pass {
-  const int8_t* split;   // split_rows' bytes for int8 panels, else null
   int64_t m0;
   const uint8_t* panel;
   const float* scales;
   int64_t n0;
-  int h0;
   int64_t valid;
-  int64_t live(int h) const {   // the columns of half h0 + h
-    const int64_t v = valid - (h0 + h) * kHalf;
+  int64_t live(int h) const {   // the columns of half h
+    const int64_t v = valid - h * kHalf;
     return v < kHalf ? v : kHalf;
   }
 };
@@ -168,13 +153,12 @@ struct Pass {
 // weights from memory, ran at 1.07x the row-layout GEMV where the same tiles in cache ran at 1.45x.)
 constexpr int kGroups = 8;
 
-// `groups` groups of R rows from s.m0 against H halves of one tile: y[m0 + r][n0 + 8 h0, + live).
+// `row_groups` groups of R rows from s.m0 against H halves of one tile: y[m0 + r][n0, + 8 H, live).
 template <int R, int H, bool Int4>
 void rows_against_tile(const QgemmProblem& p, const Pass& s, int row_groups) {
   const int64_t in = p.in, blocks = in / kBlock, per_group = p.group / kBlock, groups = in / p.group;
   constexpr int32_t offset = Int4 ? 8 : 128;   // what the panel's bytes add to each weight
   constexpr int64_t block_bytes = (Int4 ? kBlock / 2 : kBlock) * kQgemmColumns;
-  const uint8_t* panel = s.panel + s.h0 * kHalfBytes;
   __m256 total[kGroups][R][H], acc[kGroups][R][H];
   for (int q = 0; q < row_groups; ++q)
     for (int r = 0; r < R; ++r)
@@ -187,9 +171,9 @@ void rows_against_tile(const QgemmProblem& p, const Pass& s, int row_groups) {
       for (int q = 0; q < row_groups; ++q) {
         const int64_t m0 = s.m0 + q * R;
         const int8_t* x[R];
-        for (int r = 0; r < R; ++r) x[r] = (Int4 ? p.xq + (m0 + r) * in : s.split + 2 * (m0 + r) * in) + b * kBlock;
+        for (int r = 0; r < R; ++r) x[r] = (Int4 ? p.xq + (m0 + r) * in : p.split + 2 * (m0 + r) * in) + b * kBlock;
         __m256i sums[R][2];
-        block_sums<R, H, Int4>(panel + b * block_bytes, x, in, sums);
+        block_sums<R, H, Int4>(s.panel + b * block_bytes, x, in, sums);
         for (int r = 0; r < R; ++r) {
           const int64_t row = (m0 + r) * blocks + b;
           const __m256i off = _mm256_set1_epi32(offset * p.xsum[row]);
@@ -199,13 +183,13 @@ void rows_against_tile(const QgemmProblem& p, const Pass& s, int row_groups) {
       }
     }
     for (int h = 0; h < H; ++h) {
-      const __m256 w = _mm256_loadu_ps(s.scales + g * kQgemmColumns + (s.h0 + h) * kHalf);
+      const __m256 w = _mm256_loadu_ps(s.scales + g * kQgemmColumns + h * kHalf);
       for (int q = 0; q < row_groups; ++q)
         for (int r = 0; r < R; ++r) total[q][r][h] = _mm256_fmadd_ps(w, acc[q][r][h], total[q][r][h]);
     }
   }
   for (int h = 0; h < H; ++h) {
-    const int64_t n = s.n0 + (s.h0 + h) * kHalf;
+    const int64_t n = s.n0 + h * kHalf;
     const __m256 bias = p.bias ? load_columns(p.bias + n, s.live(h)) : _mm256_setzero_ps();
     for (int q = 0; q < row_groups; ++q)
       for (int r = 0; r < R; ++r) store_columns(p.y + (s.m0 + q * R + r) * p.out + n, _mm256_add_ps(total[q][r][h], bias), s.live(h));
@@ -217,7 +201,6 @@ void rows_against_tile(const QgemmProblem& p, const Pass& s, int row_groups) {
 template <int R, int H>
 void w8a8_rows_against_tile(const QgemmProblem& p, const Pass& s, int row_groups) {
   constexpr int64_t block_bytes = kBlock * kQgemmColumns;
-  const uint8_t* panel = s.panel + s.h0 * kHalfBytes;
   __m256i total[kGroups][R][H];
   for (int q = 0; q < row_groups; ++q)
     for (int r = 0; r < R; ++r)
@@ -225,15 +208,15 @@ void w8a8_rows_against_tile(const QgemmProblem& p, const Pass& s, int row_groups
   for (int64_t b = 0; b < p.in / kBlock; ++b)
     for (int q = 0; q < row_groups; ++q) {
       const int8_t* x[R];
-      for (int r = 0; r < R; ++r) x[r] = s.split + 2 * (s.m0 + q * R + r) * p.in + b * kBlock;
+      for (int r = 0; r < R; ++r) x[r] = p.split + 2 * (s.m0 + q * R + r) * p.in + b * kBlock;
       __m256i sums[R][2];
-      block_sums<R, H, false>(panel + b * block_bytes, x, p.in, sums);
+      block_sums<R, H, false>(s.panel + b * block_bytes, x, p.in, sums);
       for (int r = 0; r < R; ++r)
         for (int h = 0; h < H; ++h) total[q][r][h] = _mm256_add_epi32(total[q][r][h], sums[r][h]);
     }
   for (int h = 0; h < H; ++h) {
-    const int64_t n = s.n0 + (s.h0 + h) * kHalf;
-    const __m256 w = _mm256_loadu_ps(s.scales + (s.h0 + h) * kHalf);
+    const int64_t n = s.n0 + h * kHalf;
+    const __m256 w = _mm256_loadu_ps(s.scales + h * kHalf);
     for (int q = 0; q < row_groups; ++q)
       for (int r = 0; r < R; ++r) {
         const int64_t m = s.m0 + q * R + r;
@@ -276,8 +259,8 @@ void all_rows(const QgemmProblem& p, Pass s) {
 // (the last tile's second half may be partial), else its first half alone. (Rows in chunks of 32 to
 // 128, each chunk meeting all of a thread's tiles with its x in the L2 cache, measured level with this
 // at 400 rows.)
-void tile(const QgemmProblem& p, const int8_t* split, const uint8_t* panel, const float* scales, int64_t n0, int64_t valid) {
-  const Pass s{split, 0, panel, scales, n0, 0, valid};
+void tile(const QgemmProblem& p, const uint8_t* panel, const float* scales, int64_t n0, int64_t valid) {
+  const Pass s{0, panel, scales, n0, valid};
   if (valid > kHalf) all_rows<2>(p, s);
   else all_rows<1>(p, s);
 }
@@ -285,9 +268,8 @@ void tile(const QgemmProblem& p, const int8_t* split, const uint8_t* panel, cons
 }  // namespace
 
 void qgemm_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_t* scratch) {
-  const int8_t* split = p.int4 ? nullptr : split_rows(p);
   for_each_tile(p, n_begin, n_end, scratch, pack_tile, [&](const uint8_t* panel, const float* scales, int64_t n0, int64_t valid) {
-    tile(p, split, panel, scales, n0, valid);
+    tile(p, panel, scales, n0, valid);
   });
 }
 

@@ -18,12 +18,12 @@ bool worth_threads(int64_t weight_bytes) { return weight_bytes >= (1 << 16); }
 
 }  // namespace
 
-const QuantizedRows& quantize_rows(const IsaKernels& k, const float* x, int64_t rows, int64_t in) {
+const QuantizedRows& quantize_rows(const IsaKernels& k, const float* x, int64_t rows, int64_t in, bool split_for_gemm) {
   thread_local QuantizedRows r;
   const auto n = static_cast<size_t>(rows * in);
   if (r.q.size() < n) r.q.resize(n), r.a.resize(n), r.s.resize(n / kQ8Block), r.c.resize(n / kQ8Block), r.sum.resize(n / kQ8Block);
   k.quantize_rows_q8(x, rows * in / kQ8Block, r.q.data(), r.a.data(), r.s.data(), r.c.data(), r.sum.data());
-  if (k.qgemm_split_x) {
+  if (split_for_gemm && k.qgemm_split_x) {
     if (r.split.size() < 2 * n) r.split.resize(2 * n);
     qgemm_split_rows(r.q.data(), rows, in, r.split.data());
   }

@@ -14,11 +14,12 @@ struct QuantizedRows {
   std::vector<uint8_t> a;    // |q|, the int8 GEMV's unsigned operand
   std::vector<float> s, c;   // per block: the scale, and int4's offset 8 * sum * scale
   std::vector<int32_t> sum;  // per block: the integer sum (the prompt GEMM's offsets)
-  std::vector<int8_t> split; // [rows][2][in], where the set's prompt GEMM asks for it (qgemm.h's qgemm_split_rows)
+  std::vector<int8_t> split; // [rows][2][in], for `split_for_gemm` where the set asks (qgemm.h's qgemm_split_rows)
 };
 
 // Quantizes x [rows, in] (in a multiple of 32) with `k`'s kernel into buffers the calling thread keeps
-// until its next call.
-const QuantizedRows& quantize_rows(const IsaKernels& k, const float* x, int64_t rows, int64_t in);
+// until its next call. `split_for_gemm`: the rows go to the GEMM over int8 panels, so they are also split
+// where `k` multiplies them split (IsaKernels::qgemm_split_x); the GEMV and int4 panels never read it.
+const QuantizedRows& quantize_rows(const IsaKernels& k, const float* x, int64_t rows, int64_t in, bool split_for_gemm = false);
 
 }  // namespace colossal::kernels
