@@ -28,6 +28,7 @@
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/stretches.h"
 #include "kernels/cpu/thread_scratch.h"
+#include "kernels/cpu/weight_streams.h"
 #include "src/memory/allocation_counter.h"
 #include "src/nn/activation.h"
 #include "src/nn/alibi.h"
@@ -86,6 +87,23 @@ TEST(IsaDispatch, EnvironmentCapLowersTheSetAndRejectsWhatTheMachineCannotRun) {
             "COLOSSAL_CPU_ISA=avx512: this CPU cannot run avx512 code (its widest is avx2; valid here: baseline, avx2)");
   EXPECT_EQ(what_of([] { kernels::isa_cap_from("avx", Isa::avx512); }),
             "COLOSSAL_CPU_ISA=\"avx\" is not an instruction set (valid: amx, avx512vnni, avx512, avx2, baseline)");
+}
+
+TEST(WeightStreams, TheEnvironmentSetsTheCountTheVendorDefaultsItAndAScopeWinsOverBoth) {
+  const int vendor = kernels::weight_streams_from(nullptr);
+  EXPECT_TRUE(vendor == 1 || vendor == 4) << vendor;
+  EXPECT_EQ(kernels::weight_streams_from(""), vendor);
+  for (int n = 1; n <= 4; ++n) EXPECT_EQ(kernels::weight_streams_from(std::to_string(n).c_str()), n);
+  for (const char* bad : {"0", "5", "two", "4 "})
+    EXPECT_EQ(what_of([&] { kernels::weight_streams_from(bad); }),
+              "COLOSSAL_WEIGHT_STREAMS=\"" + std::string(bad) + "\" is not a count of weight streams a core (valid: 1, 2, 3, 4)");
+  const int before = kernels::weight_streams();
+  {
+    kernels::ScopedWeightStreams two(2);
+    EXPECT_EQ(kernels::weight_streams(), 2);
+  }
+  EXPECT_EQ(kernels::weight_streams(), before);
+  EXPECT_THROW(kernels::ScopedWeightStreams(5), std::invalid_argument);
 }
 
 TEST(IsaDispatch, ScopedIsaSelectsThatSetsKernelsAndRestoresTheDefault) {
@@ -525,25 +543,28 @@ TEST(CpuKernels, SumOfSquaresOfHalfValuesIsThatOfTheirFp32CopyOnEveryInstruction
   at::set_num_threads(threads);
 }
 
-TEST(CpuKernels, GemvMatchesDoublePrecisionMatmulOnEveryInstructionSet) {
+TEST(CpuKernels, GemvMatchesDoublePrecisionMatmulOnEveryInstructionSetAndWeightStreamCount) {
   at::manual_seed(13);
   for (Isa isa : kernels::runnable_isas()) {
     kernels::ScopedIsa cap(isa);
-    for (int64_t rows : {1, 2, 3, 4, 5, 8})
-      for (int64_t in : {1, 7, 64, 100, 768})
-        for (int64_t out : {1, 5, 33, 1000})
-          for (bool bias : {false, true}) {
-            auto x = at::randn({rows, in}), w = at::randn({out, in});
-            auto b = bias ? at::randn({out}) : at::Tensor();
-            auto y = at::empty({rows, out});
-            kernels::gemv(x.const_data_ptr<float>(), rows, in, w.const_data_ptr<float>(),
-                          bias ? b.const_data_ptr<float>() : nullptr, y.mutable_data_ptr<float>(), out);
-            auto ref = at::mm(x.to(at::kDouble), w.to(at::kDouble).t());
-            if (bias) ref += b.to(at::kDouble);
-            // Float dot products of length `in` with unit-variance terms: error ~ sqrt(in) ulp-scale.
-            EXPECT_LT(max_abs_diff(y, ref), 2e-6 * in + 1e-6)
-                << kernels::isa_name(isa) << " rows=" << rows << " in=" << in << " out=" << out << " bias=" << bias;
-          }
+    for (int streams : {1, 4}) {
+      kernels::ScopedWeightStreams layout(streams);
+      for (int64_t rows : {1, 2, 3, 4, 5, 8})
+        for (int64_t in : {1, 7, 64, 100, 768})
+          for (int64_t out : {1, 5, 33, 1000})
+            for (bool bias : {false, true}) {
+              auto x = at::randn({rows, in}), w = at::randn({out, in});
+              auto b = bias ? at::randn({out}) : at::Tensor();
+              auto y = at::empty({rows, out});
+              kernels::gemv(x.const_data_ptr<float>(), rows, in, w.const_data_ptr<float>(),
+                            bias ? b.const_data_ptr<float>() : nullptr, y.mutable_data_ptr<float>(), out);
+              auto ref = at::mm(x.to(at::kDouble), w.to(at::kDouble).t());
+              if (bias) ref += b.to(at::kDouble);
+              // Float dot products of length `in` with unit-variance terms: error ~ sqrt(in) ulp-scale.
+              EXPECT_LT(max_abs_diff(y, ref), 2e-6 * in + 1e-6) << kernels::isa_name(isa) << " streams=" << streams << " rows=" << rows
+                                                               << " in=" << in << " out=" << out << " bias=" << bias;
+            }
+    }
   }
 }
 
@@ -581,13 +602,13 @@ TEST(CpuKernels, TransposedGemvMatchesDoublePrecisionAndGivesEachRowItsBitsAlone
   }
 }
 
-TEST(CpuKernels, GemvGivesEachRowTheSameBitsAloneInABatchOrOnAnyThreadCount) {
+TEST(CpuKernels, GemvGivesEachRowTheSameBitsAloneInABatchOnAnyThreadCountAndInAnyWeightStreams) {
   at::manual_seed(17);
-  const int64_t out = 1003;
-  // 131 inputs: whole 16-float steps and a scalar tail; 139: one 8-float vector between them. Eleven rows:
-  // AVX-512's pass of eight (one 16-lane chain a row) and a pass of three.
+  const int64_t out = 1003;   // no multiple of 2, 3 or 4: every stream layout leaves outputs over
+  // 131 inputs: whole 16-float steps and a scalar tail; 139: one 8-float vector between them. Sixteen
+  // rows: AVX-512's two passes of eight (one 16-lane chain a row); eleven: a pass of eight and one of three.
   for (const int64_t in : {131, 139}) {
-    auto x = at::randn({11, in}), w = at::randn({out, in}), b = at::randn({out});
+    auto x = at::randn({16, in}), w = at::randn({out, in}), b = at::randn({out});
     auto run = [&](const at::Tensor& xs) {
       auto y = at::empty({xs.size(0), out});
       kernels::gemv(xs.const_data_ptr<float>(), xs.size(0), in, w.const_data_ptr<float>(), b.const_data_ptr<float>(),
@@ -596,16 +617,23 @@ TEST(CpuKernels, GemvGivesEachRowTheSameBitsAloneInABatchOrOnAnyThreadCount) {
     };
     for (Isa isa : kernels::runnable_isas()) {
       kernels::ScopedIsa cap(isa);
-      auto together = run(x);
-      for (int64_t r = 0; r < 11; ++r)
-        EXPECT_TRUE(at::equal(run(x.narrow(0, r, 1).contiguous()), together.narrow(0, r, 1)))
-            << kernels::isa_name(isa) << " in=" << in << " row " << r;
-      EXPECT_TRUE(at::equal(run(x.narrow(0, 0, 4)), together.narrow(0, 0, 4))) << kernels::isa_name(isa) << " in=" << in;
-      const int threads = at::get_num_threads();   // LibTorch and the kernels share one OpenMP runtime
-      at::set_num_threads(1);
-      auto single_thread = run(x);
-      at::set_num_threads(threads);
-      EXPECT_TRUE(at::equal(single_thread, together)) << kernels::isa_name(isa) << " in=" << in;
+      at::Tensor one_stream;
+      for (int streams = 1; streams <= 4; ++streams) {
+        kernels::ScopedWeightStreams layout(streams);
+        const std::string what = std::string(kernels::isa_name(isa)) + " in=" + std::to_string(in) + " streams=" + std::to_string(streams);
+        auto together = run(x);
+        if (streams == 1) one_stream = together;
+        EXPECT_TRUE(at::equal(together, one_stream)) << what;
+        for (int64_t r = 0; r < 16; ++r)
+          EXPECT_TRUE(at::equal(run(x.narrow(0, r, 1).contiguous()), together.narrow(0, r, 1))) << what << " row " << r;
+        for (int64_t n : {2, 3, 4, 8, 11})
+          EXPECT_TRUE(at::equal(run(x.narrow(0, 0, n)), together.narrow(0, 0, n))) << what << " rows " << n;
+        const int threads = at::get_num_threads();   // LibTorch and the kernels share one OpenMP runtime
+        at::set_num_threads(1);
+        auto single_thread = run(x);
+        at::set_num_threads(threads);
+        EXPECT_TRUE(at::equal(single_thread, together)) << what;
+      }
     }
   }
 }

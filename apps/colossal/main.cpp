@@ -9,6 +9,7 @@
 
 #include "apps/colossal/commands.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/weight_streams.h"
 #include "src/core/device.h"
 #include "src/core/error.h"
 #include "src/dist/launcher.h"
@@ -45,7 +46,8 @@ int main(int argc, char** argv) {
   colossal::app::add_quantize_command(app);
   colossal::app::add_serve_command(app);
   try {
-    colossal::kernels::active_isa();   // a bad COLOSSAL_CPU_ISA fails here, before any work
+    colossal::kernels::active_isa();       // a bad COLOSSAL_CPU_ISA fails here, before any work
+    colossal::kernels::weight_streams();   // and a bad COLOSSAL_WEIGHT_STREAMS
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {   // includes --help and --version (CLI::Success)
     return app.exit(e);

@@ -1,12 +1,15 @@
-// Decoding GEMV, one instruction set's copy: see gemv.h. One weight row at a time against up to four
-// x rows (eight with AVX-512's 32 registers, and then two weight rows a pass): each weight vector is
-// loaded once and used for every x row of the pass, with the accumulators in registers. Every output
-// sums its vector lanes, then the tail past the last whole vector, in one fixed order, so neither the
-// row count nor the thread split changes a result. The multiply-adds are explicit (simd.h's fmadd)
-// and the file is compiled without contraction, so that order does not rest on the compiler fusing
-// alike in every instantiation (clang with UBSan did not).
+// Decoding GEMV, one instruction set's copy: see gemv.h. Weight rows against up to four x rows a pass
+// (eight with AVX-512's 32 registers): each weight vector is loaded once and used for every x row of the
+// pass, with the accumulators in registers. Where the machine wants several streams a core
+// (weight_streams.h), a pass takes two to four weight rows from as many stretches of the thread's
+// outputs, else one row at a time (neighbouring pairs at eight x rows). Every output sums its vector
+// lanes, then the tail past the last whole vector, in one fixed order, so neither the row count, the
+// streams nor the thread split changes a result. The multiply-adds are explicit (simd.h's fmadd) and the
+// file is compiled without contraction, so that order does not rest on the compiler fusing alike in
+// every instantiation (clang with UBSan did not).
 #include "kernels/cpu/isa_entry.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/cpu/weight_streams.h"
 
 // GCC 12's 512-bit extract starts from _mm512_undefined_*, which -O3 reports as maybe uninitialized
 // wherever it inlines (as in qgemm_isa.cpp).
@@ -22,9 +25,9 @@ constexpr int kGemvLanes = kLanes < 8 ? kLanes : 8;
 typedef Vec<kGemvLanes>::type gv;
 
 // Accumulators per (weight row, x row): a dot product of one weight row runs kChains independent FMA
-// chains over alternating vectors, so one weight row streams at a time (a single sequential stream per
-// core: 34 GB/s on an AMD EPYC Zen 4, against 25-29 GB/s with four rows interleaved) while two FMAs are
-// in flight per x row. Two chains, not four: four x rows a pass then fit AVX2's 16 registers (8
+// chains over alternating vectors, so a weight row streams on its own (on an AMD EPYC Zen 4 one
+// sequential stream a core read 34 GB/s, against 25-29 GB/s with four rows interleaved; Intel's cores
+// want several, weight_streams.h) while two FMAs are in flight per x row. Two chains, not four: four x rows a pass then fit AVX2's 16 registers (8
 // accumulators, a weight and an x vector), where four chains held two rows a pass and a 4-sequence step
 // read every weight vector twice. On an AMD EPYC Zen 3 (AVX2, the 124M shape's layers) 4 rows then
 // moved 1.4x the weights a second and 8 rows 1.37x where the weights sat in L1, and 1.03-1.07x and
@@ -47,32 +50,81 @@ static_assert(kRowsPerPass * kChains + 2 <= kRegs, "a pass's accumulators, a wei
 constexpr int64_t kPrefetchFloats = 1024;
 constexpr int kPrefetchFromRows = 3;
 
-// y[r][o] for r < R: lanes summed as the chains' sum a0 + a1, tree-wise, then the tail past the last
-// whole vector in order.
-template <int R>
-COLOSSAL_INLINE void row(const float* __restrict x, int64_t in, const float* __restrict w, float bias,
-                         float* __restrict y, int64_t ldy) {
-  gv acc[R][kChains] = {};
+// Weight rows read at once on machines that want several streams a core (weight_streams.h), and how far
+// ahead each is prefetched: 2 KiB, the best of 1, 2 and 4 KiB with one to four x rows on an Intel Xeon.
+constexpr int kMaxStreams = 4;
+constexpr int64_t kStreamPrefetchFloats = 512;
+
+// The most weight rows a pass over R x rows can stream at once: their kChains accumulators for every x
+// row, a weight vector each and an x vector in registers.
+constexpr int fit_streams(int R) {
+  for (int s = kMaxStreams; s > 1; --s)
+    if (s * R * kChains + s + 1 <= kRegs) return s;
+  return 1;
+}
+
+// y[s * y_step + r * ldy] for the S weight rows w + s * w_step and the x rows r < R: lanes summed as the
+// chains' sum a0 + a1, tree-wise, then the tail past the last whole vector in order. Each output's
+// operations are the same whatever S and whatever rows share its pass.
+template <int R, int S>
+COLOSSAL_INLINE void row(const float* __restrict x, int64_t in, const float* __restrict w, int64_t w_step, const float* bias,
+                         float* __restrict y, int64_t y_step, int64_t ldy) {
+  gv acc[S][R][kChains] = {};
   int64_t i = 0;
   for (; i + kChains * kGemvLanes <= in; i += kChains * kGemvLanes) {
     // One cache line a step (two chains of eight floats); past the row it is the next row's, or past
     // the matrix a prefetch that loads nothing and never faults.
     static_assert(kChains * kGemvLanes <= 16, "one 64-byte line covers a step");
-    if constexpr (R >= kPrefetchFromRows) __builtin_prefetch(w + i + kPrefetchFloats, 0, 3);
+    if constexpr (S > 1) {
+      for (int s = 0; s < S; ++s) __builtin_prefetch(w + s * w_step + i + kStreamPrefetchFloats, 0, 3);
+    } else if constexpr (R >= kPrefetchFromRows) {
+      __builtin_prefetch(w + i + kPrefetchFloats, 0, 3);
+    }
     for (int c = 0; c < kChains; ++c) {
-      const gv wv = load_u<kGemvLanes>(w + i + c * kGemvLanes);
-      for (int r = 0; r < R; ++r) acc[r][c] = fmadd<kGemvLanes>(wv, load_u<kGemvLanes>(x + r * in + i + c * kGemvLanes), acc[r][c]);
+      gv wv[S];
+      for (int s = 0; s < S; ++s) wv[s] = load_u<kGemvLanes>(w + s * w_step + i + c * kGemvLanes);
+      for (int r = 0; r < R; ++r) {
+        const gv xv = load_u<kGemvLanes>(x + r * in + i + c * kGemvLanes);
+        for (int s = 0; s < S; ++s) acc[s][r][c] = fmadd<kGemvLanes>(wv[s], xv, acc[s][r][c]);
+      }
     }
   }
   for (; i + kGemvLanes <= in; i += kGemvLanes) {
-    const gv wv = load_u<kGemvLanes>(w + i);
-    for (int r = 0; r < R; ++r) acc[r][0] = fmadd<kGemvLanes>(wv, load_u<kGemvLanes>(x + r * in + i), acc[r][0]);
+    for (int r = 0; r < R; ++r) {
+      const gv xv = load_u<kGemvLanes>(x + r * in + i);
+      for (int s = 0; s < S; ++s) acc[s][r][0] = fmadd<kGemvLanes>(load_u<kGemvLanes>(w + s * w_step + i), xv, acc[s][r][0]);
+    }
   }
-  for (int r = 0; r < R; ++r) {
-    float s = hsum<kGemvLanes>(acc[r][0] + acc[r][1]);
-    for (int64_t t = i; t < in; ++t) s = fmadd(w[t], x[r * in + t], s);
-    y[r * ldy] = s + bias;
+  for (int s = 0; s < S; ++s) {
+    const float* ws = w + s * w_step;
+    for (int r = 0; r < R; ++r) {
+      float sum = hsum<kGemvLanes>(acc[s][r][0] + acc[s][r][1]);
+      for (int64_t t = i; t < in; ++t) sum = fmadd(ws[t], x[r * in + t], sum);
+      y[s * y_step + r * ldy] = sum + bias[s];
+    }
   }
+}
+
+// The most x rows a pass can take with two weight streams.
+constexpr int stream_pass_rows() {
+  int r = 1;
+  while (fit_streams(r + 1) >= 2) ++r;
+  return r;
+}
+constexpr int kStreamPassRows = stream_pass_rows();
+
+// f.template operator()<S>(o, step) for [o_begin, o_end) in S streams: stream s walks its own stretch
+// of n / S outputs (`step` apart from the next stream's), all S advancing together; the n % S outputs
+// left at the end go one at a time (S = 1).
+template <int S, class F>
+COLOSSAL_INLINE void in_streams(int64_t o_begin, int64_t o_end, const F& f) {
+  int64_t o = o_begin;
+  if constexpr (S > 1) {
+    const int64_t step = (o_end - o_begin) / S;
+    for (int64_t k = 0; k < step; ++k) f.template operator()<S>(o_begin + k, step);
+    o += S * step;
+  }
+  for (; o < o_end; ++o) f.template operator()<1>(o, 0);
 }
 
 #if defined(__AVX512F__)
@@ -87,22 +139,27 @@ COLOSSAL_INLINE void row(const float* __restrict x, int64_t in, const float* __r
 // the 8-lane one (not measured there).
 constexpr int kWideRows = 8;
 typedef Vec<16>::type wide;
+// Weight rows a pass of eight x rows streams where the machine wants several streams: 3 x 8 accumulators,
+// three weight vectors and an x vector. Eight sequences on an Intel Xeon (124M, 2 threads) decoded at
+// 1.04x with two and 1.08x with three, against neighbouring pairs from one stream.
+constexpr int kWideStreams = 3;
 
-// O weight rows (ldw apart) against the same eight x rows: each x vector is loaded once for the O rows.
+// O weight rows (w_step apart, their outputs y_step apart) against the same eight x rows: each x vector
+// is loaded once for the O rows.
 // With eight x rows the pass loads eight x vectors for every weight vector, and the MLP's second layer
 // (3072 inputs: 96 KB of x) does not fit a 48 KB L1, so x came from L2 for every output; two outputs a
 // pass halve that. Each output's operations are row_wide's alone, in the same order.
 template <int O>
-COLOSSAL_INLINE void row_wide(const float* __restrict x, int64_t in, const float* __restrict w, int64_t ldw, const float* bias,
-                              float* __restrict y, int64_t ldy) {
+COLOSSAL_INLINE void row_wide(const float* __restrict x, int64_t in, const float* __restrict w, int64_t w_step, const float* bias,
+                              float* __restrict y, int64_t y_step, int64_t ldy) {
   constexpr int R = kWideRows;
   wide acc[O][R] = {};
   int64_t i = 0;
   for (; i + 16 <= in; i += 16) {
     wide wv[O];
     for (int o = 0; o < O; ++o) {
-      __builtin_prefetch(w + o * ldw + i + kPrefetchFloats, 0, 3);
-      wv[o] = load_u<16>(w + o * ldw + i);
+      __builtin_prefetch(w + o * w_step + i + kPrefetchFloats, 0, 3);
+      wv[o] = load_u<16>(w + o * w_step + i);
     }
     for (int r = 0; r < R; ++r) {
       const wide xv = load_u<16>(x + r * in + i);
@@ -110,7 +167,7 @@ COLOSSAL_INLINE void row_wide(const float* __restrict x, int64_t in, const float
     }
   }
   for (int o = 0; o < O; ++o) {
-    const float* wo = w + o * ldw;
+    const float* wo = w + o * w_step;
     gv lo[R], hi[R];
     for (int r = 0; r < R; ++r) {
       lo[r] = (gv)_mm512_castps512_ps256((__m512)acc[o][r]);
@@ -124,50 +181,102 @@ COLOSSAL_INLINE void row_wide(const float* __restrict x, int64_t in, const float
     for (int r = 0; r < R; ++r) {
       float s = hsum<kGemvLanes>(lo[r] + hi[r]);
       for (int64_t t = t0; t < in; ++t) s = fmadd(wo[t], x[r * in + t], s);
-      y[r * ldy + o] = s + bias[o];
+      y[o * y_step + r * ldy] = s + bias[o];
     }
   }
 }
 #endif
 
+
+// One pass of R x rows over N weight rows: row<R, N> where the registers hold it (gemv picks N so), else
+// the rows one at a time (the same bits).
+template <int R, int N>
+COLOSSAL_INLINE void pass(const float* x, int64_t in, const float* w, int64_t w_step, const float* bias, float* y, int64_t y_step,
+                          int64_t ldy) {
+  if constexpr (N <= fit_streams(R)) {
+    row<R, N>(x, in, w, w_step, bias, y, y_step, ldy);
+  } else {
+    for (int s = 0; s < N; ++s) row<R, 1>(x, in, w + s * w_step, w_step, bias + s, y + s * y_step, y_step, ldy);
+  }
+}
+
+// Outputs [o_begin, o_end) for every x row, S weight rows at a time (in_streams), each group of them in
+// passes of up to per_pass <= kRowsPerPass x rows (further passes read the group's rows from L1).
+template <int S>
+void outputs(const float* x, int64_t rows, int64_t per_pass, int64_t in, const float* w, const float* bias, float* y, int64_t ldy,
+             int64_t o_begin, int64_t o_end) {
+  in_streams<S>(o_begin, o_end, [&]<int N>(int64_t o, int64_t step) {
+    float b[N];
+    for (int s = 0; s < N; ++s) b[s] = bias ? bias[o + s * step] : 0.0f;
+    const float* wo = w + o * in;
+    const int64_t w_step = step * in;
+    for (int64_t r = 0; r < rows; r += per_pass) {
+      const float* xr = x + r * in;
+      float* yr = y + r * ldy + o;
+      switch (rows - r < per_pass ? rows - r : per_pass) {
+        case 1: pass<1, N>(xr, in, wo, w_step, b, yr, step, ldy); break;
+        case 2: pass<2, N>(xr, in, wo, w_step, b, yr, step, ldy); break;
+        case 3: pass<3, N>(xr, in, wo, w_step, b, yr, step, ldy); break;
+        case 4: pass<4, N>(xr, in, wo, w_step, b, yr, step, ldy); break;
+        case 5: if constexpr (kRowsPerPass > 4) pass<5, N>(xr, in, wo, w_step, b, yr, step, ldy); break;
+        case 6: if constexpr (kRowsPerPass > 4) pass<6, N>(xr, in, wo, w_step, b, yr, step, ldy); break;
+        case 7: if constexpr (kRowsPerPass > 4) pass<7, N>(xr, in, wo, w_step, b, yr, step, ldy); break;
+        default:
+#if defined(__AVX512F__)
+          if constexpr (kRowsPerPass == kWideRows) {
+            for (int s = 0; s < N; ++s) row_wide<1>(xr, in, wo + s * w_step, w_step, b + s, yr + s * step, step, ldy);
+            break;
+          }
+#endif
+          pass<kRowsPerPass, N>(xr, in, wo, w_step, b, yr, step, ldy);
+          break;
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void gemv(const float* x, int64_t rows, int64_t in, const float* w, const float* bias, float* y, int64_t ldy,
           int64_t o_begin, int64_t o_end) {
-  int64_t o = o_begin;
+  const int streams = weight_streams();
 #if defined(__AVX512F__)
-  if (kRowsPerPass == kWideRows && rows % kWideRows == 0) {   // whole passes of eight x rows: two outputs at a time
-    for (; o + 2 <= o_end; o += 2) {
-      const float b[2] = {bias ? bias[o] : 0.0f, bias ? bias[o + 1] : 0.0f};
-      for (int64_t r = 0; r < rows; r += kWideRows) row_wide<2>(x + r * in, in, w + o * in, in, b, y + r * ldy + o, ldy);
+  if (kRowsPerPass == kWideRows && rows % kWideRows == 0) {   // whole passes of eight x rows: several outputs at a time
+    const auto wide = [&]<int N>(int64_t o, int64_t step) {
+      float b[N];
+      for (int s = 0; s < N; ++s) b[s] = bias ? bias[o + s * step] : 0.0f;
+      for (int64_t r = 0; r < rows; r += kWideRows) row_wide<N>(x + r * in, in, w + o * in, step * in, b, y + r * ldy + o, step, ldy);
+    };
+    int64_t o = o_begin;
+    if (streams > 1) {   // outputs from two or three stretches of the range (weight_streams.h)
+      const auto apart = [&]<int N>() {
+        const int64_t step = (o_end - o_begin) / N;
+        for (int64_t k = 0; k < step; ++k) wide.template operator()<N>(o_begin + k, step);
+        o += N * step;
+      };
+      if (streams >= kWideStreams) apart.template operator()<kWideStreams>();
+      else apart.template operator()<2>();
+    } else {             // neighbouring pairs, one stream
+      for (; o + 2 <= o_end; o += 2) wide.template operator()<2>(o, 1);
     }
+    if (o < o_end) outputs<1>(x, rows, kRowsPerPass, in, w, bias, y, ldy, o, o_end);
+    return;
   }
 #endif
-  for (; o < o_end; ++o) {
-    const float* wo = w + o * in;
-    const float b = bias ? bias[o] : 0.0f;
-    for (int64_t r = 0; r < rows; r += kRowsPerPass) {
-      const float* xr = x + r * in;
-      float* yr = y + r * ldy + o;
-      switch (rows - r < kRowsPerPass ? rows - r : kRowsPerPass) {
-        case 1: row<1>(xr, in, wo, b, yr, ldy); break;
-        case 2: row<2>(xr, in, wo, b, yr, ldy); break;
-        case 3: row<3>(xr, in, wo, b, yr, ldy); break;
-        case 4: row<4>(xr, in, wo, b, yr, ldy); break;
-        case 5: if constexpr (kRowsPerPass > 4) row<5>(xr, in, wo, b, yr, ldy); break;
-        case 6: if constexpr (kRowsPerPass > 4) row<6>(xr, in, wo, b, yr, ldy); break;
-        case 7: if constexpr (kRowsPerPass > 4) row<7>(xr, in, wo, b, yr, ldy); break;
-        default:
-#if defined(__AVX512F__)
-          if constexpr (kRowsPerPass == kWideRows) {
-            row_wide<1>(xr, in, wo, in, &b, yr, ldy);
-            break;
-          }
-#endif
-          row<kRowsPerPass>(xr, in, wo, b, yr, ldy);
-          break;
-      }
-    }
+  int64_t per_pass = rows < kRowsPerPass ? rows : kRowsPerPass;
+  if (streams > 1 && fit_streams(static_cast<int>(per_pass)) == 1) {
+    // Shorter passes that hold two streams (AVX2's 16 registers: up to three x rows), the same number of
+    // multiply-adds, the later passes' weights from L1. On an Intel Xeon capped to AVX2, four sequences
+    // decoded at 0.67 of the bandwidth bound in one pass of four from one stream.
+    const int64_t passes = (rows + kStreamPassRows - 1) / kStreamPassRows;
+    per_pass = (rows + passes - 1) / passes;
+  }
+  const int fit = fit_streams(static_cast<int>(per_pass));
+  switch (streams < fit ? streams : fit) {
+    case 4: outputs<4>(x, rows, per_pass, in, w, bias, y, ldy, o_begin, o_end); break;
+    case 3: outputs<3>(x, rows, per_pass, in, w, bias, y, ldy, o_begin, o_end); break;
+    case 2: outputs<2>(x, rows, per_pass, in, w, bias, y, ldy, o_begin, o_end); break;
+    default: outputs<1>(x, rows, per_pass, in, w, bias, y, ldy, o_begin, o_end); break;
   }
 }
 

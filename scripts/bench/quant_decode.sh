@@ -7,7 +7,7 @@
 # (scripts/bench/hf_generate.py) and CTranslate2 on int8 weights (scripts/bench/ct2_generate.py, its converter
 # run on the same directory), alternating so drift hits all alike; medians over the rounds.
 # Decode tokens/s excludes the prefill and loading (colossal's timing line; the peers time the same span). The bound
-# of a scheme is this machine's read bandwidth (the best 1 GiB sum of the rounds) over what a step reads: every
+# of a scheme is this machine's read bandwidth (the best 1 GiB sum or matrix-vector product of the rounds) over what a step reads: every
 # stored weight byte once (integers, scales and the fp32 embedding, which the tied head reads) and each sequence's
 # KV cache at its mean length. Where a scheme's weights fit a cache (a sum at their own size runs 1.2x faster than
 # the 1 GiB one), its cell also gives the bound at that faster rate: quantized weights in a large L3 stream from

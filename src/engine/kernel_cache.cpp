@@ -99,7 +99,10 @@ std::optional<std::string> kernel_cache_path() {
 }
 
 std::string kernel_cache_key() {
-  return cpu_model() + " | " + kernels::isa_name(kernels::active_isa()) + aten_caps() + " | " +
+  // A weight-stream count set by hand changes our GEMVs' speed against ATen's, so its choices are its own.
+  const char* streams = std::getenv("COLOSSAL_WEIGHT_STREAMS");
+  return cpu_model() + " | " + kernels::isa_name(kernels::active_isa()) + aten_caps() +
+         (streams && *streams ? std::string(" | COLOSSAL_WEIGHT_STREAMS=") + streams : std::string()) + " | " +
          std::to_string(at::get_num_threads()) + " threads | LibTorch " + TORCH_VERSION + " | " + this_binary();
 }
 
