@@ -71,11 +71,11 @@ def bandwidth(py, threads, device, nbytes=1 << 30):
     else:
         # The sum and MKL's matrix-vector product over the same floats, the faster of the two: one sequential
         # stream a core (the sum) reads 0.8 of what several do on an Intel Xeon (kernels/cpu/weight_streams.h).
-        n = n // 64 * 64
-        code = ("import time, torch\ntorch.set_num_threads(%d)\nx = torch.ones(%d)\nm, v = x.view(64, -1), torch.ones(%d)\n"
+        n = n // 4096 * 4096
+        code = ("import time, torch\ntorch.set_num_threads(%d)\nx = torch.ones(%d)\nm, v = x.view(4096, -1), torch.ones(%d)\n"
                 "best = 1e9\nfor f in (lambda: x.sum(), lambda: torch.mv(m, v)):\n    f()\n"
                 "    for _ in range(8):\n        t = time.perf_counter(); f(); best = min(best, time.perf_counter() - t)\n"
-                "print(x.numel() * 4 / best / 1e9)\n" % (threads, n, n // 64))
+                "print(x.numel() * 4 / best / 1e9)\n" % (threads, n, n // 4096))
     return float(subprocess.run([py, "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
@@ -258,7 +258,7 @@ def main():
     whose = " (the GPU's)" if a.device == "cuda" else ""
     at_size = ", ".join(f"{k} {v:.1f}" for k, v in bw_at.items())
     print(f"weights read a step: {read} (all stored tensors, the tied embedding included); "
-          f"bound = {bw:.1f} GB/s{whose} over weights + KV cache (a 1 GiB sum; summed at the weights' own sizes, GB/s: {at_size})")
+          f"bound = {bw:.1f} GB/s{whose} over weights + KV cache (the best 1 GiB sum or matrix-vector product; at the weights' own sizes, GB/s: {at_size})")
     print(machine_line(a))
 
 
