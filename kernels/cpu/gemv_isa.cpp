@@ -27,9 +27,9 @@ typedef Vec<kGemvLanes>::type gv;
 // Accumulators per (weight row, x row): a dot product of one weight row runs kChains independent FMA
 // chains over alternating vectors, so a weight row streams on its own (on an AMD EPYC Zen 4 one
 // sequential stream a core read 34 GB/s, against 25-29 GB/s with four rows interleaved; Intel's cores
-// want several, weight_streams.h) while two FMAs are in flight per x row. Two chains, not four: four x rows a pass then fit AVX2's 16 registers (8
-// accumulators, a weight and an x vector), where four chains held two rows a pass and a 4-sequence step
-// read every weight vector twice. On an AMD EPYC Zen 3 (AVX2, the 124M shape's layers) 4 rows then
+// want several, weight_streams.h) while two FMAs are in flight per x row. Two chains, not four: four x
+// rows a pass then fit AVX2's 16 registers (8 accumulators, a weight and an x vector), where four
+// chains held two rows a pass and a 4-sequence step read every weight vector twice. On an AMD EPYC Zen 3 (AVX2, the 124M shape's layers) 4 rows then
 // moved 1.4x the weights a second and 8 rows 1.37x where the weights sat in L1, and 1.03-1.07x and
 // 1.14-1.23x streamed from memory (2 threads); a lone row lost 20% in L1 (two chains of FMA latency)
 // and nothing from memory, which is where decoding reads it. The same for every row count, so a batch
@@ -141,7 +141,7 @@ constexpr int kWideRows = 8;
 typedef Vec<16>::type wide;
 // Weight rows a pass of eight x rows streams where the machine wants several streams: 3 x 8 accumulators,
 // three weight vectors and an x vector. Eight sequences on an Intel Xeon (124M, 2 threads) decoded at
-// 1.04x with two and 1.08x with three, against neighbouring pairs from one stream.
+// 1.05x with two and 1.10x with three, against neighbouring pairs from one stream.
 constexpr int kWideStreams = 3;
 
 // O weight rows (w_step apart, their outputs y_step apart) against the same eight x rows: each x vector
@@ -247,19 +247,14 @@ void gemv(const float* x, int64_t rows, int64_t in, const float* w, const float*
       for (int s = 0; s < N; ++s) b[s] = bias ? bias[o + s * step] : 0.0f;
       for (int64_t r = 0; r < rows; r += kWideRows) row_wide<N>(x + r * in, in, w + o * in, step * in, b, y + r * ldy + o, step, ldy);
     };
-    int64_t o = o_begin;
     if (streams > 1) {   // outputs from two or three stretches of the range (weight_streams.h)
-      const auto apart = [&]<int N>() {
-        const int64_t step = (o_end - o_begin) / N;
-        for (int64_t k = 0; k < step; ++k) wide.template operator()<N>(o_begin + k, step);
-        o += N * step;
-      };
-      if (streams >= kWideStreams) apart.template operator()<kWideStreams>();
-      else apart.template operator()<2>();
-    } else {             // neighbouring pairs, one stream
-      for (; o + 2 <= o_end; o += 2) wide.template operator()<2>(o, 1);
+      if (streams >= kWideStreams) in_streams<kWideStreams>(o_begin, o_end, wide);
+      else in_streams<2>(o_begin, o_end, wide);
+      return;
     }
-    if (o < o_end) outputs<1>(x, rows, kRowsPerPass, in, w, bias, y, ldy, o, o_end);
+    int64_t o = o_begin;   // neighbouring pairs, one stream
+    for (; o + 2 <= o_end; o += 2) wide.template operator()<2>(o, 1);
+    if (o < o_end) wide.template operator()<1>(o, 0);
     return;
   }
 #endif
