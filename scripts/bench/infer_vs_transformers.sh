@@ -15,9 +15,9 @@
 # tokens for P prompt(s) in S s"), the peer likewise (n tokens, prefill included).
 # Peak memory is the whole process's max RSS as /usr/bin/time sees it. Each row also prints the memory-bandwidth
 # bound: this machine's read bandwidth (a sum and a matrix-vector product over a 1 GiB float32 tensor with the
-# same threads, the best over both and the rounds) against what the decode steps must read: every weight once a step for the whole batch (a tied head
-# counted once), and each sequence's KV cache at its length that step (keys and values of every layer, fp32);
-# and each side's fraction of it.
+# same threads, the best over both and the rounds) against what the decode steps must read: every weight once a
+# step for the whole batch (a tied head counted once), and each sequence's KV cache at its length that step (keys
+# and values of every layer, fp32); and each side's fraction of it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/bench/default_checkpoint.sh   # DEFAULT_CKPT_RUN, resolve, default_checkpoint

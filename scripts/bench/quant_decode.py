@@ -60,9 +60,9 @@ def timed(cmd, threads, timeout, device, extra_env=None):
 
 def bandwidth(py, threads, device, nbytes=1 << 30):
     """Read bandwidth in GB/s: the best of 8 sums of a float tensor of nbytes (1 GiB: memory's), in host memory or
-    on the GPU, and on the CPU also of 8 matrix-vector products over it. A step's working set that fits the caches reads faster than memory delivers: summed at its own size
-    (one tensor, each sum after the last, as each step reads the weights after the last step did), it gives that
-    faster rate."""
+    on the GPU, and on the CPU also of 8 matrix-vector products over it. A step's working set that fits the caches
+    reads faster than memory delivers: read at its own size (one tensor, each read after the last, as each step
+    reads the weights after the last step did), it gives that faster rate."""
     n = max(nbytes // 4, 1 << 16)
     if device == "cuda":
         code = ("import time, torch\nx = torch.ones(%d, device='cuda')\nx.sum()\ntorch.cuda.synchronize()\nbest = 1e9\n"
