@@ -113,6 +113,12 @@ constexpr int stream_pass_rows() {
 }
 constexpr int kStreamPassRows = stream_pass_rows();
 
+// The biases of the N outputs o, o + step, ... (zeros without a bias).
+template <int N>
+COLOSSAL_INLINE void stream_biases(const float* bias, int64_t o, int64_t step, float (&b)[N]) {
+  for (int s = 0; s < N; ++s) b[s] = bias ? bias[o + s * step] : 0.0f;
+}
+
 // f.template operator()<S>(o, step) for [o_begin, o_end) in S streams: stream s walks its own stretch
 // of n / S outputs (`step` apart from the next stream's), all S advancing together; the n % S outputs
 // left at the end go one at a time (S = 1).
@@ -207,7 +213,7 @@ void outputs(const float* x, int64_t rows, int64_t per_pass, int64_t in, const f
              int64_t o_begin, int64_t o_end) {
   in_streams<S>(o_begin, o_end, [&]<int N>(int64_t o, int64_t step) {
     float b[N];
-    for (int s = 0; s < N; ++s) b[s] = bias ? bias[o + s * step] : 0.0f;
+    stream_biases(bias, o, step, b);
     const float* wo = w + o * in;
     const int64_t w_step = step * in;
     for (int64_t r = 0; r < rows; r += per_pass) {
@@ -244,7 +250,7 @@ void gemv(const float* x, int64_t rows, int64_t in, const float* w, const float*
   if (kRowsPerPass == kWideRows && rows % kWideRows == 0) {   // whole passes of eight x rows: several outputs at a time
     const auto wide = [&]<int N>(int64_t o, int64_t step) {
       float b[N];
-      for (int s = 0; s < N; ++s) b[s] = bias ? bias[o + s * step] : 0.0f;
+      stream_biases(bias, o, step, b);
       for (int64_t r = 0; r < rows; r += kWideRows) row_wide<N>(x + r * in, in, w + o * in, step * in, b, y + r * ldy + o, step, ldy);
     };
     if (streams > 1) {   // outputs from two or three stretches of the range (weight_streams.h)
