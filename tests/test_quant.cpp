@@ -191,7 +191,7 @@ TEST(QuantKernels, ThePromptGemmMatchesDoublePrecisionOverTheRoundedXAndTheDequa
                         {quant::Scheme::int8_weight, 96, 32}, {quant::Scheme::int8_weight, 768, 64}, {quant::Scheme::int4_weight, 96, 32},
                         {quant::Scheme::int4_weight, 256, 128}, {quant::Scheme::int4_weight, 768, 64}};
   for (const auto& k : cases)
-    for (int64_t rows : {1, 5, 6, 7, 13, 40})     // the 6-row tile, its remainders
+    for (int64_t rows : {1, 5, 6, 7, 13, 14, 40})     // the 6-row passes and a last pass of up to 8
       for (int64_t out : {1, 5, 16, 33, 300})    // whole 16-column tiles and masked ones
         for (bool bias : {false, true}) {
           const quant::QuantConfig c{k.scheme, k.group};
@@ -358,9 +358,10 @@ TEST(QuantKernels, ThePackedGemmGivesTheScalarLoopsBitsOnEverySetAndThePerCallPa
   at::manual_seed(31);
   const int64_t in = 256;
   for (const quant::QuantConfig& c : kPackedConfigs)
-    // a decoding step's few rows, the 6-row tile and its remainders; AMX's 16-row tiles; without VNNI, groups of 2 (int8) or 4
-    // (int4) rows, 8 groups to a block, and their remainders
-    for (int64_t rows : {1, 2, 3, 6, 8, 13, 16, 37})
+    // a decoding step's few rows (with VNNI, qgemm_step_rows' layout over two tiles at a time), the 6-row passes and a last
+    // pass of up to 8 (13 = 6 + 7, 14 = 6 + 8); AMX's 16-row tiles; without VNNI, groups of 2 (int8) or 4 (int4) rows, 8 groups
+    // to a block, and their remainders
+    for (int64_t rows : {1, 2, 3, 6, 8, 13, 14, 16, 37})
       for (int64_t out : {5, 16, 29, 40}) {   // a tile's first half partial; both halves, the second partial; a first half alone
         auto x = at::randn({rows, in}) * 2, b = at::randn({out});
         const auto q = quant::quantize_weight(at::randn({out, in}), c);

@@ -25,6 +25,10 @@ std::atomic<uint64_t> g_steps{0};
 
 bool quantizes_x(const DecodeProduct& p) { return p.kind != Kind::f32 && p.kind != Kind::f32_t && p.kind != Kind::int8; }
 
+RowsFor rows_for(const DecodeProduct& p) {
+  return p.kind == Kind::int8_panels ? RowsFor::int8_panels : p.kind == Kind::int4_panels ? RowsFor::int4_panels : RowsFor::gemv;
+}
+
 // A product's input: the float rows, and where the product takes them quantized, their int8 blocks
 // (quantize_rows' buffers of the one thread that quantized them, read by all until that thread's next
 // quantization, a stage later at the earliest).
@@ -57,7 +61,7 @@ void product_range(const IsaKernels& k, const DecodeProduct& p, const Input& in,
     case Kind::int4_panels: {   // qgemm_packed's tiles for these outputs (16-output groups: whole tiles)
       QgemmProblem q{in.q->q.data(), in.q->s.data(), in.q->sum.data(), rows, p.in, nullptr, p.kind == Kind::int4_panels, nullptr,
                      p.group, p.bias, y, p.out, static_cast<const uint8_t*>(p.w), p.scales};
-      q.split = in.q->split.data();   // (where the set splits x: quantize_rows did for int8 panels)
+      set_problem_rows(k, q, *in.q, rows_for(p));   // the split or the step's layout, where the set reads them
       // the thread's scratch: with 16 rows (serving 16 sequences) the amx set multiplies them in its tiles
       k.qgemm_columns(q, o_begin, o_end, qgemm_thread_scratch(p.in, p.group));
       break;
@@ -65,7 +69,11 @@ void product_range(const IsaKernels& k, const DecodeProduct& p, const Input& in,
   }
 }
 
-int64_t groups_of(const DecodeProduct& p) { return (p.out + 15) / 16; }   // outputs in 16-row groups, as row_groups.h
+// A product's outputs in groups, the items its threads share: 16 outputs, as row_groups.h; over packed
+// panels, 32, so that every piece but a product's last is two whole tiles, which the VNNI loop takes
+// together (qgemm_isa.cpp; single tiles were 8% of an 8-sequence int4 step).
+int64_t group_outputs(const DecodeProduct& p) { return p.kind == Kind::int8_panels || p.kind == Kind::int4_panels ? 32 : 16; }
+int64_t groups_of(const DecodeProduct& p) { return (p.out + group_outputs(p) - 1) / group_outputs(p); }
 
 // Product p's 16-output groups shared among the region's threads (stretches.h), then `after(o_begin,
 // o_end)` on each piece (the stage's elementwise tail, on outputs this thread has just written). Ends
@@ -74,7 +82,7 @@ template <class After>
 void shared_product(const IsaKernels& k, Stretches& share, const DecodeProduct& p, const Input& in, int64_t rows, float* y,
                     const After& after) {
   share.work(omp_get_thread_num(), [&](int64_t g_begin, int64_t g_end) {
-    const int64_t b = g_begin * 16, e = std::min(p.out, g_end * 16);
+    const int64_t b = g_begin * group_outputs(p), e = std::min(p.out, g_end * group_outputs(p));
     product_range(k, p, in, rows, y, b, e);
     after(b, e);
   });
@@ -156,7 +164,7 @@ void decode_block_step(const DecodeBlockStep& s) {
       x = divided;
     }
     input.x = x;
-    input.q = quantizes_x(p) ? &quantize_rows(k, x, rows, p.in, /*split_for_gemm=*/p.kind == Kind::int8_panels) : nullptr;
+    input.q = quantizes_x(p) ? &quantize_rows(k, x, rows, p.in, rows_for(p)) : nullptr;
   };
   auto nothing = [](int64_t, int64_t) {};
   const int threads = omp_get_max_threads();

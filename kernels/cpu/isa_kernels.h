@@ -110,6 +110,9 @@ struct IsaKernels {
   // Whether qgemm_columns multiplies int8 panels by x split into 16 a + b (QgemmProblem::split): the
   // sets without VNNI (qgemm_maddubs_isa.cpp).
   bool qgemm_split_x = false;
+  // Whether qgemm_columns reads a decoding step's rows (at most kQgemmStepRows) over packed panels as
+  // qgemm_step_rows lays them out, where the problem has them (QgemmProblem::step_x): the VNNI sets.
+  bool qgemm_step_rows = false;
   // Packs p.q's columns [n_begin, n_end) (whole tiles, the last may be partial) into qgemm.h's panels
   // at their tiles' offsets in `panels` and `panel_scales`; null where qgemm_columns is (qgemm_pack's
   // scalar loop).

@@ -15,6 +15,7 @@ const IsaKernels& table() {
     k.qgemm_columns = &qgemm_columns;
     k.qgemm_pack_columns = &qgemm_pack_columns;
     k.qgemm_split_x = false;   // vpdpbusd sums unsigned x signed bytes in int32: the panels meet x as it is
+    k.qgemm_step_rows = true;
     return k;
   }();
   return t;

@@ -75,9 +75,11 @@ void run(const QgemmProblem& p) {
 
 void run_rows(const float* x, int64_t rows, int64_t in, const void* q, bool int4, const float* scales, int64_t group,
               const float* bias, float* y, int64_t out, const uint8_t* panels, const float* panel_scales) {
-  const QuantizedRows& xr = quantize_rows(active_kernels(), x, rows, in, /*split_for_gemm=*/!int4);   // as the GEMV quantizes them
+  const IsaKernels& k = active_kernels();
+  const RowsFor use = int4 ? RowsFor::int4_panels : RowsFor::int8_panels;
+  const QuantizedRows& xr = quantize_rows(k, x, rows, in, use);   // as the GEMV quantizes them
   QgemmProblem p{xr.q.data(), xr.s.data(), xr.sum.data(), rows, in, q, int4, scales, group, bias, y, out, panels, panel_scales};
-  if (!int4) p.split = xr.split.data();
+  set_problem_rows(k, p, xr, use);
   run(p);
 }
 
@@ -128,6 +130,18 @@ void qgemm_w8a8(const float* x, const float* divisor, int64_t rows, int64_t in, 
   }
   p.split = split.data();
   run(p);
+}
+
+void qgemm_step_rows(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t rows, int64_t in, bool int4, int8_t* step_x,
+                     int32_t* step_start, float* step_xs) {
+  const int64_t blocks = in / kBlock;
+  const int32_t offset = int4 ? 8 : 128;
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(xq + r * in + b * kBlock, kBlock, step_x + (b * rows + r) * kBlock);
+      step_start[b * rows + r] = -offset * xsum[r * blocks + b];
+      step_xs[b * rows + r] = xs[r * blocks + b];
+    }
 }
 
 void qgemm_split_rows(const int8_t* xq, int64_t rows, int64_t in, int8_t* split) {

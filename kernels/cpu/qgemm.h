@@ -12,10 +12,11 @@
 // 4 stored bytes of each column (int4's nibbles, value + 8), whose low nibbles are inputs j..j+3 of a
 // block and high nibbles inputs j+16..j+19 (qgemv.h's layout), so one row is two rows of products
 // after a mask and a shift. The tile's scales per group sit beside it as [group][16]. Rows of x, 6 at
-// a time, meet the panel: each panel row is loaded once for the 6, each x row's 4 bytes are
-// broadcast, and one vpdpbusd adds 4 products to each of 16 int32 lanes. After each block of 32
-// inputs an x row's sums lose the offset times the block's x sum (exact, in int32), turn to float and
-// take the block's x scale; after each group, the weights' scale. Every output's operations are the
+// a time (the last pass up to 8), meet the panel: each panel row is loaded once for the rows, each x
+// row's 4 bytes are broadcast, and one vpdpbusd adds 4 products to each of 16 int32 lanes; over panels
+// packed at load, each broadcast serves two neighbouring tiles. A block's sums start at minus the
+// offset times the block's x sum, so after each block of 32 inputs they are exact (int32); they turn to
+// float and take the block's x scale; after each group, the weights' scale. Every output's operations are the
 // same whatever the row count, the tile of rows and the thread split, so a row's bits do not depend
 // on its batch; and since every lane is one output, a scalar loop doing the same operations
 // (qgemm_reference_columns) gives the same bits.
@@ -90,7 +91,20 @@ struct QgemmProblem {
   // int8 panels: xq split by qgemm_split_rows, which the sets that ask for it (IsaKernels::qgemm_split_x)
   // read instead of xq; others never read it.
   const int8_t* split = nullptr;
+  // A decoding step's rows (at most kQgemmStepRows) as qgemm_step_rows lays them out, which the sets that
+  // ask for it (IsaKernels::qgemm_step_rows) read over panels packed at load; null: xq, xs and xsum.
+  const int8_t* step_x = nullptr;
+  const int32_t* step_start = nullptr;
+  const float* step_xs = nullptr;
 };
+// A decoding step's x rows for the VNNI loop over two tiles at a time (qgemm_isa.cpp): xq [rows, in] as
+// step_x [in / 32][rows][32], and per [in / 32][rows] where a block's integer sums start, minus the
+// panels' offset (int8: 128, int4: 8) times its x sum (step_start), and its scale (step_xs). With one
+// pointer for all the rows, the loop keeps its general registers; the caller lays them out once per
+// product, not once per piece of its columns.
+constexpr int64_t kQgemmStepRows = 8;
+void qgemm_step_rows(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t rows, int64_t in, bool int4, int8_t* step_x,
+                     int32_t* step_start, float* step_xs);
 // xq [rows, in] as [rows][2][in]: each row's a, then its b, with x = 16 a + b, b = ((x + 8) mod 16) - 8
 // in [-8, 7] and a in [-8, 8] (x in [-127, 127]). Sets whose byte multiply saturates a pair of
 // products at int16 (AVX2's vpmaddubsw) multiply the panels' unsigned bytes by a and b: small enough

@@ -6,6 +6,10 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
 // GCC 12's 512-bit conversion, gather and masked intrinsics start from _mm512_undefined_*, which -O3
 // reports as (maybe) uninitialized wherever they inline.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -15,9 +19,13 @@ namespace colossal::kernels::COLOSSAL_ISA {
 namespace {
 
 constexpr int kBlock = 32;            // inputs per x scale
-// x rows a tile: 6 x 3 vectors of sums (integer, per block, per group); 8 x 3 left too few of the
-// 32 registers and spilled (313 against 445 GMAC/s here, 4 to 7 rows all within 10% of 6).
+// x rows a pass: 6 x 3 vectors of sums (integer, per block, per group) for one tile; 8 x 3 left too
+// few of the 32 registers and spilled (313 against 445 GMAC/s here, 4 to 7 rows all within 10% of 6).
+// Over two tiles, 6 and 8 rows measured the same (the group's sums spill either way, touched once a
+// group) and 4 0.92x. A last pass takes up to 8 rows: 8 = 6 + 2 had run the 2-row pass at half the
+// rate of the 6 (its 8 vpdpbusd a block one dependent chain).
 constexpr int kRows = 6;
+constexpr int kLastRows = 8;
 // Packed at load, the weights stream from memory one tile after another, and the hardware prefetcher
 // falls behind: each panel row (one cache line) asks for the one 4 KiB ahead. Measured on the 124M
 // shape's 48 layers at 8 rows: int8 3.6 -> 2.4 ms, int4 2.3 -> 1.6 ms; 2 and 8 KiB were no better.
@@ -47,6 +55,46 @@ void pack_tile(const QgemmProblem& p, int64_t n0, int64_t valid, uint8_t* panel,
     for (int c = 0; c < kQgemmColumns; ++c) scales[g * kQgemmColumns + c] = c < valid ? p.scales[(n0 + c) * groups + g] : 0.0f;
 }
 
+// A pass's x rows as the tile loop reads them: a block's 32 bytes of row r, where its sums start and its
+// scale. RowMajor reads quantize_rows' own layout ([rows][in], block values [rows][blocks]), a general
+// register per row; BlockMajor a decoding step's rows as qgemm_step_rows laid them out, one pointer for
+// all R rows (at 8 rows and two tiles, GCC had run out of general registers and reloaded the rows'
+// offsets from the stack every block: 1.1x).
+struct RowMajor {
+  const int8_t* xq;      // the pass's first row
+  const int32_t* start;  // [rows][blocks], from the pass's first row
+  const float* xs;
+  int64_t in, blocks;
+  const int8_t* x(int r, int64_t b) const { return xq + r * in + b * kBlock; }
+  int32_t start_at(int r, int64_t b) const { return start[r * blocks + b]; }
+  float scale_at(int r, int64_t b) const { return xs[r * blocks + b]; }
+};
+template <int R>
+struct BlockMajor {
+  const int8_t* xq;
+  const int32_t* start;
+  const float* xs;
+  const int8_t* x(int r, int64_t b) const { return xq + (b * R + r) * kBlock; }
+  int32_t start_at(int r, int64_t b) const { return start[b * R + r]; }
+  float scale_at(int r, int64_t b) const { return xs[b * R + r]; }
+};
+
+// Where each x row's integer sums of each block start: minus the panel's offset (int8 + 128, int4's value
+// + 8) times the block's x sum, so that the products bring them to the exact sums. Broadcast from memory,
+// a start costs a load and no vector instruction, where subtracting it after took a subtraction and a
+// broadcast from a general register (at 8 rows, with the general registers all taken, GCC moved the
+// values through mask registers: six vector-port instructions beside a block's 8 products). Every
+// row's, row-major (RowMajor's), in the calling thread's buffer; qgemm_step_rows lays out a decoding
+// step's.
+const int32_t* start_sums(const QgemmProblem& p) {
+  thread_local std::vector<int32_t> start;
+  const int64_t n = p.rows * (p.in / kBlock);
+  if (static_cast<int64_t>(start.size()) < n) start.resize(static_cast<size_t>(n));
+  const int32_t offset = p.int4 ? 8 : 128;
+  for (int64_t i = 0; i < n; ++i) start[i] = -offset * p.xsum[i];
+  return start.data();
+}
+
 // x row r's 4 bytes from `at`, in every lane.
 inline __attribute__((always_inline)) __m512i broadcast4(const int8_t* at) {
   int32_t four;
@@ -54,55 +102,81 @@ inline __attribute__((always_inline)) __m512i broadcast4(const int8_t* at) {
   return _mm512_set1_epi32(four);
 }
 
-// R rows from m0 against one tile's panel: y[m0 + r][n0, n0 + valid). (With one or two rows the 8
+// R rows from m0 against T consecutive tiles of a packed weight (panel, then the next tile's T - 1 panels
+// and scales on; T = 2 only where qgemm_pack laid them out): y[m0 + r][n0, n0 + 16 (T - 1) + valid).
+// Each broadcast of an x row's 4 bytes serves the T tiles: at 8 rows and one tile, the 64 broadcasts
+// of a block's 64 vpdpbusd filled the two load ports that 512-bit loads have on Intel (one product a
+// cycle, half the two that the vector ports take); two tiles halve them. (With one or two rows the 8
 // vpdpbusd of a block are one dependent chain; two chains measured the same: the weights' stream
 // paces those rows.)
-template <int R, bool Int4>
-void tile_rows(const QgemmProblem& p, int64_t m0, const uint8_t* panel, const float* scales, int64_t n0, int64_t valid) {
-  const int64_t in = p.in, blocks = in / kBlock, per_group = p.group / kBlock, groups = in / p.group;
-  constexpr int32_t offset = Int4 ? 8 : 128;   // what the panel's bytes add to each weight
+template <int R, bool Int4, int T = 1, class Rows>
+void tile_rows(const QgemmProblem& p, int64_t m0, const Rows& xr, const uint8_t* panel, const float* scales, int64_t n0, int64_t valid) {
+  const int64_t in = p.in, per_group = p.group / kBlock, groups = in / p.group;
   constexpr int64_t block_bytes = (Int4 ? kBlock / 2 : kBlock) * kQgemmColumns;
-  const int8_t* x[R];
-  for (int r = 0; r < R; ++r) x[r] = p.xq + (m0 + r) * in;
-  __m512 total[R];
-  for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
+  const int64_t tile_bytes = in * kQgemmColumns / (Int4 ? 2 : 1), tile_scales = groups * kQgemmColumns;
+  __m512 total[T][R];
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) total[t][r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    __m512 acc[T][R];
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) acc[t][r] = _mm512_setzero_ps();
     for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
-      __m512i sums[R];
-      for (int r = 0; r < R; ++r) sums[r] = _mm512_setzero_si512();
+      __m512i sums[T][R];
+      for (int r = 0; r < R; ++r) sums[0][r] = _mm512_set1_epi32(xr.start_at(r, b));
+      for (int t = 1; t < T; ++t)
+        for (int r = 0; r < R; ++r) sums[t][r] = sums[0][r];
       const uint8_t* rows = panel + b * block_bytes;
       if constexpr (Int4) {
         const __m512i low = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
         for (int j = 0; j < 4; ++j) {
-          _mm_prefetch(reinterpret_cast<const char*>(rows + j * kQgemmPanelRow + kPrefetchBytes), _MM_HINT_T0);
-          const __m512i v = _mm512_loadu_si512(rows + j * kQgemmPanelRow);
-          const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+          __m512i lo[T], hi[T];
+          for (int t = 0; t < T; ++t) {
+            const uint8_t* at = rows + t * tile_bytes + j * kQgemmPanelRow;
+            _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchBytes), _MM_HINT_T0);
+            const __m512i v = _mm512_loadu_si512(at);
+            lo[t] = _mm512_and_si512(v, low), hi[t] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+          }
           for (int r = 0; r < R; ++r) {
-            sums[r] = _mm512_dpbusd_epi32(sums[r], lo, broadcast4(x[r] + b * kBlock + 4 * j));
-            sums[r] = _mm512_dpbusd_epi32(sums[r], hi, broadcast4(x[r] + b * kBlock + 16 + 4 * j));
+            const __m512i xl = broadcast4(xr.x(r, b) + 4 * j), xh = broadcast4(xr.x(r, b) + 16 + 4 * j);
+            for (int t = 0; t < T; ++t) {
+              sums[t][r] = _mm512_dpbusd_epi32(sums[t][r], lo[t], xl);
+              sums[t][r] = _mm512_dpbusd_epi32(sums[t][r], hi[t], xh);
+            }
           }
         }
       } else {
+#pragma GCC unroll 8
         for (int j = 0; j < kBlock / 4; ++j) {
-          _mm_prefetch(reinterpret_cast<const char*>(rows + j * kQgemmPanelRow + kPrefetchBytes), _MM_HINT_T0);
-          const __m512i w = _mm512_loadu_si512(rows + j * kQgemmPanelRow);
-          for (int r = 0; r < R; ++r) sums[r] = _mm512_dpbusd_epi32(sums[r], w, broadcast4(x[r] + b * kBlock + 4 * j));
+          __m512i w[T];
+          for (int t = 0; t < T; ++t) {
+            const uint8_t* at = rows + t * tile_bytes + j * kQgemmPanelRow;
+            _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchBytes), _MM_HINT_T0);
+            w[t] = _mm512_loadu_si512(at);
+          }
+          for (int r = 0; r < R; ++r) {
+            const __m512i xb = broadcast4(xr.x(r, b) + 4 * j);
+            for (int t = 0; t < T; ++t) sums[t][r] = _mm512_dpbusd_epi32(sums[t][r], w[t], xb);
+          }
         }
       }
       for (int r = 0; r < R; ++r) {
-        const int64_t row = (m0 + r) * blocks + b;
-        const __m512i exact = _mm512_sub_epi32(sums[r], _mm512_set1_epi32(offset * p.xsum[row]));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_set1_ps(p.xs[row]), acc[r]);
+        const __m512 xs = _mm512_set1_ps(xr.scale_at(r, b));
+        for (int t = 0; t < T; ++t) acc[t][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[t][r]), xs, acc[t][r]);
       }
     }
-    const __m512 s = _mm512_loadu_ps(scales + g * kQgemmColumns);
-    for (int r = 0; r < R; ++r) total[r] = _mm512_fmadd_ps(s, acc[r], total[r]);
+    for (int t = 0; t < T; ++t) {
+      const __m512 s = _mm512_loadu_ps(scales + t * tile_scales + g * kQgemmColumns);
+      for (int r = 0; r < R; ++r) total[t][r] = _mm512_fmadd_ps(s, acc[t][r], total[t][r]);
+    }
   }
-  const __mmask16 live = live_columns(valid);
-  const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(live, p.bias + n0) : _mm512_setzero_ps();
-  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(p.y + (m0 + r) * p.out + n0, live, _mm512_add_ps(total[r], bias));
+  for (int t = 0; t < T; ++t) {
+    const __mmask16 live = live_columns(t + 1 < T ? kQgemmColumns : valid);
+    const int64_t n = n0 + t * kQgemmColumns;
+    const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(live, p.bias + n) : _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(p.y + (m0 + r) * p.out + n, live, _mm512_add_ps(total[t][r], bias));
+  }
 }
 
 // W8A8 (p.per_row): R rows from m0 against one int8 tile's panel, each output's sums over all of `in`,
@@ -289,11 +363,38 @@ void w8a8_amx_rows(const QgemmProblem& p, int64_t m0, const uint8_t* panel, cons
 }
 #endif
 
+// f(std::integral_constant<int, rows>{}) for 1 <= rows <= kLastRows (nothing for 0).
+template <class F>
+void with_rows(int64_t rows, const F& f) {
+  switch (rows) {
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 1: return f(std::integral_constant<int, 1>{});
+    default: return;
+  }
+}
+static_assert(kLastRows == 8 && kQgemmStepRows == 8, "with_rows covers the rows of a last pass and of a decoding step");
+
+// pass(rows, m0, x rows) over the rows from m on as RowMajor passes: of kRows, then a last of up to kLastRows.
+template <class Pass>
+void row_major_passes(const QgemmProblem& p, int64_t m, const int32_t* start, const Pass& pass) {
+  const int64_t blocks = p.in / kBlock;
+  auto rows_from = [&](int64_t m0) { return RowMajor{p.xq + m0 * p.in, start + m0 * blocks, p.xs + m0 * blocks, p.in, blocks}; };
+  for (; p.rows - m > kLastRows; m += kRows) pass(std::integral_constant<int, kRows>{}, m, rows_from(m));
+  with_rows(p.rows - m, [&](auto rows) { pass(rows, m, rows_from(m)); });
+}
+
 // All rows against one tile's panel; `amx` (the amx set only) is the thread's tile scratch, or null
 // where the rows take the VNNI loop alone. (Prefetching the next tile's panel during the first 16 rows
 // measured level with the hardware's own prefetch, and slower for W8A8's 1560-row prompts.)
 template <bool Int4>
-void tile(const QgemmProblem& p, const uint8_t* panel, const float* scales, int64_t n0, int64_t valid, [[maybe_unused]] uint8_t* amx) {
+void tile(const QgemmProblem& p, const uint8_t* panel, const float* scales, int64_t n0, int64_t valid, [[maybe_unused]] uint8_t* amx,
+          const int32_t* start) {
   int64_t m = 0;
   if (p.per_row) {   // W8A8: int8 panels only
 #if defined(__AMX_INT8__)
@@ -319,14 +420,29 @@ void tile(const QgemmProblem& p, const uint8_t* panel, const float* scales, int6
     for (; m + kTileRows <= p.rows; m += kTileRows) amx_rows<Int4>(p, m, w, scales, n0, valid, sums);
   }
 #endif
-  for (; m + kRows <= p.rows; m += kRows) tile_rows<kRows, Int4>(p, m, panel, scales, n0, valid);
-  switch (p.rows - m) {
-    case 5: tile_rows<5, Int4>(p, m, panel, scales, n0, valid); break;
-    case 4: tile_rows<4, Int4>(p, m, panel, scales, n0, valid); break;
-    case 3: tile_rows<3, Int4>(p, m, panel, scales, n0, valid); break;
-    case 2: tile_rows<2, Int4>(p, m, panel, scales, n0, valid); break;
-    case 1: tile_rows<1, Int4>(p, m, panel, scales, n0, valid); break;
-    default: break;
+  row_major_passes(p, m, start, [&](auto rows, int64_t m0, const RowMajor& xr) {
+    tile_rows<decltype(rows)::value, Int4>(p, m0, xr, panel, scales, n0, valid);
+  });
+}
+
+// All rows against the tiles of [n_begin, n_end) packed at load, two tiles at a time where two are left:
+// a decoding step's rows (p.step_x's) in one pass, others in passes of kRows as tile() takes them.
+template <bool Int4>
+void tile_pairs(const QgemmProblem& p, int64_t n_begin, int64_t n_end, const int32_t* start) {
+  const int64_t groups = p.in / p.group;
+  for (int64_t n0 = n_begin; n0 < n_end; n0 += 2 * kQgemmColumns) {
+    const int64_t t = n0 / kQgemmColumns;
+    const uint8_t* panel = p.panels + t * qgemm_tile_bytes(p);
+    const float* scales = p.panel_scales + t * groups * kQgemmColumns;
+    auto pass = [&](auto rows, int64_t m0, const auto& xr) {
+      constexpr int R = decltype(rows)::value;
+      if (n_end - n0 > kQgemmColumns)
+        tile_rows<R, Int4, 2>(p, m0, xr, panel, scales, n0, std::min<int64_t>(n_end - n0 - kQgemmColumns, kQgemmColumns));
+      else
+        tile_rows<R, Int4>(p, m0, xr, panel, scales, n0, n_end - n0);
+    };
+    if (p.step_x) with_rows(p.rows, [&](auto rows) { pass(rows, 0, BlockMajor<decltype(rows)::value>{p.step_x, p.step_start, p.step_xs}); });
+    else row_major_passes(p, 0, start, pass);
   }
 }
 
@@ -342,8 +458,14 @@ void qgemm_columns(const QgemmProblem& p, int64_t n_begin, int64_t n_end, uint8_
     else configure_tiles();
   }
 #endif
+  const bool pairs = p.panels && !p.per_row && !amx;   // (weights packed per call have one tile's room in the scratch)
+  const int32_t* start = p.per_row || (pairs && p.step_x) ? nullptr : start_sums(p);
+  if (pairs) {
+    (p.int4 ? tile_pairs<true> : tile_pairs<false>)(p, n_begin, n_end, start);
+    return;
+  }
   for_each_tile(p, n_begin, n_end, scratch, pack_tile, [&](const uint8_t* panel, const float* scales, int64_t n0, int64_t valid) {
-    (p.int4 ? tile<true> : tile<false>)(p, panel, scales, n0, valid, amx);
+    (p.int4 ? tile<true> : tile<false>)(p, panel, scales, n0, valid, amx, start);
   });
 #if defined(__AMX_INT8__)
   if (amx) _tile_release();   // back to the initial state: no 8 KiB of tile registers to save at each switch
