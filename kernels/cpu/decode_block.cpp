@@ -58,7 +58,7 @@ void product_range(const IsaKernels& k, const DecodeProduct& p, const Input& in,
                        p.scales, p.group, p.bias, y, p.out, o_begin, o_end);
       break;
     case Kind::int8_panels:
-    case Kind::int4_panels: {   // qgemm_packed's tiles for these outputs (16-output groups: whole tiles)
+    case Kind::int4_panels: {   // qgemm_packed's tiles for these outputs (32-output groups: pairs of whole tiles)
       QgemmProblem q{in.q->q.data(), in.q->s.data(), in.q->sum.data(), rows, p.in, nullptr, p.kind == Kind::int4_panels, nullptr,
                      p.group, p.bias, y, p.out, static_cast<const uint8_t*>(p.w), p.scales};
       set_problem_rows(k, q, *in.q, rows_for(p));   // the split or the step's layout, where the set reads them
@@ -75,7 +75,7 @@ void product_range(const IsaKernels& k, const DecodeProduct& p, const Input& in,
 int64_t group_outputs(const DecodeProduct& p) { return p.kind == Kind::int8_panels || p.kind == Kind::int4_panels ? 32 : 16; }
 int64_t groups_of(const DecodeProduct& p) { return (p.out + group_outputs(p) - 1) / group_outputs(p); }
 
-// Product p's 16-output groups shared among the region's threads (stretches.h), then `after(o_begin,
+// Product p's output groups shared among the region's threads (stretches.h), then `after(o_begin,
 // o_end)` on each piece (the stage's elementwise tail, on outputs this thread has just written). Ends
 // with the threads' barrier.
 template <class After>

@@ -15,11 +15,11 @@
 // a time (the last pass up to 8), meet the panel: each panel row is loaded once for the rows, each x
 // row's 4 bytes are broadcast, and one vpdpbusd adds 4 products to each of 16 int32 lanes; over panels
 // packed at load, each broadcast serves two neighbouring tiles. A block's sums start at minus the
-// offset times the block's x sum, so after each block of 32 inputs they are exact (int32); they turn to
-// float and take the block's x scale; after each group, the weights' scale. Every output's operations are the
-// same whatever the row count, the tile of rows and the thread split, so a row's bits do not depend
-// on its batch; and since every lane is one output, a scalar loop doing the same operations
-// (qgemm_reference_columns) gives the same bits.
+// offset times the block's x sum, so after each block of 32 inputs they are exact (int32); they turn
+// to float and take the block's x scale; after each group, the weights' scale. Every output's
+// operations are the same whatever the row count, the tile of rows and the thread split, so a row's
+// bits do not depend on its batch; and since every lane is one output, a scalar loop doing the same
+// operations (qgemm_reference_columns) gives the same bits.
 //
 // The panels are either built per call, one tile at a time (qgemm_int8/int4: weights in qgemv.h's
 // row layout, as checkpoints hold them), or once at load (qgemm_pack), which an inference process

@@ -441,8 +441,10 @@ void tile_pairs(const QgemmProblem& p, int64_t n_begin, int64_t n_end, const int
       else
         tile_rows<R, Int4>(p, m0, xr, panel, scales, n0, n_end - n0);
     };
-    if (p.step_x) with_rows(p.rows, [&](auto rows) { pass(rows, 0, BlockMajor<decltype(rows)::value>{p.step_x, p.step_start, p.step_xs}); });
-    else row_major_passes(p, 0, start, pass);
+    if (p.step_x)
+      with_rows(p.rows, [&](auto rows) { pass(rows, 0, BlockMajor<decltype(rows)::value>{p.step_x, p.step_start, p.step_xs}); });
+    else
+      row_major_passes(p, 0, start, pass);
   }
 }
 
