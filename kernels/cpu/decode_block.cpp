@@ -134,10 +134,10 @@ void decode_block_step(const DecodeBlockStep& s) {
   const int64_t rows = s.rows, c = s.width, tasks = s.rows * s.heads;
   thread_local Buffers kept;
   Buffers& buf = kept;   // the calling thread's: inside the region, `kept` would name each thread's own
-  auto fit = [](std::vector<float>& v, int64_t n) {
-    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
-    return v.data();
-  };
+  // Each buffer starts on a cache line: the fp32 GEMVs and the attention load x and q 64 bytes at a time,
+  // and from std::vector's 16-byte start every such load spanned two lines (an 8-row fp32 pass over a
+  // 768-input layer in L2 ran at 0.63x the rate it has from aligned rows).
+  auto fit = [](std::vector<float>& v, int64_t n) { return aligned_floats(v, static_cast<size_t>(n)); };
   float* normed = fit(buf.normed, rows * c);
   float* qkv = fit(buf.qkv, rows * 3 * c);
   float* attended = fit(buf.attended, rows * c);

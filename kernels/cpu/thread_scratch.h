@@ -17,12 +17,17 @@ namespace colossal::kernels {
 
 inline constexpr size_t kScratchAlignBytes = 64;
 
-inline float* thread_scratch(size_t floats) {
+// `floats` floats of `buffer`, grown as needed, starting on a cache line.
+inline float* aligned_floats(std::vector<float>& buffer, size_t floats) {
   constexpr size_t pad = kScratchAlignBytes / sizeof(float);
-  thread_local std::vector<float> buffer;
   if (buffer.size() < floats + pad) buffer.resize(floats + pad);
   const auto address = reinterpret_cast<uintptr_t>(buffer.data());
   return reinterpret_cast<float*>((address + kScratchAlignBytes - 1) & ~uintptr_t{kScratchAlignBytes - 1});
+}
+
+inline float* thread_scratch(size_t floats) {
+  thread_local std::vector<float> buffer;
+  return aligned_floats(buffer, floats);
 }
 
 }  // namespace colossal::kernels
