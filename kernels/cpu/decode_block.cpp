@@ -61,7 +61,7 @@ void product_range(const IsaKernels& k, const DecodeProduct& p, const Input& in,
     case Kind::int4_panels: {   // qgemm_packed's tiles for these outputs (32-output groups: pairs of whole tiles)
       QgemmProblem q{in.q->q.data(), in.q->s.data(), in.q->sum.data(), rows, p.in, nullptr, p.kind == Kind::int4_panels, nullptr,
                      p.group, p.bias, y, p.out, static_cast<const uint8_t*>(p.w), p.scales};
-      set_problem_rows(k, q, *in.q, rows_for(p));   // the split or the step's layout, where the set reads them
+      set_problem_rows(q, *in.q);   // the split or the step's layout, where the set reads them
       // the thread's scratch: with 16 rows (serving 16 sequences) the amx set multiplies them in its tiles
       k.qgemm_columns(q, o_begin, o_end, qgemm_thread_scratch(p.in, p.group));
       break;

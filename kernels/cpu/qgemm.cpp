@@ -79,7 +79,7 @@ void run_rows(const float* x, int64_t rows, int64_t in, const void* q, bool int4
   const RowsFor use = int4 ? RowsFor::int4_panels : RowsFor::int8_panels;
   const QuantizedRows& xr = quantize_rows(k, x, rows, in, use);   // as the GEMV quantizes them
   QgemmProblem p{xr.q.data(), xr.s.data(), xr.sum.data(), rows, in, q, int4, scales, group, bias, y, out, panels, panel_scales};
-  set_problem_rows(k, p, xr, use);
+  set_problem_rows(p, xr);
   run(p);
 }
 
@@ -135,11 +135,10 @@ void qgemm_w8a8(const float* x, const float* divisor, int64_t rows, int64_t in, 
 void qgemm_step_rows(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t rows, int64_t in, bool int4, int8_t* step_x,
                      int32_t* step_start, float* step_xs) {
   const int64_t blocks = in / kBlock;
-  const int32_t offset = int4 ? 8 : 128;
   for (int64_t b = 0; b < blocks; ++b)
     for (int64_t r = 0; r < rows; ++r) {
       std::copy_n(xq + r * in + b * kBlock, kBlock, step_x + (b * rows + r) * kBlock);
-      step_start[b * rows + r] = -offset * xsum[r * blocks + b];
+      step_start[b * rows + r] = qgemm_block_start(int4, xsum[r * blocks + b]);
       step_xs[b * rows + r] = xs[r * blocks + b];
     }
 }

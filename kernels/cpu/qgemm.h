@@ -103,6 +103,9 @@ struct QgemmProblem {
 // pointer for all the rows, the loop keeps its general registers; the caller lays them out once per
 // product, not once per piece of its columns.
 constexpr int64_t kQgemmStepRows = 8;
+// Where a block's integer sums start over panels: minus the panels' offset (int8: 128, int4: 8) times the
+// block's x sum, so that the products of the panels' unsigned bytes bring them to the exact sums.
+inline int32_t qgemm_block_start(bool int4, int32_t xsum) { return -(int4 ? 8 : 128) * xsum; }
 void qgemm_step_rows(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t rows, int64_t in, bool int4, int8_t* step_x,
                      int32_t* step_start, float* step_xs);
 // xq [rows, in] as [rows][2][in]: each row's a, then its b, with x = 16 a + b, b = ((x + 8) mod 16) - 8

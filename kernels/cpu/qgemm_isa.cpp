@@ -79,19 +79,17 @@ struct BlockMajor {
   float scale_at(int r, int64_t b) const { return xs[b * R + r]; }
 };
 
-// Where each x row's integer sums of each block start: minus the panel's offset (int8 + 128, int4's value
-// + 8) times the block's x sum, so that the products bring them to the exact sums. Broadcast from memory,
-// a start costs a load and no vector instruction, where subtracting it after took a subtraction and a
-// broadcast from a general register (at 8 rows, with the general registers all taken, GCC moved the
-// values through mask registers: six vector-port instructions beside a block's 8 products). Every
+// Where each x row's integer sums of each block start (qgemm_block_start). Broadcast from memory, a
+// start costs a load and no vector instruction, where subtracting the offset after took a subtraction
+// and a broadcast from a general register (at 8 rows, with the general registers all taken, GCC moved
+// the values through mask registers: six vector-port instructions beside a block's 8 products). Every
 // row's, row-major (RowMajor's), in the calling thread's buffer; qgemm_step_rows lays out a decoding
 // step's.
 const int32_t* start_sums(const QgemmProblem& p) {
   thread_local std::vector<int32_t> start;
   const int64_t n = p.rows * (p.in / kBlock);
   if (static_cast<int64_t>(start.size()) < n) start.resize(static_cast<size_t>(n));
-  const int32_t offset = p.int4 ? 8 : 128;
-  for (int64_t i = 0; i < n; ++i) start[i] = -offset * p.xsum[i];
+  for (int64_t i = 0; i < n; ++i) start[i] = qgemm_block_start(p.int4, p.xsum[i]);
   return start.data();
 }
 

@@ -23,11 +23,13 @@ const QuantizedRows& quantize_rows(const IsaKernels& k, const float* x, int64_t 
   const auto n = static_cast<size_t>(rows * in);
   if (r.q.size() < n) r.q.resize(n), r.a.resize(n), r.s.resize(n / kQ8Block), r.c.resize(n / kQ8Block), r.sum.resize(n / kQ8Block);
   k.quantize_rows_q8(x, rows * in / kQ8Block, r.q.data(), r.a.data(), r.s.data(), r.c.data(), r.sum.data());
-  if (use == RowsFor::int8_panels && k.qgemm_split_x) {
+  r.has_split = use == RowsFor::int8_panels && k.qgemm_split_x;
+  if (r.has_split) {
     if (r.split.size() < 2 * n) r.split.resize(2 * n);
     qgemm_split_rows(r.q.data(), rows, in, r.split.data());
   }
-  if (use != RowsFor::gemv && k.qgemm_step_rows && rows <= kQgemmStepRows) {
+  r.has_step = use != RowsFor::gemv && k.qgemm_step_rows && rows <= kQgemmStepRows;
+  if (r.has_step) {
     if (r.step_x.size() < n) r.step_x.resize(n), r.step_start.resize(n / kQ8Block), r.step_xs.resize(n / kQ8Block);
     qgemm_step_rows(r.q.data(), r.s.data(), r.sum.data(), rows, in, use == RowsFor::int4_panels, r.step_x.data(), r.step_start.data(),
                     r.step_xs.data());
@@ -35,11 +37,9 @@ const QuantizedRows& quantize_rows(const IsaKernels& k, const float* x, int64_t 
   return r;
 }
 
-void set_problem_rows(const IsaKernels& k, QgemmProblem& p, const QuantizedRows& r, RowsFor use) {
-  if (use == RowsFor::int8_panels && k.qgemm_split_x) p.split = r.split.data();
-  if (use != RowsFor::gemv && k.qgemm_step_rows && p.rows <= kQgemmStepRows) {
-    p.step_x = r.step_x.data(), p.step_start = r.step_start.data(), p.step_xs = r.step_xs.data();
-  }
+void set_problem_rows(QgemmProblem& p, const QuantizedRows& r) {
+  if (r.has_split) p.split = r.split.data();
+  if (r.has_step) p.step_x = r.step_x.data(), p.step_start = r.step_start.data(), p.step_xs = r.step_xs.data();
 }
 
 bool qgemv_integer_path(int64_t in, int64_t group) { return in % kQ8Block == 0 && group % kQ8Block == 0; }

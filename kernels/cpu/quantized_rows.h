@@ -19,6 +19,7 @@ struct QuantizedRows {
   std::vector<int8_t> step_x;
   std::vector<int32_t> step_start;
   std::vector<float> step_xs;
+  bool has_split = false, has_step = false;   // whether the last call filled split, and the step's layout
 };
 
 // What the rows are quantized for: the decoding GEMV, or the GEMM over int8 or int4 panels (qgemm.h).
@@ -30,7 +31,8 @@ enum class RowsFor : uint8_t { gemv, int8_panels, int4_panels };
 // panels laid out as `k` reads them (IsaKernels::qgemm_step_rows).
 const QuantizedRows& quantize_rows(const IsaKernels& k, const float* x, int64_t rows, int64_t in, RowsFor use = RowsFor::gemv);
 
-// The problem's fields beside xq, xs and xsum for the rows quantize_rows gave (`k` and `use` as given there).
-void set_problem_rows(const IsaKernels& k, QgemmProblem& p, const QuantizedRows& r, RowsFor use);
+// The problem's fields beside xq, xs and xsum for the rows quantize_rows last gave: the split and the
+// step's layout, where that call made them.
+void set_problem_rows(QgemmProblem& p, const QuantizedRows& r);
 
 }  // namespace colossal::kernels
