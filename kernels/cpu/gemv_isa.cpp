@@ -29,11 +29,11 @@ typedef Vec<kGemvLanes>::type gv;
 // sequential stream a core read 34 GB/s, against 25-29 GB/s with four rows interleaved; Intel's cores
 // want several, weight_streams.h) while two FMAs are in flight per x row. Two chains, not four: four x
 // rows a pass then fit AVX2's 16 registers (8 accumulators, a weight and an x vector), where four
-// chains held two rows a pass and a 4-sequence step read every weight vector twice. On an AMD EPYC Zen 3 (AVX2, the 124M shape's layers) 4 rows then
-// moved 1.4x the weights a second and 8 rows 1.37x where the weights sat in L1, and 1.03-1.07x and
-// 1.14-1.23x streamed from memory (2 threads); a lone row lost 20% in L1 (two chains of FMA latency)
-// and nothing from memory, which is where decoding reads it. The same for every row count, so a batch
-// sums exactly as each sequence alone.
+// chains held two rows a pass and a 4-sequence step read every weight vector twice. On an AMD EPYC
+// Zen 3 (AVX2, the 124M shape's layers) 4 rows then moved 1.4x the weights a second and 8 rows 1.37x
+// where the weights sat in L1, and 1.03-1.07x and 1.14-1.23x streamed from memory (2 threads); a lone
+// row lost 20% in L1 (two chains of FMA latency) and nothing from memory, which is where decoding reads
+// it. The same for every row count, so a batch sums exactly as each sequence alone.
 constexpr int kChains = 2;
 static_assert(kChains == 2, "row() sums the chains as a0 + a1");
 // x rows per pass over a weight row: their kChains accumulators each, one weight and one x vector in

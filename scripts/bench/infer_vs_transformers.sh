@@ -14,8 +14,8 @@
 # comes from the prefill). A colossal binary without that line is timed on its whole generate call ("generated X
 # tokens for P prompt(s) in S s"), the peer likewise (n tokens, prefill included).
 # Peak memory is the whole process's max RSS as /usr/bin/time sees it. Each row also prints the memory-bandwidth
-# bound: this machine's read bandwidth (a sum and a matrix-vector product over a 1 GiB float32 tensor with the
-# same threads, the best over both and the rounds) against what the decode steps must read: every weight once a
+# bound: this machine's read bandwidth (scripts/bench/read_bandwidth.py: a sum and a matrix-vector product over a
+# 1 GiB float32 tensor with the same threads, the best over both and the rounds) against what the decode steps must read: every weight once a
 # step for the whole batch (a tied head counted once), and each sequence's KV cache at its length that step (keys
 # and values of every layer, fp32); and each side's fraction of it.
 set -euo pipefail
@@ -163,22 +163,7 @@ run_one() {
 
 for ((r = 1; r <= repeat; r++)); do
   echo "infer_vs_transformers: $label round $r/$repeat" >&2
-  OMP_NUM_THREADS="$threads" "$PY" - "$threads" >"$TMP/bw-$r" <<'EOF' ||
-import sys, time, torch
-torch.set_num_threads(int(sys.argv[1]))
-x = torch.ones(1 << 28, dtype=torch.float32)   # 1 GiB
-m, v = x.view(4096, -1), torch.ones(x.numel() // 4096)
-best = float("inf")
-# The sum and MKL's matrix-vector product over it, the faster: one sequential stream a core (the sum)
-# reads 0.8 of what several do on an Intel Xeon (kernels/cpu/weight_streams.h).
-for f in (lambda: x.sum(), lambda: torch.mv(m, v)):
-    f()
-    for _ in range(8):
-        t0 = time.perf_counter()
-        f()
-        best = min(best, time.perf_counter() - t0)
-print(x.numel() * x.element_size() / best / 1e9)
-EOF
+  OMP_NUM_THREADS="$threads" "$PY" scripts/bench/read_bandwidth.py --threads "$threads" >"$TMP/bw-$r" ||
     { echo "infer_vs_transformers: error: measuring memory bandwidth with $PY failed" >&2; exit 1; }
   for B in "${batches[@]}"; do
     if ! run_one "colossal-$B-$r" "$COLOSSAL" infer "$ckpt" --prompts "$TMP/prompts-$B.txt" --greedy -n "$tokens" \

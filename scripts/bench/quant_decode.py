@@ -59,24 +59,11 @@ def timed(cmd, threads, timeout, device, extra_env=None):
 
 
 def bandwidth(py, threads, device, nbytes=1 << 30):
-    """Read bandwidth in GB/s: the best of 8 sums of a float tensor of nbytes (1 GiB: memory's), in host memory or
-    on the GPU, and on the CPU also of 8 matrix-vector products over it. A step's working set that fits the caches
-    reads faster than memory delivers: read at its own size (one tensor, each read after the last, as each step
-    reads the weights after the last step did), it gives that faster rate."""
-    n = max(nbytes // 4, 1 << 16)
-    if device == "cuda":
-        code = ("import time, torch\nx = torch.ones(%d, device='cuda')\nx.sum()\ntorch.cuda.synchronize()\nbest = 1e9\n"
-                "for _ in range(8):\n    t = time.perf_counter(); x.sum(); torch.cuda.synchronize(); best = min(best, time.perf_counter() - t)\n"
-                "print(x.numel() * 4 / best / 1e9)\n" % n)
-    else:
-        # The sum and MKL's matrix-vector product over the same floats, the faster of the two: one sequential
-        # stream a core (the sum) reads 0.8 of what several do on an Intel Xeon (kernels/cpu/weight_streams.h).
-        n = n // 4096 * 4096
-        code = ("import time, torch\ntorch.set_num_threads(%d)\nx = torch.ones(%d)\nm, v = x.view(4096, -1), torch.ones(%d)\n"
-                "best = 1e9\nfor f in (lambda: x.sum(), lambda: torch.mv(m, v)):\n    f()\n"
-                "    for _ in range(8):\n        t = time.perf_counter(); f(); best = min(best, time.perf_counter() - t)\n"
-                "print(x.numel() * 4 / best / 1e9)\n" % (threads, n, n // 4096))
-    return float(subprocess.run([py, "-c", code], capture_output=True, text=True, check=True).stdout)
+    """Read bandwidth in GB/s over nbytes (1 GiB: memory's) in host memory or on the GPU (read_bandwidth.py). A
+    step's working set that fits the caches reads faster than memory delivers: read at its own size (one tensor,
+    each read after the last, as each step reads the weights after the last step did), it gives that faster rate."""
+    cmd = [py, str(Path(__file__).with_name("read_bandwidth.py")), "--threads", str(threads), "--bytes", str(nbytes), "--device", device]
+    return float(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
 
 
 def machine_line(a):
