@@ -92,6 +92,18 @@ TEST(EndToEnd, TinyRecipeLearnsAndInferIsDeterministicForASeed) {
     ASSERT_EQ(streamed.exit_code, 0) << source << "\n" << streamed.output;
     EXPECT_EQ(streamed.output, batch.output) << source;
   }
+  // The weights read onto huge pages (memory/huge_pages.h; serve's default, infer's on asking) decode
+  // as they do where LibTorch allocates them.
+  setenv("COLOSSAL_HUGE_PAGES", "1", 1);
+  auto huge_pages = run_colossal("infer " + ckpt + " --prompts " + (dir / "prompts.txt") + " -n 20 --greedy --jsonl -q");
+  auto placed = run_colossal("infer " + ckpt + " -p 'In the beginning' -n 5 --greedy");
+  setenv("COLOSSAL_HUGE_PAGES", "2", 1);
+  expect_one_line_error(run_colossal("infer " + ckpt + " -p hi -q"), "COLOSSAL_HUGE_PAGES=\"2\" is not a choice (valid: 1");
+  unsetenv("COLOSSAL_HUGE_PAGES");
+  ASSERT_EQ(huge_pages.exit_code, 0) << huge_pages.output;
+  EXPECT_EQ(huge_pages.output, batch.output);
+  ASSERT_EQ(placed.exit_code, 0) << placed.output;
+  EXPECT_NE(placed.output.find("in one allocation advised for huge pages (transparent_hugepage: "), std::string::npos) << placed.output;
   auto logged = run_colossal("infer " + ckpt + " -p 'In the beginning' -n 5 --greedy --stream-weights");
   ASSERT_EQ(logged.exit_code, 0) << logged.output;
   EXPECT_NE(logged.output.find("at most 2 blocks in memory"), std::string::npos) << logged.output;

@@ -20,6 +20,7 @@
 #include "src/engine/generator.h"
 #include "src/engine/kernel_cache.h"
 #include "src/engine/streamed_weights.h"
+#include "src/memory/huge_pages.h"
 #include "models/registry.h"
 #include "src/nn/kernel_choice.h"
 #include "src/quant/quant_config.h"
@@ -143,7 +144,8 @@ void run(InferArgs& a) {
                   : std::make_unique<nn::LayerFactory>(nn::ParamStorage::deferred);
     model = nn::model_as<nn::CausalLM>(build_model(info.model, *deferred, /*initialise=*/false), user);
   } else {
-    model = load_generation_model(opened, user, tensor_group, /*pack_for_cpu=*/device.is_cpu());
+    model = load_generation_model(opened, user, tensor_group, /*pack_for_cpu=*/device.is_cpu(),
+                                  memory::huge_pages_wanted(/*by_default=*/false));
   }
   model->set_kv_dtype(parse_kv_cache(a.kv_cache));
   if (a.kv_cache != "auto") spdlog::info("KV cache: {} keys and values (read back in the model's dtype as attention reads them)", a.kv_cache);

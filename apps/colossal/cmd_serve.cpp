@@ -19,6 +19,7 @@
 #include "src/engine/generation_checkpoint.h"
 #include "src/engine/generation_job.h"
 #include "src/engine/kernel_cache.h"
+#include "src/memory/huge_pages.h"
 #include "src/nn/kernel_choice.h"
 #include "src/quant/quant_config.h"
 #include "src/serve/step_plan.h"
@@ -80,7 +81,8 @@ void run(ServeArgs& a) {
     return;
   }
   auto opened = open_generation_checkpoint(a.model, "colossal serve");
-  auto model = load_generation_model(opened, "colossal serve", job.tensor_group(), /*pack_for_cpu=*/device.is_cpu());
+  auto model = load_generation_model(opened, "colossal serve", job.tensor_group(), /*pack_for_cpu=*/device.is_cpu(),
+                                     memory::huge_pages_wanted(/*by_default=*/true));
   if (!device.is_cpu()) model->to(device);
   model->set_kv_dtype(parse_kv_cache(a.kv_cache));   // before the pool's block size is measured from it
   a.server.model_name = a.model_name.empty() ? fs::path(opened.dir).filename().string() : a.model_name;

@@ -10,6 +10,7 @@
 #include "apps/colossal/commands.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/weight_streams.h"
+#include "src/memory/huge_pages.h"
 #include "src/core/device.h"
 #include "src/core/error.h"
 #include "src/dist/launcher.h"
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   try {
     colossal::kernels::active_isa();       // a bad COLOSSAL_CPU_ISA fails here, before any work
     colossal::kernels::weight_streams();   // and a bad COLOSSAL_WEIGHT_STREAMS
+    colossal::memory::huge_pages_wanted(false);   // and a bad COLOSSAL_HUGE_PAGES
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {   // includes --help and --version (CLI::Success)
     return app.exit(e);

@@ -1,10 +1,14 @@
 // Opening a checkpoint for generation: see generation_checkpoint.h.
 #include "src/engine/generation_checkpoint.h"
 
+#include <spdlog/spdlog.h>
+
 #include "models/registry.h"
 #include "src/core/error.h"
+#include "src/core/text.h"
 #include "src/dist/group.h"
 #include "src/engine/tensor_split.h"
+#include "src/memory/huge_pages.h"
 #include "src/parallel/tensor_parallel_1d.h"
 #include "src/quant/quantized_linear.h"
 
@@ -34,7 +38,7 @@ void check_generation_split(const std::string& path, int64_t tensor) {
 }
 
 std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& c, const std::string& command, dist::Group* tensor_group,
-                                                    bool pack_for_cpu) {
+                                                    bool pack_for_cpu, bool huge_pages) {
   std::shared_ptr<nn::LayerFactory> factory;
   std::shared_ptr<quant::QuantizedLayerFactory> quantized;
   if (c.quantized) quantized = std::make_shared<quant::QuantizedLayerFactory>(*c.quantized);
@@ -45,8 +49,23 @@ std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& 
   else if (quantized) factory = quantized;
   else factory = std::make_shared<nn::LayerFactory>();
   auto model = nn::model_as<nn::CausalLM>(build_model(c.info.model, *factory, /*initialise=*/false), command);
-  load_model_state(*model, HfWeights::open(c.dir));
+  // A CPU model's weights on huge pages (memory/huge_pages.h): fp32 ones before they are read, so the
+  // checkpoint goes straight there; a quantized layer's after packing, which makes new panels.
+  const bool huge = pack_for_cpu && huge_pages;
+  const auto place = [&](memory::Values values) {
+    auto placed = memory::move_to_huge_pages(model->parameters(), values);
+    if (placed.bytes > 0)
+      spdlog::info("weights: {} in one allocation advised for huge pages (transparent_hugepage: {}{})",
+                   human_bytes(static_cast<double>(placed.bytes)), placed.mode, placed.mode == "never" ? ", so on 4 KiB pages" : "");
+    return placed;
+  };
+  {
+    memory::HugePagePlacement placed;   // its prefault thread runs while the checkpoint is read
+    if (huge && !quantized) placed = place(memory::Values::discard);
+    load_model_state(*model, HfWeights::open(c.dir));
+  }
   if (quantized && pack_for_cpu) quantized->pack_for_cpu();
+  if (huge && quantized) place(memory::Values::keep);
   model->eval();
   return model;
 }

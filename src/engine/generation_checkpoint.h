@@ -37,9 +37,11 @@ void check_generation_split(const std::string& path, int64_t tensor);
 // ranks, this rank's pieces only (parallel/tensor_parallel_1d.h): each whole tensor is read in turn and
 // cut, so no rank holds more than its pieces and one tensor. `pack_for_cpu`: quantized layers are
 // repacked for the CPU's integer GEMM where it applies (quant::QuantizedLinear::pack_for_cpu), for a
-// model that stays on the CPU.
+// model that stays on the CPU. `huge_pages`: such a model's weights go onto huge pages
+// (memory/huge_pages.h; the command asks memory::huge_pages_wanted).
 std::shared_ptr<nn::CausalLM> load_generation_model(const GenerationCheckpoint& c, const std::string& command,
-                                                    dist::Group* tensor_group = nullptr, bool pack_for_cpu = true);
+                                                    dist::Group* tensor_group = nullptr, bool pack_for_cpu = true,
+                                                    bool huge_pages = false);
 
 // --kv-cache's values, "auto" (nullopt: the model's compute dtype), "fp32", "fp16", "bf16" and "int8", and the
 // dtype one names (CausalLM::set_kv_dtype); anything else is an Error naming the valid ones.
