@@ -430,6 +430,30 @@ TEST(QuantKernels, ThePackedGemmsIntegerSumsAreExactAtTheEndsOfTheByteRanges) {
     }
   }
 }
+// Every set's packed GEMM gives the same bits at every row count up to two of the largest row groups
+// and a tail (the byte-multiply copy's groups are 2 and 4 rows in 256-bit vectors, 4 and 8 in 512-bit
+// ones; VNNI's passes 6 and up to 8) and at whole, half and masked tiles.
+TEST(QuantKernels, ThePackedGemmGivesEverySetTheSameBitsForEveryRowCountAndTileWidth) {
+  at::manual_seed(35);
+  const int64_t in = 256;
+  for (const auto& c : kPackedConfigs)
+    for (int64_t out : {5, 16, 24, 37}) {
+      const auto w = at::randn({out, in}), b = at::randn({out});
+      const auto packed = quant::pack_for_qgemm(quant::quantize_weight(w, c), c, in);
+      for (int64_t rows = 1; rows <= 17; ++rows) {
+        const auto x = at::randn({rows, in}) * 3;
+        at::Tensor first;
+        for (Isa isa : kernels::runnable_isas()) {
+          kernels::ScopedIsa cap(isa);
+          const auto y = run_packed(x, packed, c, in, out, b);
+          if (!first.defined()) first = y;
+          EXPECT_TRUE(at::equal(y, first)) << quant::scheme_name(c.scheme) << " g=" << c.group << " out=" << out << " rows=" << rows
+                                           << " on " << kernels::isa_name(isa) << ": max difference " << max_abs_diff(y, first);
+        }
+      }
+    }
+}
+
 TEST(QuantizeWeight, Int4PacksInputJAndJPlus16OfEachBlockIntoByteJ) {
   // One row of 32 inputs with the values -7..7 spread so that scale = 1 (absmax 7).
   auto w = at::empty({1, 32});

@@ -17,6 +17,10 @@
 // Per x row, 4 inputs and 8 columns: two byte multiplies and two int16 adds, where the row-layout GEMV
 // (qdot_isa.cpp) spends a sign, a byte multiply and a pair add on 4 inputs of one column and then a
 // conversion and a multiply-add per column and block; here those are once per 8 columns.
+//
+// The avx512 copy does the same in 512-bit vectors (AVX-512BW has the byte multiply at that width): a
+// tile's 16 columns in one vector where AVX2 takes two halves, and with 32 registers twice the x rows a
+// group. Every lane's operations are the 256-bit copy's, so the bits are too.
 #include "kernels/cpu/isa_entry.h"
 #include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/qgemm_tiles.h"
@@ -25,22 +29,97 @@
 #if defined(__AVX2__)
 #include <immintrin.h>
 
+// GCC 12's 512-bit conversion and masked intrinsics start from _mm512_undefined_*, which -O3 reports as
+// (maybe) uninitialized wherever they inline (as in qgemm_isa.cpp).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
 namespace colossal::kernels::COLOSSAL_ISA {
 namespace {
 
 constexpr int kBlock = 32;           // inputs per x scale
-constexpr int kHalf = 8;             // columns a 256-bit vector holds (4 inputs each): half a tile
-constexpr int kHalfBytes = 32;       // a panel row's half
 constexpr int64_t kPrefetchBytes = 4096;   // as the VNNI copy: packed panels stream from memory
 
+// The vectors a copy works in: a tile's 16 columns of 4 bytes in one 512-bit vector (avx512), or in two
+// 256-bit halves (avx2). "Half" below is what one vector holds: half a tile, or all of it.
+#if defined(__AVX512BW__)
+constexpr int kHalf = 16;            // columns a vector holds (4 inputs each)
+constexpr int kHalfBytes = 64;       // a panel row's part in one vector
+typedef __m512i VI;
+typedef __m512 VF;
+COLOSSAL_INLINE VI load_i(const uint8_t* at) { return _mm512_loadu_si512(at); }
+COLOSSAL_INLINE VI zero_i() { return _mm512_setzero_si512(); }
+COLOSSAL_INLINE VI set1_32(int32_t v) { return _mm512_set1_epi32(v); }
+COLOSSAL_INLINE VI set1_16(int16_t v) { return _mm512_set1_epi16(v); }
+COLOSSAL_INLINE VI set1_8(char v) { return _mm512_set1_epi8(v); }
+COLOSSAL_INLINE VI and_i(VI a, VI b) { return _mm512_and_si512(a, b); }
+COLOSSAL_INLINE VI srli16(VI a, int n) { return _mm512_srli_epi16(a, n); }
+COLOSSAL_INLINE VI maddubs(VI u, VI x) { return _mm512_maddubs_epi16(u, x); }
+COLOSSAL_INLINE VI madd16(VI a, VI b) { return _mm512_madd_epi16(a, b); }
+COLOSSAL_INLINE VI add32(VI a, VI b) { return _mm512_add_epi32(a, b); }
+COLOSSAL_INLINE VI sub32(VI a, VI b) { return _mm512_sub_epi32(a, b); }
+COLOSSAL_INLINE VF zero_f() { return _mm512_setzero_ps(); }
+COLOSSAL_INLINE VF set1_f(float v) { return _mm512_set1_ps(v); }
+COLOSSAL_INLINE VF load_f(const float* at) { return _mm512_loadu_ps(at); }
+COLOSSAL_INLINE VF to_float(VI a) { return _mm512_cvtepi32_ps(a); }
+COLOSSAL_INLINE VF fmadd_f(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+COLOSSAL_INLINE VF mul_f(VF a, VF b) { return _mm512_mul_ps(a, b); }
+COLOSSAL_INLINE VF add_f(VF a, VF b) { return _mm512_add_ps(a, b); }
+// y's `valid` columns from `at` (masked lanes are neither read nor written, so never past the row)
+COLOSSAL_INLINE __mmask16 columns(int64_t valid) { return valid >= kHalf ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1); }
+COLOSSAL_INLINE void store_columns(float* at, VF v, int64_t valid) { _mm512_mask_storeu_ps(at, columns(valid), v); }
+COLOSSAL_INLINE VF load_columns(const float* at, int64_t valid) { return _mm512_maskz_loadu_ps(columns(valid), at); }
+// acc += p in int16 lanes, in place (see the AVX2 one below); "v": any of the 32 registers
+COLOSSAL_INLINE void add16(VI& acc, VI p) { asm("vpaddw %1, %0, %0" : "+v"(acc) : "v"(p)); }
+#else
+constexpr int kHalf = 8;             // columns a 256-bit vector holds (4 inputs each): half a tile
+constexpr int kHalfBytes = 32;       // a panel row's half
+typedef __m256i VI;
+typedef __m256 VF;
+COLOSSAL_INLINE VI load_i(const uint8_t* at) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)); }
+COLOSSAL_INLINE VI zero_i() { return _mm256_setzero_si256(); }
+COLOSSAL_INLINE VI set1_32(int32_t v) { return _mm256_set1_epi32(v); }
+COLOSSAL_INLINE VI set1_16(int16_t v) { return _mm256_set1_epi16(v); }
+COLOSSAL_INLINE VI set1_8(char v) { return _mm256_set1_epi8(v); }
+COLOSSAL_INLINE VI and_i(VI a, VI b) { return _mm256_and_si256(a, b); }
+COLOSSAL_INLINE VI srli16(VI a, int n) { return _mm256_srli_epi16(a, n); }
+COLOSSAL_INLINE VI maddubs(VI u, VI x) { return _mm256_maddubs_epi16(u, x); }
+COLOSSAL_INLINE VI madd16(VI a, VI b) { return _mm256_madd_epi16(a, b); }
+COLOSSAL_INLINE VI add32(VI a, VI b) { return _mm256_add_epi32(a, b); }
+COLOSSAL_INLINE VI sub32(VI a, VI b) { return _mm256_sub_epi32(a, b); }
+COLOSSAL_INLINE VF zero_f() { return _mm256_setzero_ps(); }
+COLOSSAL_INLINE VF set1_f(float v) { return _mm256_set1_ps(v); }
+COLOSSAL_INLINE VF load_f(const float* at) { return _mm256_loadu_ps(at); }
+COLOSSAL_INLINE VF to_float(VI a) { return _mm256_cvtepi32_ps(a); }
+COLOSSAL_INLINE VF fmadd_f(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+COLOSSAL_INLINE VF mul_f(VF a, VF b) { return _mm256_mul_ps(a, b); }
+COLOSSAL_INLINE VF add_f(VF a, VF b) { return _mm256_add_ps(a, b); }
+// y's `valid` (<= 8) columns from `at`: whole vectors where the half is whole.
+COLOSSAL_INLINE void store_columns(float* at, VF v, int64_t valid) {
+  if (valid >= kHalf) {
+    _mm256_storeu_ps(at, v);
+    return;
+  }
+  alignas(32) float lanes[kHalf];
+  _mm256_store_ps(lanes, v);
+  for (int64_t c = 0; c < valid; ++c) at[c] = lanes[c];
+}
+COLOSSAL_INLINE VF load_columns(const float* at, int64_t valid) {
+  if (valid >= kHalf) return _mm256_loadu_ps(at);
+  alignas(32) float lanes[kHalf] = {};
+  for (int64_t c = 0; c < valid; ++c) lanes[c] = at[c];
+  return _mm256_load_ps(lanes);
+}
 // acc += p in int16 lanes, in place: GCC otherwise adds into p's register and copies the sum back to
 // acc's, a move per accumulator per step, and spills one of the int8 loop's eight.
-COLOSSAL_INLINE void add16(__m256i& acc, __m256i p) { asm("vpaddw %1, %0, %0" : "+x"(acc) : "x"(p)); }
+COLOSSAL_INLINE void add16(VI& acc, VI p) { asm("vpaddw %1, %0, %0" : "+x"(acc) : "x"(p)); }
+#endif
+constexpr int kTileVectors = kQgemmColumns / kHalf;   // vectors a whole tile takes: 2 (avx2) or 1
 
-COLOSSAL_INLINE __m256i broadcast4(const int8_t* at) {
+COLOSSAL_INLINE VI broadcast4(const int8_t* at) {
   int32_t four;
   __builtin_memcpy(&four, at, 4);
-  return _mm256_set1_epi32(four);
+  return set1_32(four);
 }
 
 // The tile's weights as panel rows (qgemm.h: int8 + 128, or int4's stored bytes) and its scales
@@ -69,69 +148,48 @@ void pack_tile(const QgemmProblem& p, int64_t n0, int64_t valid, uint8_t* panel,
 // is row r's split a at the block's first input (its b `in` bytes after it), and the panel bytes
 // multiply a and b as they are; int4: x[r] is the quantized row, and the panel's nibbles multiply it.
 template <int R, int H, bool Int4>
-COLOSSAL_INLINE void block_sums(const uint8_t* rows, const int8_t* const* x, int64_t in, __m256i (*sums)[2]) {
-  __m256i acc16[R][H], low16[R][H];
+COLOSSAL_INLINE void block_sums(const uint8_t* rows, const int8_t* const* x, int64_t in, VI (*sums)[kTileVectors]) {
+  VI acc16[R][H], low16[R][H];
   for (int r = 0; r < R; ++r)
-    for (int h = 0; h < H; ++h) acc16[r][h] = low16[r][h] = _mm256_setzero_si256();
-  const auto panel_row = [&](int j, int h) __attribute__((always_inline)) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + j * kQgemmPanelRow + h * kHalfBytes));
-  };
+    for (int h = 0; h < H; ++h) acc16[r][h] = low16[r][h] = zero_i();
+  const auto panel_row = [&](int j, int h) __attribute__((always_inline)) { return load_i(rows + j * kQgemmPanelRow + h * kHalfBytes); };
   if constexpr (Int4) {   // 4 panel rows: low nibbles inputs 4j..4j+3, high ones 16+4j..
-    const __m256i mask = _mm256_set1_epi8(0x0F);
+    const VI mask = set1_8(0x0F);
 #pragma GCC unroll 1   // (unrolled, GCC hoists every row's loads ahead and spills the accumulators)
     for (int j = 0; j < 4; ++j) {
       _mm_prefetch(reinterpret_cast<const char*>(rows + j * kQgemmPanelRow + kPrefetchBytes), _MM_HINT_T0);
-      __m256i lo[H], hi[H];
+      VI lo[H], hi[H];
       for (int h = 0; h < H; ++h) {
-        const __m256i v = panel_row(j, h);
-        lo[h] = _mm256_and_si256(v, mask), hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+        const VI v = panel_row(j, h);
+        lo[h] = and_i(v, mask), hi[h] = and_i(srli16(v, 4), mask);
       }
       for (int r = 0; r < R; ++r) {
-        const __m256i xl = broadcast4(x[r] + 4 * j), xh = broadcast4(x[r] + 16 + 4 * j);
+        const VI xl = broadcast4(x[r] + 4 * j), xh = broadcast4(x[r] + 16 + 4 * j);
         for (int h = 0; h < H; ++h) {
-          add16(acc16[r][h], _mm256_maddubs_epi16(lo[h], xl));
-          add16(acc16[r][h], _mm256_maddubs_epi16(hi[h], xh));
+          add16(acc16[r][h], maddubs(lo[h], xl));
+          add16(acc16[r][h], maddubs(hi[h], xh));
         }
       }
     }
     for (int r = 0; r < R; ++r)
-      for (int h = 0; h < H; ++h) sums[r][h] = _mm256_madd_epi16(acc16[r][h], _mm256_set1_epi16(1));
+      for (int h = 0; h < H; ++h) sums[r][h] = madd16(acc16[r][h], set1_16(1));
   } else {   // 8 panel rows of 4 inputs: u * a into acc16, u * b into low16
 #pragma GCC unroll 1
     for (int j = 0; j < kBlock / 4; ++j) {
       _mm_prefetch(reinterpret_cast<const char*>(rows + j * kQgemmPanelRow + kPrefetchBytes), _MM_HINT_T0);
-      __m256i u[H];
+      VI u[H];
       for (int h = 0; h < H; ++h) u[h] = panel_row(j, h);
       for (int r = 0; r < R; ++r) {
-        const __m256i a = broadcast4(x[r] + 4 * j), b = broadcast4(x[r] + in + 4 * j);
+        const VI a = broadcast4(x[r] + 4 * j), b = broadcast4(x[r] + in + 4 * j);
         for (int h = 0; h < H; ++h) {
-          add16(acc16[r][h], _mm256_maddubs_epi16(u[h], a));
-          add16(low16[r][h], _mm256_maddubs_epi16(u[h], b));
+          add16(acc16[r][h], maddubs(u[h], a));
+          add16(low16[r][h], maddubs(u[h], b));
         }
       }
     }
     for (int r = 0; r < R; ++r)
-      for (int h = 0; h < H; ++h)
-        sums[r][h] = _mm256_add_epi32(_mm256_madd_epi16(acc16[r][h], _mm256_set1_epi16(16)), _mm256_madd_epi16(low16[r][h], _mm256_set1_epi16(1)));
+      for (int h = 0; h < H; ++h) sums[r][h] = add32(madd16(acc16[r][h], set1_16(16)), madd16(low16[r][h], set1_16(1)));
   }
-}
-
-// y's `valid` (<= 8) columns from `at`: whole vectors where the half is whole.
-COLOSSAL_INLINE void store_columns(float* at, __m256 v, int64_t valid) {
-  if (valid >= kHalf) {
-    _mm256_storeu_ps(at, v);
-    return;
-  }
-  alignas(32) float lanes[kHalf];
-  _mm256_store_ps(lanes, v);
-  for (int64_t c = 0; c < valid; ++c) at[c] = lanes[c];
-}
-
-COLOSSAL_INLINE __m256 load_columns(const float* at, int64_t valid) {
-  if (valid >= kHalf) return _mm256_loadu_ps(at);
-  alignas(32) float lanes[kHalf] = {};
-  for (int64_t c = 0; c < valid; ++c) lanes[c] = at[c];
-  return _mm256_load_ps(lanes);
 }
 
 // Where rows from m0 meet the first H halves of a tile, which has `valid` columns (up to 16).
@@ -153,46 +211,46 @@ struct Pass {
 // weights from memory, ran at 1.07x the row-layout GEMV where the same tiles in cache ran at 1.45x.)
 constexpr int kGroups = 8;
 
-// `row_groups` groups of R rows from s.m0 against H halves of one tile: y[m0 + r][n0, + 8 H, live).
+// `row_groups` groups of R rows from s.m0 against H vectors of one tile: y[m0 + r][n0, + kHalf H, live).
 template <int R, int H, bool Int4>
 void rows_against_tile(const QgemmProblem& p, const Pass& s, int row_groups) {
   const int64_t in = p.in, blocks = in / kBlock, per_group = p.group / kBlock, groups = in / p.group;
   constexpr int32_t offset = Int4 ? 8 : 128;   // what the panel's bytes add to each weight
   constexpr int64_t block_bytes = (Int4 ? kBlock / 2 : kBlock) * kQgemmColumns;
-  __m256 total[kGroups][R][H], acc[kGroups][R][H];
+  VF total[kGroups][R][H], acc[kGroups][R][H];
   for (int q = 0; q < row_groups; ++q)
     for (int r = 0; r < R; ++r)
-      for (int h = 0; h < H; ++h) total[q][r][h] = _mm256_setzero_ps();
+      for (int h = 0; h < H; ++h) total[q][r][h] = zero_f();
   for (int64_t g = 0; g < groups; ++g) {
     for (int q = 0; q < row_groups; ++q)
       for (int r = 0; r < R; ++r)
-        for (int h = 0; h < H; ++h) acc[q][r][h] = _mm256_setzero_ps();
+        for (int h = 0; h < H; ++h) acc[q][r][h] = zero_f();
     for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
       for (int q = 0; q < row_groups; ++q) {
         const int64_t m0 = s.m0 + q * R;
         const int8_t* x[R];
         for (int r = 0; r < R; ++r) x[r] = (Int4 ? p.xq + (m0 + r) * in : p.split + 2 * (m0 + r) * in) + b * kBlock;
-        __m256i sums[R][2];
+        VI sums[R][kTileVectors];
         block_sums<R, H, Int4>(s.panel + b * block_bytes, x, in, sums);
         for (int r = 0; r < R; ++r) {
           const int64_t row = (m0 + r) * blocks + b;
-          const __m256i off = _mm256_set1_epi32(offset * p.xsum[row]);
-          const __m256 xs = _mm256_set1_ps(p.xs[row]);
-          for (int h = 0; h < H; ++h) acc[q][r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sums[r][h], off)), xs, acc[q][r][h]);
+          const VI off = set1_32(offset * p.xsum[row]);
+          const VF xs = set1_f(p.xs[row]);
+          for (int h = 0; h < H; ++h) acc[q][r][h] = fmadd_f(to_float(sub32(sums[r][h], off)), xs, acc[q][r][h]);
         }
       }
     }
     for (int h = 0; h < H; ++h) {
-      const __m256 w = _mm256_loadu_ps(s.scales + g * kQgemmColumns + h * kHalf);
+      const VF w = load_f(s.scales + g * kQgemmColumns + h * kHalf);
       for (int q = 0; q < row_groups; ++q)
-        for (int r = 0; r < R; ++r) total[q][r][h] = _mm256_fmadd_ps(w, acc[q][r][h], total[q][r][h]);
+        for (int r = 0; r < R; ++r) total[q][r][h] = fmadd_f(w, acc[q][r][h], total[q][r][h]);
     }
   }
   for (int h = 0; h < H; ++h) {
     const int64_t n = s.n0 + h * kHalf;
-    const __m256 bias = p.bias ? load_columns(p.bias + n, s.live(h)) : _mm256_setzero_ps();
+    const VF bias = p.bias ? load_columns(p.bias + n, s.live(h)) : zero_f();
     for (int q = 0; q < row_groups; ++q)
-      for (int r = 0; r < R; ++r) store_columns(p.y + (s.m0 + q * R + r) * p.out + n, _mm256_add_ps(total[q][r][h], bias), s.live(h));
+      for (int r = 0; r < R; ++r) store_columns(p.y + (s.m0 + q * R + r) * p.out + n, add_f(total[q][r][h], bias), s.live(h));
   }
 }
 
@@ -201,28 +259,28 @@ void rows_against_tile(const QgemmProblem& p, const Pass& s, int row_groups) {
 template <int R, int H>
 void w8a8_rows_against_tile(const QgemmProblem& p, const Pass& s, int row_groups) {
   constexpr int64_t block_bytes = kBlock * kQgemmColumns;
-  __m256i total[kGroups][R][H];
+  VI total[kGroups][R][H];
   for (int q = 0; q < row_groups; ++q)
     for (int r = 0; r < R; ++r)
-      for (int h = 0; h < H; ++h) total[q][r][h] = _mm256_setzero_si256();
+      for (int h = 0; h < H; ++h) total[q][r][h] = zero_i();
   for (int64_t b = 0; b < p.in / kBlock; ++b)
     for (int q = 0; q < row_groups; ++q) {
       const int8_t* x[R];
       for (int r = 0; r < R; ++r) x[r] = p.split + 2 * (s.m0 + q * R + r) * p.in + b * kBlock;
-      __m256i sums[R][2];
+      VI sums[R][kTileVectors];
       block_sums<R, H, false>(s.panel + b * block_bytes, x, p.in, sums);
       for (int r = 0; r < R; ++r)
-        for (int h = 0; h < H; ++h) total[q][r][h] = _mm256_add_epi32(total[q][r][h], sums[r][h]);
+        for (int h = 0; h < H; ++h) total[q][r][h] = add32(total[q][r][h], sums[r][h]);
     }
   for (int h = 0; h < H; ++h) {
     const int64_t n = s.n0 + h * kHalf;
-    const __m256 w = _mm256_loadu_ps(s.scales + h * kHalf);
+    const VF w = load_f(s.scales + h * kHalf);
     for (int q = 0; q < row_groups; ++q)
       for (int r = 0; r < R; ++r) {
         const int64_t m = s.m0 + q * R + r;
-        const __m256i exact = _mm256_sub_epi32(total[q][r][h], _mm256_set1_epi32(128 * p.xsum[m]));
-        __m256 y = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(exact), _mm256_set1_ps(p.xs[m])), w);
-        if (p.bias) y = _mm256_add_ps(y, load_columns(p.bias + n, s.live(h)));
+        const VI exact = sub32(total[q][r][h], set1_32(128 * p.xsum[m]));
+        VF y = mul_f(mul_f(to_float(exact), set1_f(p.xs[m])), w);
+        if (p.bias) y = add_f(y, load_columns(p.bias + n, s.live(h)));
         store_columns(p.y + m * p.out + n, y, s.live(h));
       }
   }
@@ -236,33 +294,42 @@ void rows_pass(const QgemmProblem& p, const Pass& s, int row_groups) {
 }
 
 // Rows a group over both halves of a tile: int8's x rows take two accumulators a column each, so 2 x 2 x 2
-// of the 16 registers; int4's one, so 4 x 2. (Both halves at once read each x row's broadcasts once
-// for 16 columns: with 8 columns at a time and 4 rows, the int8 products ran 1.1x slower.)
-template <int H>
-void all_rows(const QgemmProblem& p, Pass s) {
-  const int per_group = p.int4 ? 4 : 2;
-  while (s.m0 + per_group <= p.rows) {
-    const int64_t whole = (p.rows - s.m0) / per_group;
-    const int row_groups = whole < kGroups ? static_cast<int>(whole) : kGroups;
-    (p.int4 ? rows_pass<4, H> : rows_pass<2, H>)(p, s, row_groups);
-    s.m0 += row_groups * per_group;
-  }
-  switch (p.rows - s.m0) {
-    case 3: rows_pass<3, H>(p, s, 1); break;
-    case 2: rows_pass<2, H>(p, s, 1); break;
-    case 1: rows_pass<1, H>(p, s, 1); break;
-    default: break;
+// of AVX2's 16 registers; int4's one, so 4 x 2. (Both halves at once read each x row's broadcasts once
+// for 16 columns: with 8 columns at a time and 4 rows, the int8 products ran 1.1x slower.) In 512-bit
+// vectors a tile is one vector and the 32 registers take twice the rows: 4 x 2 and 8.
+constexpr int kInt8Rows = kTileVectors == 1 ? 4 : 2;
+constexpr int kInt4Rows = kTileVectors == 1 ? 8 : 4;
+
+template <int H, int R = kInt4Rows - 1>
+void tail_rows(const QgemmProblem& p, const Pass& s, int rows) {
+  if constexpr (R >= 1) {
+    if (rows == R) return rows_pass<R, H>(p, s, 1);
+    tail_rows<H, R - 1>(p, s, rows);
   }
 }
 
+template <int H>
+void all_rows(const QgemmProblem& p, Pass s) {
+  const int per_group = p.int4 ? kInt4Rows : kInt8Rows;
+  while (s.m0 + per_group <= p.rows) {
+    const int64_t whole = (p.rows - s.m0) / per_group;
+    const int row_groups = whole < kGroups ? static_cast<int>(whole) : kGroups;
+    (p.int4 ? rows_pass<kInt4Rows, H> : rows_pass<kInt8Rows, H>)(p, s, row_groups);
+    s.m0 += row_groups * per_group;
+  }
+  tail_rows<H>(p, s, static_cast<int>(p.rows - s.m0));   // fewer than a group
+}
+
 // All rows against one tile's panel: both halves together where the tile has more than 8 columns
-// (the last tile's second half may be partial), else its first half alone. (Rows in chunks of 32 to
-// 128, each chunk meeting all of a thread's tiles with its x in the L2 cache, measured level with this
-// at 400 rows.)
+// (the last tile's second half may be partial), else its first half alone; in 512-bit vectors, the
+// whole tile. (Rows in chunks of 32 to 128, each chunk meeting all of a thread's tiles with its x in
+// the L2 cache, measured level with this at 400 rows.)
 void tile(const QgemmProblem& p, const uint8_t* panel, const float* scales, int64_t n0, int64_t valid) {
   const Pass s{0, panel, scales, n0, valid};
-  if (valid > kHalf) all_rows<2>(p, s);
-  else all_rows<1>(p, s);
+  if constexpr (kTileVectors == 2) {
+    if (valid > kHalf) return all_rows<2>(p, s);
+  }
+  all_rows<1>(p, s);
 }
 
 }  // namespace
