@@ -2,7 +2,8 @@
 # Prints what a benchmark's machine line says about the CPU: its model, its family and model numbers
 # (cloud VMs often name only "AMD EPYC", and the numbers still tell Zen 4, family 25, from Zen 5, family
 # 26), its widest vector extension (from /proc/cpuinfo) and the instruction-set caps in force for
-# colossal and for LibTorch, e.g.
+# colossal and for LibTorch, then colossal's memory settings where set (COLOSSAL_HUGE_PAGES,
+# COLOSSAL_WEIGHT_STREAMS), e.g.
 #   AMD EPYC 9B14 [family 25 model 17] (avx512), COLOSSAL_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
 set -euo pipefail
 model="$(grep -m1 '^model name' /proc/cpuinfo 2>/dev/null | sed 's/^[^:]*: *//' || true)"
@@ -18,4 +19,9 @@ caps=""
 for v in COLOSSAL_CPU_ISA ATEN_CPU_CAPABILITY MKL_ENABLE_INSTRUCTIONS ONEDNN_MAX_CPU_ISA; do
   [ -z "${!v:-}" ] || caps+=" $v=${!v}"
 done
-echo "${model:-unknown CPU}${family:+ [family $family model $number]} ($widest),${caps:- no ISA cap}"
+# colossal's own memory settings where set by hand (a decoder's speed moves with them)
+settings=""
+for v in COLOSSAL_HUGE_PAGES COLOSSAL_WEIGHT_STREAMS; do
+  [ -z "${!v:-}" ] || settings+=" $v=${!v}"
+done
+echo "${model:-unknown CPU}${family:+ [family $family model $number]} ($widest),${caps:- no ISA cap}${settings:+,$settings}"
