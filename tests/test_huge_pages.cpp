@@ -7,7 +7,6 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "src/core/error.h"

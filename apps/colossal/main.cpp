@@ -10,10 +10,10 @@
 #include "apps/colossal/commands.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/weight_streams.h"
-#include "src/memory/huge_pages.h"
 #include "src/core/device.h"
 #include "src/core/error.h"
 #include "src/dist/launcher.h"
+#include "src/memory/huge_pages.h"
 
 namespace {
 
