@@ -44,9 +44,12 @@ static_assert(kRowsPerPass * kChains + 2 <= kRegs, "a pass's accumulators, a wei
 // Weights are prefetched this many floats (4 KiB) ahead of the loads, from three x rows a pass: with
 // four x rows a weight line takes four times the multiply-adds, the hardware prefetcher fell behind,
 // and the stream ran at 0.61 of the machine's read bandwidth. On a Zen 4 (69 GB/s) whole 4-sequence
-// decodes took 0.83 of the time with it (1 KiB ahead: 0.90; 8 KiB: no better than 4). Not for one or
-// two rows, whose stream the hardware keeps up with: on a Zen 3 a prefetch there made the
-// single-sequence stream 13% slower (and two rows 7%), as it did a plain sum over the same memory.
+// decodes took 0.83 of the time with it (1 KiB ahead: 0.90; 8 KiB: no better than 4). For one or two
+// rows only where weight_streams.h's prefetch_one_row says so: on a Zen 3 a prefetch there made the
+// single-sequence stream 13% slower (and two rows 7%), as it did a plain sum over the same memory,
+// while on a Zen 5 it made the one-row GEMV over the 124M shape's layers 1.03-1.13x faster (9 of 9
+// harness runs, 2 to 8 KiB ahead) and whole single-sequence decodes 1.02-1.04x (medians of two sets of
+// alternating pairs, faster in 8 of 11).
 constexpr int64_t kPrefetchFloats = 1024;
 constexpr int kPrefetchFromRows = 3;
 
@@ -66,9 +69,10 @@ constexpr int fit_streams(int R) {
 // y[s * y_step + r * ldy] for the S weight rows w + s * w_step and the x rows r < R: lanes summed as the
 // chains' sum a0 + a1, tree-wise, then the tail past the last whole vector in order. Each output's
 // operations are the same whatever S and whatever rows share its pass.
+// `ahead`: where a pass of fewer than kPrefetchFromRows x rows from one stream prefetches (0: it does not).
 template <int R, int S>
 COLOSSAL_INLINE void row(const float* __restrict x, int64_t in, const float* __restrict w, int64_t w_step, const float* bias,
-                         float* __restrict y, int64_t y_step, int64_t ldy) {
+                         float* __restrict y, int64_t y_step, int64_t ldy, int64_t ahead) {
   gv acc[S][R][kChains] = {};
   int64_t i = 0;
   for (; i + kChains * kGemvLanes <= in; i += kChains * kGemvLanes) {
@@ -79,6 +83,8 @@ COLOSSAL_INLINE void row(const float* __restrict x, int64_t in, const float* __r
       for (int s = 0; s < S; ++s) __builtin_prefetch(w + s * w_step + i + kStreamPrefetchFloats, 0, 3);
     } else if constexpr (R >= kPrefetchFromRows) {
       __builtin_prefetch(w + i + kPrefetchFloats, 0, 3);
+    } else if (ahead) {
+      __builtin_prefetch(w + i + ahead, 0, 3);
     }
     for (int c = 0; c < kChains; ++c) {
       gv wv[S];
@@ -198,11 +204,11 @@ COLOSSAL_INLINE void row_wide(const float* __restrict x, int64_t in, const float
 // the rows one at a time (the same bits).
 template <int R, int N>
 COLOSSAL_INLINE void pass(const float* x, int64_t in, const float* w, int64_t w_step, const float* bias, float* y, int64_t y_step,
-                          int64_t ldy) {
+                          int64_t ldy, int64_t ahead) {
   if constexpr (N <= fit_streams(R)) {
-    row<R, N>(x, in, w, w_step, bias, y, y_step, ldy);
+    row<R, N>(x, in, w, w_step, bias, y, y_step, ldy, ahead);
   } else {
-    for (int s = 0; s < N; ++s) row<R, 1>(x, in, w + s * w_step, w_step, bias + s, y + s * y_step, y_step, ldy);
+    for (int s = 0; s < N; ++s) row<R, 1>(x, in, w + s * w_step, w_step, bias + s, y + s * y_step, y_step, ldy, ahead);
   }
 }
 
@@ -211,6 +217,7 @@ COLOSSAL_INLINE void pass(const float* x, int64_t in, const float* w, int64_t w_
 template <int S>
 void outputs(const float* x, int64_t rows, int64_t per_pass, int64_t in, const float* w, const float* bias, float* y, int64_t ldy,
              int64_t o_begin, int64_t o_end) {
+  const int64_t ahead = prefetch_one_row() ? kPrefetchFloats : 0;
   in_streams<S>(o_begin, o_end, [&]<int N>(int64_t o, int64_t step) {
     float b[N];
     stream_biases(bias, o, step, b);
@@ -220,13 +227,13 @@ void outputs(const float* x, int64_t rows, int64_t per_pass, int64_t in, const f
       const float* xr = x + r * in;
       float* yr = y + r * ldy + o;
       switch (rows - r < per_pass ? rows - r : per_pass) {
-        case 1: pass<1, N>(xr, in, wo, w_step, b, yr, step, ldy); break;
-        case 2: pass<2, N>(xr, in, wo, w_step, b, yr, step, ldy); break;
-        case 3: pass<3, N>(xr, in, wo, w_step, b, yr, step, ldy); break;
-        case 4: pass<4, N>(xr, in, wo, w_step, b, yr, step, ldy); break;
-        case 5: if constexpr (kRowsPerPass > 4) pass<5, N>(xr, in, wo, w_step, b, yr, step, ldy); break;
-        case 6: if constexpr (kRowsPerPass > 4) pass<6, N>(xr, in, wo, w_step, b, yr, step, ldy); break;
-        case 7: if constexpr (kRowsPerPass > 4) pass<7, N>(xr, in, wo, w_step, b, yr, step, ldy); break;
+        case 1: pass<1, N>(xr, in, wo, w_step, b, yr, step, ldy, ahead); break;
+        case 2: pass<2, N>(xr, in, wo, w_step, b, yr, step, ldy, ahead); break;
+        case 3: pass<3, N>(xr, in, wo, w_step, b, yr, step, ldy, ahead); break;
+        case 4: pass<4, N>(xr, in, wo, w_step, b, yr, step, ldy, ahead); break;
+        case 5: if constexpr (kRowsPerPass > 4) pass<5, N>(xr, in, wo, w_step, b, yr, step, ldy, ahead); break;
+        case 6: if constexpr (kRowsPerPass > 4) pass<6, N>(xr, in, wo, w_step, b, yr, step, ldy, ahead); break;
+        case 7: if constexpr (kRowsPerPass > 4) pass<7, N>(xr, in, wo, w_step, b, yr, step, ldy, ahead); break;
         default:
 #if defined(__AVX512F__)
           if constexpr (kRowsPerPass == kWideRows) {
@@ -234,7 +241,7 @@ void outputs(const float* x, int64_t rows, int64_t per_pass, int64_t in, const f
             break;
           }
 #endif
-          pass<kRowsPerPass, N>(xr, in, wo, w_step, b, yr, step, ldy);
+          pass<kRowsPerPass, N>(xr, in, wo, w_step, b, yr, step, ldy, ahead);
           break;
       }
     }

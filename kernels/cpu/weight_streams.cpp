@@ -1,6 +1,10 @@
 // The decoding GEMVs' weight streams a core: see weight_streams.h.
 #include "kernels/cpu/weight_streams.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include <atomic>
 #include <cstdlib>
 #include <stdexcept>
@@ -20,7 +24,31 @@ int vendor_default() {
   return 1;
 }
 
+// The CPU's family as AMD and Intel number it: the base family, plus the extended one where the base is 15.
+int cpu_family() {
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+  const int base = static_cast<int>((a >> 8) & 0xF);
+  return base == 0xF ? base + static_cast<int>((a >> 20) & 0xFF) : base;
+#else
+  return 0;
+#endif
+}
+
 }  // namespace
+
+bool prefetch_one_row() {
+  static const bool yes = [] {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") && cpu_family() >= 26;
+#else
+    return false;
+#endif
+  }();
+  return yes;
+}
 
 int weight_streams_from(const char* value) {
   if (!value || !*value) return vendor_default();

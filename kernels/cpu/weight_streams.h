@@ -15,6 +15,10 @@ namespace colossal::kernels {
 // variable), else 4 on Intel and 1 elsewhere. A ScopedWeightStreams in force wins over both.
 int weight_streams();
 
+// Whether the GEMV prefetches ahead of a stream read by one or two x rows (gemv_isa.cpp): on AMD's
+// family 26 (Zen 5) and later, where it made the stream faster, and nowhere else (a Zen 3's was slower).
+bool prefetch_one_row();
+
 // What COLOSSAL_WEIGHT_STREAMS=`value` means: the count, or std::invalid_argument. Null or empty: the
 // vendor's default.
 int weight_streams_from(const char* value);
