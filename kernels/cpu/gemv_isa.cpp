@@ -69,10 +69,11 @@ constexpr int fit_streams(int R) {
 // y[s * y_step + r * ldy] for the S weight rows w + s * w_step and the x rows r < R: lanes summed as the
 // chains' sum a0 + a1, tree-wise, then the tail past the last whole vector in order. Each output's
 // operations are the same whatever S and whatever rows share its pass.
-// `ahead`: where a pass of fewer than kPrefetchFromRows x rows from one stream prefetches (0: it does not).
+// `from_rows`: the fewest x rows a pass from one stream prefetches with (kPrefetchFromRows, or 1 where
+// prefetch_one_row), a machine's constant; a pass with at least kPrefetchFromRows always does.
 template <int R, int S>
 COLOSSAL_INLINE void row(const float* __restrict x, int64_t in, const float* __restrict w, int64_t w_step, const float* bias,
-                         float* __restrict y, int64_t y_step, int64_t ldy, int64_t ahead) {
+                         float* __restrict y, int64_t y_step, int64_t ldy, int from_rows) {
   gv acc[S][R][kChains] = {};
   int64_t i = 0;
   for (; i + kChains * kGemvLanes <= in; i += kChains * kGemvLanes) {
@@ -81,10 +82,8 @@ COLOSSAL_INLINE void row(const float* __restrict x, int64_t in, const float* __r
     static_assert(kChains * kGemvLanes <= 16, "one 64-byte line covers a step");
     if constexpr (S > 1) {
       for (int s = 0; s < S; ++s) __builtin_prefetch(w + s * w_step + i + kStreamPrefetchFloats, 0, 3);
-    } else if constexpr (R >= kPrefetchFromRows) {
+    } else if (R >= kPrefetchFromRows || R >= from_rows) {
       __builtin_prefetch(w + i + kPrefetchFloats, 0, 3);
-    } else if (ahead) {
-      __builtin_prefetch(w + i + ahead, 0, 3);
     }
     for (int c = 0; c < kChains; ++c) {
       gv wv[S];
@@ -204,11 +203,11 @@ COLOSSAL_INLINE void row_wide(const float* __restrict x, int64_t in, const float
 // the rows one at a time (the same bits).
 template <int R, int N>
 COLOSSAL_INLINE void pass(const float* x, int64_t in, const float* w, int64_t w_step, const float* bias, float* y, int64_t y_step,
-                          int64_t ldy, int64_t ahead) {
+                          int64_t ldy, int from_rows) {
   if constexpr (N <= fit_streams(R)) {
-    row<R, N>(x, in, w, w_step, bias, y, y_step, ldy, ahead);
+    row<R, N>(x, in, w, w_step, bias, y, y_step, ldy, from_rows);
   } else {
-    for (int s = 0; s < N; ++s) row<R, 1>(x, in, w + s * w_step, w_step, bias + s, y + s * y_step, y_step, ldy, ahead);
+    for (int s = 0; s < N; ++s) row<R, 1>(x, in, w + s * w_step, w_step, bias + s, y + s * y_step, y_step, ldy, from_rows);
   }
 }
 
@@ -217,7 +216,7 @@ COLOSSAL_INLINE void pass(const float* x, int64_t in, const float* w, int64_t w_
 template <int S>
 void outputs(const float* x, int64_t rows, int64_t per_pass, int64_t in, const float* w, const float* bias, float* y, int64_t ldy,
              int64_t o_begin, int64_t o_end) {
-  const int64_t ahead = prefetch_one_row() ? kPrefetchFloats : 0;
+  const int from_rows = prefetch_one_row() ? 1 : kPrefetchFromRows;
   in_streams<S>(o_begin, o_end, [&]<int N>(int64_t o, int64_t step) {
     float b[N];
     stream_biases(bias, o, step, b);
@@ -227,13 +226,13 @@ void outputs(const float* x, int64_t rows, int64_t per_pass, int64_t in, const f
       const float* xr = x + r * in;
       float* yr = y + r * ldy + o;
       switch (rows - r < per_pass ? rows - r : per_pass) {
-        case 1: pass<1, N>(xr, in, wo, w_step, b, yr, step, ldy, ahead); break;
-        case 2: pass<2, N>(xr, in, wo, w_step, b, yr, step, ldy, ahead); break;
-        case 3: pass<3, N>(xr, in, wo, w_step, b, yr, step, ldy, ahead); break;
-        case 4: pass<4, N>(xr, in, wo, w_step, b, yr, step, ldy, ahead); break;
-        case 5: if constexpr (kRowsPerPass > 4) pass<5, N>(xr, in, wo, w_step, b, yr, step, ldy, ahead); break;
-        case 6: if constexpr (kRowsPerPass > 4) pass<6, N>(xr, in, wo, w_step, b, yr, step, ldy, ahead); break;
-        case 7: if constexpr (kRowsPerPass > 4) pass<7, N>(xr, in, wo, w_step, b, yr, step, ldy, ahead); break;
+        case 1: pass<1, N>(xr, in, wo, w_step, b, yr, step, ldy, from_rows); break;
+        case 2: pass<2, N>(xr, in, wo, w_step, b, yr, step, ldy, from_rows); break;
+        case 3: pass<3, N>(xr, in, wo, w_step, b, yr, step, ldy, from_rows); break;
+        case 4: pass<4, N>(xr, in, wo, w_step, b, yr, step, ldy, from_rows); break;
+        case 5: if constexpr (kRowsPerPass > 4) pass<5, N>(xr, in, wo, w_step, b, yr, step, ldy, from_rows); break;
+        case 6: if constexpr (kRowsPerPass > 4) pass<6, N>(xr, in, wo, w_step, b, yr, step, ldy, from_rows); break;
+        case 7: if constexpr (kRowsPerPass > 4) pass<7, N>(xr, in, wo, w_step, b, yr, step, ldy, from_rows); break;
         default:
 #if defined(__AVX512F__)
           if constexpr (kRowsPerPass == kWideRows) {
@@ -241,7 +240,7 @@ void outputs(const float* x, int64_t rows, int64_t per_pass, int64_t in, const f
             break;
           }
 #endif
-          pass<kRowsPerPass, N>(xr, in, wo, w_step, b, yr, step, ldy, ahead);
+          pass<kRowsPerPass, N>(xr, in, wo, w_step, b, yr, step, ldy, from_rows);
           break;
       }
     }

@@ -40,13 +40,12 @@ namespace {
 constexpr int kBlock = 32;           // inputs per x scale
 constexpr int64_t kPrefetchBytes = 4096;   // as the VNNI copy: packed panels stream from memory
 
-// The vectors a copy works in: a tile's 16 columns of 4 bytes in one 512-bit vector (avx512), or in two
-// 256-bit halves (avx2). "Half" below is what one vector holds: half a tile, or all of it.
+// The integer vectors a copy works in: a tile's 16 columns of 4 bytes in one 512-bit vector (avx512), or
+// in two 256-bit halves (avx2). "Half" below is what one vector holds: half a tile, or all of it.
 #if defined(__AVX512BW__)
 constexpr int kHalf = 16;            // columns a vector holds (4 inputs each)
 constexpr int kHalfBytes = 64;       // a panel row's part in one vector
 typedef __m512i VI;
-typedef __m512 VF;
 COLOSSAL_INLINE VI load_i(const uint8_t* at) { return _mm512_loadu_si512(at); }
 COLOSSAL_INLINE VI zero_i() { return _mm512_setzero_si512(); }
 COLOSSAL_INLINE VI set1_32(int32_t v) { return _mm512_set1_epi32(v); }
@@ -58,24 +57,17 @@ COLOSSAL_INLINE VI maddubs(VI u, VI x) { return _mm512_maddubs_epi16(u, x); }
 COLOSSAL_INLINE VI madd16(VI a, VI b) { return _mm512_madd_epi16(a, b); }
 COLOSSAL_INLINE VI add32(VI a, VI b) { return _mm512_add_epi32(a, b); }
 COLOSSAL_INLINE VI sub32(VI a, VI b) { return _mm512_sub_epi32(a, b); }
-COLOSSAL_INLINE VF zero_f() { return _mm512_setzero_ps(); }
-COLOSSAL_INLINE VF set1_f(float v) { return _mm512_set1_ps(v); }
-COLOSSAL_INLINE VF load_f(const float* at) { return _mm512_loadu_ps(at); }
-COLOSSAL_INLINE VF to_float(VI a) { return _mm512_cvtepi32_ps(a); }
-COLOSSAL_INLINE VF fmadd_f(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
-COLOSSAL_INLINE VF mul_f(VF a, VF b) { return _mm512_mul_ps(a, b); }
-COLOSSAL_INLINE VF add_f(VF a, VF b) { return _mm512_add_ps(a, b); }
+COLOSSAL_INLINE vf to_float(VI a) { return (vf)_mm512_cvtepi32_ps(a); }
 // y's `valid` columns from `at` (masked lanes are neither read nor written, so never past the row)
 COLOSSAL_INLINE __mmask16 columns(int64_t valid) { return valid >= kHalf ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1); }
-COLOSSAL_INLINE void store_columns(float* at, VF v, int64_t valid) { _mm512_mask_storeu_ps(at, columns(valid), v); }
-COLOSSAL_INLINE VF load_columns(const float* at, int64_t valid) { return _mm512_maskz_loadu_ps(columns(valid), at); }
+COLOSSAL_INLINE void store_columns(float* at, vf v, int64_t valid) { _mm512_mask_storeu_ps(at, columns(valid), (__m512)v); }
+COLOSSAL_INLINE vf load_columns(const float* at, int64_t valid) { return (vf)_mm512_maskz_loadu_ps(columns(valid), at); }
 // acc += p in int16 lanes, in place (see the AVX2 one below); "v": any of the 32 registers
 COLOSSAL_INLINE void add16(VI& acc, VI p) { asm("vpaddw %1, %0, %0" : "+v"(acc) : "v"(p)); }
 #else
 constexpr int kHalf = 8;             // columns a 256-bit vector holds (4 inputs each): half a tile
 constexpr int kHalfBytes = 32;       // a panel row's half
 typedef __m256i VI;
-typedef __m256 VF;
 COLOSSAL_INLINE VI load_i(const uint8_t* at) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)); }
 COLOSSAL_INLINE VI zero_i() { return _mm256_setzero_si256(); }
 COLOSSAL_INLINE VI set1_32(int32_t v) { return _mm256_set1_epi32(v); }
@@ -87,34 +79,30 @@ COLOSSAL_INLINE VI maddubs(VI u, VI x) { return _mm256_maddubs_epi16(u, x); }
 COLOSSAL_INLINE VI madd16(VI a, VI b) { return _mm256_madd_epi16(a, b); }
 COLOSSAL_INLINE VI add32(VI a, VI b) { return _mm256_add_epi32(a, b); }
 COLOSSAL_INLINE VI sub32(VI a, VI b) { return _mm256_sub_epi32(a, b); }
-COLOSSAL_INLINE VF zero_f() { return _mm256_setzero_ps(); }
-COLOSSAL_INLINE VF set1_f(float v) { return _mm256_set1_ps(v); }
-COLOSSAL_INLINE VF load_f(const float* at) { return _mm256_loadu_ps(at); }
-COLOSSAL_INLINE VF to_float(VI a) { return _mm256_cvtepi32_ps(a); }
-COLOSSAL_INLINE VF fmadd_f(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
-COLOSSAL_INLINE VF mul_f(VF a, VF b) { return _mm256_mul_ps(a, b); }
-COLOSSAL_INLINE VF add_f(VF a, VF b) { return _mm256_add_ps(a, b); }
+COLOSSAL_INLINE vf to_float(VI a) { return (vf)_mm256_cvtepi32_ps(a); }
 // y's `valid` (<= 8) columns from `at`: whole vectors where the half is whole.
-COLOSSAL_INLINE void store_columns(float* at, VF v, int64_t valid) {
+COLOSSAL_INLINE void store_columns(float* at, vf v, int64_t valid) {
   if (valid >= kHalf) {
-    _mm256_storeu_ps(at, v);
+    store_u(at, v);
     return;
   }
-  alignas(32) float lanes[kHalf];
-  _mm256_store_ps(lanes, v);
+  float lanes[kHalf];
+  store_u(lanes, v);
   for (int64_t c = 0; c < valid; ++c) at[c] = lanes[c];
 }
-COLOSSAL_INLINE VF load_columns(const float* at, int64_t valid) {
-  if (valid >= kHalf) return _mm256_loadu_ps(at);
-  alignas(32) float lanes[kHalf] = {};
+COLOSSAL_INLINE vf load_columns(const float* at, int64_t valid) {
+  if (valid >= kHalf) return load_u(at);
+  float lanes[kHalf] = {};
   for (int64_t c = 0; c < valid; ++c) lanes[c] = at[c];
-  return _mm256_load_ps(lanes);
+  return load_u(lanes);
 }
 // acc += p in int16 lanes, in place: GCC otherwise adds into p's register and copies the sum back to
 // acc's, a move per accumulator per step, and spills one of the int8 loop's eight.
 COLOSSAL_INLINE void add16(VI& acc, VI p) { asm("vpaddw %1, %0, %0" : "+x"(acc) : "x"(p)); }
 #endif
 constexpr int kTileVectors = kQgemmColumns / kHalf;   // vectors a whole tile takes: 2 (avx2) or 1
+// The float side (scales, sums, outputs) in simd.h's vectors, whose lanes are the integer vectors'.
+static_assert(kLanes == kHalf, "one float vector per integer vector");
 
 COLOSSAL_INLINE VI broadcast4(const int8_t* at) {
   int32_t four;
@@ -217,14 +205,14 @@ void rows_against_tile(const QgemmProblem& p, const Pass& s, int row_groups) {
   const int64_t in = p.in, blocks = in / kBlock, per_group = p.group / kBlock, groups = in / p.group;
   constexpr int32_t offset = Int4 ? 8 : 128;   // what the panel's bytes add to each weight
   constexpr int64_t block_bytes = (Int4 ? kBlock / 2 : kBlock) * kQgemmColumns;
-  VF total[kGroups][R][H], acc[kGroups][R][H];
+  vf total[kGroups][R][H], acc[kGroups][R][H];
   for (int q = 0; q < row_groups; ++q)
     for (int r = 0; r < R; ++r)
-      for (int h = 0; h < H; ++h) total[q][r][h] = zero_f();
+      for (int h = 0; h < H; ++h) total[q][r][h] = vf{};
   for (int64_t g = 0; g < groups; ++g) {
     for (int q = 0; q < row_groups; ++q)
       for (int r = 0; r < R; ++r)
-        for (int h = 0; h < H; ++h) acc[q][r][h] = zero_f();
+        for (int h = 0; h < H; ++h) acc[q][r][h] = vf{};
     for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
       for (int q = 0; q < row_groups; ++q) {
         const int64_t m0 = s.m0 + q * R;
@@ -235,22 +223,22 @@ void rows_against_tile(const QgemmProblem& p, const Pass& s, int row_groups) {
         for (int r = 0; r < R; ++r) {
           const int64_t row = (m0 + r) * blocks + b;
           const VI off = set1_32(offset * p.xsum[row]);
-          const VF xs = set1_f(p.xs[row]);
-          for (int h = 0; h < H; ++h) acc[q][r][h] = fmadd_f(to_float(sub32(sums[r][h], off)), xs, acc[q][r][h]);
+          const vf xs = splat(p.xs[row]);
+          for (int h = 0; h < H; ++h) acc[q][r][h] = fmadd<kLanes>(to_float(sub32(sums[r][h], off)), xs, acc[q][r][h]);
         }
       }
     }
     for (int h = 0; h < H; ++h) {
-      const VF w = load_f(s.scales + g * kQgemmColumns + h * kHalf);
+      const vf w = load_u(s.scales + g * kQgemmColumns + h * kHalf);
       for (int q = 0; q < row_groups; ++q)
-        for (int r = 0; r < R; ++r) total[q][r][h] = fmadd_f(w, acc[q][r][h], total[q][r][h]);
+        for (int r = 0; r < R; ++r) total[q][r][h] = fmadd<kLanes>(w, acc[q][r][h], total[q][r][h]);
     }
   }
   for (int h = 0; h < H; ++h) {
     const int64_t n = s.n0 + h * kHalf;
-    const VF bias = p.bias ? load_columns(p.bias + n, s.live(h)) : zero_f();
+    const vf bias = p.bias ? load_columns(p.bias + n, s.live(h)) : vf{};
     for (int q = 0; q < row_groups; ++q)
-      for (int r = 0; r < R; ++r) store_columns(p.y + (s.m0 + q * R + r) * p.out + n, add_f(total[q][r][h], bias), s.live(h));
+      for (int r = 0; r < R; ++r) store_columns(p.y + (s.m0 + q * R + r) * p.out + n, total[q][r][h] + bias, s.live(h));
   }
 }
 
@@ -274,13 +262,13 @@ void w8a8_rows_against_tile(const QgemmProblem& p, const Pass& s, int row_groups
     }
   for (int h = 0; h < H; ++h) {
     const int64_t n = s.n0 + h * kHalf;
-    const VF w = load_f(s.scales + h * kHalf);
+    const vf w = load_u(s.scales + h * kHalf);
     for (int q = 0; q < row_groups; ++q)
       for (int r = 0; r < R; ++r) {
         const int64_t m = s.m0 + q * R + r;
         const VI exact = sub32(total[q][r][h], set1_32(128 * p.xsum[m]));
-        VF y = mul_f(mul_f(to_float(exact), set1_f(p.xs[m])), w);
-        if (p.bias) y = add_f(y, load_columns(p.bias + n, s.live(h)));
+        vf y = to_float(exact) * splat(p.xs[m]) * w;
+        if (p.bias) y += load_columns(p.bias + n, s.live(h));
         store_columns(p.y + m * p.out + n, y, s.live(h));
       }
   }
